@@ -1,0 +1,302 @@
+"""Every limit, timeout and ``DYN_*`` environment variable, in one frozen object.
+
+:class:`Config` is built once per process (``Config.from_env()``), then passed
+down; nothing else in the package reads the environment.  Sections group the
+settings by the part of the system they govern; ``dataclasses.replace`` makes a
+variant (tests shorten timeouts that way).
+
+=================================  ====================================  ===============
+setting                            environment variable                  default
+=================================  ====================================  ===============
+discovery.backend                  ``DYN_DISCOVERY_BACKEND``             ``file``
+discovery.file_kv                  ``DYN_FILE_KV``                       ``$TMPDIR/dynamo_store_kv``
+discovery.etcd_endpoints           ``ETCD_ENDPOINTS`` (comma separated)  ``http://127.0.0.1:2379``
+discovery.lease_ttl                ``DYN_LEASE_TTL_SECS``                10
+discovery.poll_interval            ``DYN_FILE_KV_POLL_SECS``             0.1
+request_plane.host                 ``DYN_TCP_RPC_HOST``                  ``127.0.0.1``
+request_plane.port                 ``DYN_TCP_RPC_PORT``                  0 (any free port)
+request_plane.advertise_host       ``DYN_TCP_RPC_ADVERTISE_HOST``        the bind host
+request_plane.auth_token           ``DYN_REQUEST_PLANE_TOKEN``           none
+request_plane.max_frame_size       ``DYN_TCP_MAX_MESSAGE_SIZE``          32 MiB
+request_plane.max_streams          ``DYN_TCP_MAX_STREAMS``               1024 per connection
+request_plane.stream_window        ``DYN_STREAM_WINDOW``                 64 items
+request_plane.max_write_buffer     ``DYN_TCP_MAX_WRITE_BUFFER``          64 MiB per connection
+request_plane.connect_timeout      ``DYN_TCP_CONNECT_TIMEOUT_SECS``      5
+request_plane.heartbeat_interval   ``DYN_HEARTBEAT_INTERVAL_SECS``       1
+request_plane.heartbeat_timeout    ``DYN_HEARTBEAT_TIMEOUT_SECS``        5
+worker.drain_grace                 ``DYN_DRAIN_GRACE_SECS``              5
+worker.shutdown_grace              ``DYN_SHUTDOWN_GRACE_SECS``           10
+system.port                        ``DYN_SYSTEM_PORT``                   -1 (off)
+system.host                        ``DYN_SYSTEM_HOST``                   ``127.0.0.1``
+frontend.host                      ``DYN_HTTP_HOST``                     ``127.0.0.1``
+frontend.port                      ``DYN_HTTP_PORT``                     8000
+frontend.on_disconnect             ``DYN_ON_DISCONNECT``                 ``kill``
+frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
+frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
+frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
+frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
+=================================  ====================================  ===============
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, get_args
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+__all__ = [
+    "Config",
+    "DiscoveryConfig",
+    "FrontendConfig",
+    "RequestPlaneConfig",
+    "SystemConfig",
+    "WorkerConfig",
+]
+
+DiscoveryBackendName = Literal["mem", "file", "etcd"]
+DisconnectPolicy = Literal["kill", "stop"]
+RouterMode = Literal["round-robin", "random"]
+
+_T = TypeVar("_T")
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoveryConfig:
+    """Where workers register and clients look them up."""
+
+    backend: DiscoveryBackendName = "file"
+    file_kv: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "dynamo_store_kv")
+    etcd_endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    lease_ttl: float = 10.0
+    """Seconds a crashed process's registrations survive it."""
+    poll_interval: float = 0.1
+    """How often the file backend looks for changes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestPlaneConfig:
+    """The TCP request plane: addresses, limits and liveness."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str | None = None
+    auth_token: str | None = None
+    max_frame_size: int = 32 * MiB
+    max_streams: int = 1024
+    """Concurrent streams per connection; more are refused with ResourceExhausted."""
+    stream_window: int = 64
+    """Items a worker may send ahead of the consumer (per-stream flow-control credits)."""
+    max_write_buffer: int = 64 * MiB
+    """Bytes queued for one connection before it is declared stuck and closed."""
+    connect_timeout: float = 5.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    """A connection silent for this long (no frame, not even a ping) is dead."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """How a worker winds requests down."""
+
+    drain_grace: float = 5.0
+    """After a stop, a handler still running this long is killed."""
+    shutdown_grace: float = 10.0
+    """On SIGINT/SIGTERM, in-flight requests are stopped, then killed after this long."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemConfig:
+    """The worker's status server (``/metrics``, ``/health``, ``/live``, ``/debug/requests``)."""
+
+    port: int = -1
+    """-1 (or unset) turns the server off; 0 picks a free port."""
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontendConfig:
+    """The OpenAI-compatible HTTP frontend."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    namespace: str = "dynamo"
+    on_disconnect: DisconnectPolicy = "kill"
+    stop_grace: float = 5.0
+    """With ``on_disconnect="stop"``: how long the worker may drain before the kill."""
+    keepalive_interval: float = 15.0
+    """Seconds of SSE silence before a keep-alive comment is sent (0 turns them off)."""
+    max_body_size: int = 16 * MiB
+    router_mode: RouterMode = "round-robin"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """All settings of one process."""
+
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    request_plane: RequestPlaneConfig = field(default_factory=RequestPlaneConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """Read every ``DYN_*`` (and ``ETCD_ENDPOINTS``) variable; unset ones keep defaults.
+
+        Raises:
+            ValueError: naming the variable, if a value cannot be parsed.
+        """
+        env = _Env(os.environ if environ is None else environ)
+        discovery = DiscoveryConfig()
+        request_plane = RequestPlaneConfig()
+        worker = WorkerConfig()
+        system = SystemConfig()
+        frontend = FrontendConfig()
+        return cls(
+            discovery=DiscoveryConfig(
+                backend=env.choice(
+                    "DYN_DISCOVERY_BACKEND", DiscoveryBackendName, discovery.backend
+                ),
+                file_kv=env.get("DYN_FILE_KV", Path, discovery.file_kv),
+                etcd_endpoints=env.get("ETCD_ENDPOINTS", _endpoint_list, discovery.etcd_endpoints),
+                lease_ttl=env.get("DYN_LEASE_TTL_SECS", _positive, discovery.lease_ttl),
+                poll_interval=env.get("DYN_FILE_KV_POLL_SECS", _positive, discovery.poll_interval),
+            ),
+            request_plane=RequestPlaneConfig(
+                host=env.get("DYN_TCP_RPC_HOST", str, request_plane.host),
+                port=env.get("DYN_TCP_RPC_PORT", _port, request_plane.port),
+                advertise_host=env.get(
+                    "DYN_TCP_RPC_ADVERTISE_HOST", str, request_plane.advertise_host
+                ),
+                auth_token=env.get("DYN_REQUEST_PLANE_TOKEN", str, request_plane.auth_token),
+                max_frame_size=env.get(
+                    "DYN_TCP_MAX_MESSAGE_SIZE", _positive_int, request_plane.max_frame_size
+                ),
+                max_streams=env.get(
+                    "DYN_TCP_MAX_STREAMS", _positive_int, request_plane.max_streams
+                ),
+                stream_window=env.get(
+                    "DYN_STREAM_WINDOW", _positive_int, request_plane.stream_window
+                ),
+                max_write_buffer=env.get(
+                    "DYN_TCP_MAX_WRITE_BUFFER", _positive_int, request_plane.max_write_buffer
+                ),
+                connect_timeout=env.get(
+                    "DYN_TCP_CONNECT_TIMEOUT_SECS", _positive, request_plane.connect_timeout
+                ),
+                heartbeat_interval=env.get(
+                    "DYN_HEARTBEAT_INTERVAL_SECS", _positive, request_plane.heartbeat_interval
+                ),
+                heartbeat_timeout=env.get(
+                    "DYN_HEARTBEAT_TIMEOUT_SECS", _positive, request_plane.heartbeat_timeout
+                ),
+            ),
+            worker=WorkerConfig(
+                drain_grace=env.get("DYN_DRAIN_GRACE_SECS", _non_negative, worker.drain_grace),
+                shutdown_grace=env.get(
+                    "DYN_SHUTDOWN_GRACE_SECS", _non_negative, worker.shutdown_grace
+                ),
+            ),
+            system=SystemConfig(
+                port=env.get("DYN_SYSTEM_PORT", _system_port, system.port),
+                host=env.get("DYN_SYSTEM_HOST", str, system.host),
+            ),
+            frontend=FrontendConfig(
+                host=env.get("DYN_HTTP_HOST", str, frontend.host),
+                port=env.get("DYN_HTTP_PORT", _port, frontend.port),
+                namespace=env.get("DYN_NAMESPACE", str, frontend.namespace),
+                on_disconnect=env.choice(
+                    "DYN_ON_DISCONNECT", DisconnectPolicy, frontend.on_disconnect
+                ),
+                stop_grace=env.get("DYN_STOP_GRACE_SECS", _non_negative, frontend.stop_grace),
+                keepalive_interval=env.get(
+                    "DYN_SSE_KEEPALIVE_SECS", _non_negative, frontend.keepalive_interval
+                ),
+                max_body_size=env.get(
+                    "DYN_HTTP_MAX_BODY_SIZE", _positive_int, frontend.max_body_size
+                ),
+                router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
+            ),
+        )
+
+    def replace(self, **sections: object) -> Config:
+        """A copy with whole sections replaced: ``config.replace(worker=WorkerConfig(...))``."""
+        return dataclasses.replace(self, **sections)  # type: ignore[arg-type]
+
+
+class _Env:
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def get(self, name: str, parse: Callable[[str], _T], default: _T) -> _T:
+        raw = self._environ.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            return parse(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"invalid {name}={raw!r}: {exc}") from None
+
+    def choice(self, name: str, options: object, default: _T) -> _T:
+        allowed = get_args(options)
+
+        def parse(raw: str) -> _T:
+            if raw not in allowed:
+                raise ValueError(f"expected one of {', '.join(allowed)}")
+            return cast("_T", raw)
+
+        return self.get(name, parse, default)
+
+
+def _positive(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _non_negative(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError("must be zero or more")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number between 0 and 65535")
+    return value
+
+
+def _system_port(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        return -1
+    return _port(raw)
+
+
+def _endpoint_list(raw: str) -> tuple[str, ...]:
+    endpoints = tuple(
+        (url if "://" in url else f"http://{url}").rstrip("/")
+        for url in (part.strip() for part in raw.split(","))
+        if url
+    )
+    if not endpoints:
+        raise ValueError("no endpoint given")
+    return endpoints

@@ -1,0 +1,637 @@
+"""The request context: one per request stream, the unit of cancellation.
+
+Theory of operation
+===================
+
+A :class:`Context` is a small state machine with three states that only move
+forward::
+
+    LIVE --stop()--> STOPPED --kill()--> KILLED
+    LIVE --kill()-------------------->   KILLED
+
+``stop()`` (alias ``stop_generating()``) asks the work to finish early: results
+already produced stay valid, and the work notices by polling ``is_stopped()``
+or awaiting ``stopped()``.  ``kill()`` abandons the remaining output *now*.  A
+``stop()`` after ``kill()`` changes nothing; every call is idempotent.
+
+Contexts form a tree.  ``parent.link_child(child)`` makes every later stop or
+kill of the parent reach the child (and its subtree).  The tree keeps one
+invariant, and most of this module exists to keep it cheaply:
+
+    **a linked child's state is never behind its parent's state.**
+
+Linking a child under an already stopped or killed parent therefore applies
+that state to the child at once.  Because of the invariant, a transition can
+stop walking at any context that is already at (or past) the target state, so
+stopping or killing a tree costs time linear in the number of contexts that
+actually change, and the walk is iterative (a 10,000-deep chain is fine).
+
+A transition has two halves:
+
+1. *Marking* the new states, under one process-wide lock.  This is plain data
+   and safe from any thread, so ``is_stopped()``/``is_killed()`` tell the truth
+   the moment ``kill()`` returns, whichever thread called it.
+2. *Effects* in the trio thread: waking ``stopped()``/``killed()`` waiters,
+   cancelling the context's :class:`trio.CancelScope`, running cancel
+   callbacks (the request plane uses one to put a ``stop``/``kill`` control
+   frame on the wire).  Effects run for the children in link order (a
+   depth-first post-order walk) and only then for the parent, so a parent's
+   waiters wake after every child has been signalled.  From a foreign thread
+   the effects are handed to the run with ``TrioToken.run_sync_soon``: a
+   cancel scope is never touched outside the trio thread.
+
+The trio structure
+------------------
+
+The work done for a request runs *inside* its context::
+
+    async with ctx.scope(drain_grace=5.0) as nursery:
+        nursery.start_soon(pump_sub_request)
+        await run_handler()
+
+``scope()`` enters the context's own cancel scope and opens its nursery.
+``kill()`` cancels that scope, so the work gets :class:`trio.Cancelled` at its
+next checkpoint and ``scope()`` exits normally (the kill was expected).
+``stop()`` only sets the state; if the work is still running ``drain_grace``
+seconds later the context escalates to ``kill()`` with reason
+:attr:`CancelReason.DRAIN_TIMEOUT`.  A context may carry a deadline; when it
+passes, the context is killed with reason :attr:`CancelReason.DEADLINE`,
+whether or not a scope is running (waiters enforce it too).
+``parent.start_child(child, fn)`` links ``child`` and runs ``fn`` under the
+child's own scope *inside the parent's nursery*, so the child's work lives in
+the parent's task tree as well as in its cancellation tree.
+
+When a context's work is over it is *finished* (``scope()`` does this on exit,
+a client stream does it when it ends): it leaves its parent's child list, so a
+long-lived parent does not accumulate children.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, suppress
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["CancelReason", "Context", "ContextState"]
+
+_log = logging.getLogger("dynamo_trio.context")
+
+_T = TypeVar("_T")
+
+# One lock for all state marking.  Marking is a few attribute writes per
+# context, so contention is negligible, and one lock makes a transition of a
+# whole subtree atomic with respect to links and other transitions.
+_LOCK: Final = threading.RLock()
+
+
+class ContextState(enum.IntEnum):
+    """The three states of a context, ordered so that ``max`` is "most cancelled"."""
+
+    LIVE = 0
+    STOPPED = 1
+    KILLED = 2
+
+
+class CancelReason(enum.StrEnum):
+    """Why a context was stopped or killed; travels unchanged down the tree and over the wire."""
+
+    STOP_REQUESTED = "stop requested"
+    """Someone called ``stop()``/``stop_generating()`` with no more specific reason."""
+    KILL_REQUESTED = "kill requested"
+    """Someone called ``kill()`` with no more specific reason."""
+    CLIENT_DISCONNECT = "client disconnect"
+    """The HTTP client hung up."""
+    STREAM_CLOSED = "stream closed"
+    """The caller closed or abandoned a response stream before its end."""
+    TRANSPORT_LOST = "transport lost"
+    """The connection that carried the request was lost (EOF, reset, missed heartbeats)."""
+    DEADLINE = "deadline"
+    """The context's deadline passed."""
+    DRAIN_TIMEOUT = "drain timeout"
+    """A stopped context's work did not finish within its drain grace, so it was killed."""
+    SHUTDOWN = "shutdown"
+    """The process is shutting down."""
+
+
+CancelCallback = Callable[["Context", ContextState, CancelReason], None]
+"""Called in the trio thread on each effective transition: ``(context, new_state, reason)``."""
+
+
+def _current_token() -> trio.lowlevel.TrioToken | None:
+    try:
+        return trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None
+
+
+class Context:
+    """Cancellation state for one request stream, shared by the frontend, workers and sub-requests.
+
+    Args:
+        id: The user request id.  Defaults to a fresh UUIDv4 string.  Sub-requests
+            and worker-side contexts reuse it end to end.
+        timeout: Optional time budget in seconds from now; see :meth:`set_deadline`.
+
+    ``stop_generating()``, ``stop()``, ``kill()``, ``is_stopped()`` and
+    ``is_killed()`` are synchronous, never checkpoint, and are safe to call
+    from any thread.  Everything else must be called from the trio thread that
+    owns the context (the run it was first used in).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_children",
+        "_deadline",
+        "_finished",
+        "_id",
+        "_nursery",
+        "_parent",
+        "_reason",
+        "_scope",
+        "_scope_used",
+        "_state",
+        "_state_changed_at",
+        "_token",
+        "_wakeup",
+        "attributes",
+        "created_at",
+    )
+
+    def __init__(self, id: str | None = None, *, timeout: float | None = None) -> None:
+        self._id: Final = str(uuid.uuid4()) if id is None else id
+        self._state = ContextState.LIVE
+        self._reason: CancelReason | None = None
+        self._state_changed_at: float | None = None
+        self._parent: Context | None = None
+        self._children: dict[Context, None] = {}
+        self._callbacks: list[CancelCallback] = []
+        self._finished = False
+        self._deadline: float | None = None  # time.monotonic() seconds
+        self._token = _current_token()
+        # Created lazily in the trio thread, only when someone waits or runs work.
+        # Set (and dropped) on every transition and deadline change: waiters re-check.
+        self._wakeup: trio.Event | None = None
+        self._scope: trio.CancelScope | None = None
+        self._scope_used = False
+        self._nursery: trio.Nursery | None = None
+        self.created_at: Final = time.monotonic()
+        """``time.monotonic()`` when the context was made; used for ages in introspection."""
+        self.attributes: dict[str, str] = {}
+        """Free-form labels the runtime attaches (endpoint, instance, ...) for introspection."""
+        if timeout is not None:
+            self.set_deadline(time.monotonic() + timeout)
+
+    def __repr__(self) -> str:
+        reason = f" reason={self._reason.value!r}" if self._reason else ""
+        return f"<Context {self._id} {self._state.name}{reason}>"
+
+    # ------------------------------------------------------------------ state queries
+
+    def id(self) -> str:
+        """The user request id, shared by every context serving the same request."""
+        return self._id
+
+    @property
+    def state(self) -> ContextState:
+        """The current state (a passed deadline counts as killed)."""
+        self._check_deadline()
+        return self._state
+
+    @property
+    def reason(self) -> CancelReason | None:
+        """Why the context was last moved forward, or ``None`` while it is live."""
+        self._check_deadline()
+        return self._reason
+
+    @property
+    def state_changed_at(self) -> float | None:
+        """``time.monotonic()`` of the last effective transition, or ``None`` while live."""
+        return self._state_changed_at
+
+    @property
+    def parent(self) -> Context | None:
+        """The context this one is linked under, if any."""
+        return self._parent
+
+    @property
+    def children(self) -> tuple[Context, ...]:
+        """The linked, unfinished children, in link order."""
+        return tuple(self._children)
+
+    @property
+    def finished(self) -> bool:
+        """True once the work for this context is over (see :meth:`finish`)."""
+        return self._finished
+
+    def is_stopped(self) -> bool:
+        """True once stop **or** kill was requested (killed implies stopped).  Thread-safe."""
+        return self.state >= ContextState.STOPPED
+
+    def is_killed(self) -> bool:
+        """True once kill was requested.  Thread-safe."""
+        return self.state is ContextState.KILLED
+
+    # ------------------------------------------------------------------ deadline
+
+    @property
+    def deadline(self) -> float | None:
+        """The deadline in ``time.monotonic()`` seconds, or ``None``."""
+        return self._deadline
+
+    def time_remaining(self) -> float | None:
+        """Seconds until the deadline (never negative), or ``None`` without a deadline."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def set_deadline(self, deadline: float) -> None:
+        """Give the context a deadline in ``time.monotonic()`` seconds.
+
+        A deadline only ever moves earlier; it is inherited by linked children
+        and travels to workers as time remaining.  When it passes the context
+        is killed with reason :attr:`CancelReason.DEADLINE`.
+        """
+        with _LOCK:
+            changed = self._tighten_deadlines(deadline)
+        for ctx in changed:
+            ctx._run_in_trio(ctx._wake)
+
+    def _tighten_deadlines(self, deadline: float) -> list[Context]:
+        changed = []
+        for ctx in self._subtree():
+            if ctx._deadline is None or deadline < ctx._deadline:
+                ctx._deadline = deadline
+                changed.append(ctx)
+        return changed
+
+    def _check_deadline(self) -> None:
+        deadline = self._deadline
+        if (
+            deadline is not None
+            and self._state is not ContextState.KILLED
+            and time.monotonic() >= deadline
+        ):
+            self._transition(ContextState.KILLED, CancelReason.DEADLINE)
+
+    # ------------------------------------------------------------------ transitions
+
+    def stop_generating(self, reason: CancelReason = CancelReason.STOP_REQUESTED) -> None:
+        """Graceful cancel: ask the work to finish early.  Idempotent and thread-safe."""
+        self._transition(ContextState.STOPPED, reason)
+
+    def stop(self, reason: CancelReason = CancelReason.STOP_REQUESTED) -> None:
+        """Alias of :meth:`stop_generating`."""
+        self._transition(ContextState.STOPPED, reason)
+
+    def kill(self, reason: CancelReason = CancelReason.KILL_REQUESTED) -> None:
+        """Hard cancel: abandon the remaining output now.  Idempotent and thread-safe.
+
+        Cancels the context's scope (the work gets :class:`trio.Cancelled` at its
+        next checkpoint) and reaches every linked child first, in link order.
+        """
+        self._transition(ContextState.KILLED, reason)
+
+    def _transition(self, target: ContextState, reason: CancelReason) -> None:
+        with _LOCK:
+            changed = self._mark(target, reason)
+        if changed:
+            self._run_in_trio(_apply_effects, changed)
+
+    def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
+        """Move this subtree to ``target``; return the contexts that changed, children first.
+
+        Relies on the tree invariant: below a context already at ``target``,
+        every context is at ``target`` too, so that subtree is skipped.
+        """
+        if self._state >= target:
+            return []
+        now = time.monotonic()
+        changed: list[Context] = []
+        # Iterative depth-first post-order walk: (context, iterator over its children).
+        stack: list[tuple[Context, Iterator[Context]]] = [(self, iter(tuple(self._children)))]
+        while stack:
+            ctx, pending = stack[-1]
+            for child in pending:
+                if child._state < target:
+                    stack.append((child, iter(tuple(child._children))))
+                    break
+            else:
+                stack.pop()
+                ctx._state = target
+                ctx._reason = reason
+                ctx._state_changed_at = now
+                changed.append(ctx)
+        return changed
+
+    def _run_in_trio(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` now if we are in this context's trio thread, else hand it over."""
+        token = self._token
+        if token is None or _current_token() is token:
+            fn(*args)
+            return
+        # If the run that owned the waiters is over, there is nobody left to wake.
+        with suppress(trio.RunFinishedError):
+            token.run_sync_soon(fn, *args)
+
+    # ------------------------------------------------------------------ tree
+
+    def link_child(self, child: Context) -> None:
+        """Put ``child`` under this context: stop/kill of this context then reaches it.
+
+        The child inherits this context's deadline (if earlier than its own) and,
+        if this context is already stopped or killed, that state at once.
+
+        Raises:
+            ValueError: if linking would create a cycle, or ``child`` is already
+                linked under another parent.
+        """
+        if child is self:
+            raise ValueError(f"cannot link context {self._id} to itself")
+        with _LOCK:
+            if child._parent is self:
+                return
+            if child._parent is not None:
+                raise ValueError(
+                    f"context {child._id} is already linked under {child._parent._id}; "
+                    "a context has at most one parent"
+                )
+            if _is_ancestor(child, self):
+                raise ValueError(
+                    f"linking {child._id} under {self._id} would create a cycle: "
+                    f"{child._id} is an ancestor of {self._id}"
+                )
+            child._parent = self
+            self._children[child] = None
+            deadline_changed = (
+                child._tighten_deadlines(self._deadline) if self._deadline is not None else []
+            )
+            changed = child._mark(self._state, self._reason) if self._reason else []
+        for ctx in deadline_changed:
+            ctx._run_in_trio(ctx._wake)
+        if changed:
+            self._run_in_trio(_apply_effects, changed)
+
+    def unlink_child(self, child: Context) -> None:
+        """Remove ``child`` from this context's children (its state is left as is)."""
+        with _LOCK:
+            if child._parent is self:
+                del self._children[child]
+                child._parent = None
+
+    def finish(self) -> None:
+        """Declare the work for this context over: it leaves its parent's child list.
+
+        Called by :meth:`scope` on exit and by response streams when they end.
+        Stop and kill still work afterwards (they just have no work to reach).
+        """
+        with _LOCK:
+            self._finished = True
+            parent = self._parent
+            if parent is not None:
+                del parent._children[self]
+                self._parent = None
+
+    def _subtree(self) -> Iterator[Context]:
+        stack = [self]
+        while stack:
+            ctx = stack.pop()
+            yield ctx
+            stack.extend(ctx._children)
+
+    def add_cancel_callback(self, callback: CancelCallback) -> None:
+        """Call ``callback(context, state, reason)`` in the trio thread on each transition.
+
+        A callback added to an already stopped or killed context is *not* called
+        for the past transition; check :meth:`is_stopped` after adding.  Callbacks
+        must be quick, must not block, and should not raise (an exception is logged).
+        """
+        self._callbacks.append(callback)
+
+    def remove_cancel_callback(self, callback: CancelCallback) -> None:
+        """Forget a callback added with :meth:`add_cancel_callback` (no error if absent)."""
+        with suppress(ValueError):
+            self._callbacks.remove(callback)
+
+    # ------------------------------------------------------------------ waiting
+
+    def _bind_token(self) -> None:
+        token = _current_token()
+        if token is None:
+            raise RuntimeError("this Context method must be called from inside trio")
+        if self._token is None:
+            self._token = token
+        elif self._token is not token:
+            raise RuntimeError(f"context {self._id} belongs to another trio run")
+
+    def _wake(self) -> None:
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None:
+            wakeup.set()
+
+    async def _wait(self, target: ContextState) -> None:
+        self._bind_token()
+        waited = False
+        while self.state < target:  # reading .state also enforces the deadline
+            if self._wakeup is None:
+                self._wakeup = trio.Event()
+            wakeup = self._wakeup
+            deadline = self._deadline
+            with trio.move_on_at(math.inf if deadline is None else _to_trio_time(deadline)):
+                await wakeup.wait()
+            waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()
+
+    async def stopped(self) -> None:
+        """Return once the context is stopped or killed (at once if it already is)."""
+        await self._wait(ContextState.STOPPED)
+
+    async def killed(self) -> None:
+        """Return once the context is killed (at once if it already is)."""
+        await self._wait(ContextState.KILLED)
+
+    async def async_killed_or_stopped(self) -> bool:
+        """Dynamo's name: wait until stopped or killed, then return ``True``."""
+        await self._wait(ContextState.STOPPED)
+        return True
+
+    # ------------------------------------------------------------------ running work
+
+    @asynccontextmanager
+    async def scope(self, *, drain_grace: float | None = None) -> AsyncIterator[trio.Nursery]:
+        """Run the work for this request under the context's cancel scope and nursery.
+
+        ``kill()`` cancels the scope; the block then exits normally.  After
+        ``stop()``, work still running ``drain_grace`` seconds later is killed
+        (reason :attr:`CancelReason.DRAIN_TIMEOUT`); ``None`` never escalates.
+        The deadline, if any, is enforced.  On exit the context is finished.
+        A context's scope can be entered once.
+
+        Yields:
+            The context's nursery; tasks started in it are cancelled by ``kill()``.
+        """
+        self._bind_token()
+        if self._scope_used:
+            raise RuntimeError(f"the scope of context {self._id} was already entered")
+        self._scope_used = True
+        self._scope = trio.CancelScope()
+        if self.is_killed():
+            self._scope.cancel(reason=self._cancel_message())
+        try:
+            with self._scope:
+                async with trio.open_nursery() as watchers:
+                    watchers.start_soon(self._watch, drain_grace)
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            self._nursery = nursery
+                            yield nursery
+                    finally:
+                        self._nursery = None
+                        watchers.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _collapse(group) from None
+        finally:
+            self.finish()
+
+    async def run(
+        self, fn: Callable[..., Awaitable[_T]], *args: Any, drain_grace: float | None = None
+    ) -> _T | None:
+        """``await fn(*args)`` inside :meth:`scope`; ``None`` if the context was killed first."""
+        async with self.scope(drain_grace=drain_grace):
+            return await fn(*args)
+        return None  # killed: the scope absorbed the cancellation
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Start a task in this context's nursery (only while :meth:`scope` is open)."""
+        if self._nursery is None:
+            raise RuntimeError(f"context {self._id} has no open scope to start work in")
+        self._nursery.start_soon(fn, *args)
+
+    def start_child(
+        self,
+        child: Context,
+        fn: Callable[..., Awaitable[object]],
+        *args: Any,
+        drain_grace: float | None = None,
+    ) -> None:
+        """Link ``child`` and run ``fn(*args)`` under the child's scope, in this context's nursery.
+
+        The child's work then lives inside this context's task tree: killing this
+        context cancels it twice over (through the link and through the scope).
+        """
+        self.link_child(child)
+        self.start_soon(_run_discarding, child, fn, args, drain_grace)
+
+    async def _watch(self, drain_grace: float | None) -> None:
+        """Enforce the deadline and, after a stop, the drain grace (one task per scope)."""
+        await self.stopped()
+        if drain_grace is not None and not self.is_killed():
+            with trio.move_on_after(drain_grace):
+                await self.killed()
+            if not self.is_killed():
+                _log.warning(
+                    "context %s did not finish within its %.3fs drain grace; killing it",
+                    self._id,
+                    drain_grace,
+                )
+                self.kill(CancelReason.DRAIN_TIMEOUT)
+        await self.killed()
+
+    def _cancel_message(self) -> str:
+        return f"context {self._id} killed: {self._reason.value if self._reason else 'unknown'}"
+
+    # ------------------------------------------------------------------ introspection
+
+    def snapshot(self) -> dict[str, Any]:
+        """This context and its subtree as plain data (for the in-flight request listing)."""
+        now = time.monotonic()
+
+        def describe(ctx: Context) -> dict[str, Any]:
+            return {
+                "id": ctx._id,
+                "state": ctx._state.name.lower(),
+                "reason": ctx._reason.value if ctx._reason else None,
+                "age_s": round(now - ctx.created_at, 6),
+                "attributes": dict(ctx.attributes),
+                "children": [],
+            }
+
+        root = describe(self)
+        stack = [(self, root)]
+        while stack:
+            ctx, node = stack.pop()
+            for child in tuple(ctx._children):
+                child_node = describe(child)
+                node["children"].append(child_node)
+                stack.append((child, child_node))
+        return root
+
+
+def _apply_effects(changed: list[Context]) -> None:
+    """The trio-thread half of a transition; ``changed`` is ordered children first."""
+    for ctx in changed:
+        state, reason = ctx._state, ctx._reason
+        assert reason is not None
+        ctx._wake()
+        if state is ContextState.KILLED and ctx._scope is not None:
+            ctx._scope.cancel(reason=ctx._cancel_message())
+        for callback in tuple(ctx._callbacks):
+            try:
+                callback(ctx, state, reason)
+            except Exception:
+                _log.exception("cancel callback %r of context %s failed", callback, ctx._id)
+
+
+def _is_ancestor(candidate: Context, ctx: Context) -> bool:
+    """Whether ``candidate`` is ``ctx`` or above it.
+
+    Walks up from ``ctx`` and down from ``candidate`` in lock step and stops as
+    soon as either walk is exhausted, so the cost is the smaller of the depth of
+    ``ctx`` and the size of ``candidate``'s subtree: linking a fresh leaf under
+    a deep chain, or a deep chain under a fresh root, is O(1).
+    """
+    up: Context | None = ctx
+    down = [candidate]
+    while up is not None and down:
+        if up is candidate:
+            return True
+        up = up._parent
+        node = down.pop()
+        if node is ctx:
+            return True
+        down.extend(node._children)
+    return False
+
+
+async def _run_discarding(
+    ctx: Context,
+    fn: Callable[..., Awaitable[object]],
+    args: tuple[Any, ...],
+    drain_grace: float | None,
+) -> None:
+    async with ctx.scope(drain_grace=drain_grace):
+        await fn(*args)
+
+
+def _to_trio_time(deadline: float) -> float:
+    return trio.current_time() + (deadline - time.monotonic())
+
+
+def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """Unwrap nursery groups that hold a single exception, so the body's error surfaces as is."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,200 @@
+"""One error hierarchy for everything a caller can see go wrong.
+
+The names and wire codes follow Dynamo's ``ErrorType`` so that errors read the
+same on both systems::
+
+    DynamoError
+    ├── InvalidArgument        the request was malformed, or the handler raised ValueError/TypeError
+    ├── Cancelled              the work was cancelled on the remote side (not by this caller)
+    ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
+    ├── ResourceExhausted      a limit was hit (too many streams, queue full)
+    ├── ConnectionTimeout      the handler raised TimeoutError
+    ├── ResponseTimeout        no response within a configured bound
+    ├── StreamIncomplete       the stream ended without its terminal frame for a known reason
+    ├── Unknown                anything else the handler raised
+    └── TransportError         the request plane failed
+        ├── CannotConnect      no connection could be made to the worker
+        │   └── NoInstances    no live instance serves the endpoint
+        ├── Disconnected       the connection was lost mid-stream
+        └── ProtocolError      a peer sent bytes that are not a valid frame sequence
+
+Cancellation caused by *this* caller (its context was stopped or killed) is
+never an error: the stream just ends.  :class:`Cancelled` is for work that was
+cancelled on the other side for its own reasons.  trio's own
+:class:`trio.Cancelled` is unrelated and is never caught or converted.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final
+
+__all__ = [
+    "CannotConnect",
+    "Cancelled",
+    "ConnectionTimeout",
+    "Disconnected",
+    "DynamoError",
+    "EngineShutdown",
+    "InvalidArgument",
+    "NoInstances",
+    "ProtocolError",
+    "ResourceExhausted",
+    "ResponseTimeout",
+    "StreamIncomplete",
+    "TransportError",
+    "Unknown",
+    "error_from_wire",
+    "error_from_exception",
+]
+
+
+class DynamoError(Exception):
+    """Base of every error this package raises for a request.
+
+    Args:
+        message: What went wrong, for a human.
+        caused_by: The name of the remote exception type, if the error came
+            from a handler (e.g. ``"ValueError"``).
+    """
+
+    error_type: ClassVar[str] = "Unknown"
+    """The wire code (Dynamo's ``ErrorType`` name)."""
+
+    def __init__(self, message: str = "", *, caused_by: str | None = None) -> None:
+        super().__init__(message)
+        self.message: Final = message
+        self.caused_by: Final = caused_by
+
+    def __str__(self) -> str:
+        detail = f"{self.caused_by}: {self.message}" if self.caused_by else self.message
+        return f"{self.error_type}: {detail}"
+
+
+class InvalidArgument(DynamoError):
+    """The request was malformed, or the handler rejected it (``ValueError``/``TypeError``)."""
+
+    error_type = "InvalidArgument"
+
+
+class Cancelled(DynamoError):
+    """The work was cancelled on the remote side for its own reasons (not by this caller)."""
+
+    error_type = "Cancelled"
+
+
+class EngineShutdown(DynamoError):
+    """The worker is shutting down: it refused the request or abandoned it."""
+
+    error_type = "EngineShutdown"
+
+
+class ResourceExhausted(DynamoError):
+    """A limit was reached (too many concurrent streams, a full queue)."""
+
+    error_type = "ResourceExhausted"
+
+
+class ConnectionTimeout(DynamoError):
+    """The handler raised ``TimeoutError``, or a connection attempt timed out."""
+
+    error_type = "ConnectionTimeout"
+
+
+class ResponseTimeout(DynamoError):
+    """No response arrived within a configured bound."""
+
+    error_type = "ResponseTimeout"
+
+
+class StreamIncomplete(DynamoError):
+    """The stream ended without a terminal frame, for a reason the peer explained."""
+
+    error_type = "StreamIncomplete"
+
+
+class Unknown(DynamoError):
+    """The handler raised an exception with no more specific mapping."""
+
+    error_type = "Unknown"
+
+
+class TransportError(DynamoError):
+    """The request plane itself failed."""
+
+    error_type = "TransportError"
+
+
+class CannotConnect(TransportError):
+    """No connection could be made to the worker."""
+
+    error_type = "CannotConnect"
+
+
+class NoInstances(CannotConnect):
+    """No live instance serves the endpoint."""
+
+    error_type = "NoInstances"
+
+
+class Disconnected(TransportError):
+    """The connection to the worker was lost before the stream's terminal frame."""
+
+    error_type = "Disconnected"
+
+
+class ProtocolError(TransportError):
+    """A peer sent bytes that are not a valid frame sequence; the connection is closed."""
+
+    error_type = "ProtocolError"
+
+
+_BY_CODE: Final[dict[str, type[DynamoError]]] = {
+    cls.error_type: cls
+    for cls in (
+        DynamoError,
+        InvalidArgument,
+        Cancelled,
+        EngineShutdown,
+        ResourceExhausted,
+        ConnectionTimeout,
+        ResponseTimeout,
+        StreamIncomplete,
+        Unknown,
+        TransportError,
+        CannotConnect,
+        NoInstances,
+        Disconnected,
+        ProtocolError,
+    )
+}
+
+
+def error_from_wire(code: str, message: str, caused_by: str | None = None) -> DynamoError:
+    """Rebuild an error from its wire code; unknown codes become :class:`Unknown`."""
+    return _BY_CODE.get(code, Unknown)(message, caused_by=caused_by)
+
+
+def error_from_exception(exc: BaseException) -> DynamoError:
+    """Map an exception raised by a handler to the error its caller will see.
+
+    The mapping follows Dynamo's Python bindings: ``ValueError``/``TypeError``
+    are invalid arguments, ``TimeoutError`` a connection timeout, connection
+    errors a disconnect, ``GeneratorExit`` an engine shutdown.  A
+    :class:`DynamoError` raised by the handler (for example a sub-request's
+    error) passes through with its own type.
+    """
+    if isinstance(exc, DynamoError):
+        return exc
+    name = type(exc).__name__
+    message = str(exc)
+    if isinstance(exc, ValueError | TypeError):
+        return InvalidArgument(message, caused_by=name)
+    if isinstance(exc, TimeoutError):
+        return ConnectionTimeout(message, caused_by=name)
+    if isinstance(exc, ConnectionRefusedError):
+        return CannotConnect(message, caused_by=name)
+    if isinstance(exc, ConnectionError):
+        return Disconnected(message, caused_by=name)
+    if isinstance(exc, GeneratorExit):
+        return EngineShutdown("engine shutting down", caused_by=name)
+    return Unknown(message, caused_by=name)
