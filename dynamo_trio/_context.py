@@ -486,20 +486,21 @@ class Context:
         if self._scope_used:
             raise RuntimeError(f"the scope of context {self._id} was already entered")
         self._scope_used = True
-        self._scope = trio.CancelScope()
-        if self.is_killed():
-            self._scope.cancel(reason=self._cancel_message())
         try:
-            with self._scope:
-                async with trio.open_nursery() as watchers:
-                    watchers.start_soon(self._watch, drain_grace)
-                    try:
-                        async with trio.open_nursery() as nursery:
-                            self._nursery = nursery
-                            yield nursery
-                    finally:
-                        self._nursery = None
-                        watchers.cancel_scope.cancel()
+            async with trio.open_nursery() as watchers:
+                watchers.start_soon(self._watch, drain_grace)
+                try:
+                    # The work nursery's own cancel scope is the context's scope: one
+                    # scope fewer per level keeps deep running trees within trio's limits.
+                    async with trio.open_nursery() as nursery:
+                        self._scope = nursery.cancel_scope
+                        if self.is_killed():
+                            nursery.cancel_scope.cancel(reason=self._cancel_message())
+                        self._nursery = nursery
+                        yield nursery
+                finally:
+                    self._nursery = None
+                    watchers.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _collapse(group) from None
         finally:

@@ -1,0 +1,719 @@
+"""The Context contract of SPEC §1, rule by rule."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+
+import pytest
+import trio
+import trio.testing
+
+from dynamo_trio import CancelReason, Context, ContextState
+
+# ---------------------------------------------------------------------------- basics
+
+
+def test_default_id_is_a_fresh_uuid4() -> None:
+    first, second = Context(), Context()
+    assert uuid.UUID(first.id()).version == 4
+    assert first.id() != second.id()
+    assert Context("req-1").id() == "req-1"
+
+
+def test_new_context_is_live() -> None:
+    ctx = Context()
+    assert ctx.state is ContextState.LIVE
+    assert not ctx.is_stopped()
+    assert not ctx.is_killed()
+    assert ctx.reason is None
+    assert ctx.state_changed_at is None
+
+
+def test_stop_and_stop_generating_are_aliases() -> None:
+    for method in ("stop", "stop_generating"):
+        ctx = Context()
+        getattr(ctx, method)()
+        assert ctx.is_stopped()
+        assert not ctx.is_killed()
+        assert ctx.reason is CancelReason.STOP_REQUESTED
+
+
+def test_kill_implies_stopped() -> None:
+    ctx = Context()
+    ctx.kill()
+    assert ctx.is_stopped()
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.KILL_REQUESTED
+
+
+def test_states_only_move_forward() -> None:
+    ctx = Context()
+    ctx.kill(CancelReason.CLIENT_DISCONNECT)
+    changed_at = ctx.state_changed_at
+    ctx.stop()
+    ctx.stop_generating()
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.CLIENT_DISCONNECT
+    assert ctx.state_changed_at == changed_at
+
+
+def test_stop_then_kill_upgrades() -> None:
+    ctx = Context()
+    ctx.stop()
+    ctx.kill(CancelReason.DEADLINE)
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.DEADLINE
+
+
+def test_repeated_calls_are_harmless() -> None:
+    ctx = Context()
+    calls: list[ContextState] = []
+    ctx.add_cancel_callback(lambda c, state, reason: calls.append(state))
+    for _ in range(3):
+        ctx.stop()
+    for _ in range(3):
+        ctx.kill()
+    assert calls == [ContextState.STOPPED, ContextState.KILLED]
+
+
+def test_reason_and_time_are_recorded() -> None:
+    ctx = Context()
+    before = time.monotonic()
+    ctx.kill(CancelReason.TRANSPORT_LOST)
+    assert ctx.reason is CancelReason.TRANSPORT_LOST
+    assert ctx.state_changed_at is not None
+    assert before <= ctx.state_changed_at <= time.monotonic()
+    assert "transport lost" in repr(ctx)
+
+
+# ---------------------------------------------------------------------------- waiting
+
+
+async def test_waiters_return_at_once_when_state_already_holds() -> None:
+    ctx = Context()
+    ctx.kill()
+    with trio.fail_after(1):
+        await ctx.stopped()
+        await ctx.killed()
+        assert await ctx.async_killed_or_stopped() is True
+
+
+async def test_any_number_of_waiters_wake_on_stop() -> None:
+    ctx = Context()
+    woke: list[int] = []
+
+    async def wait(i: int) -> None:
+        await ctx.stopped()
+        woke.append(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(wait, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == []
+        ctx.stop()
+    assert sorted(woke) == list(range(50))
+
+
+async def test_killed_waiter_is_not_woken_by_stop() -> None:
+    ctx = Context()
+    with trio.move_on_after(0.05) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ctx.killed)
+            await trio.testing.wait_all_tasks_blocked()
+            ctx.stop()
+    assert scope.cancelled_caught
+    with trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ctx.killed)
+            await trio.testing.wait_all_tasks_blocked()
+            ctx.kill()
+
+
+async def test_async_killed_or_stopped_returns_true_on_stop() -> None:
+    ctx = Context()
+    result: list[bool] = []
+
+    async def wait() -> None:
+        result.append(await ctx.async_killed_or_stopped())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.stop_generating()
+    assert result == [True]
+
+
+# ---------------------------------------------------------------------------- the tree
+
+
+def _chain(length: int) -> list[Context]:
+    contexts = [Context("chain") for _ in range(length)]
+    for parent, child in itertools.pairwise(contexts):
+        parent.link_child(child)
+    return contexts
+
+
+def test_stop_reaches_every_descendant_in_link_order() -> None:
+    root = Context("r")
+    a, b, a1, a2 = Context("r"), Context("r"), Context("r"), Context("r")
+    root.link_child(a)
+    root.link_child(b)
+    a.link_child(a1)
+    a.link_child(a2)
+    order: list[str] = []
+    for name, ctx in {"root": root, "a": a, "b": b, "a1": a1, "a2": a2}.items():
+        ctx.add_cancel_callback(lambda c, s, r, name=name: order.append(name))
+    root.stop(CancelReason.CLIENT_DISCONNECT)
+    # Children first, in link order (depth first), then the parent.
+    assert order == ["a1", "a2", "a", "b", "root"]
+    assert all(c.reason is CancelReason.CLIENT_DISCONNECT for c in (a, b, a1, a2))
+    assert not any(c.is_killed() for c in (root, a, b, a1, a2))
+
+
+async def test_children_are_signalled_before_parent_waiters_wake() -> None:
+    root = Context()
+    children = [Context(root.id()) for _ in range(5)]
+    signalled: list[int] = []
+    for i, child in enumerate(children):
+        root.link_child(child)
+        child.add_cancel_callback(lambda c, s, r, i=i: signalled.append(i))
+    seen_at_wake: list[list[int]] = []
+
+    async def parent_waiter() -> None:
+        await root.killed()
+        seen_at_wake.append(list(signalled))
+        assert all(child.is_killed() for child in children)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(parent_waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        root.kill()
+    assert seen_at_wake == [[0, 1, 2, 3, 4]]
+
+
+def test_linking_under_a_stopped_parent_stops_the_child_at_once() -> None:
+    parent = Context()
+    parent.stop(CancelReason.CLIENT_DISCONNECT)
+    child, grandchild = Context(), Context()
+    child.link_child(grandchild)
+    parent.link_child(child)
+    assert child.is_stopped() and not child.is_killed()
+    assert grandchild.is_stopped()
+    assert child.reason is CancelReason.CLIENT_DISCONNECT
+
+
+def test_linking_under_a_killed_parent_kills_the_child_at_once() -> None:
+    parent = Context()
+    parent.kill(CancelReason.DEADLINE)
+    child = Context()
+    parent.link_child(child)
+    assert child.is_killed()
+    assert child.reason is CancelReason.DEADLINE
+
+
+def test_a_killed_child_is_not_downgraded_by_linking() -> None:
+    parent, child = Context(), Context()
+    child.kill()
+    parent.stop()
+    parent.link_child(child)
+    assert child.is_killed()
+
+
+def test_cycles_are_refused() -> None:
+    a, _, c = _chain(3)
+    with pytest.raises(ValueError, match="cycle"):
+        c.link_child(a)
+    with pytest.raises(ValueError, match="itself"):
+        a.link_child(a)
+    # Nothing changed.
+    assert c.children == ()
+    assert a.parent is None
+
+
+def test_a_context_has_one_parent() -> None:
+    first, second, child = Context(), Context(), Context()
+    first.link_child(child)
+    first.link_child(child)  # linking again to the same parent is a no-op
+    assert first.children == (child,)
+    with pytest.raises(ValueError, match="already linked"):
+        second.link_child(child)
+
+
+def test_finished_children_are_unlinked() -> None:
+    parent = Context()
+    for _ in range(1000):
+        child = Context(parent.id())
+        parent.link_child(child)
+        child.finish()
+    assert parent.children == ()
+    assert child.parent is None and child.finished
+
+
+def test_unlink_child_keeps_the_childs_state() -> None:
+    parent, child = Context(), Context()
+    parent.link_child(child)
+    parent.unlink_child(child)
+    parent.kill()
+    assert not child.is_stopped()
+
+
+async def test_scope_exit_unlinks_a_long_lived_parents_children() -> None:
+    parent = Context()
+    async with parent.scope():
+        for _ in range(200):
+            child = Context(parent.id())
+            parent.link_child(child)
+            async with child.scope():
+                await trio.lowlevel.checkpoint()
+        assert parent.children == ()
+
+
+# ---------------------------------------------------------------------------- deep trees
+
+
+class _CountingDict(dict[Context, None]):
+    """Counts how often a context's children are walked."""
+
+    visits = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        _CountingDict.visits += 1
+        return super().__iter__()
+
+
+def _counted_chain(length: int) -> list[Context]:
+    contexts = []
+    for _ in range(length):
+        ctx = Context("deep")
+        ctx._children = _CountingDict()  # type: ignore[assignment]
+        contexts.append(ctx)
+    for parent, child in itertools.pairwise(contexts):
+        parent.link_child(child)
+    return contexts
+
+
+@pytest.mark.parametrize("length", [10_000, 40_000])
+def test_deep_chain_links_and_kills_in_linear_work(length: int) -> None:
+    _CountingDict.visits = 0
+    chain = _counted_chain(length)
+    link_visits = _CountingDict.visits
+    _CountingDict.visits = 0
+    chain[0].kill()
+    kill_visits = _CountingDict.visits
+    assert all(ctx.is_killed() for ctx in chain)
+    # Linking a fresh leaf under a deep chain looks at O(1) contexts, and a kill
+    # walks each context once: no recursion, no quadratic re-walks.
+    assert link_visits <= 2 * length
+    assert kill_visits <= 2 * length
+    _CountingDict.visits = 0
+    chain[0].kill()  # already killed: the walk stops at the root
+    assert _CountingDict.visits == 0
+
+
+def test_deep_chain_built_bottom_up_is_linear() -> None:
+    _CountingDict.visits = 0
+    length = 10_000
+    contexts = []
+    for _ in range(length):
+        ctx = Context("deep")
+        ctx._children = _CountingDict()  # type: ignore[assignment]
+        contexts.append(ctx)
+    for child, parent in itertools.pairwise(contexts):
+        parent.link_child(child)  # a fresh root above an ever deeper chain
+    assert _CountingDict.visits <= 2 * length
+    contexts[-1].stop()
+    assert all(ctx.is_stopped() for ctx in contexts)
+
+
+def test_wide_tree_of_ten_thousand() -> None:
+    root = Context()
+    children = [Context(root.id()) for _ in range(10_000)]
+    for child in children:
+        root.link_child(child)
+    order: list[int] = []
+    for i, child in enumerate(children):
+        child.add_cancel_callback(lambda c, s, r, i=i: order.append(i))
+    root.kill()
+    assert order == list(range(10_000))
+
+
+async def test_deep_running_tree_kill_cancels_every_scope() -> None:
+    # Nested *running* scopes are bounded by trio itself (its cancellation
+    # recursion gives out near 160 levels, with or without contexts); the
+    # context tree is not: see the 10,000-deep tests above.
+    chain = _chain(120)
+    entered = trio.Event()
+    finished: list[int] = []
+
+    async def level(i: int) -> None:
+        try:
+            async with chain[i].scope() as nursery:
+                if i + 1 < len(chain):
+                    nursery.start_soon(level, i + 1)
+                else:
+                    entered.set()
+                await trio.sleep_forever()
+        finally:
+            finished.append(i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(level, 0)
+        await entered.wait()
+        chain[0].kill()
+    assert sorted(finished) == list(range(120))
+    assert all(ctx.is_killed() and ctx.finished for ctx in chain)
+
+
+# ---------------------------------------------------------------------------- threads
+
+
+async def test_kill_from_a_foreign_thread() -> None:
+    ctx = Context()
+    child = Context(ctx.id())
+    ctx.link_child(child)
+    seen_in_thread: list[bool] = []
+
+    def from_thread() -> None:
+        ctx.kill(CancelReason.CLIENT_DISCONNECT)
+        seen_in_thread.append(ctx.is_killed() and child.is_killed())
+
+    async def work() -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ctx.run, work)
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(2):
+            await trio.to_thread.run_sync(from_thread)
+            await ctx.killed()
+            await child.killed()
+    assert seen_in_thread == [True]
+    assert ctx.reason is CancelReason.CLIENT_DISCONNECT
+
+
+async def test_stop_from_a_plain_thread_wakes_trio_waiters() -> None:
+    ctx = Context()
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await ctx.stopped()
+        woke.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        thread = threading.Thread(target=ctx.stop_generating)
+        thread.start()
+        with trio.fail_after(2):
+            await woke.wait()
+        thread.join()
+    assert ctx.is_stopped() and not ctx.is_killed()
+
+
+async def test_many_threads_racing_stop_and_kill() -> None:
+    contexts = [Context() for _ in range(50)]
+    root = Context()
+    for ctx in contexts:
+        root.link_child(ctx)
+    barrier = threading.Barrier(8)
+
+    def hammer(i: int) -> None:
+        barrier.wait()
+        for ctx in contexts:
+            if i % 2:
+                ctx.stop()
+            else:
+                ctx.kill()
+            assert ctx.is_stopped()
+        root.stop()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(trio.to_thread.run_sync, hammer, i)
+    assert all(ctx.is_killed() for ctx in contexts)
+    assert root.is_stopped() and not root.is_killed()
+
+
+async def test_is_killed_from_a_thread_is_immediate() -> None:
+    ctx = Context()
+
+    def check() -> tuple[bool, bool]:
+        before = ctx.is_killed()
+        ctx.kill()
+        return before, ctx.is_killed()
+
+    assert await trio.to_thread.run_sync(check) == (False, True)
+
+
+# ---------------------------------------------------------------------------- the trio structure
+
+
+async def test_kill_cancels_the_scope_at_the_next_checkpoint() -> None:
+    ctx = Context()
+    reached_end = False
+    async with trio.open_nursery() as nursery:
+
+        async def work() -> None:
+            nonlocal reached_end
+            async with ctx.scope():
+                await trio.sleep_forever()
+            reached_end = True  # the block exits normally: the kill was expected
+
+        nursery.start_soon(work)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.kill()
+    assert reached_end
+
+
+async def test_kill_before_the_scope_cancels_at_first_checkpoint() -> None:
+    ctx = Context()
+    ctx.kill()
+    ran_past = False
+    async with ctx.scope():
+        await trio.lowlevel.checkpoint()
+        ran_past = True
+    assert not ran_past
+
+
+async def test_kill_cancels_tasks_started_in_the_context_nursery() -> None:
+    ctx = Context()
+    cancelled: list[str] = []
+
+    async def side_task(name: str) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(name)
+
+    async with trio.open_nursery() as nursery:
+
+        async def work() -> None:
+            async with ctx.scope() as scope_nursery:
+                scope_nursery.start_soon(side_task, "a")
+                ctx.start_soon(side_task, "b")
+                await trio.sleep_forever()
+
+        nursery.start_soon(work)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.kill()
+    assert sorted(cancelled) == ["a", "b"]
+
+
+async def test_stop_does_not_cancel_the_scope() -> None:
+    ctx = Context()
+    produced = []
+    async with ctx.scope():
+        for i in range(5):
+            if ctx.is_stopped():
+                produced.append("drained")
+                break
+            produced.append(i)
+            if i == 2:
+                ctx.stop()
+            await trio.lowlevel.checkpoint()
+    assert produced == [0, 1, 2, "drained"]
+    assert ctx.is_stopped() and not ctx.is_killed()
+
+
+async def test_body_exception_surfaces_unwrapped() -> None:
+    with pytest.raises(ValueError, match="boom"):
+        async with Context().scope():
+            raise ValueError("boom")
+
+
+async def test_outer_cancellation_passes_through() -> None:
+    with trio.move_on_after(0.01) as outer:
+        async with Context().scope():
+            await trio.sleep_forever()
+    assert outer.cancelled_caught
+
+
+async def test_scope_can_be_entered_once() -> None:
+    ctx = Context()
+    async with ctx.scope():
+        pass
+    with pytest.raises(RuntimeError, match="already entered"):
+        async with ctx.scope():
+            pass
+
+
+def test_start_soon_needs_an_open_scope() -> None:
+    async def nothing() -> None:
+        pass
+
+    with pytest.raises(RuntimeError, match="no open scope"):
+        Context().start_soon(nothing)
+
+
+async def test_run_returns_the_result_or_none_when_killed() -> None:
+    async def answer() -> int:
+        return 42
+
+    assert await Context().run(answer) == 42
+    killed = Context()
+    killed.kill()
+
+    async def slow() -> int:
+        await trio.sleep(10)
+        return 1
+
+    assert await killed.run(slow) is None
+
+
+async def test_start_child_runs_in_the_parent_tree() -> None:
+    parent = Context("p")
+    child = Context("p")
+    child_cancelled = trio.Event()
+
+    async def child_work() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            child_cancelled.set()
+
+    async with trio.open_nursery() as nursery:
+
+        async def parent_work() -> None:
+            async with parent.scope():
+                parent.start_child(child, child_work)
+                await trio.sleep_forever()
+
+        nursery.start_soon(parent_work)
+        await trio.testing.wait_all_tasks_blocked()
+        assert child.parent is parent
+        parent.kill()
+    assert child_cancelled.is_set()
+    assert child.is_killed() and child.finished
+    assert parent.children == ()
+
+
+# ---------------------------------------------------------------------------- drain grace
+
+
+async def test_drain_grace_escalates_to_kill(autojump_clock: trio.testing.MockClock) -> None:
+    ctx = Context()
+    ctx.stop()
+    start = trio.current_time()
+    async with ctx.scope(drain_grace=2.0):
+        await trio.sleep(100)  # ignores the stop
+    assert trio.current_time() - start == pytest.approx(2.0)
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.DRAIN_TIMEOUT
+
+
+async def test_work_that_drains_in_time_stays_stopped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ctx = Context()
+    async with ctx.scope(drain_grace=2.0):
+        ctx.stop()
+        await trio.sleep(1.5)
+    await trio.sleep(5)
+    assert ctx.is_stopped() and not ctx.is_killed()
+    assert ctx.reason is CancelReason.STOP_REQUESTED
+
+
+async def test_without_grace_a_stop_never_escalates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ctx = Context()
+    async with ctx.scope():
+        ctx.stop()
+        await trio.sleep(1000)
+    assert not ctx.is_killed()
+
+
+# ---------------------------------------------------------------------------- deadlines
+
+
+async def test_deadline_kills_running_work() -> None:
+    ctx = Context(timeout=0.05)
+    start = trio.current_time()
+    async with ctx.scope():
+        await trio.sleep(10)
+    assert 0.04 <= trio.current_time() - start < 5
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.DEADLINE
+
+
+async def test_deadline_wakes_waiters_without_running_work() -> None:
+    ctx = Context(timeout=0.05)
+    with trio.fail_after(5):
+        await ctx.killed()
+    assert ctx.reason is CancelReason.DEADLINE
+
+
+def test_deadline_is_seen_by_polling_alone() -> None:
+    ctx = Context(timeout=0.01)
+    time.sleep(0.02)
+    assert ctx.is_killed()
+    assert ctx.reason is CancelReason.DEADLINE
+
+
+def test_deadline_only_moves_earlier_and_is_inherited() -> None:
+    parent = Context(timeout=100)
+    deadline = parent.deadline
+    assert deadline is not None
+    parent.set_deadline(deadline + 50)
+    assert parent.deadline == deadline
+    child = Context(timeout=1000)
+    parent.link_child(child)
+    assert child.deadline == deadline
+    parent.set_deadline(deadline - 10)
+    assert child.deadline == deadline - 10
+    remaining = child.time_remaining()
+    assert remaining is not None and 0 < remaining < 100
+
+
+async def test_tightening_a_deadline_reaches_running_work() -> None:
+    ctx = Context(timeout=100)
+
+    async def work() -> None:
+        async with ctx.scope():
+            await trio.sleep(50)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work)
+            await trio.testing.wait_all_tasks_blocked()
+            ctx.set_deadline(time.monotonic() + 0.02)
+    assert ctx.reason is CancelReason.DEADLINE
+
+
+# ---------------------------------------------------------------------------- introspection
+
+
+def test_snapshot_describes_the_tree() -> None:
+    root = Context("r")
+    child = Context("r")
+    child.attributes["instance"] = "abc"
+    root.link_child(child)
+    child.kill(CancelReason.TRANSPORT_LOST)
+    snapshot = root.snapshot()
+    assert snapshot["id"] == "r"
+    assert snapshot["state"] == "live"
+    [child_snapshot] = snapshot["children"]
+    assert child_snapshot["state"] == "killed"
+    assert child_snapshot["reason"] == "transport lost"
+    assert child_snapshot["attributes"] == {"instance": "abc"}
+    assert child_snapshot["age_s"] >= 0
+
+
+def test_callback_errors_are_contained(caplog: pytest.LogCaptureFixture) -> None:
+    ctx = Context()
+    seen: list[str] = []
+
+    def bad(c: Context, s: ContextState, r: CancelReason) -> None:
+        raise RuntimeError("callback bug")
+
+    ctx.add_cancel_callback(bad)
+    ctx.add_cancel_callback(lambda c, s, r: seen.append("after"))
+    ctx.kill()
+    assert seen == ["after"]
+    assert "callback bug" in caplog.text
+    ctx.remove_cancel_callback(bad)
+    ctx.remove_cancel_callback(bad)  # absent: no error
