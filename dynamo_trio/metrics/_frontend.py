@@ -1,0 +1,409 @@
+"""Frontend request metrics: Dynamo's ``dynamo_frontend_*`` families, counted exactly.
+
+One :class:`FrontendMetrics` per frontend process; one
+:class:`FrontendRequestTracker` per HTTP request::
+
+    tracker = metrics.start_request(model, "chat_completions", "stream")
+    try:
+        async for chunk in stream:
+            tracker.tokens(chunk.token_count)
+            ...
+    finally:
+        tracker.finish()                 # "success", unless cancelled() came first
+
+or simply ``with metrics.start_request(...) as tracker:``.
+
+Cancellation
+============
+
+``tracker.cancelled(reason)`` counts the request in
+``dynamo_frontend_model_cancellation_total`` *at once* (the client hanging up
+is a fact the moment it is noticed, even if a stop-with-grace keeps the worker
+busy for a few more seconds), and only the first call counts.  A cancelled
+request then finishes as ``status="error", error_type="cancelled"`` whatever
+:meth:`~FrontendRequestTracker.finish` is told: the response never reached the
+client.  Conversely ``finish("error", "cancelled")`` without a prior
+``cancelled()`` counts the cancellation (reason ``"unknown"``), so
+``requests_total{error_type="cancelled"}`` and ``model_cancellation_total``
+always agree.
+
+``dynamo_frontend_disconnected_clients`` keeps Dynamo's name *and* type: a
+gauge that only ever goes up, raised by a cancellation whose reason is
+:attr:`~dynamo_trio.CancelReason.CLIENT_DISCONNECT`.  Dashboards written for
+Dynamo keep working; for a correct counter (rates across restarts) use
+``dynamo_frontend_cancelled_requests_total{reason="client disconnect"}``.  A
+``..._total`` counter under the same base name cannot live beside the gauge in
+one registry, which is why dynamo-trio does not add one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Final, Self, final, get_args
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from .._context import CancelReason
+from ._buckets import (
+    CANCELLATION_LATENCY_BUCKETS,
+    INTER_TOKEN_LATENCY_BUCKETS,
+    REQUEST_DURATION_BUCKETS,
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+)
+from ._lifecycle import _Lifecycle
+from ._names import (
+    ERROR_TYPE_CANCELLED,
+    ERROR_TYPE_INTERNAL,
+    ERROR_TYPE_NONE,
+    FRONTEND_CANCELLATION_LATENCY_SECONDS,
+    FRONTEND_CANCELLED_REQUESTS_TOTAL,
+    FRONTEND_DISCONNECTED_CLIENTS,
+    FRONTEND_ENDPOINTS,
+    FRONTEND_INFLIGHT_REQUESTS,
+    FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
+    FRONTEND_MODEL_CANCELLATION_TOTAL,
+    FRONTEND_OUTPUT_TOKENS_TOTAL,
+    FRONTEND_REQUEST_DURATION_SECONDS,
+    FRONTEND_REQUESTS_TOTAL,
+    FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
+    LABEL_ERROR_TYPE,
+    LABEL_FRONTEND_ENDPOINT,
+    LABEL_MODEL,
+    LABEL_REASON,
+    LABEL_REQUEST_TYPE,
+    LABEL_STATUS,
+    REQUEST_TYPES,
+    STATUS_ERROR,
+    STATUS_SUCCESS,
+    UNKNOWN_REASON,
+    FrontendEndpoint,
+    FrontendStatus,
+    RequestType,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["FrontendMetrics", "FrontendRequestTracker"]
+
+_ROUTE_LABELS: Final = (LABEL_MODEL, LABEL_FRONTEND_ENDPOINT, LABEL_REQUEST_TYPE)
+_STATUSES: Final = frozenset(get_args(FrontendStatus))
+
+
+@final
+class FrontendMetrics:
+    """The ``dynamo_frontend_*`` metric families of one frontend process.
+
+    Build exactly one per registry and pass it to the HTTP handlers; nothing
+    here is global.
+
+    Args:
+        registry: The frontend's registry, served on its ``/metrics``.
+        clock: Seconds, monotonic; injectable so tests can control latencies.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self._requests = Counter(
+            FRONTEND_REQUESTS_TOTAL,
+            "Requests that ended, by status and error type",
+            (*_ROUTE_LABELS, LABEL_STATUS, LABEL_ERROR_TYPE),
+            registry=registry,
+        )
+        self._inflight = Gauge(
+            FRONTEND_INFLIGHT_REQUESTS,
+            "Requests being served",
+            (LABEL_MODEL,),
+            registry=registry,
+        )
+        self._duration = Histogram(
+            FRONTEND_REQUEST_DURATION_SECONDS,
+            "Seconds from receiving a request to its end",
+            (LABEL_MODEL,),
+            registry=registry,
+            buckets=REQUEST_DURATION_BUCKETS,
+        )
+        self._ttft = Histogram(
+            FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
+            "Seconds from receiving a request to its first output token",
+            (LABEL_MODEL,),
+            registry=registry,
+            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+        )
+        self._itl = Histogram(
+            FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
+            "Seconds between consecutive output tokens",
+            (LABEL_MODEL,),
+            registry=registry,
+            buckets=INTER_TOKEN_LATENCY_BUCKETS,
+        )
+        self._output_tokens = Counter(
+            FRONTEND_OUTPUT_TOKENS_TOTAL,
+            "Output tokens sent",
+            (LABEL_MODEL,),
+            registry=registry,
+        )
+        self._cancellations = Counter(
+            FRONTEND_MODEL_CANCELLATION_TOTAL,
+            "Requests cancelled, each counted once",
+            _ROUTE_LABELS,
+            registry=registry,
+        )
+        self._cancelled_by_reason = Counter(
+            FRONTEND_CANCELLED_REQUESTS_TOTAL,
+            "Requests cancelled, each counted once, by the first cancellation reason",
+            (*_ROUTE_LABELS, LABEL_REASON),
+            registry=registry,
+        )
+        self._cancellation_latency = Histogram(
+            FRONTEND_CANCELLATION_LATENCY_SECONDS,
+            "Seconds from noticing a cancellation to the request having ended",
+            (LABEL_MODEL, LABEL_REASON),
+            registry=registry,
+            buckets=CANCELLATION_LATENCY_BUCKETS,
+        )
+        self._disconnected = Gauge(
+            FRONTEND_DISCONNECTED_CLIENTS,
+            "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
+            registry=registry,
+        )
+        self._routes: dict[tuple[str, str, str], _Route] = {}
+
+    def start_request(
+        self, model: str, endpoint: FrontendEndpoint, request_type: RequestType
+    ) -> FrontendRequestTracker:
+        """Track one request from now until :meth:`FrontendRequestTracker.finish`.
+
+        Args:
+            model: The served model's name (a label value: pass the name the
+                request was routed to, never unvalidated user input).
+            endpoint: The API the request came in on (``"chat_completions"``...).
+            request_type: ``"stream"`` or ``"unary"``.
+
+        Raises:
+            ValueError: On an endpoint or request type outside the known set.
+        """
+        key = (model, endpoint, request_type)
+        route = self._routes.get(key)
+        if route is None:
+            if endpoint not in FRONTEND_ENDPOINTS:
+                raise ValueError(f"unknown endpoint {endpoint!r}")
+            if request_type not in REQUEST_TYPES:
+                raise ValueError(f"unknown request type {request_type!r}")
+            route = self._routes[key] = _Route(self, key)
+        route.inflight.inc()
+        return FrontendRequestTracker(route, self._clock())
+
+
+@final
+class _Route:
+    """Label children of one ``(model, endpoint, request_type)``, bound once."""
+
+    __slots__ = (
+        "by_reason",
+        "by_status",
+        "cancellations",
+        "duration",
+        "inflight",
+        "itl",
+        "key",
+        "latency",
+        "metrics",
+        "output_tokens",
+        "ttft",
+    )
+
+    def __init__(self, metrics: FrontendMetrics, key: tuple[str, str, str]) -> None:
+        model = key[0]
+        self.metrics = metrics
+        self.key = key
+        self.inflight = metrics._inflight.labels(model)
+        self.duration = metrics._duration.labels(model)
+        self.ttft = metrics._ttft.labels(model)
+        self.itl = metrics._itl.labels(model)
+        self.output_tokens = metrics._output_tokens.labels(model)
+        # Bound now so the series reads 0 before the first cancellation.
+        self.cancellations = metrics._cancellations.labels(*key)
+        self.by_status: dict[tuple[str, str], Counter] = {}
+        self.by_reason: dict[str, Counter] = {}
+        self.latency: dict[str, Histogram] = {}
+
+    def requests(self, status: str, error_type: str) -> Counter:
+        child = self.by_status.get((status, error_type))
+        if child is None:
+            child = self.metrics._requests.labels(*self.key, status, error_type)
+            self.by_status[status, error_type] = child
+        return child
+
+    def cancelled(self, reason: str) -> Counter:
+        child = self.by_reason.get(reason)
+        if child is None:
+            child = self.by_reason[reason] = self.metrics._cancelled_by_reason.labels(
+                *self.key, reason
+            )
+        return child
+
+    def cancellation_latency(self, reason: str) -> Histogram:
+        child = self.latency.get(reason)
+        if child is None:
+            child = self.latency[reason] = self.metrics._cancellation_latency.labels(
+                self.key[0], reason
+            )
+        return child
+
+
+@final
+class FrontendRequestTracker:
+    """One HTTP request: cancelled at most once, finished exactly once.
+
+    :meth:`cancelled` and :meth:`finish` are idempotent and thread-safe;
+    :meth:`first_token` and :meth:`tokens` are meant for the one task that
+    streams the response.  Everything after :meth:`finish` is ignored.
+
+    Obtained from :meth:`FrontendMetrics.start_request`, not built directly.
+    """
+
+    __slots__ = ("_first_token_at", "_last_token_at", "_life", "_route", "_started")
+
+    def __init__(self, route: _Route, started: float) -> None:
+        self._route = route
+        self._started = started
+        self._life = _Lifecycle()
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """The reason of the first :meth:`cancelled` call, if any."""
+        signal = self._life.cancel
+        return None if signal is None else signal.reason
+
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`finish` has run."""
+        return self._life.finished
+
+    def first_token(self) -> None:
+        """Observe the time to first token; later calls do nothing.
+
+        Equivalent to the first :meth:`tokens` call, for callers that do not
+        count tokens.
+        """
+        if self._first_token_at is None and not self._life.finished:
+            now = self._route.metrics._clock()
+            self._first_token_at = self._last_token_at = now
+            self._route.ttft.observe(now - self._started)
+
+    def tokens(self, count: int = 1) -> None:
+        """Note that ``count`` output tokens were just sent.
+
+        The first call observes the time to first token; each later call
+        observes the inter-token latency ``count`` times, as the gap since the
+        previous call divided by ``count``.  All calls add to
+        ``dynamo_frontend_output_tokens_total``.
+        """
+        if count <= 0 or self._life.finished:
+            return
+        self._route.output_tokens.inc(count)
+        if self._first_token_at is None:
+            self.first_token()
+            count -= 1
+            if count == 0:
+                return
+        now = self._route.metrics._clock()
+        assert self._last_token_at is not None
+        gap = (now - self._last_token_at) / count
+        self._last_token_at = now
+        for _ in range(count):
+            self._route.itl.observe(gap)
+
+    def cancelled(self, reason: str) -> None:
+        """Count the request as cancelled, now; the first call wins.
+
+        Increments ``model_cancellation_total`` and the by-reason counter (and
+        ``disconnected_clients`` for a client disconnect), and starts the
+        cancellation-latency clock.  Ignored after :meth:`finish`.  Sync and
+        checkpoint-free: safe in a response body's ``__aexit__`` or a
+        :class:`~dynamo_trio.Context` cancel callback.
+
+        Args:
+            reason: Usually a :class:`~dynamo_trio.CancelReason`; it becomes a
+                label value, so it must come from a small fixed set.
+        """
+        route = self._route
+        signal = self._life.mark_cancelled(str(reason), route.metrics._clock())
+        if signal is None:
+            return
+        route.cancellations.inc()
+        route.cancelled(signal.reason).inc()
+        if signal.reason == CancelReason.CLIENT_DISCONNECT:
+            route.metrics._disconnected.inc()
+
+    def finish(self, status: FrontendStatus = "success", error_type: str | None = None) -> None:
+        """Record the end of the request; only the first call counts.
+
+        Decrements the in-flight gauge, observes the duration and counts
+        ``requests_total{status, error_type}``.  A cancelled request is
+        recorded as ``("error", "cancelled")`` whatever is passed here.
+
+        Args:
+            status: ``"success"`` or ``"error"``, as in Dynamo.
+            error_type: Only with ``"error"``; Dynamo's values are
+                ``validation``, ``not_found``, ``overload``, ``unavailable``,
+                ``cancelled``, ``response_timeout``, ``internal`` (the
+                default), ``not_implemented``...
+
+        Raises:
+            ValueError: On an unknown status or an ``error_type`` with
+                ``"success"`` (checked before anything is recorded).
+        """
+        if status not in _STATUSES:
+            raise ValueError(f"unknown status {status!r}; expected one of {sorted(_STATUSES)}")
+        if status == STATUS_SUCCESS and error_type:
+            raise ValueError(f"error_type {error_type!r} given with status 'success'")
+        if error_type == ERROR_TYPE_CANCELLED:
+            self.cancelled(UNKNOWN_REASON)
+        ended, signal = self._life.mark_finished()
+        if not ended:
+            return
+        route = self._route
+        now = route.metrics._clock()
+        if signal is not None:
+            status, error_type = STATUS_ERROR, ERROR_TYPE_CANCELLED
+            route.cancellation_latency(signal.reason).observe(now - signal.at)
+        elif status == STATUS_ERROR:
+            error_type = error_type or ERROR_TYPE_INTERNAL
+        else:
+            error_type = ERROR_TYPE_NONE
+        route.requests(status, error_type).inc()
+        route.inflight.dec()
+        route.duration.observe(now - self._started)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Finish the request if the block did not.
+
+        A clean exit is ``"success"`` (or cancelled, if :meth:`cancelled` ran);
+        an :class:`Exception` is ``("error", "internal")``; anything else
+        (``trio.Cancelled``: quart-trio cancels a view whose client went away)
+        is a cancellation, with reason ``"unknown"`` unless one was given.
+        An explicit :meth:`finish` inside the block takes precedence.
+        """
+        if exc is None:
+            self.finish()
+        elif isinstance(exc, Exception):
+            self.finish(STATUS_ERROR)
+        else:
+            self.finish(STATUS_ERROR, ERROR_TYPE_CANCELLED)
