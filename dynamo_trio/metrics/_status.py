@@ -47,17 +47,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from prometheus_client.exposition import choose_encoder
-from quart import request
-from quart_trio import QuartTrio
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from hypercorn.config import Config as HypercornConfig
     from prometheus_client import CollectorRegistry
     from quart import Response
+    from quart_trio import QuartTrio
 
     from .._config import SystemConfig
 
@@ -135,6 +133,10 @@ async def serve_status(
     """
     if config.port < 0:
         raise ValueError("the status server is disabled (DYN_SYSTEM_PORT is -1)")
+    # Imported here: quart and hypercorn cost ~0.3 s of start-up, paid only by
+    # processes that turn the status server on.
+    from hypercorn.trio import serve
+
     app = _build_app(registry, health, inflight, started_at=time.monotonic())
     await serve(
         app,
@@ -158,6 +160,8 @@ class _FirstBind:
 
 
 def _hypercorn_config(config: SystemConfig) -> HypercornConfig:
+    from hypercorn.config import Config as HypercornConfig
+
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc = HypercornConfig()
     hc.bind = [f"{host}:{config.port}"]
@@ -175,6 +179,9 @@ def _build_app(
     *,
     started_at: float,
 ) -> QuartTrio:
+    from quart import request
+    from quart_trio import QuartTrio
+
     app = QuartTrio("dynamo_trio.status")
     app.config.update(
         RESPONSE_TIMEOUT=_RESPONSE_TIMEOUT,
