@@ -1,0 +1,140 @@
+"""The LLM wire shapes: the engine protocol and the three HTTP APIs, sans-IO.
+
+Layout (each module has one job; nothing here does I/O):
+
+- ``_protocol``: the engine protocol between frontend and workers (requests,
+  output items, validation on both ends);
+- ``_generation``: folding engine output items into text, finish reason, usage;
+- ``_sampling``: the sampling options every text API maps onto;
+- ``_validate``: reading JSON fields with 400 errors that name the parameter;
+- ``_errors``: :class:`RequestError` and the OpenAI / Anthropic error bodies;
+- ``_openai``: chat completions, completions and models;
+- ``_embeddings``: embeddings;
+- ``_responses``: the Responses API;
+- ``_anthropic``: the Anthropic Messages API;
+- ``_sse``: server-sent event encoding.
+"""
+
+from ._anthropic import (
+    MessagesRequest as MessagesRequest,
+    MessagesStream as MessagesStream,
+    anthropic_stop_reason as anthropic_stop_reason,
+    message_object as message_object,
+    parse_messages_request as parse_messages_request,
+)
+from ._embeddings import (
+    EmbeddingRequest as EmbeddingRequest,
+    embedding_response as embedding_response,
+    encode_base64_floats as encode_base64_floats,
+    parse_embedding_request as parse_embedding_request,
+)
+from ._errors import (
+    RequestError as RequestError,
+    anthropic_error_body as anthropic_error_body,
+    anthropic_error_type as anthropic_error_type,
+    openai_error_body as openai_error_body,
+    openai_error_type as openai_error_type,
+    reason_phrase as reason_phrase,
+    status_for_error as status_for_error,
+)
+from ._generation import Generation as Generation
+from ._openai import (
+    ChatCompletionStream as ChatCompletionStream,
+    ChatRequest as ChatRequest,
+    CompletionRequest as CompletionRequest,
+    CompletionStream as CompletionStream,
+    chat_completion as chat_completion,
+    completion as completion,
+    model_list as model_list,
+    model_object as model_object,
+    openai_finish_reason as openai_finish_reason,
+    openai_usage as openai_usage,
+    parse_chat_request as parse_chat_request,
+    parse_completion_request as parse_completion_request,
+)
+from ._protocol import (
+    EmbedOutput as EmbedOutput,
+    EmbedRequest as EmbedRequest,
+    EmbedUsage as EmbedUsage,
+    EngineError as EngineError,
+    EngineMessage as EngineMessage,
+    FinishReason as FinishReason,
+    GenerateOutput as GenerateOutput,
+    GenerateRequest as GenerateRequest,
+    Usage as Usage,
+    parse_embed_output as parse_embed_output,
+    parse_generate_output as parse_generate_output,
+    validate_embed_request as validate_embed_request,
+    validate_generate_request as validate_generate_request,
+)
+from ._responses import (
+    ResponsesRequest as ResponsesRequest,
+    ResponseStream as ResponseStream,
+    parse_responses_request as parse_responses_request,
+    response_object as response_object,
+    responses_usage as responses_usage,
+)
+from ._sampling import SamplingParams as SamplingParams
+from ._sse import (
+    DONE as DONE,
+    encode_comment as encode_comment,
+    encode_error_event as encode_error_event,
+    encode_event as encode_event,
+    keepalive_comment as keepalive_comment,
+)
+
+__all__ = [
+    "DONE",
+    "ChatCompletionStream",
+    "ChatRequest",
+    "CompletionRequest",
+    "CompletionStream",
+    "EmbedOutput",
+    "EmbedRequest",
+    "EmbedUsage",
+    "EmbeddingRequest",
+    "EngineError",
+    "EngineMessage",
+    "FinishReason",
+    "GenerateOutput",
+    "GenerateRequest",
+    "Generation",
+    "MessagesRequest",
+    "MessagesStream",
+    "RequestError",
+    "ResponseStream",
+    "ResponsesRequest",
+    "SamplingParams",
+    "Usage",
+    "anthropic_error_body",
+    "anthropic_error_type",
+    "anthropic_stop_reason",
+    "chat_completion",
+    "completion",
+    "embedding_response",
+    "encode_base64_floats",
+    "encode_comment",
+    "encode_error_event",
+    "encode_event",
+    "keepalive_comment",
+    "message_object",
+    "model_list",
+    "model_object",
+    "openai_error_body",
+    "openai_error_type",
+    "openai_finish_reason",
+    "openai_usage",
+    "parse_chat_request",
+    "parse_completion_request",
+    "parse_embed_output",
+    "parse_embedding_request",
+    "parse_generate_output",
+    "parse_messages_request",
+    "parse_responses_request",
+    "reason_phrase",
+    "response_object",
+    "responses_usage",
+    "status_for_error",
+    "validate_embed_request",
+    "validate_generate_request",
+]

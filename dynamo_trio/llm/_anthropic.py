@@ -1,0 +1,286 @@
+"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes.
+
+Text conversations only: ``messages`` alternate ``user``/``assistant`` turns
+whose ``content`` is a string or ``text`` blocks; ``system`` is a string or
+``text`` blocks and becomes a leading system message.  ``max_tokens`` is
+required, as in Anthropic's API.  ``top_k`` is passed to the engine,
+``metadata`` is checked and otherwise ignored; other block types (images,
+tool use and results, documents) are refused as unsupported.
+
+Stop reasons:
+
+===================  ======================================================
+engine finish        ``stop_reason`` (``stop_sequence``)
+===================  ======================================================
+stop                 ``end_turn``, or ``stop_sequence`` with the sequence
+                     when the engine names the one it stopped on
+length               ``max_tokens``
+cancelled            ``end_turn``
+===================  ======================================================
+
+A stopped generation is reported as ``end_turn`` with the exact usage of what
+was generated, as Dynamo does (its Anthropic stream is converted from the
+OpenAI one, where ``cancelled`` is already ``stop``).  Anthropic has no
+"cancelled" stop reason; ``refusal``/``pause_turn`` would make clients act on
+something that did not happen.
+
+Streaming events (send each as ``encode_event(event, event=event["type"])``;
+the ``anthropic`` client skips events without an ``event:`` name)::
+
+    message_start, content_block_start, ping,
+    content_block_delta (text_delta) *,
+    content_block_stop, message_delta (stop_reason, usage), message_stop
+
+``message_start`` reports ``input_tokens: 0``: the engine reports usage with
+its last item, so the real input count arrives in ``message_delta``'s usage.
+A failure after the stream started is one ``error`` event
+(:meth:`MessagesStream.fail`), which the client raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
+
+from ._errors import anthropic_error_body
+from ._generation import Generation
+from ._sampling import SamplingParams
+from ._validate import (
+    expect_list,
+    expect_object,
+    invalid_value,
+    join,
+    optional_bool,
+    optional_int,
+    optional_number,
+    optional_object,
+    optional_str,
+    required,
+    required_int,
+    required_str,
+    stop_sequences,
+    text_content,
+)
+
+if TYPE_CHECKING:
+    from ._protocol import EngineMessage, GenerateRequest
+
+__all__ = [
+    "MessagesRequest",
+    "MessagesStream",
+    "anthropic_stop_reason",
+    "message_object",
+    "parse_messages_request",
+]
+
+_ROLES: Final = ("user", "assistant")
+_BLOCK_TYPES: Final = frozenset({"text"})
+
+AnthropicStopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessagesRequest:
+    """A validated ``POST /v1/messages`` body."""
+
+    model: str
+    messages: tuple[EngineMessage, ...]
+    system: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+
+    def to_engine(self) -> GenerateRequest:
+        """The chat engine request; ``system`` becomes a leading system message."""
+        messages: list[EngineMessage] = list(self.messages)
+        if self.system:
+            messages.insert(0, {"role": "system", "content": self.system})
+        return self.sampling.chat_request(self.model, messages)
+
+
+def parse_messages_request(body: object) -> MessagesRequest:
+    """Validate a Messages API body.
+
+    Raises:
+        RequestError: 400, naming the parameter.
+    """
+    obj = expect_object(body, None)
+    model = required_str(obj, "model", nonempty=True)
+    max_tokens = required_int(obj, "max_tokens", minimum=1)
+    raw_messages = expect_list(required(obj, "messages"), "messages")
+    if not raw_messages:
+        raise invalid_value("messages", "expected at least one message, but got an empty array.")
+    messages = tuple(_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
+    metadata = optional_object(obj, "metadata")
+    if metadata is not None:
+        optional_str(metadata, "user_id", "metadata")
+    return MessagesRequest(
+        model=model,
+        messages=messages,
+        system=_system(obj.get("system")),
+        sampling=SamplingParams(
+            max_tokens=max_tokens,
+            temperature=optional_number(obj, "temperature", minimum=0.0, maximum=1.0),
+            top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
+            top_k=optional_int(obj, "top_k", minimum=0),
+            stop=tuple(stop_sequences(obj, "stop_sequences", max_items=None, allow_string=False)),
+        ),
+        stream=bool(optional_bool(obj, "stream")),
+    )
+
+
+def _system(value: object) -> str | None:
+    if value is None or value == []:
+        return None
+    return text_content(value, "system", part_types=_BLOCK_TYPES)
+
+
+def _message(value: object, param: str) -> EngineMessage:
+    message = expect_object(value, param)
+    role = required_str(message, "role", param)
+    if role not in _ROLES:
+        raise invalid_value(
+            join(param, "role"), f"expected 'user' or 'assistant', but got {role!r}."
+        )
+    content = text_content(
+        required(message, "content", param), join(param, "content"), part_types=_BLOCK_TYPES
+    )
+    return {"role": role, "content": content}
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+def anthropic_stop_reason(generation: Generation) -> tuple[AnthropicStopReason, str | None]:
+    """``(stop_reason, stop_sequence)`` for a finished generation (see the module table)."""
+    reason = generation.finish_reason
+    if reason == "length":
+        return "max_tokens", None
+    if reason == "stop" and generation.stop_sequence is not None:
+        return "stop_sequence", generation.stop_sequence
+    return "end_turn", None
+
+
+def message_object(
+    request: MessagesRequest, request_id: str, generation: Generation
+) -> dict[str, object]:
+    """The unary ``message`` object for a finished generation; its id is ``msg_<request_id>``."""
+    stop_reason, stop_sequence = anthropic_stop_reason(generation)
+    usage = generation.usage
+    return {
+        "id": f"msg_{request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": [{"type": "text", "text": generation.text}],
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+        },
+    }
+
+
+class MessagesStream:
+    """Turns engine output items into the Messages API's streaming events.
+
+    Args:
+        request: The parsed request (for ``model``).
+        request_id: The request id; the message id is ``msg_<request_id>``.
+    """
+
+    __slots__ = ("_closed", "_generation", "_id", "_model", "_started")
+
+    def __init__(self, request: MessagesRequest, request_id: str) -> None:
+        self._id = f"msg_{request_id}"
+        self._model = request.model
+        self._generation = Generation()
+        self._started = False
+        self._closed = False
+
+    @property
+    def generation(self) -> Generation:
+        """The generation folded so far (text, finish reason, usage)."""
+        return self._generation
+
+    def start(self) -> list[dict[str, object]]:
+        """``message_start``, ``content_block_start`` and ``ping`` (once)."""
+        if self._started:
+            return []
+        self._started = True
+        message: dict[str, object] = {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        return [
+            {"type": "message_start", "message": message},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            {"type": "ping"},
+        ]
+
+    def feed(self, item: object) -> list[dict[str, object]]:
+        """The events for one engine output item (opening the stream first if needed).
+
+        Raises:
+            EngineError: if the item is malformed or reports an engine
+                error; answer it with :meth:`fail`.
+        """
+        events = self.start()
+        if self._closed:
+            return events
+        text = self._generation.feed(item)
+        if text:
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": text},
+                }
+            )
+        if self._generation.finished:
+            events += self._close()
+        return events
+
+    def finish(self) -> list[dict[str, object]]:
+        """The events that end the stream once the engine stream is over."""
+        events = self.start()
+        if not self._closed:
+            events += self._close()
+        return events
+
+    def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
+        """The ``error`` event that ends a failed stream (``[]`` if it already ended).
+
+        ``status`` picks the error type (500 ``api_error``, 503 ``overloaded_error``...).
+        """
+        if self._closed:
+            return []
+        self._closed = True
+        return [anthropic_error_body(status, message)]
+
+    def _close(self) -> list[dict[str, object]]:
+        self._closed = True
+        stop_reason, stop_sequence = anthropic_stop_reason(self._generation)
+        usage = self._generation.usage
+        return [
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": {
+                    "input_tokens": usage["prompt_tokens"],
+                    "output_tokens": usage["completion_tokens"],
+                },
+            },
+            {"type": "message_stop"},
+        ]

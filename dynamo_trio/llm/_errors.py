@@ -1,0 +1,228 @@
+"""Errors an HTTP request can fail with, and the JSON bodies that report them.
+
+Parsers raise :class:`RequestError` for bad input; it carries the HTTP status
+and, for 400s, the ``param`` it is about.  The frontend renders it (or any
+other failure, through :func:`status_for_error`) in the shape its API uses:
+
+OpenAI (chat, completions, embeddings, responses, models)::
+
+    {"error": {"message": "...", "type": "invalid_request_error",
+               "param": "max_tokens", "code": null}}
+
+Anthropic (messages)::
+
+    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
+
+The same Anthropic body is the data of an ``event: error`` SSE event; the
+OpenAI body is the data of the OpenAI stream error event (see ``_sse.py``).
+
+Status to error ``type``:
+
+=======================  ========================  =========================
+status                   OpenAI ``type``           Anthropic ``type``
+=======================  ========================  =========================
+400, 405, 415, 422       invalid_request_error     invalid_request_error
+401                      authentication_error      authentication_error
+402                      invalid_request_error     billing_error
+403                      permission_error          permission_error
+404                      not_found_error           not_found_error
+408, 504                 timeout_error             timeout_error
+413                      invalid_request_error     request_too_large
+429                      rate_limit_error          rate_limit_error
+499 Client Closed Req.   request_cancelled         request_cancelled
+503, 529                 service_unavailable       overloaded_error
+other 4xx                invalid_request_error     invalid_request_error
+other 5xx                server_error              api_error
+=======================  ========================  =========================
+
+499 and ``request_cancelled`` follow Dynamo (PR #8090): a request cancelled
+on its way (client gone, or the work cancelled for its own reasons) is a 499
+"Client Closed Request", not a 500.
+"""
+
+from __future__ import annotations
+
+import http
+from typing import Final
+
+from .._errors import (
+    Cancelled,
+    ConnectionTimeout,
+    EngineShutdown,
+    InvalidArgument,
+    NoInstances,
+    ResourceExhausted,
+    ResponseTimeout,
+)
+
+__all__ = [
+    "RequestError",
+    "anthropic_error_body",
+    "anthropic_error_type",
+    "openai_error_body",
+    "openai_error_type",
+    "reason_phrase",
+    "status_for_error",
+]
+
+
+class RequestError(Exception):
+    """A request the frontend refuses, with the HTTP status to answer it with.
+
+    Args:
+        status: The HTTP status (400 for bad input).
+        message: What is wrong, for a human; names the parameter.
+        type: The error ``type`` to report; by default derived from ``status``
+            for whichever API renders the error.
+        code: A machine-readable code (e.g. ``"model_not_found"``), or ``None``
+            for the status's default.
+        param: The offending parameter as a path (``"messages[0].content"``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status: Final = status
+        self.message: Final = message
+        self.type: Final = type
+        self.code: Final = code
+        self.param: Final = param
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.status}, {self.message!r}, param={self.param!r})"
+
+    def openai_body(self) -> dict[str, object]:
+        """This error as an OpenAI error body."""
+        return openai_error_body(
+            self.status, self.message, type=self.type, code=self.code, param=self.param
+        )
+
+    def anthropic_body(self) -> dict[str, object]:
+        """This error as an Anthropic error body (also the data of an ``error`` event)."""
+        return anthropic_error_body(self.status, self.message, type=self.type)
+
+
+_OPENAI_TYPES: Final[dict[int, str]] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    429: "rate_limit_error",
+    499: "request_cancelled",
+    503: "service_unavailable",
+    529: "service_unavailable",
+    504: "timeout_error",
+}
+
+_ANTHROPIC_TYPES: Final[dict[int, str]] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    499: "request_cancelled",
+    503: "overloaded_error",
+    529: "overloaded_error",
+    504: "timeout_error",
+}
+
+# Codes the OpenAI body carries when the caller gives none: the ones a client
+# can act on without parsing the message.
+_OPENAI_DEFAULT_CODES: Final[dict[int, str]] = {
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    499: "request_cancelled",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+_EXTRA_PHRASES: Final[dict[int, str]] = {499: "Client Closed Request", 529: "Overloaded"}
+
+
+def openai_error_type(status: int) -> str:
+    """The OpenAI error ``type`` for an HTTP status (see the module table)."""
+    return _OPENAI_TYPES.get(status) or (
+        "server_error" if status >= 500 else "invalid_request_error"
+    )
+
+
+def anthropic_error_type(status: int) -> str:
+    """The Anthropic error ``type`` for an HTTP status (see the module table)."""
+    return _ANTHROPIC_TYPES.get(status) or (
+        "api_error" if status >= 500 else "invalid_request_error"
+    )
+
+
+def openai_error_body(
+    status: int,
+    message: str,
+    *,
+    type: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
+) -> dict[str, object]:
+    """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``.
+
+    ``type`` defaults from ``status``; ``code`` defaults to a code for the
+    statuses a client may want to tell apart (413, 415, 499, 503, 504), else null.
+    """
+    return {
+        "error": {
+            "message": message,
+            "type": type or openai_error_type(status),
+            "param": param,
+            "code": code if code is not None else _OPENAI_DEFAULT_CODES.get(status),
+        }
+    }
+
+
+def anthropic_error_body(
+    status: int, message: str, *, type: str | None = None
+) -> dict[str, object]:
+    """An Anthropic error body: ``{"type": "error", "error": {"type", "message"}}``."""
+    return {
+        "type": "error",
+        "error": {"type": type or anthropic_error_type(status), "message": message},
+    }
+
+
+def reason_phrase(status: int) -> str:
+    """The HTTP reason phrase, including the non-standard 499 and 529."""
+    if status in _EXTRA_PHRASES:
+        return _EXTRA_PHRASES[status]
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def status_for_error(exc: BaseException) -> int:
+    """The HTTP status a failed request is answered with.
+
+    :class:`RequestError` keeps its own status.  Request-plane errors map as
+    the spec says: invalid argument 400, cancelled 499, no instances or a
+    shutting-down or saturated worker 503, timeouts 504, anything else
+    (including an :class:`~dynamo_trio.llm.EngineError`) 500.
+    """
+    if isinstance(exc, RequestError):
+        return exc.status
+    if isinstance(exc, InvalidArgument):
+        return 400
+    if isinstance(exc, Cancelled):
+        return 499
+    if isinstance(exc, NoInstances | EngineShutdown | ResourceExhausted):
+        return 503
+    if isinstance(exc, ConnectionTimeout | ResponseTimeout):
+        return 504
+    return 500

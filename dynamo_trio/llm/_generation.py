@@ -1,0 +1,123 @@
+"""Folding a stream of engine output items into one generation: text, finish reason, usage.
+
+Every API builder (unary and streaming, OpenAI, Responses, Anthropic) reads
+engine items through a :class:`Generation`, so they agree on the rules: items
+are validated, text deltas concatenate, the first ``finish_reason`` ends the
+generation (later items are ignored), ``finish_reason: "error"`` raises
+:class:`~dynamo_trio.llm.EngineError`, and usage is the last usage the engine
+reported, with the number of token ids seen standing in for a missing
+``completion_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["Generation"]
+
+
+class Generation:
+    """The state of one generation, built up from its engine output items.
+
+    For a unary response, feed every item and then hand the generation to the
+    API's response builder::
+
+        generation = Generation()
+        async for item in stream:
+            generation.feed(item.data())
+        body = chat_completion(request, request_id, generation)
+
+    ``feed`` is synchronous and cheap (one validation of a small dict).
+    """
+
+    __slots__ = (
+        "_counted_tokens",
+        "_finish_reason",
+        "_pieces",
+        "_reported",
+        "_stop_sequence",
+    )
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self._finish_reason: FinishReason | None = None
+        self._stop_sequence: str | None = None
+        self._reported: Usage | None = None
+        self._counted_tokens = 0
+
+    @classmethod
+    def collect(cls, items: Iterable[object]) -> Generation:
+        """A generation fed with every item of ``items``."""
+        generation = cls()
+        for item in items:
+            generation.feed(item)
+        return generation
+
+    def feed(self, item: object) -> str:
+        """Fold one engine output item in and return its text delta.
+
+        Returns:
+            The item's text, or ``""`` if it has none or arrives after the
+            item that ended the generation (such items are ignored).
+
+        Raises:
+            EngineError: if the item is malformed or its ``finish_reason`` is
+                ``"error"`` (the message is the engine's ``error``).
+        """
+        if self._finish_reason is not None:
+            return ""
+        output = parse_generate_output(item)
+        token_ids = output.get("token_ids")
+        if token_ids:
+            self._counted_tokens += len(token_ids)
+        usage = output.get("usage")
+        if usage is not None:
+            self._reported = usage
+        reason = output.get("finish_reason")
+        if reason == "error":
+            raise EngineError(output.get("error") or "the engine failed without saying why")
+        text = output.get("text", "")
+        if text:
+            self._pieces.append(text)
+        if reason is not None:
+            self._finish_reason = reason
+            self._stop_sequence = output.get("stop_sequence")
+        return text
+
+    @property
+    def text(self) -> str:
+        """The text generated so far."""
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    @property
+    def finished(self) -> bool:
+        """Whether an item with a ``finish_reason`` has been fed."""
+        return self._finish_reason is not None
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        """Why the generation ended: the engine's reason, ``"stop"`` if it gave none."""
+        return self._finish_reason or "stop"
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop sequence that ended the generation, if the engine named one."""
+        return self._stop_sequence
+
+    @property
+    def usage(self) -> Usage:
+        """Token counts: the engine's last report, completed by counting token ids."""
+        reported = self._reported
+        if reported is None:
+            return {"prompt_tokens": 0, "completion_tokens": self._counted_tokens}
+        return {
+            "prompt_tokens": reported["prompt_tokens"],
+            "completion_tokens": reported["completion_tokens"],
+        }

@@ -1,0 +1,535 @@
+"""The OpenAI chat completions, completions and models APIs: parsing and response shapes.
+
+Sans-IO: a parser turns a decoded JSON body into a typed request (or raises a
+400 :class:`~dynamo_trio.llm.RequestError` naming the parameter), the request
+converts to an engine request, and the builders turn engine output items
+into OpenAI objects.  The frontend does the HTTP::
+
+    request = parse_chat_request(body)
+    stream = await client.round_robin(request.to_engine(), context=ctx)
+    if request.stream:
+        chunks = ChatCompletionStream(request, ctx.id())
+        async for item in stream:
+            for chunk in chunks.feed(item.data()):
+                send(encode_event(chunk))
+        for chunk in chunks.finish():
+            send(encode_event(chunk))
+        send(DONE)
+    else:
+        generation = Generation()
+        async for item in stream:
+            generation.feed(item.data())
+        send_json(chat_completion(request, ctx.id(), generation))
+
+Cancelled generations
+---------------------
+The OpenAI schema allows ``finish_reason`` in ``stop | length | tool_calls |
+content_filter | function_call`` only; the official client's types refuse
+``"cancelled"`` (``ChatCompletionChunk.model_validate`` fails).  An engine
+``"cancelled"`` is therefore reported as ``"stop"``, as Dynamo's
+``DeltaGenerator`` does: the text produced before the stop is a valid
+(shorter) answer, and the usage that comes with it is exact, so billing and
+``include_usage`` stay right.  ``"length"`` would misreport why it ended.
+
+Unsupported options are refused, not ignored, when ignoring them would
+return something the client did not ask for: ``n`` or ``best_of`` other
+than 1, batch or token-id prompts, ``logprobs``, ``echo``, ``suffix``.
+Fields this server does not know are ignored, since OpenAI clients send
+extras.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+from ._errors import openai_error_body
+from ._generation import Generation
+from ._sampling import SamplingParams
+from ._validate import (
+    JsonObject,
+    expect_list,
+    expect_object,
+    invalid_type,
+    invalid_value,
+    join,
+    optional_bool,
+    optional_int,
+    optional_number,
+    optional_object,
+    optional_str,
+    required,
+    required_str,
+    stop_sequences,
+    text_content,
+    unsupported,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
+
+__all__ = [
+    "ChatCompletionStream",
+    "ChatRequest",
+    "CompletionRequest",
+    "CompletionStream",
+    "chat_completion",
+    "completion",
+    "model_list",
+    "model_object",
+    "openai_finish_reason",
+    "openai_usage",
+    "parse_chat_request",
+    "parse_completion_request",
+]
+
+_CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
+_CHAT_PART_TYPES: Final = frozenset({"text"})
+_MAX_STOP_SEQUENCES: Final = 4
+
+OpenAIFinishReason = Literal["stop", "length"]
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    model: str
+    messages: tuple[EngineMessage, ...]
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    """``stream_options.include_usage``: end the stream with a usage chunk."""
+
+    def to_engine(self) -> GenerateRequest:
+        """The engine request for this conversation."""
+        return self.sampling.chat_request(self.model, self.messages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest:
+    """A validated ``POST /v1/completions`` body (one text prompt)."""
+
+    model: str
+    prompt: str
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+
+    def to_engine(self) -> GenerateRequest:
+        """The engine request to continue the prompt."""
+        return self.sampling.completion_request(self.model, self.prompt)
+
+
+def parse_chat_request(body: object) -> ChatRequest:
+    """Validate a chat completions body.
+
+    Raises:
+        RequestError: 400, naming the parameter, for anything malformed or
+            unsupported (see the module docstring).
+    """
+    obj = expect_object(body, None)
+    model = required_str(obj, "model", nonempty=True)
+    raw_messages = expect_list(required(obj, "messages"), "messages")
+    if not raw_messages:
+        raise invalid_value("messages", "expected at least one message, but got an empty array.")
+    messages = tuple(_chat_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
+    _refuse_choices(obj, "n")
+    if optional_bool(obj, "logprobs"):
+        raise unsupported("logprobs", "log probabilities are not supported by this server.")
+    optional_int(obj, "top_logprobs", minimum=0, maximum=20)
+    stream, include_usage = _stream_flags(obj)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        sampling=_sampling(obj),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def parse_completion_request(body: object) -> CompletionRequest:
+    """Validate a (legacy) completions body with a single text prompt.
+
+    Raises:
+        RequestError: 400, naming the parameter; batch prompts (several
+            strings) and token-id prompts are refused as unsupported.
+    """
+    obj = expect_object(body, None)
+    model = required_str(obj, "model", nonempty=True)
+    prompt = _prompt(required(obj, "prompt"))
+    _refuse_choices(obj, "n")
+    _refuse_choices(obj, "best_of")
+    if optional_bool(obj, "echo"):
+        raise unsupported("echo", "echoing the prompt is not supported by this server.")
+    if optional_int(obj, "logprobs", minimum=0, maximum=5):
+        raise unsupported("logprobs", "log probabilities are not supported by this server.")
+    if optional_str(obj, "suffix"):
+        raise unsupported("suffix", "insertion (a suffix) is not supported by this server.")
+    stream, include_usage = _stream_flags(obj)
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        sampling=_sampling(obj),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _chat_message(value: object, param: str) -> EngineMessage:
+    message = expect_object(value, param)
+    role = required_str(message, "role", param)
+    if role not in _CHAT_ROLES:
+        expected = ", ".join(repr(r) for r in _CHAT_ROLES)
+        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    content = message.get("content")
+    if content is None:
+        if role != "assistant":  # an assistant turn that only called tools has no content
+            raise invalid_value(join(param, "content"), f"a {role!r} message needs content.")
+        return {"role": role, "content": ""}
+    text = text_content(content, join(param, "content"), part_types=_CHAT_PART_TYPES)
+    return {"role": role, "content": text}
+
+
+def _prompt(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid_type("prompt", "a string or an array of strings", value)
+    if not value:
+        raise invalid_value("prompt", "expected a prompt, but got an empty array.")
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in value) or any(
+        isinstance(p, list) for p in value
+    ):
+        raise unsupported("prompt", "token-id prompts are not supported; send the prompt as text.")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise invalid_type(join("prompt", index), "a string", item)
+    if len(value) > 1:
+        raise unsupported(
+            "prompt",
+            f"batch prompts are not supported (got {len(value)} prompts); "
+            "send one prompt per request.",
+        )
+    prompt: str = value[0]
+    return prompt
+
+
+def _refuse_choices(obj: JsonObject, key: str) -> None:
+    count = optional_int(obj, key, minimum=1)
+    if count is not None and count != 1:
+        raise unsupported(key, f"this server returns one choice per request, so {key} must be 1.")
+
+
+def _stream_flags(obj: JsonObject) -> tuple[bool, bool]:
+    stream = bool(optional_bool(obj, "stream"))
+    options = optional_object(obj, "stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise invalid_value("stream_options", "stream_options is only allowed when stream is true.")
+    return True, bool(optional_bool(options, "include_usage", "stream_options"))
+
+
+def _sampling(obj: JsonObject) -> SamplingParams:
+    max_tokens = optional_int(obj, "max_completion_tokens", minimum=1)
+    max_key = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = optional_int(obj, "max_tokens", minimum=1)
+        max_key = "max_tokens"
+    else:
+        optional_int(obj, "max_tokens", minimum=1)  # still type-checked
+    min_tokens = optional_int(obj, "min_tokens", minimum=0)
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise invalid_value(
+            "min_tokens", f"expected at most {max_key} ({max_tokens}), but got {min_tokens}."
+        )
+    optional_number(obj, "presence_penalty", minimum=-2.0, maximum=2.0)
+    optional_number(obj, "frequency_penalty", minimum=-2.0, maximum=2.0)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=optional_number(obj, "temperature", minimum=0.0, maximum=2.0),
+        top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
+        seed=optional_int(obj, "seed"),
+        stop=tuple(stop_sequences(obj, "stop", max_items=_MAX_STOP_SEQUENCES, allow_string=True)),
+        ignore_eos=bool(optional_bool(obj, "ignore_eos")),
+    )
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
+    """The OpenAI ``finish_reason`` for an engine one; ``"cancelled"`` becomes ``"stop"``."""
+    return "length" if reason == "length" else "stop"
+
+
+def openai_usage(usage: Usage) -> dict[str, int]:
+    """OpenAI ``usage`` (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)."""
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def chat_completion(
+    request: ChatRequest, request_id: str, generation: Generation, *, created: int | None = None
+) -> dict[str, object]:
+    """The unary ``chat.completion`` object for a finished generation."""
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": _now() if created is None else created,
+        "model": request.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": generation.text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": openai_finish_reason(generation.finish_reason),
+            }
+        ],
+        "usage": openai_usage(generation.usage),
+    }
+
+
+def completion(
+    request: CompletionRequest,
+    request_id: str,
+    generation: Generation,
+    *,
+    created: int | None = None,
+) -> dict[str, object]:
+    """The unary ``text_completion`` object for a finished generation."""
+    return {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": _now() if created is None else created,
+        "model": request.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": generation.text,
+                "logprobs": None,
+                "finish_reason": openai_finish_reason(generation.finish_reason),
+            }
+        ],
+        "usage": openai_usage(generation.usage),
+    }
+
+
+class _ChunkStream:
+    """What the chat and completion chunk streams share: the fold and the ending."""
+
+    __slots__ = (
+        "_closed",
+        "_created",
+        "_generation",
+        "_id",
+        "_include_usage",
+        "_model",
+        "_started",
+    )
+
+    _object: str
+
+    def __init__(self, id: str, model: str, include_usage: bool, created: int | None) -> None:
+        self._id = id
+        self._model = model
+        self._include_usage = include_usage
+        self._created = _now() if created is None else created
+        self._generation = Generation()
+        self._started = False
+        self._closed = False
+
+    @property
+    def generation(self) -> Generation:
+        """The generation folded so far (text, finish reason, usage)."""
+        return self._generation
+
+    def _chunk(self, choice: dict[str, object]) -> dict[str, object]:
+        chunk: dict[str, object] = {
+            "id": self._id,
+            "object": self._object,
+            "created": self._created,
+            "model": self._model,
+            "choices": [choice],
+        }
+        if self._include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
+        raise NotImplementedError
+
+    def _first_chunks(self) -> list[dict[str, object]]:
+        return []
+
+    def start(self) -> list[dict[str, object]]:
+        """The chunks that open the stream (once; later calls return ``[]``)."""
+        if self._started:
+            return []
+        self._started = True
+        return self._first_chunks()
+
+    def feed(self, item: object) -> list[dict[str, object]]:
+        """The chunks for one engine output item (opening the stream first if needed).
+
+        Raises:
+            EngineError: if the item is malformed or reports an engine error;
+                the frontend then ends the stream with an error event.
+        """
+        chunks = self.start()
+        if self._closed:
+            return chunks
+        text = self._generation.feed(item)
+        if self._generation.finished:
+            self._closed = True
+            reason = openai_finish_reason(self._generation.finish_reason)
+            chunks.append(self._text_chunk(text, reason))
+        elif text:
+            chunks.append(self._text_chunk(text, None))
+        return chunks
+
+    def finish(self) -> list[dict[str, object]]:
+        """The chunks that end the stream once the engine stream is over.
+
+        A finish chunk if the engine gave no finish reason, then, with
+        ``include_usage``, the usage chunk (empty ``choices``).  Send
+        ``data: [DONE]`` after them.
+        """
+        chunks = self.start()
+        if not self._closed:
+            self._closed = True
+            chunks.append(
+                self._text_chunk("", openai_finish_reason(self._generation.finish_reason))
+            )
+        if self._include_usage:
+            self._include_usage = False  # at most once
+            chunks.append(
+                {
+                    "id": self._id,
+                    "object": self._object,
+                    "created": self._created,
+                    "model": self._model,
+                    "choices": [],
+                    "usage": openai_usage(self._generation.usage),
+                }
+            )
+        return chunks
+
+    def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
+        """The error that ends a failed stream (``[]`` if it already ended).
+
+        Send it with :func:`~dynamo_trio.llm.encode_error_event` (``event:
+        error``, which the ``openai`` client raises as ``APIError``) and no
+        ``[DONE]`` after it.
+        """
+        if self._closed:
+            return []
+        self._closed = True
+        self._include_usage = False
+        return [openai_error_body(status, message)]
+
+
+class ChatCompletionStream(_ChunkStream):
+    """Turns engine output items into ``chat.completion.chunk`` objects.
+
+    The first chunk has ``delta: {"role": "assistant", "content": ""}``;
+    each text delta becomes a content chunk; the item that ends the
+    generation carries ``finish_reason``; :meth:`finish` adds the usage
+    chunk when ``stream_options.include_usage`` was set.
+
+    Args:
+        request: The parsed request (model, include_usage).
+        request_id: The request id; the chunk id is ``chatcmpl-<request_id>``.
+        created: Unix time for ``created``; now by default.
+    """
+
+    __slots__ = ()
+    _object = "chat.completion.chunk"
+
+    def __init__(
+        self, request: ChatRequest, request_id: str, *, created: int | None = None
+    ) -> None:
+        super().__init__(f"chatcmpl-{request_id}", request.model, request.include_usage, created)
+
+    def _first_chunks(self) -> list[dict[str, object]]:
+        return [
+            self._chunk(
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+        ]
+
+    def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
+        delta = {"content": text} if text else {}
+        return self._chunk(
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        )
+
+
+class CompletionStream(_ChunkStream):
+    """Turns engine output items into streamed ``text_completion`` objects.
+
+    Args:
+        request: The parsed request (model, include_usage).
+        request_id: The request id; the chunk id is ``cmpl-<request_id>``.
+        created: Unix time for ``created``; now by default.
+    """
+
+    __slots__ = ()
+    _object = "text_completion"
+
+    def __init__(
+        self, request: CompletionRequest, request_id: str, *, created: int | None = None
+    ) -> None:
+        super().__init__(f"cmpl-{request_id}", request.model, request.include_usage, created)
+
+    def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
+        return self._chunk(
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        )
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def model_object(
+    model: str, *, created: int | None = None, owned_by: str = "dynamo-trio"
+) -> dict[str, object]:
+    """One ``model`` object, as in ``GET /v1/models/{model}``."""
+    return {
+        "id": model,
+        "object": "model",
+        "created": _now() if created is None else created,
+        "owned_by": owned_by,
+    }
+
+
+def model_list(
+    models: Iterable[str], *, created: int | None = None, owned_by: str = "dynamo-trio"
+) -> dict[str, object]:
+    """The ``GET /v1/models`` body: each name once, in the order given."""
+    when = _now() if created is None else created
+    return {
+        "object": "list",
+        "data": [model_object(m, created=when, owned_by=owned_by) for m in dict.fromkeys(models)],
+    }

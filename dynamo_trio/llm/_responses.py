@@ -1,0 +1,437 @@
+"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes.
+
+Only text conversations are served: ``input`` is a string (one user
+message) or an array of ``message`` items whose ``content`` is a string or
+``input_text``/``output_text`` parts; ``instructions`` becomes a leading
+system message.  State kept by OpenAI's servers (``previous_response_id``,
+``conversation``, ``background``) is refused as unsupported: this server
+stores nothing, so the whole conversation travels in ``input``.
+
+Outcome of a generation, in the ``response`` object:
+
+===================  ==============  ===========================================
+engine finish        ``status``      ``incomplete_details``
+===================  ==============  ===========================================
+stop                 completed       null
+length               incomplete      ``{"reason": "max_output_tokens"}``
+cancelled            cancelled       null
+===================  ==============  ===========================================
+
+A stopped generation is reported as ``status: "cancelled"``, the status
+OpenAI uses for a response cancelled on request; ``incomplete_details.reason``
+only allows ``max_output_tokens``, ``max_messages``, ``content_filter`` and
+``steered``, none of which is true.  Its stream ends with
+``response.incomplete`` (there is no ``response.cancelled`` event) carrying
+that ``cancelled`` response; the output message item is ``incomplete``.
+
+Streaming event sequence (each with a ``sequence_number`` counting from 0;
+send each as ``encode_event(event, event=event["type"])``)::
+
+    response.created, response.in_progress,
+    response.output_item.added, response.content_part.added,
+    response.output_text.delta *,
+    response.output_text.done, response.content_part.done,
+    response.output_item.done,
+    response.completed | response.incomplete
+
+A failure after the stream started (:meth:`ResponseStream.fail`) sends an
+``error`` event, then ``response.failed`` with the error in the response.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
+
+from ._generation import Generation
+from ._sampling import SamplingParams
+from ._validate import (
+    JsonObject,
+    expect_list,
+    expect_object,
+    invalid_type,
+    invalid_value,
+    join,
+    optional_bool,
+    optional_int,
+    optional_number,
+    optional_object,
+    optional_str,
+    required,
+    required_str,
+    text_content,
+    unsupported,
+)
+
+if TYPE_CHECKING:
+    from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
+
+__all__ = [
+    "ResponseStream",
+    "ResponsesRequest",
+    "parse_responses_request",
+    "response_object",
+    "responses_usage",
+]
+
+_ROLES: Final = ("user", "assistant", "system", "developer")
+_PART_TYPES: Final = frozenset({"input_text", "output_text"})
+_MAX_METADATA_KEYS: Final = 16
+
+ResponseStatus = Literal["completed", "incomplete", "cancelled", "failed", "in_progress"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponsesRequest:
+    """A validated ``POST /v1/responses`` body."""
+
+    model: str
+    messages: tuple[EngineMessage, ...]
+    """The conversation from ``input`` (without ``instructions``)."""
+    instructions: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_engine(self) -> GenerateRequest:
+        """The chat engine request; ``instructions`` become a leading system message."""
+        messages: list[EngineMessage] = list(self.messages)
+        if self.instructions:
+            messages.insert(0, {"role": "system", "content": self.instructions})
+        return self.sampling.chat_request(self.model, messages)
+
+
+def parse_responses_request(body: object) -> ResponsesRequest:
+    """Validate a Responses API body.
+
+    Raises:
+        RequestError: 400, naming the parameter.
+    """
+    obj = expect_object(body, None)
+    model = required_str(obj, "model", nonempty=True)
+    messages = _input(required(obj, "input"))
+    for key, what in (
+        ("previous_response_id", "continuing a stored response"),
+        ("conversation", "stored conversations"),
+    ):
+        if obj.get(key) is not None:
+            raise unsupported(
+                key,
+                f"{what} is not supported: this server stores no responses, "
+                "so send the whole conversation in 'input'.",
+            )
+    if optional_bool(obj, "background"):
+        raise unsupported("background", "background responses are not supported by this server.")
+    return ResponsesRequest(
+        model=model,
+        messages=messages,
+        instructions=optional_str(obj, "instructions"),
+        sampling=SamplingParams(
+            max_tokens=optional_int(obj, "max_output_tokens", minimum=1),
+            temperature=optional_number(obj, "temperature", minimum=0.0, maximum=2.0),
+            top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
+        ),
+        stream=bool(optional_bool(obj, "stream")),
+        metadata=_metadata(obj),
+    )
+
+
+def _input(value: object) -> tuple[EngineMessage, ...]:
+    if isinstance(value, str):
+        return ({"role": "user", "content": value},)
+    items = expect_list(value, "input")
+    if not items:
+        raise invalid_value("input", "expected at least one input item, but got an empty array.")
+    return tuple(_input_message(item, join("input", i)) for i, item in enumerate(items))
+
+
+def _input_message(value: object, param: str) -> EngineMessage:
+    item = expect_object(value, param)
+    item_type = optional_str(item, "type", param) or "message"
+    if item_type != "message":
+        raise unsupported(
+            join(param, "type"),
+            f"input items of type {item_type!r} are not supported; "
+            "this server accepts only 'message' items.",
+        )
+    role = required_str(item, "role", param)
+    if role not in _ROLES:
+        expected = ", ".join(repr(r) for r in _ROLES)
+        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    content = text_content(
+        required(item, "content", param), join(param, "content"), part_types=_PART_TYPES
+    )
+    return {"role": role, "content": content}
+
+
+def _metadata(obj: JsonObject) -> dict[str, str]:
+    metadata = optional_object(obj, "metadata")
+    if metadata is None:
+        return {}
+    if len(metadata) > _MAX_METADATA_KEYS:
+        raise invalid_value(
+            "metadata", f"expected at most {_MAX_METADATA_KEYS} keys, but got {len(metadata)}."
+        )
+    checked: dict[str, str] = {}
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise invalid_type(join("metadata", key), "a string", value)
+        checked[key] = value
+    return checked
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+def responses_usage(usage: Usage) -> dict[str, object]:
+    """Responses ``usage``: input/output/total tokens and their (zero) details."""
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _outcome(reason: FinishReason) -> tuple[ResponseStatus, dict[str, object] | None]:
+    if reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if reason == "cancelled":
+        return "cancelled", None
+    return "completed", None
+
+
+def _output_text(text: str) -> dict[str, object]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, status: str, content: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content,
+    }
+
+
+def _response(
+    request: ResponsesRequest,
+    request_id: str,
+    created_at: int,
+    status: ResponseStatus,
+    *,
+    output: list[dict[str, object]],
+    usage: Usage | None,
+    incomplete_details: dict[str, object] | None = None,
+    error: dict[str, object] | None = None,
+) -> dict[str, object]:
+    sampling = request.sampling
+    return {
+        "id": f"resp_{request_id}",
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "background": False,
+        "error": error,
+        "incomplete_details": incomplete_details,
+        "instructions": request.instructions,
+        "max_output_tokens": sampling.max_tokens,
+        "metadata": dict(request.metadata),
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
+        "truncation": "disabled",
+        "usage": None if usage is None else responses_usage(usage),
+    }
+
+
+def response_object(
+    request: ResponsesRequest,
+    request_id: str,
+    generation: Generation,
+    *,
+    created_at: int | None = None,
+) -> dict[str, object]:
+    """The unary ``response`` object for a finished generation (see the module table)."""
+    status, details = _outcome(generation.finish_reason)
+    item_status = "completed" if status == "completed" else "incomplete"
+    return _response(
+        request,
+        request_id,
+        int(time.time()) if created_at is None else created_at,
+        status,
+        output=[_message_item(f"msg_{request_id}", item_status, [_output_text(generation.text)])],
+        usage=generation.usage,
+        incomplete_details=details,
+    )
+
+
+class ResponseStream:
+    """Turns engine output items into the Responses API's streaming events.
+
+    Args:
+        request: The parsed request (echoed in every ``response`` snapshot).
+        request_id: The request id: the response is ``resp_<id>``, its
+            message item ``msg_<id>``.
+        created_at: Unix time for ``created_at``; now by default.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_created_at",
+        "_generation",
+        "_item_id",
+        "_request",
+        "_request_id",
+        "_sequence",
+        "_started",
+    )
+
+    def __init__(
+        self, request: ResponsesRequest, request_id: str, *, created_at: int | None = None
+    ) -> None:
+        self._request = request
+        self._request_id = request_id
+        self._item_id = f"msg_{request_id}"
+        self._created_at = int(time.time()) if created_at is None else created_at
+        self._generation = Generation()
+        self._sequence = 0
+        self._started = False
+        self._closed = False
+
+    @property
+    def generation(self) -> Generation:
+        """The generation folded so far (text, finish reason, usage)."""
+        return self._generation
+
+    def _event(self, type: str, **fields: object) -> dict[str, object]:
+        event: dict[str, object] = {"type": type, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def _snapshot(
+        self,
+        status: ResponseStatus,
+        *,
+        output: list[dict[str, object]],
+        usage: Usage | None,
+        incomplete_details: dict[str, object] | None = None,
+        error: dict[str, object] | None = None,
+    ) -> dict[str, object]:
+        return _response(
+            self._request,
+            self._request_id,
+            self._created_at,
+            status,
+            output=output,
+            usage=usage,
+            incomplete_details=incomplete_details,
+            error=error,
+        )
+
+    def _in_text(self, type: str, **fields: object) -> dict[str, object]:
+        return self._event(type, item_id=self._item_id, output_index=0, content_index=0, **fields)
+
+    def start(self) -> list[dict[str, object]]:
+        """The events that open the stream, up to the empty text part (once)."""
+        if self._started:
+            return []
+        self._started = True
+        in_progress = self._snapshot("in_progress", output=[], usage=None)
+        return [
+            self._event("response.created", response=in_progress),
+            self._event("response.in_progress", response=in_progress),
+            self._event(
+                "response.output_item.added",
+                output_index=0,
+                item=_message_item(self._item_id, "in_progress", []),
+            ),
+            self._in_text(
+                "response.content_part.added",
+                part={"type": "output_text", "text": "", "annotations": []},
+            ),
+        ]
+
+    def feed(self, item: object) -> list[dict[str, object]]:
+        """The events for one engine output item (opening the stream first if needed).
+
+        Raises:
+            EngineError: if the item is malformed or reports an engine
+                error; answer it with :meth:`fail`.
+        """
+        events = self.start()
+        if self._closed:
+            return events
+        text = self._generation.feed(item)
+        if text:
+            events.append(self._in_text("response.output_text.delta", delta=text, logprobs=[]))
+        if self._generation.finished:
+            events += self._close()
+        return events
+
+    def finish(self) -> list[dict[str, object]]:
+        """The events that end the stream once the engine stream is over."""
+        events = self.start()
+        if not self._closed:
+            events += self._close()
+        return events
+
+    def fail(self, message: str, *, code: str = "server_error") -> list[dict[str, object]]:
+        """The events that end the stream with an error: ``error``, then ``response.failed``.
+
+        ``code`` must be one of the Responses API error codes (``server_error``,
+        ``rate_limit_exceeded``, ...).  Returns ``[]`` if the stream already ended.
+        """
+        events = self.start()
+        if self._closed:
+            return events
+        self._closed = True
+        text = self._generation.text
+        output = [_message_item(self._item_id, "incomplete", [_output_text(text)])] if text else []
+        events.append(self._event("error", code=code, message=message, param=None))
+        events.append(
+            self._event(
+                "response.failed",
+                response=self._snapshot(
+                    "failed",
+                    output=output,
+                    usage=self._generation.usage,
+                    error={"code": code, "message": message},
+                ),
+            )
+        )
+        return events
+
+    def _close(self) -> list[dict[str, object]]:
+        self._closed = True
+        generation = self._generation
+        status, details = _outcome(generation.finish_reason)
+        text = generation.text
+        item = _message_item(
+            self._item_id,
+            "completed" if status == "completed" else "incomplete",
+            [_output_text(text)],
+        )
+        response = self._snapshot(
+            status, output=[item], usage=generation.usage, incomplete_details=details
+        )
+        return [
+            self._in_text("response.output_text.done", text=text, logprobs=[]),
+            self._in_text("response.content_part.done", part=_output_text(text)),
+            self._event("response.output_item.done", output_index=0, item=item),
+            self._event(
+                "response.completed" if status == "completed" else "response.incomplete",
+                response=response,
+            ),
+        ]

@@ -1,0 +1,109 @@
+"""Server-sent events: the bytes of one event, a comment, the end of a stream.
+
+An event is ``event:`` (optional), ``id:`` (optional) and one ``data:`` line
+per line of its data, then a blank line (WHATWG HTML, "Server-sent events",
+§9.2.6).  Dict data is JSON-encoded compactly, which never contains a raw
+newline; string data is split on CRLF, CR or LF into several ``data:`` lines,
+which a client joins back with ``"\\n"``.  Everything is UTF-8.
+
+How the three APIs use it:
+
+- OpenAI chat and completions: ``data: {chunk}`` events (no event name), then
+  :data:`DONE`.
+- OpenAI Responses and Anthropic Messages: every event is named after its
+  ``type`` (``encode_event(event, event=event["type"])``).  The Anthropic
+  client *skips* events without an ``event:`` line, so the name is required
+  there.
+- Keep-alive: :func:`keepalive_comment` (a comment line) is ignored by every
+  client, so it is safe in all three streams.
+
+Errors in an OpenAI stream
+--------------------------
+:func:`encode_error_event` sends ``event: error`` with the OpenAI error body
+as data::
+
+    event: error
+    data: {"error":{"message":"...","type":"server_error","param":null,"code":null}}
+
+The ``event: error`` name is what Dynamo sends.  The data is what the official
+``openai`` client understands: in its ``Stream.__stream__`` any event whose
+JSON data has a truthy ``"error"`` key raises ``openai.APIError`` carrying the
+message and the body (the event name only matters for ``thread.*`` events).
+A bare ``data:`` line would do for that client; the name also lets generic SSE
+clients (``EventSource.addEventListener("error")``) see it.  For the Anthropic
+API the same encoding with the Anthropic error body is exactly its ``error``
+event, which the ``anthropic`` client raises as an API error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+import msgspec
+
+__all__ = ["DONE", "encode_comment", "encode_error_event", "encode_event", "keepalive_comment"]
+
+DONE: Final = b"data: [DONE]\n\n"
+"""The last event of a successful OpenAI chat or completions stream."""
+
+_KEEPALIVE: Final = b": keep-alive\n\n"
+_LINE_BREAK: Final = re.compile(rb"\r\n|\r|\n")
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def _field(name: bytes, value: str) -> bytes:
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"an SSE {name.decode()} field cannot contain a line break: {value!r}")
+    return name + b": " + value.encode() + b"\n"
+
+
+def encode_event(
+    data: str | bytes | Mapping[str, object],
+    event: str | None = None,
+    *,
+    id: str | None = None,
+) -> bytes:
+    """The bytes of one SSE event.
+
+    Args:
+        data: A JSON object (encoded compactly), or text (UTF-8 ``bytes`` or
+            ``str``), which may span several lines.
+        event: The event name, or ``None`` for the default ``message`` event.
+        id: The event id, if any.
+
+    Raises:
+        ValueError: if ``event`` or ``id`` contains a line break, or ``id`` a NUL.
+        TypeError: if a dict holds something that is not JSON.
+    """
+    head = b""
+    if event is not None:
+        head = _field(b"event", event)
+    if id is not None:
+        if "\0" in id:
+            raise ValueError(f"an SSE id field cannot contain NUL: {id!r}")
+        head += _field(b"id", id)
+    if isinstance(data, Mapping):
+        return head + b"data: " + _ENCODER.encode(data) + b"\n\n"
+    raw = data.encode() if isinstance(data, str) else data
+    if b"\n" not in raw and b"\r" not in raw:
+        return head + b"data: " + raw + b"\n\n"
+    lines = b"".join(b"data: " + line + b"\n" for line in _LINE_BREAK.split(raw))
+    return head + lines + b"\n"
+
+
+def encode_error_event(body: Mapping[str, object]) -> bytes:
+    """An ``event: error`` SSE event carrying an API error body (see the module docstring)."""
+    return encode_event(body, event="error")
+
+
+def encode_comment(text: str = "") -> bytes:
+    """An SSE comment (ignored by clients); multi-line text becomes several comment lines."""
+    lines = _LINE_BREAK.split(text.encode())
+    return b"".join(b": " + line + b"\n" if line else b":\n" for line in lines) + b"\n"
+
+
+def keepalive_comment() -> bytes:
+    """``: keep-alive``, the comment a stream sends while it has nothing else to say."""
+    return _KEEPALIVE

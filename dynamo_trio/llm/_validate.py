@@ -1,0 +1,260 @@
+"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter.
+
+The API parsers are written against these helpers so that every rejection
+looks the same: the :class:`~dynamo_trio.llm.RequestError` has status 400, a
+``param`` path such as ``messages[2].content[0].text``, and a message in the
+OpenAI style that repeats the path (``Invalid type for 'max_tokens': expected
+an integer, but got a string instead.``).
+
+JSON facts the helpers enforce, because Python's decoders blur them:
+``true`` is not an integer, integers are accepted where numbers are, and
+non-finite numbers (``NaN``, ``Infinity``, which ``json.loads`` accepts) are
+refused.  A ``null`` value counts as absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Final
+
+from ._errors import RequestError
+
+JsonObject = Mapping[str, object]
+
+_TYPE_NAMES: Final[dict[type, str]] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def describe(value: object) -> str:
+    """The JSON type of ``value``, with an article: ``"an integer"``, ``"null"``."""
+    if value is None:
+        return "null"
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def join(prefix: str, key: str | int) -> str:
+    """The path of ``key`` under ``prefix``: ``messages[0]``, ``stream_options.include_usage``."""
+    if isinstance(key, int):
+        return f"{prefix}[{key}]"
+    return f"{prefix}.{key}" if prefix else key
+
+
+def invalid_type(param: str | None, expected: str, value: object) -> RequestError:
+    """The error for a value of the wrong JSON type (``param=None`` is the whole body)."""
+    where = f"'{param}'" if param else "the request body"
+    return RequestError(
+        400,
+        f"Invalid type for {where}: expected {expected}, but got {describe(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def invalid_value(param: str, detail: str) -> RequestError:
+    """The error for a value of the right type that is not allowed."""
+    return RequestError(
+        400, f"Invalid value for '{param}': {detail}", param=param, code="invalid_value"
+    )
+
+
+def missing(param: str) -> RequestError:
+    """The error for an absent (or null) required parameter."""
+    return RequestError(
+        400,
+        f"Missing required parameter: '{param}'.",
+        param=param,
+        code="missing_required_parameter",
+    )
+
+
+def unsupported(param: str, detail: str) -> RequestError:
+    """The error for a valid value that this server does not implement."""
+    return RequestError(
+        400,
+        f"Unsupported value for '{param}': {detail}",
+        param=param,
+        code="unsupported_value",
+    )
+
+
+def expect_object(value: object, param: str | None) -> JsonObject:
+    """``value`` as a JSON object, or a 400 naming ``param``."""
+    if not isinstance(value, dict):
+        raise invalid_type(param, "an object", value)
+    return value
+
+
+def expect_list(value: object, param: str) -> list[object]:
+    """``value`` as a JSON array, or a 400 naming ``param``."""
+    if not isinstance(value, list):
+        raise invalid_type(param, "an array", value)
+    return value
+
+
+def required(body: JsonObject, key: str, prefix: str = "") -> object:
+    """The value of a required field (present and not null)."""
+    value = body.get(key)
+    if value is None:
+        raise missing(join(prefix, key))
+    return value
+
+
+def required_str(body: JsonObject, key: str, prefix: str = "", *, nonempty: bool = False) -> str:
+    """A required string field; ``nonempty`` refuses ``""``."""
+    value = required(body, key, prefix)
+    if not isinstance(value, str):
+        raise invalid_type(join(prefix, key), "a string", value)
+    if nonempty and not value:
+        raise invalid_value(join(prefix, key), "expected a non-empty string.")
+    return value
+
+
+def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
+    """An optional string field."""
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise invalid_type(join(prefix, key), "a string", value)
+
+
+def optional_bool(body: JsonObject, key: str, prefix: str = "") -> bool | None:
+    """An optional boolean field."""
+    value = body.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise invalid_type(join(prefix, key), "a boolean", value)
+
+
+def optional_object(body: JsonObject, key: str, prefix: str = "") -> JsonObject | None:
+    """An optional object field."""
+    value = body.get(key)
+    return None if value is None else expect_object(value, join(prefix, key))
+
+
+def _int_value(value: object, param: str, minimum: int | None, maximum: int | None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid_type(param, "an integer", value)
+    if minimum is not None and value < minimum:
+        raise invalid_value(param, f"expected an integer >= {minimum}, but got {value}.")
+    if maximum is not None and value > maximum:
+        raise invalid_value(param, f"expected an integer <= {maximum}, but got {value}.")
+    return value
+
+
+def optional_int(
+    body: JsonObject,
+    key: str,
+    prefix: str = "",
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int | None:
+    """An optional integer field within ``[minimum, maximum]``."""
+    value = body.get(key)
+    return None if value is None else _int_value(value, join(prefix, key), minimum, maximum)
+
+
+def required_int(
+    body: JsonObject,
+    key: str,
+    prefix: str = "",
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """A required integer field within ``[minimum, maximum]``."""
+    return _int_value(required(body, key, prefix), join(prefix, key), minimum, maximum)
+
+
+def optional_number(
+    body: JsonObject,
+    key: str,
+    prefix: str = "",
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float | None:
+    """An optional finite number field within ``[minimum, maximum]``, as a float."""
+    value = body.get(key)
+    if value is None:
+        return None
+    param = join(prefix, key)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise invalid_type(param, "a number", value)
+    if not math.isfinite(value):
+        raise invalid_value(param, f"expected a finite number, but got {value}.")
+    if minimum is not None and value < minimum:
+        raise invalid_value(param, f"expected a number >= {minimum:g}, but got {value}.")
+    if maximum is not None and value > maximum:
+        raise invalid_value(param, f"expected a number <= {maximum:g}, but got {value}.")
+    return float(value)
+
+
+def string_list(value: object, param: str, *, max_items: int | None = None) -> list[str]:
+    """A JSON array of non-empty strings with at most ``max_items`` items."""
+    items = expect_list(value, param)
+    if max_items is not None and len(items) > max_items:
+        raise invalid_value(param, f"expected at most {max_items} items, but got {len(items)}.")
+    strings = []
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise invalid_type(join(param, index), "a string", item)
+        if not item:
+            raise invalid_value(join(param, index), "expected a non-empty string.")
+        strings.append(item)
+    return strings
+
+
+def stop_sequences(
+    body: JsonObject, key: str, *, max_items: int | None, allow_string: bool
+) -> list[str]:
+    """A stop-sequence field: an array of strings, or (``allow_string``) one string."""
+    value = body.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not allow_string:
+            raise invalid_type(key, "an array of strings", value)
+        if not value:
+            raise invalid_value(key, "expected a non-empty string.")
+        return [value]
+    if not isinstance(value, list):
+        expected = "a string or an array of strings" if allow_string else "an array of strings"
+        raise invalid_type(key, expected, value)
+    return string_list(value, key, max_items=max_items)
+
+
+def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:
+    """Message content: a string, or a non-empty array of text parts joined by newlines.
+
+    A part is ``{"type": t, "text": "..."}`` with ``t`` in ``part_types``;
+    any other part type (images, audio, tool results) is refused as
+    unsupported, naming the part.
+    """
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid_type(param, "a string or an array of content parts", value)
+    if not value:
+        raise invalid_value(param, "expected at least one content part.")
+    texts = []
+    for index, part in enumerate(value):
+        part_param = join(param, index)
+        part_body = expect_object(part, part_param)
+        part_type = required_str(part_body, "type", part_param)
+        if part_type not in part_types:
+            supported = ", ".join(repr(t) for t in sorted(part_types))
+            raise unsupported(
+                join(part_param, "type"),
+                f"content parts of type {part_type!r} are not supported; "
+                f"this server accepts only {supported}.",
+            )
+        texts.append(required_str(part_body, "text", part_param))
+    return "\n".join(texts)

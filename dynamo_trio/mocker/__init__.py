@@ -1,0 +1,25 @@
+"""The mock LLM engine, for testing the runtime and frontend without a model.
+
+``MockEngine(settings).generate`` and ``.embed`` are endpoint handlers
+speaking the engine protocol of :mod:`dynamo_trio.llm`.
+"""
+
+from ._engine import MockEngine as MockEngine
+from ._settings import MockerSettings as MockerSettings
+from ._text import (
+    VOCABULARY as VOCABULARY,
+    StopMatcher as StopMatcher,
+    TokenSource as TokenSource,
+    count_tokens as count_tokens,
+    render_prompt as render_prompt,
+)
+
+__all__ = [
+    "VOCABULARY",
+    "MockEngine",
+    "MockerSettings",
+    "StopMatcher",
+    "TokenSource",
+    "count_tokens",
+    "render_prompt",
+]

@@ -1,0 +1,197 @@
+"""The mock LLM engine: deterministic text and embeddings at a configurable pace.
+
+Like Dynamo's mocker, it stands in for a real engine so that the runtime,
+the frontend and cancellation can be tested without a GPU.  Its handlers
+implement the engine protocol of :mod:`dynamo_trio.llm`.
+
+Timing (trio time, so tests can use a virtual clock): the first token comes
+``ttft_ms`` after the request starts, then one token every
+``inter_token_latency_ms``, on a fixed schedule: if the consumer is slow
+(backpressure), the engine catches up with the schedule once it is read
+again, as a real engine that kept generating into a buffer would.  With a
+latency of 0 it generates as fast as it can, but still checkpoints once per
+token, so it stays cancellable.
+
+Cancellation:
+
+- **stop** (``context.is_stopped()``): noticed at once, even while waiting
+  for the next token (each wait races the clock against
+  ``context.stopped()``).  The engine then yields one last item with
+  ``finish_reason: "cancelled"``, any text it was holding back, and the
+  usage so far, and returns.
+- **kill**: the runtime cancels the scope the handler runs in, so
+  :class:`trio.Cancelled` arrives at the engine's next checkpoint and
+  propagates; nothing more is yielded.  The engine never catches it.  (A
+  killed context is also stopped; the engine checks for a kill before
+  yielding its "cancelled" item, so that item is not produced under a kill.)
+
+No ``yield`` happens inside a cancel scope or nursery opened by the engine:
+waits are ``with trio.move_on_at(...)`` blocks closed before yielding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..llm import validate_embed_request, validate_generate_request
+from ._settings import MockerSettings
+from ._text import StopMatcher, TokenSource, count_tokens, render_prompt
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._context import Context
+    from ..llm import EmbedOutput, GenerateOutput, Usage
+
+__all__ = ["MockEngine"]
+
+
+class MockEngine:
+    """A mock LLM: deterministic words for text generation, hashed unit vectors for embeddings.
+
+    Args:
+        settings: Latency and sizes; the defaults if omitted.
+
+    Serve :meth:`generate` and :meth:`embed` as endpoint handlers::
+
+        engine = MockEngine(MockerSettings(ttft_ms=50, inter_token_latency_ms=5))
+        await endpoint.serve_endpoint(engine.generate)
+    """
+
+    __slots__ = ("_first_delay", "_settings", "_token_delay")
+
+    def __init__(self, settings: MockerSettings | None = None) -> None:
+        self._settings = MockerSettings() if settings is None else settings
+        self._first_delay = self._settings.ttft_ms / 1000
+        self._token_delay = self._settings.inter_token_latency_ms / 1000
+
+    @property
+    def settings(self) -> MockerSettings:
+        """The engine's settings."""
+        return self._settings
+
+    async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
+        """Generate text for an engine request, one item per token.
+
+        Args:
+            request: A text-generation engine request (chat or completion).
+            context: The request's context; see the module docstring for
+                what stop and kill do.
+
+        Yields:
+            One item per token (``text`` may be empty while text is held back
+            as a possible stop sequence); the last item carries
+            ``finish_reason`` (``"length"``, ``"stop"`` or ``"cancelled"``)
+            and ``usage``.
+
+        Raises:
+            ValueError: if the request is not a valid generate request.
+        """
+        valid = validate_generate_request(request)
+        prompt = render_prompt(valid)
+        prompt_tokens = count_tokens(prompt)
+        max_tokens = valid.get("max_tokens") or self._settings.default_max_tokens
+        min_tokens = valid.get("min_tokens") or 0
+        tokens = TokenSource(prompt, valid.get("seed"))
+        stops = StopMatcher(valid.get("stop", ()))
+        deadline = trio.current_time() + self._first_delay
+        generated = 0
+        while True:
+            if await _wait_until(deadline, context):
+                yield {
+                    "text": stops.flush(),
+                    "token_ids": [],
+                    "finish_reason": "cancelled",
+                    "usage": _usage(prompt_tokens, generated),
+                }
+                return
+            token_id, token = tokens.next()
+            generated += 1
+            text, stop = stops.push(token, active=generated >= min_tokens)
+            if stop is not None:
+                yield {
+                    "text": text,
+                    "token_ids": [token_id],
+                    "finish_reason": "stop",
+                    "stop_sequence": stop,
+                    "usage": _usage(prompt_tokens, generated),
+                }
+                return
+            if generated >= max_tokens:
+                yield {
+                    "text": text + stops.flush(),
+                    "token_ids": [token_id],
+                    "finish_reason": "length",
+                    "usage": _usage(prompt_tokens, generated),
+                }
+                return
+            yield {"text": text, "token_ids": [token_id]}
+            deadline += self._token_delay
+
+    async def embed(self, request: object, context: Context) -> AsyncIterator[EmbedOutput]:
+        """Embed each input as a deterministic unit vector, after ``ttft_ms``.
+
+        The vector of a text is fixed by a hash of the text.  A request for
+        fewer ``dimensions`` gets the leading components, renormalised (as
+        Matryoshka embeddings behave).  If the context is stopped before the
+        vectors are ready, nothing is yielded: an embedding has no partial
+        result.
+
+        Raises:
+            ValueError: if the request is invalid or asks for more dimensions
+                than ``embedding_dimensions``.
+        """
+        valid = validate_embed_request(request)
+        full = self._settings.embedding_dimensions
+        dimensions = valid.get("dimensions") or full
+        if dimensions > full:
+            raise ValueError(
+                f"invalid embedding request: dimensions ({dimensions}) exceeds this model's "
+                f"embedding size ({full})"
+            )
+        if await _wait_until(trio.current_time() + self._first_delay, context):
+            return
+        inputs = valid["input"]
+        yield {
+            "embeddings": [_embedding(text, full, dimensions) for text in inputs],
+            "usage": {"prompt_tokens": sum(count_tokens(text) for text in inputs)},
+        }
+
+
+async def _wait_until(deadline: float, context: Context) -> bool:
+    """Sleep until ``deadline`` (trio time) unless the context is stopped first.
+
+    Always checkpoints, so a kill (which cancels the caller's scope) lands
+    here as :class:`trio.Cancelled`.
+
+    Returns:
+        Whether the context is stopped.
+    """
+    if not context.is_stopped() and deadline > trio.current_time():
+        with trio.move_on_at(deadline):
+            await context.stopped()
+    else:
+        await trio.lowlevel.checkpoint()
+    if context.is_killed():
+        # kill() wakes stopped() waiters before it cancels the scope, so the
+        # cancellation may still be pending: take it here, before any yield.
+        await trio.lowlevel.checkpoint()
+    return context.is_stopped()
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
+def _embedding(text: str, full: int, dimensions: int) -> list[float]:
+    """The unit vector of ``text``: ``full`` seeded Gaussian components, cut to ``dimensions``."""
+    key = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    source = random.Random(int.from_bytes(key, "little"))
+    vector = [source.gauss(0.0, 1.0) for _ in range(full)][:dimensions]
+    norm = math.sqrt(math.fsum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]

@@ -1,0 +1,38 @@
+"""The knobs of the mock engine: latency and sizes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["MockerSettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MockerSettings:
+    """How the mock engine behaves.  Each field maps to the CLI flag of the same name.
+
+    Raises:
+        ValueError: on construction, for a negative or non-finite latency or a
+            size below 1.
+    """
+
+    ttft_ms: float = 0.0
+    """Time to first token (``--ttft-ms``); also the latency of an embeddings request."""
+    inter_token_latency_ms: float = 10.0
+    """Time between two tokens (``--inter-token-latency-ms``); 0 generates as fast as possible."""
+    default_max_tokens: int = 64
+    """Tokens generated when a request sets no ``max_tokens`` (``--default-max-tokens``)."""
+    embedding_dimensions: int = 16
+    """Length of an embedding vector, and the most a request may ask for
+    (``--embedding-dimensions``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "inter_token_latency_ms"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        for name in ("default_max_tokens", "embedding_dimensions"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, not {value!r}")
