@@ -1,0 +1,61 @@
+"""Discovery: where workers register and where clients find them.
+
+Three backends share one contract (:class:`Discovery`): ``mem`` (one
+process), ``file`` (a directory shared by the processes of one machine, the
+default) and ``etcd`` (an etcd v3 cluster).  :func:`open_discovery` picks one
+from :class:`~dynamo_trio.DiscoveryConfig`; :func:`view_prefix` keeps a live,
+decoded view of a prefix on top of any of them; :mod:`._records` defines the
+records the runtime stores and their keys.
+"""
+
+from ._base import (
+    Discovery as Discovery,
+    DiscoveryError as DiscoveryError,
+    Watch as Watch,
+    WatchEvent as WatchEvent,
+)
+from ._etcd import EtcdDiscovery as EtcdDiscovery
+from ._file import FileDiscovery as FileDiscovery
+from ._memory import (
+    MemoryDiscovery as MemoryDiscovery,
+    MemoryStore as MemoryStore,
+    default_memory_store as default_memory_store,
+)
+from ._open import make_discovery as make_discovery, open_discovery as open_discovery
+from ._records import (
+    Instance as Instance,
+    InvalidRecord as InvalidRecord,
+    ModelCard as ModelCard,
+    ModelType as ModelType,
+    decode_instance as decode_instance,
+    decode_model_card as decode_model_card,
+    encode_record as encode_record,
+    instance_prefix as instance_prefix,
+    model_prefix as model_prefix,
+)
+from ._view import PrefixView as PrefixView, view_prefix as view_prefix
+
+__all__ = [
+    "Discovery",
+    "DiscoveryError",
+    "EtcdDiscovery",
+    "FileDiscovery",
+    "Instance",
+    "InvalidRecord",
+    "MemoryDiscovery",
+    "MemoryStore",
+    "ModelCard",
+    "ModelType",
+    "PrefixView",
+    "Watch",
+    "WatchEvent",
+    "decode_instance",
+    "decode_model_card",
+    "default_memory_store",
+    "encode_record",
+    "instance_prefix",
+    "make_discovery",
+    "model_prefix",
+    "open_discovery",
+    "view_prefix",
+]

@@ -1,0 +1,293 @@
+"""The ``etcd`` backend: a real etcd v3 cluster, through its JSON gateway.
+
+Theory of operation
+===================
+
+*The lease.*  Entering the context grants a lease of ``ceil(lease_ttl)``
+seconds (etcd may raise it to its minimum, about 2 s for a default single
+node; the granted TTL is what counts).  A keepalive task in the context's
+nursery refreshes it every TTL/3.  Its id is :attr:`EtcdDiscovery.lease_id`.
+
+*Losing the lease.*  A lease can end behind our back: etcd restarted without
+its data, the process was paused for longer than the TTL, the network was
+down, or someone revoked it.  The keepalive then reports a TTL of 0 (or a put
+fails with "lease not found").  The backend re-grants a lease *with the same
+id* (etcd lets a client choose the id, so ``lease_id``, the instance id, never
+changes; if etcd answers that the id exists, the lease is alive after all)
+and re-puts every key this instance owns.  Readers see the keys vanish and
+come back, which is the truth: for that while the worker was not registered.
+A repair that fails half-way (etcd went down again) stays pending and is
+retried on the next keepalive tick.
+
+*Shared keys.*  A key belongs to the lease of its last writer, as in etcd.  A
+recovering instance re-puts every key it wrote and has not deleted, even one
+another instance overwrote meanwhile; the runtime's keys embed the instance
+id, so two instances never write the same key.
+
+*Ownership.*  ``put`` records the key in ``_owned`` and ``delete`` forgets
+it; a lock serialises them with recovery and revocation, so a recovery never
+re-puts a key deleted concurrently and never misses one just put.
+
+*Endpoints.*  Every request tries the current endpoint and fails over to the
+next on connection errors (see :mod:`._etcd_gateway`).  At startup, if no
+endpoint grants a lease, entering raises :class:`DiscoveryError`.  Later
+outages are logged and retried (keepalive every TTL/3, watches with backoff).
+The HTTP client ignores proxy settings from the environment (etcd is reached
+directly) and is closed when the context is left.
+
+*Watches* are described in :mod:`._etcd_watch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final, final
+
+import httpx
+import trio
+
+from ._base import CLOSE_TIMEOUT, Discovery, DiscoveryError, check_key, check_value
+from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
+from ._etcd_watch import WatchPump
+from ._watch import Watch, WatchEvent
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._config import DiscoveryConfig
+
+__all__ = ["EtcdDiscovery"]
+
+logger = logging.getLogger(__name__)
+
+_REQUEST_TIMEOUT: Final = 5.0
+"""Seconds a unary request to one endpoint may take."""
+
+_CONNECT_TIMEOUT: Final = 2.0
+"""Seconds to connect to one endpoint before failing over."""
+
+_WATCH_BUFFER: Final = 64
+"""Events a watch may queue ahead of its reader before it stops reading etcd."""
+
+
+@final
+class EtcdDiscovery(Discovery):
+    """Discovery in an etcd v3 cluster (``config.etcd_endpoints``).
+
+    Args:
+        config: Uses ``etcd_endpoints`` and ``lease_ttl``.
+    """
+
+    def __init__(self, config: DiscoveryConfig) -> None:
+        super().__init__()
+        if not config.etcd_endpoints:
+            raise ValueError("no etcd endpoint configured")
+        self._endpoints = config.etcd_endpoints
+        self._requested_ttl = max(1, math.ceil(config.lease_ttl))
+        self._ttl = self._requested_ttl
+        self._lease_id = 0
+        """The id this instance is known by (the first lease's id)."""
+        self._etcd_lease = 0
+        """The lease keys are currently attached to (normally ``_lease_id``)."""
+        self._owned: dict[str, bytes] = {}
+        self._lock = trio.Lock()
+        """Serialises put/delete with lease recovery and revocation."""
+        self._lease_lost = False
+        """The lease must be re-granted (then every owned key re-put)."""
+        self._keys_lost = False
+        """Owned keys must be re-put under the current lease."""
+        self._gateway_or_none: EtcdGateway | None = None
+
+    @property
+    def lease_id(self) -> int:
+        """The etcd lease id granted when the context was entered.
+
+        Raises:
+            DiscoveryError: before the context is entered.
+        """
+        if not self._lease_id:
+            raise DiscoveryError("EtcdDiscovery has no lease before it is started")
+        return self._lease_id
+
+    @property
+    def lease_ttl(self) -> int:
+        """The TTL etcd granted, in seconds."""
+        return self._ttl
+
+    @property
+    def _gateway(self) -> EtcdGateway:
+        self._check_open()
+        assert self._gateway_or_none is not None  # set before _started
+        return self._gateway_or_none
+
+    async def put(self, key: str, value: bytes) -> None:
+        check_key(key)
+        value = check_value(value)
+        gateway = self._gateway
+        async with self._lock:
+            self._check_open()
+            previous = self._owned.get(key)
+            self._owned[key] = value
+            try:
+                await gateway.put(key, value, self._etcd_lease)
+            except EtcdError as exc:
+                if exc.code != GRPC_NOT_FOUND:
+                    self._forget_failed_put(key, previous)
+                    raise
+                # The lease is gone: recovery re-grants it and re-puts every
+                # owned key, this one included.
+                logger.warning("discovery: lease lost (%s); re-granting it", exc)
+                self._lease_lost = True
+                if not await self._recover_locked():
+                    raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
+            except DiscoveryError:
+                self._forget_failed_put(key, previous)
+                raise
+
+    def _forget_failed_put(self, key: str, previous: bytes | None) -> None:
+        if previous is None:
+            self._owned.pop(key, None)
+        else:
+            self._owned[key] = previous
+
+    async def delete(self, key: str) -> None:
+        check_key(key)
+        gateway = self._gateway
+        async with self._lock:
+            self._check_open()
+            self._owned.pop(key, None)
+            await gateway.delete(key)
+
+    async def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        check_key(prefix)
+        state, _ = await self._gateway.range_prefix(prefix)
+        return state
+
+    @asynccontextmanager
+    async def watch_prefix(self, prefix: str) -> AsyncIterator[Watch]:
+        check_key(prefix)
+        gateway = self._gateway
+        initial, revision = await gateway.range_prefix(prefix)
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
+        pump = WatchPump(gateway, prefix, dict(initial), revision + 1, send_channel)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            try:
+                yield Watch(initial, receive_channel)
+            finally:
+                nursery.cancel_scope.cancel(reason="watch closed")
+                receive_channel.close()
+
+    # -- the lease ------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        timeout = httpx.Timeout(_REQUEST_TIMEOUT, connect=_CONNECT_TIMEOUT)
+        client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        try:
+            gateway = EtcdGateway(client, self._endpoints, timeout=_REQUEST_TIMEOUT)
+            try:
+                self._lease_id, self._ttl = await gateway.grant(self._requested_ttl)
+            except DiscoveryError as exc:
+                raise DiscoveryError(
+                    f"cannot register with etcd at {', '.join(self._endpoints)}: {exc}"
+                ) from exc
+            self._etcd_lease = self._lease_id
+            self._gateway_or_none = gateway
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._keepalive)
+                    try:
+                        yield
+                    finally:
+                        nursery.cancel_scope.cancel(reason="discovery closing")
+            finally:
+                with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                    await self.aclose()
+        finally:
+            # Shielded so that a cancelled exit still closes every connection.
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                await client.aclose()
+
+    async def _keepalive(self) -> None:
+        """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
+        assert self._gateway_or_none is not None
+        gateway = self._gateway_or_none
+        while True:
+            await trio.sleep(self._ttl / 3)
+            if self._closed:
+                return
+            try:
+                remaining = await gateway.keepalive(self._etcd_lease)
+            except DiscoveryError as exc:
+                logger.warning("discovery: lease keepalive failed: %s", exc)
+                continue
+            if remaining <= 0:
+                logger.warning(
+                    "discovery: lease %x expired; re-granting it and re-registering %d keys",
+                    self._etcd_lease,
+                    len(self._owned),
+                )
+                self._lease_lost = True
+            if self._lease_lost or self._keys_lost:
+                async with self._lock:
+                    await self._recover_locked()
+
+    async def _recover_locked(self) -> bool:
+        """Re-grant the lease and re-put every owned key; the caller holds the lock.
+
+        Failures are logged and leave the repair pending for the next
+        keepalive tick.
+
+        Returns:
+            Whether the lease and every owned key are back.
+        """
+        if self._closed:
+            return False
+        assert self._gateway_or_none is not None
+        gateway = self._gateway_or_none
+        try:
+            if self._lease_lost:
+                try:
+                    self._etcd_lease, self._ttl = await gateway.grant(
+                        self._requested_ttl, self._lease_id
+                    )
+                except EtcdError as exc:
+                    if exc.code != GRPC_ALREADY_EXISTS:
+                        raise
+                    self._etcd_lease = self._lease_id  # it is alive after all
+                self._lease_lost = False
+                self._keys_lost = True
+            if self._keys_lost:
+                for key, value in self._owned.items():
+                    await gateway.put(key, value, self._etcd_lease)
+                self._keys_lost = False
+        except DiscoveryError as exc:
+            logger.warning("discovery: lease recovery failed (will retry): %s", exc)
+            return False
+        logger.info(
+            "discovery: lease %x recovered with %d keys", self._etcd_lease, len(self._owned)
+        )
+        return True
+
+    async def _revoke_lease(self) -> None:
+        gateway = self._gateway_or_none
+        if gateway is None or not self._etcd_lease:
+            await trio.lowlevel.checkpoint()
+            return
+        async with self._lock:
+            self._owned.clear()
+            try:
+                await gateway.revoke(self._etcd_lease)
+            except EtcdError as exc:
+                if exc.code != GRPC_NOT_FOUND:
+                    logger.warning("discovery: cannot revoke lease %x: %s", self._etcd_lease, exc)
+            except DiscoveryError as exc:
+                logger.warning(
+                    "discovery: cannot revoke lease %x (it expires in %ds): %s",
+                    self._etcd_lease,
+                    self._ttl,
+                    exc,
+                )

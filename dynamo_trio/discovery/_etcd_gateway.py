@@ -1,0 +1,438 @@
+"""A small client for etcd v3's JSON gRPC gateway, with endpoint failover.
+
+etcd serves its gRPC API as JSON over HTTP/1.1 at ``/v3/...`` (every etcd
+from 3.4 on).  The encoding follows proto3's JSON mapping, which the message
+types below spell out:
+
+* ``bytes`` fields (keys, values, ``range_end``) are base64 strings;
+* 64-bit integers (revisions, lease ids, TTLs) are JSON *strings*, so
+  responses are decoded with ``msgspec``'s non-strict mode, which accepts
+  ``"42"`` for an ``int``;
+* fields equal to their zero value are omitted (``count`` of 0, a watch
+  event's ``type`` of ``PUT``, a keepalive's ``TTL`` once the lease is gone),
+  hence a default on every field;
+* errors are HTTP 4xx/5xx with ``{"error", "message", "code"}``, where
+  ``code`` is the gRPC status code (5 NOT_FOUND, 9 ALREADY_EXISTS,
+  11 OUT_OF_RANGE for a compacted revision, 14 UNAVAILABLE).
+
+:class:`EtcdGateway` sends each request to the current endpoint and moves to
+the next one on a connection-level failure (refused, reset, timed out) or an
+"unavailable" answer, trying each endpoint once per request before giving up
+with :class:`~dynamo_trio.discovery.DiscoveryError`.  Anything that does not
+parse as the expected message is reported the same way, never passed on.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast, final
+
+import httpx
+import msgspec
+import trio
+
+from ._base import DiscoveryError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+
+__all__ = [
+    "GRPC_ALREADY_EXISTS",
+    "GRPC_NOT_FOUND",
+    "GRPC_OUT_OF_RANGE",
+    "GRPC_UNAVAILABLE",
+    "EtcdError",
+    "EtcdGateway",
+    "KeyValue",
+    "WatchEventMessage",
+    "WatchMessage",
+    "WatchResult",
+    "decode_key",
+    "decode_kvs",
+    "decode_watch_message",
+    "prefix_range",
+]
+
+logger = logging.getLogger(__name__)
+
+GRPC_NOT_FOUND: Final = 5
+GRPC_ALREADY_EXISTS: Final = 9
+GRPC_OUT_OF_RANGE: Final = 11
+GRPC_UNAVAILABLE: Final = 14
+
+_FAILOVER_HTTP_STATUS: Final = frozenset({502, 503, 504})
+
+_M = TypeVar("_M")
+
+
+class EtcdError(DiscoveryError):
+    """etcd answered with an error.
+
+    Attributes:
+        code: The gRPC status code (0 if the answer had none).
+    """
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- messages (only the fields this package reads) ------------------------------
+
+
+class _Header(msgspec.Struct, frozen=True):
+    revision: int = 0
+
+
+class KeyValue(msgspec.Struct, frozen=True):
+    """One stored key (``mvccpb.KeyValue``)."""
+
+    key: bytes = b""
+    value: bytes = b""
+    mod_revision: int = 0
+    lease: int = 0
+
+
+class _ErrorBody(msgspec.Struct, frozen=True):
+    error: str = ""
+    message: str = ""
+    code: int = 0
+
+
+class _RangeResponse(msgspec.Struct, frozen=True):
+    header: _Header = msgspec.field(default_factory=_Header)
+    kvs: list[KeyValue] = msgspec.field(default_factory=list)
+    more: bool = False
+
+
+class _GrantResponse(msgspec.Struct, frozen=True):
+    ID: int = 0
+    TTL: int = 0
+    error: str = ""
+
+
+class _KeepAliveResult(msgspec.Struct, frozen=True):
+    ID: int = 0
+    TTL: int = 0
+
+
+class _KeepAliveResponse(msgspec.Struct, frozen=True):
+    result: _KeepAliveResult = msgspec.field(default_factory=_KeepAliveResult)
+
+
+class _Empty(msgspec.Struct, frozen=True):
+    pass
+
+
+class WatchEventMessage(msgspec.Struct, frozen=True):
+    """One event of a watch response (``mvccpb.Event``)."""
+
+    type: Literal["PUT", "DELETE"] = "PUT"
+    kv: KeyValue = msgspec.field(default_factory=KeyValue)
+
+
+class WatchResult(msgspec.Struct, frozen=True):
+    """One watch response (``etcdserverpb.WatchResponse``)."""
+
+    header: _Header = msgspec.field(default_factory=_Header)
+    created: bool = False
+    canceled: bool = False
+    compact_revision: int = 0
+    cancel_reason: str = ""
+    events: list[WatchEventMessage] = msgspec.field(default_factory=list)
+
+
+class _StreamError(msgspec.Struct, frozen=True):
+    message: str = ""
+    grpc_code: int = 0
+    http_code: int = 0
+
+
+class WatchMessage(msgspec.Struct, frozen=True):
+    """One line of the ``/v3/watch`` stream: a result, or the gateway's error."""
+
+    result: WatchResult | None = None
+    error: _StreamError | None = None
+
+
+# -- requests --------------------------------------------------------------------
+
+
+class _RangeRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    key: bytes
+    range_end: bytes = b""
+
+
+class _PutRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    key: bytes
+    value: bytes
+    lease: str = "0"
+
+
+class _GrantRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    TTL: str
+    ID: str = "0"
+
+
+class _LeaseRequest(msgspec.Struct, frozen=True):
+    ID: str
+
+
+class _CompactionRequest(msgspec.Struct, frozen=True):
+    revision: str
+
+
+class _WatchCreate(msgspec.Struct, frozen=True, omit_defaults=True):
+    key: bytes
+    range_end: bytes = b""
+    start_revision: str = "0"
+
+
+class _WatchRequest(msgspec.Struct, frozen=True):
+    create_request: _WatchCreate
+
+
+_encoder = msgspec.json.Encoder()
+_watch_decoder = msgspec.json.Decoder(WatchMessage, strict=False)
+
+
+def prefix_range(prefix: str) -> tuple[bytes, bytes]:
+    """``(key, range_end)`` selecting every key that starts with ``prefix``.
+
+    ``range_end`` is the prefix with its last byte incremented (trailing
+    ``0xff`` bytes dropped first); the empty prefix selects the whole keyspace
+    (``"\\0"`` to ``"\\0"``, etcd's "from key to the end").
+    """
+    key = prefix.encode()
+    end = key.rstrip(b"\xff")
+    if not end:
+        return (key or b"\0"), b"\0"
+    return key, end[:-1] + bytes([end[-1] + 1])
+
+
+def decode_watch_message(line: bytes | str) -> WatchMessage:
+    """Parse one line of the watch stream.
+
+    Raises:
+        DiscoveryError: if the line is not a watch response.
+    """
+    try:
+        return _watch_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        raise DiscoveryError(f"etcd sent an unreadable watch message: {exc}") from None
+
+
+@final
+class EtcdGateway:
+    """Typed calls to the gateway of a list of etcd endpoints, with failover.
+
+    Args:
+        client: The HTTP client (owned by the caller, who closes it).
+        endpoints: Base URLs such as ``http://127.0.0.1:2379``.
+        timeout: Seconds a unary request may take.
+    """
+
+    def __init__(
+        self, client: httpx.AsyncClient, endpoints: Sequence[str], *, timeout: float
+    ) -> None:
+        if not endpoints:
+            raise ValueError("no etcd endpoint configured")
+        self._client = client
+        self._endpoints = tuple(url.rstrip("/") for url in endpoints)
+        self._current = 0
+        self._timeout = timeout
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The configured endpoints."""
+        return self._endpoints
+
+    # -- KV --------------------------------------------------------------------
+
+    async def range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
+        """Every key under ``prefix`` and the revision of that snapshot.
+
+        Keys that are not UTF-8 (written by some other client) are logged and
+        skipped.
+        """
+        key, range_end = prefix_range(prefix)
+        response = await self._call(
+            "/v3/kv/range", _RangeRequest(key=key, range_end=range_end), _RangeResponse
+        )
+        if response.more:  # only with a limit, which is never set; be loud if it happens
+            raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
+        return decode_kvs(response.kvs), response.header.revision
+
+    async def put(self, key: str, value: bytes, lease_id: int) -> None:
+        """Set ``key`` attached to ``lease_id``."""
+        request = _PutRequest(key=key.encode(), value=value, lease=str(lease_id))
+        await self._call("/v3/kv/put", request, _Empty)
+
+    async def delete(self, key: str) -> None:
+        """Delete ``key`` (absent is fine)."""
+        await self._call("/v3/kv/deleterange", _RangeRequest(key=key.encode()), _Empty)
+
+    # -- leases ----------------------------------------------------------------
+
+    async def grant(self, ttl: int, lease_id: int = 0) -> tuple[int, int]:
+        """Create a lease (with ``lease_id``, or one etcd picks if 0).
+
+        Returns:
+            ``(lease_id, granted_ttl)``; etcd may raise the TTL to its minimum.
+        """
+        request = _GrantRequest(TTL=str(ttl), ID=str(lease_id))
+        response = await self._call("/v3/lease/grant", request, _GrantResponse)
+        if response.error or response.ID <= 0 or response.TTL <= 0:
+            raise EtcdError(f"etcd refused the lease: {response.error or response}", 0)
+        return response.ID, response.TTL
+
+    async def keepalive(self, lease_id: int) -> int:
+        """Refresh a lease once; returns its remaining TTL (0 or less: the lease is gone)."""
+        request = _LeaseRequest(ID=str(lease_id))
+        response = await self._call("/v3/lease/keepalive", request, _KeepAliveResponse)
+        return response.result.TTL
+
+    async def revoke(self, lease_id: int) -> None:
+        """End a lease now; every key attached to it is deleted in one revision."""
+        await self._call("/v3/lease/revoke", _LeaseRequest(ID=str(lease_id)), _Empty)
+
+    async def compact(self, revision: int) -> None:
+        """Discard history before ``revision`` (used by tests to force a resync)."""
+        await self._call("/v3/kv/compaction", _CompactionRequest(str(revision)), _Empty)
+
+    # -- watch -----------------------------------------------------------------
+
+    @asynccontextmanager
+    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[AsyncIterator[str]]:
+        """Open a watch stream of ``prefix`` from ``start_revision``; yields its lines.
+
+        The connection belongs to this context: leaving it (or cancelling the
+        reader) closes it.
+
+        Raises:
+            DiscoveryError: if no endpoint accepted the stream.
+        """
+        key, range_end = prefix_range(prefix)
+        body = _WatchRequest(
+            _WatchCreate(key=key, range_end=range_end, start_revision=str(start_revision))
+        )
+        http_timeout = httpx.Timeout(self._timeout, read=None)
+        response = await self._send("/v3/watch", body, http_timeout=http_timeout, stream=True)
+        # aiter_lines() is an async generator (typed as a plain iterator):
+        # close it here, not whenever the garbage collector gets to it.
+        lines = cast("AsyncGenerator[str, None]", response.aiter_lines())
+        try:
+            async with aclosing(lines):
+                yield lines
+        finally:
+            with trio.move_on_after(self._timeout, shield=True):
+                await response.aclose()
+
+    # -- plumbing --------------------------------------------------------------
+
+    async def _call(
+        self,
+        path: str,
+        request: object,
+        response_type: type[_M],
+    ) -> _M:
+        response = await self._send(path, request, http_timeout=self._timeout)
+        try:
+            return msgspec.json.decode(response.content, type=response_type, strict=False)
+        except msgspec.DecodeError as exc:
+            raise DiscoveryError(f"etcd sent an unreadable answer to {path}: {exc}") from None
+
+    async def _send(
+        self,
+        path: str,
+        request: object,
+        *,
+        http_timeout: float | httpx.Timeout,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """Send to the current endpoint, failing over to the next ones; return a 200 response.
+
+        ``http_timeout`` bounds each attempt (httpx's per-phase timeouts).  A
+        response with ``stream=True`` is open and must be closed by the caller.
+
+        Raises:
+            EtcdError: if etcd answered with an error that another endpoint
+                would not fix.
+            DiscoveryError: if no endpoint answered.
+        """
+        content = _encoder.encode(request)
+        failures: list[str] = []
+        for _ in range(len(self._endpoints)):
+            endpoint = self._endpoints[self._current]
+            http_request = self._client.build_request(
+                "POST",
+                endpoint + path,
+                content=content,
+                headers={"content-type": "application/json"},
+                timeout=http_timeout,
+            )
+            try:
+                response = await self._client.send(http_request, stream=stream)
+                if response.status_code == httpx.codes.OK:
+                    return response
+                try:
+                    await response.aread()  # error bodies are small
+                finally:
+                    await response.aclose()
+            except httpx.TransportError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                error = _error_from(response, path)
+                if not _is_unavailable(response, error):
+                    raise error
+                reason = str(error)
+            failures.append(f"{endpoint}: {reason}")
+            self._fail_over(endpoint, reason)
+        raise DiscoveryError(f"no etcd endpoint answered {path}: {'; '.join(failures)}")
+
+    def _fail_over(self, endpoint: str, reason: str) -> None:
+        if len(self._endpoints) > 1:
+            self._current = (self._current + 1) % len(self._endpoints)
+            logger.warning(
+                "discovery: etcd %s failed (%s); trying %s",
+                endpoint,
+                reason,
+                self._endpoints[self._current],
+            )
+
+
+def decode_kvs(kvs: Sequence[KeyValue]) -> dict[str, bytes]:
+    """``{key: value}`` from etcd key-values, skipping (and logging) non-UTF-8 keys."""
+    state: dict[str, bytes] = {}
+    for kv in kvs:
+        key = decode_key(kv.key)
+        if key is not None:
+            state[key] = kv.value
+    return state
+
+
+def decode_key(raw: bytes) -> str | None:
+    """A key as ``str``, or ``None`` (logged) if it is not UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        logger.warning("discovery: skipping non-UTF-8 etcd key %r", raw)
+        return None
+
+
+def _is_unavailable(response: httpx.Response, error: EtcdError) -> bool:
+    """Whether another endpoint might answer (this member is down, has no leader, ...)."""
+    return response.status_code in _FAILOVER_HTTP_STATUS or error.code == GRPC_UNAVAILABLE
+
+
+def _error_from(response: httpx.Response, path: str) -> EtcdError:
+    """The error an etcd error answer stands for (its body may be anything)."""
+    try:
+        body = msgspec.json.decode(response.content, type=_ErrorBody, strict=False)
+    except msgspec.DecodeError:
+        body = _ErrorBody()
+    message = body.message or body.error
+    if not message:
+        message = f"HTTP {response.status_code} {response.content[:200]!r}"
+    return EtcdError(f"etcd {path}: {message}", body.code)

@@ -1,0 +1,277 @@
+"""Following an etcd prefix without missing or repeating a change, across broken streams.
+
+Theory of operation
+===================
+
+etcd numbers every change to the keyspace with a *revision*.  The pump keeps
+``latest``, the prefix as etcd last told it, and ``next_revision``, the first
+revision it has not seen.
+
+1. **Start.**  ``watch_prefix`` reads the prefix with ``/v3/kv/range``; the
+   response header carries the store's revision *R* at that moment, so the
+   snapshot is exactly the state at *R*, and the watch starts at *R + 1*.
+   Nothing can fall between the two.
+2. **Follow.**  Every event carries the revision that made it
+   (``mod_revision``, also for deletes).  etcd never splits one revision
+   across two watch responses (a lease revocation deletes all its keys in one
+   revision and one response), so the cursor moves to the last revision + 1
+   after each response and a revision is either fully seen or not at all.
+3. **Resume.**  If the stream breaks (connection reset, endpoint down, EOF,
+   a line that does not parse), the pump reconnects, failing over to the next
+   endpoint, with a short exponential backoff, and asks for
+   ``next_revision`` again: each change is seen once.
+4. **Resynchronise.**  If the history the pump needs was compacted away, etcd
+   cancels the watch with ``compact_revision`` set.  The pump reads the prefix
+   afresh and turns the difference between ``latest`` and that snapshot into
+   events (a key that changed several times shows its last value; a key
+   created and deleted in the lost history is not seen at all), then resumes
+   from the snapshot's revision + 1.  It does the same if, on reconnecting,
+   etcd's revision is *behind* ``next_revision``: the cluster was replaced
+   (restored or wiped), and waiting for the new one to reach the old revision
+   would hide every change until then.
+
+Two tasks: a reader and a deliverer
+-----------------------------------
+
+The *reader* follows the HTTP stream and appends events to a queue; the
+*deliverer* sends them, in order, into the consumer's channel.  The split is
+forced by httpx: its streaming API is a chain of nested async generators
+(``aiter_lines`` over ``aiter_text`` over ``aiter_raw`` over ...), and closing
+the outer one leaves the inner ones suspended until the garbage collector
+finds them.  So the reader's loop body never awaits and never raises: it
+only ever leaves the chain from *inside* a read (stream end, network error,
+or a cancellation delivered there).  To drop a stream on purpose (compaction,
+garbage) it cancels its own scope and lets the next read observe it.
+
+A reader that never waits cannot be slowed by the consumer, so the queue is
+bounded differently: past ``_MAX_PENDING`` events it is dropped and the
+deliverer sends the difference between what the consumer has seen and
+``latest`` instead.  A consumer that falls far behind gets coalesced state
+changes, like the file backend's; one that keeps up gets every event.
+
+A half-open connection (the peer vanished without a reset) is not detected by
+the watch itself; the lease keepalive of the same process notices a dead
+endpoint within ``ttl/3`` and moves the shared endpoint cursor, and the next
+reconnect follows it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Final, final
+
+import httpx
+import trio
+
+from ._base import DiscoveryError
+from ._etcd_gateway import decode_key, decode_watch_message
+from ._watch import WatchEvent, diff_events
+
+if TYPE_CHECKING:
+    from ._etcd_gateway import EtcdGateway, WatchResult
+
+__all__ = ["WatchPump"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_BACKOFF: Final = 0.05
+_MAX_BACKOFF: Final = 2.0
+_MAX_PENDING: Final = 10_000
+"""Events queued for a slow consumer before they are coalesced into a state difference."""
+
+
+@final
+class WatchPump:
+    """Feeds every change under ``prefix`` from ``next_revision`` on into a channel.
+
+    Args:
+        gateway: The etcd client.
+        prefix: The watched prefix.
+        state: The prefix at revision ``next_revision - 1`` (what the
+            consumer's ``Watch.initial`` holds).
+        next_revision: The first revision to watch from.
+        send_channel: Where events go; closed when :meth:`run` ends.
+    """
+
+    def __init__(
+        self,
+        gateway: EtcdGateway,
+        prefix: str,
+        state: dict[str, bytes],
+        next_revision: int,
+        send_channel: trio.MemorySendChannel[WatchEvent],
+    ) -> None:
+        self._gateway = gateway
+        self._prefix = prefix
+        self._send_channel = send_channel
+        self.next_revision = next_revision
+        self.reconnects = 0
+        """How many times the stream was reopened (for tests and logs)."""
+        # reader side
+        self._latest = dict(state)
+        self._stop_reason = ""
+        self._must_resync = False
+        self._progress = False
+        # between the two tasks
+        self._queue: deque[WatchEvent] = deque()
+        self._overflowed = False
+        self._wakeup = trio.Event()
+        # deliverer side
+        self._delivered = dict(state)
+
+    async def run(self) -> None:
+        """Follow the prefix until cancelled (never returns otherwise)."""
+        async with self._send_channel, trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver)
+            await self._read()
+
+    # -- the reader -------------------------------------------------------------
+
+    async def _read(self) -> None:
+        backoff = _MIN_BACKOFF
+        while True:
+            self._progress = False
+            try:
+                await self._follow()
+            except DiscoveryError as exc:
+                logger.warning(
+                    "discovery: watch of %r interrupted (%s); resuming from revision %d",
+                    self._prefix,
+                    exc,
+                    self.next_revision,
+                )
+            if self._must_resync:
+                try:
+                    await self.resync()
+                except DiscoveryError as exc:
+                    logger.warning("discovery: resync of %r failed: %s", self._prefix, exc)
+                else:
+                    backoff = _MIN_BACKOFF
+                    continue
+            if self._progress:
+                backoff = _MIN_BACKOFF
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+            self.reconnects += 1
+
+    async def _follow(self) -> None:
+        """Read one watch stream; it only ends by an exception.
+
+        Raises:
+            DiscoveryError: if the stream cannot be opened, breaks, ends, or
+                was dropped on purpose (``_stop_reason``).
+        """
+        async with self._gateway.watch(self._prefix, self.next_revision) as lines:
+            with trio.CancelScope() as own_scope:
+                try:
+                    async for line in lines:
+                        # No await and no raise in here (see the module docstring).
+                        if not own_scope.cancel_called:
+                            self._take(line, own_scope)
+                except (httpx.TransportError, httpx.StreamError) as exc:
+                    raise DiscoveryError(f"stream broke: {type(exc).__name__}: {exc}") from exc
+            if own_scope.cancel_called:  # dropped on purpose (maybe just as it ended)
+                raise DiscoveryError(self._stop_reason)
+        raise DiscoveryError("stream ended")
+
+    def _take(self, line: str, own_scope: trio.CancelScope) -> None:
+        """Handle one line of the stream; cancel ``own_scope`` to drop the stream."""
+        if not line.strip():
+            return
+        try:
+            result = self._result_of(line)
+        except _DropStream as drop:
+            self._stop_reason = str(drop)
+            own_scope.cancel(reason=self._stop_reason)
+            return
+        self._progress = True
+        self._apply(result)
+
+    def _result_of(self, line: str) -> WatchResult:
+        try:
+            message = decode_watch_message(line)
+        except DiscoveryError as exc:
+            raise _DropStream(str(exc)) from None
+        if message.error is not None:
+            raise _DropStream(f"etcd ended the watch: {message.error.message}")
+        result = message.result
+        if result is None:
+            raise _DropStream("etcd sent a watch message without a result")
+        if result.compact_revision:
+            self._must_resync = True
+            raise _DropStream(f"history up to revision {result.compact_revision} was compacted")
+        if result.created and 0 < result.header.revision < self.next_revision - 1:
+            self._must_resync = True
+            raise _DropStream(
+                f"etcd's revision went back from {self.next_revision - 1} to "
+                f"{result.header.revision} (a new cluster?)"
+            )
+        if result.canceled:
+            raise _DropStream(f"etcd cancelled the watch: {result.cancel_reason or '?'}")
+        return result
+
+    def _apply(self, result: WatchResult) -> None:
+        # Compare with the cursor as it was before this response: all events
+        # of one response may share a revision.
+        floor = self.next_revision
+        for event in result.events:
+            revision = event.kv.mod_revision
+            key = decode_key(event.kv.key)
+            if key is None or revision < floor:
+                continue
+            if event.type == "DELETE":
+                if self._latest.pop(key, None) is not None:
+                    self._enqueue(WatchEvent("delete", key, None))
+            else:
+                self._latest[key] = event.kv.value
+                self._enqueue(WatchEvent("put", key, event.kv.value))
+            self.next_revision = max(self.next_revision, revision + 1)
+
+    async def resync(self) -> None:
+        """Read the prefix afresh and queue the differences from ``latest`` (step 4)."""
+        fresh, revision = await self._gateway.range_prefix(self._prefix)
+        self._must_resync = False
+        for event in diff_events(self._latest, fresh):
+            self._enqueue(event)
+        self._latest = fresh
+        self.next_revision = revision + 1
+
+    def _enqueue(self, event: WatchEvent) -> None:
+        if len(self._queue) >= _MAX_PENDING:
+            if not self._overflowed:
+                logger.warning(
+                    "discovery: watcher of %r is %d events behind; coalescing",
+                    self._prefix,
+                    len(self._queue),
+                )
+            self._queue.clear()
+            self._overflowed = True
+        elif not self._overflowed:
+            self._queue.append(event)
+        self._wakeup.set()
+
+    # -- the deliverer ----------------------------------------------------------
+
+    async def _deliver(self) -> None:
+        while True:
+            if self._overflowed:
+                self._overflowed = False
+                self._queue.clear()
+                batch = diff_events(self._delivered, self._latest)
+            elif self._queue:
+                batch = [self._queue.popleft()]
+            else:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            for event in batch:
+                await self._send_channel.send(event)
+                if event.value is None:
+                    self._delivered.pop(event.key, None)
+                else:
+                    self._delivered[event.key] = event.value
+
+
+class _DropStream(Exception):
+    """Internal: the current stream must be abandoned (the message says why)."""

@@ -1,0 +1,201 @@
+"""The ``file`` backend: discovery through a directory shared by the processes of one machine.
+
+The on-disk rules (atomic files, lease heartbeats, garbage collection) are in
+:mod:`._file_store`; this module adds the trio side.  Every blocking file
+operation runs in a worker thread (``trio.to_thread.run_sync``, one call per
+operation or scan; cancelling waits for the call, which is short, so no thread
+outlives its caller).
+
+Watches poll: every ``poll_interval`` seconds a scan of the prefix is compared
+with the previous one and the differences become events.  A watch therefore
+reports *states*: a key created and deleted between two polls is never seen,
+and several updates between two polls arrive as one.  Nothing is lost in the
+sense that matters for discovery: applying the events to ``initial`` always
+gives the latest scan.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final, final
+
+import trio
+
+from ._base import (
+    CLOSE_TIMEOUT,
+    Discovery,
+    DiscoveryError,
+    check_key,
+    check_value,
+    random_lease_id,
+)
+from ._file_store import FileLayout, Scanner
+from ._watch import Watch, WatchEvent, diff_events
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._config import DiscoveryConfig
+
+__all__ = ["FileDiscovery"]
+
+logger = logging.getLogger(__name__)
+
+_WATCH_BUFFER: Final = 64
+"""Events a watch may queue ahead of its reader before polling pauses."""
+
+
+@final
+class FileDiscovery(Discovery):
+    """Discovery through the shared directory ``config.file_kv`` (created if missing).
+
+    Args:
+        config: Uses ``file_kv``, ``lease_ttl`` and ``poll_interval``.
+    """
+
+    def __init__(self, config: DiscoveryConfig) -> None:
+        super().__init__()
+        self._layout = FileLayout(config.file_kv)
+        self._ttl = config.lease_ttl
+        self._poll_interval = config.poll_interval
+        self._lease_id = random_lease_id()
+        self._owned: dict[str, bytes] = {}
+        self._lock = trio.Lock()
+        """Serialises writes with lease recovery and revocation."""
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease_id
+
+    async def put(self, key: str, value: bytes) -> None:
+        check_key(key)
+        value = check_value(value)
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            # Recorded first: if the write is interrupted, recovery rewrites it
+            # rather than forgetting a key that may be on disk.
+            previous = self._owned.get(key)
+            self._owned[key] = value
+            try:
+                await trio.to_thread.run_sync(self._layout.write_entry, key, value, self._lease_id)
+            except OSError as exc:
+                if previous is None:
+                    self._owned.pop(key, None)
+                else:
+                    self._owned[key] = previous
+                raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
+
+    async def delete(self, key: str) -> None:
+        check_key(key)
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            self._owned.pop(key, None)
+            try:
+                await trio.to_thread.run_sync(self._layout.delete_entry, key)
+            except OSError as exc:
+                raise DiscoveryError(
+                    f"cannot delete {key!r} in {self._layout.root}: {exc}"
+                ) from exc
+
+    async def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        check_key(prefix)
+        self._check_open()
+        return await self._scan(Scanner(self._layout, self._ttl), prefix)
+
+    @asynccontextmanager
+    async def watch_prefix(self, prefix: str) -> AsyncIterator[Watch]:
+        check_key(prefix)
+        self._check_open()
+        scanner = Scanner(self._layout, self._ttl)
+        initial = await self._scan(scanner, prefix)
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._poll, scanner, prefix, dict(initial), send_channel)
+            try:
+                yield Watch(initial, receive_channel)
+            finally:
+                nursery.cancel_scope.cancel(reason="watch closed")
+                receive_channel.close()
+
+    async def _scan(self, scanner: Scanner, prefix: str) -> dict[str, bytes]:
+        try:
+            return await trio.to_thread.run_sync(scanner.scan, prefix)
+        except OSError as exc:
+            raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
+
+    async def _poll(
+        self,
+        scanner: Scanner,
+        prefix: str,
+        state: dict[str, bytes],
+        send_channel: trio.MemorySendChannel[WatchEvent],
+    ) -> None:
+        async with send_channel:
+            while True:
+                await trio.sleep(self._poll_interval)
+                try:
+                    new_state = await trio.to_thread.run_sync(scanner.scan, prefix)
+                except OSError as exc:
+                    logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
+                    continue
+                for event in diff_events(state, new_state):
+                    await send_channel.send(event)
+                state = new_state
+
+    # -- the lease ------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        try:
+            await trio.to_thread.run_sync(self._layout.create_lease, self._lease_id, self._ttl)
+        except OSError as exc:
+            raise DiscoveryError(f"cannot use {self._layout.root} for discovery: {exc}") from exc
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keepalive)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel(reason="discovery closing")
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                await self.aclose()
+
+    async def _keepalive(self) -> None:
+        """Touch the lease file every ttl/3; recreate it and rewrite every key if it was lost."""
+        while True:
+            await trio.sleep(self._ttl / 3)
+            async with self._lock:
+                if self._closed:
+                    return
+                try:
+                    if not await trio.to_thread.run_sync(self._layout.touch_lease, self._lease_id):
+                        logger.warning(
+                            "discovery: lease %016x was lost; re-registering %d keys",
+                            self._lease_id,
+                            len(self._owned),
+                        )
+                        await trio.to_thread.run_sync(self._recover, dict(self._owned))
+                except OSError as exc:
+                    logger.warning("discovery: cannot refresh lease %016x: %s", self._lease_id, exc)
+
+    def _recover(self, owned: dict[str, bytes]) -> None:
+        self._layout.create_lease(self._lease_id, self._ttl)
+        for key, value in owned.items():
+            self._layout.write_entry(key, value, self._lease_id)
+
+    async def _revoke_lease(self) -> None:
+        async with self._lock:
+            keys = list(self._owned)
+            self._owned.clear()
+            try:
+                await trio.to_thread.run_sync(self._revoke, keys)
+            except OSError as exc:
+                logger.warning("discovery: cannot revoke lease %016x: %s", self._lease_id, exc)
+
+    def _revoke(self, keys: list[str]) -> None:
+        self._layout.remove_lease(self._lease_id)
+        self._layout.remove_entries_of(keys, self._lease_id)

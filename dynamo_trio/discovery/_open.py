@@ -1,0 +1,65 @@
+"""Choosing and running a backend from the configuration."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from ._etcd import EtcdDiscovery
+from ._file import FileDiscovery
+from ._memory import MemoryDiscovery
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._config import DiscoveryConfig
+    from ._base import Discovery
+    from ._memory import MemoryStore
+
+__all__ = ["make_discovery", "open_discovery"]
+
+
+def make_discovery(
+    config: DiscoveryConfig, *, memory_store: MemoryStore | None = None
+) -> Discovery:
+    """Build (without starting) the backend named by ``config.backend``.
+
+    Args:
+        config: The discovery settings.
+        memory_store: The store of the ``mem`` backend (default: the
+            process-wide one); ignored by the other backends.
+
+    Raises:
+        ValueError: if the backend name is unknown.
+    """
+    match config.backend:
+        case "mem":
+            return MemoryDiscovery(memory_store)
+        case "file":
+            return FileDiscovery(config)
+        case "etcd":
+            return EtcdDiscovery(config)
+        case other:
+            raise ValueError(f"unknown discovery backend {other!r} (mem, file or etcd)")
+
+
+@asynccontextmanager
+async def open_discovery(
+    config: DiscoveryConfig, *, memory_store: MemoryStore | None = None
+) -> AsyncIterator[Discovery]:
+    """Open the backend named by ``config.backend`` for the duration of the context.
+
+    Entering acquires the lease and starts its keepalive task; leaving revokes
+    the lease, so every key put through the discovery vanishes for every
+    reader at once, and releases everything the backend holds.
+
+    Args:
+        config: The discovery settings.
+        memory_store: The store of the ``mem`` backend (tests pass their own).
+
+    Raises:
+        DiscoveryError: on entry, if the backend cannot be reached (no etcd
+            endpoint answers, the directory cannot be written).
+    """
+    async with make_discovery(config, memory_store=memory_store) as discovery:
+        yield discovery

@@ -1,0 +1,187 @@
+"""The records the runtime keeps in discovery, their keys and their encoding.
+
+Layout (every key starts with a version segment so the format can evolve)::
+
+    v1/instances/{namespace}/{component}/{endpoint}/{instance_id:x}   -> Instance
+    v1/models/{namespace}/{quoted model name}/{model_type}/{instance_id:x}  -> ModelCard
+
+Values are JSON (``msgspec.json``), readable with ``etcdctl get`` or ``cat``.
+Unknown fields are ignored when decoding, so a newer writer can add fields
+without breaking older readers.
+Names are validated when a record is built *and* when one is decoded, so a
+record read back from discovery is as trustworthy as one built locally.
+Model names may contain ``/`` (``Qwen/Qwen3-0.6B``): the key carries them
+percent-encoded, the value carries the real name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import quote
+
+import msgspec
+
+from ._base import DiscoveryError
+
+__all__ = [
+    "Instance",
+    "InvalidRecord",
+    "ModelCard",
+    "ModelType",
+    "decode_instance",
+    "decode_model_card",
+    "encode_record",
+    "instance_prefix",
+    "model_prefix",
+]
+
+ModelType = Literal["chat", "completions", "embeddings"]
+
+_MAX_INSTANCE_ID = 2**63 - 1
+
+
+class InvalidRecord(DiscoveryError, ValueError):
+    """A discovery value could not be decoded into the expected record."""
+
+
+def _check_segment(what: str, value: str) -> None:
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if "/" in value:
+        raise ValueError(f"{what} must not contain '/': {value!r}")
+
+
+def _check_instance_id(instance_id: int) -> None:
+    if not 0 < instance_id <= _MAX_INSTANCE_ID:
+        raise ValueError(f"instance_id must be a positive 63-bit integer, not {instance_id}")
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not (host and sep and port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"address must be 'host:port', not {address!r}")
+
+
+class Instance(msgspec.Struct, frozen=True):
+    """One worker process serving one endpoint, reachable on the TCP request plane.
+
+    Attributes:
+        namespace: The Dynamo namespace (no ``/``).
+        component: The component name (no ``/``).
+        endpoint: The endpoint name (no ``/``).
+        instance_id: The worker's lease id (positive, 63-bit).
+        address: ``"host:port"`` of the worker's request-plane listener.
+    """
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: int
+    address: str
+
+    def __post_init__(self) -> None:
+        _check_segment("namespace", self.namespace)
+        _check_segment("component", self.component)
+        _check_segment("endpoint", self.endpoint)
+        _check_instance_id(self.instance_id)
+        _check_address(self.address)
+
+    @property
+    def key(self) -> str:
+        """Where this record is stored."""
+        prefix = instance_prefix(self.namespace, self.component, self.endpoint)
+        return f"{prefix}{self.instance_id:x}"
+
+
+class ModelCard(msgspec.Struct, frozen=True):
+    """A model served by one instance of an endpoint.
+
+    Attributes:
+        name: The model name clients ask for; may contain ``/``.
+        model_type: Which API it serves.
+        namespace: Where the serving endpoint lives (no ``/``).
+        component: The serving component (no ``/``).
+        endpoint: The serving endpoint (no ``/``).
+        instance_id: The serving worker's instance id.
+        context_length: The model's context window in tokens, if known.
+    """
+
+    name: str
+    model_type: ModelType
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: int
+    context_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("model name must not be empty")
+        _check_segment("namespace", self.namespace)
+        _check_segment("component", self.component)
+        _check_segment("endpoint", self.endpoint)
+        _check_instance_id(self.instance_id)
+        if self.context_length is not None and self.context_length <= 0:
+            raise ValueError(f"context_length must be positive, not {self.context_length}")
+
+    @property
+    def key(self) -> str:
+        """Where this record is stored."""
+        name = quote(self.name, safe="")
+        return f"{model_prefix(self.namespace)}{name}/{self.model_type}/{self.instance_id:x}"
+
+
+def instance_prefix(namespace: str, component: str, endpoint: str) -> str:
+    """The prefix under which every :class:`Instance` of one endpoint is stored (ends in ``/``).
+
+    Raises:
+        ValueError: if a name is empty or contains ``/``.
+    """
+    _check_segment("namespace", namespace)
+    _check_segment("component", component)
+    _check_segment("endpoint", endpoint)
+    return f"v1/instances/{namespace}/{component}/{endpoint}/"
+
+
+def model_prefix(namespace: str) -> str:
+    """The prefix under which every :class:`ModelCard` of a namespace is stored (ends in ``/``).
+
+    Raises:
+        ValueError: if the namespace is empty or contains ``/``.
+    """
+    _check_segment("namespace", namespace)
+    return f"v1/models/{namespace}/"
+
+
+_encoder = msgspec.json.Encoder()
+_instance_decoder = msgspec.json.Decoder(Instance)
+_model_card_decoder = msgspec.json.Decoder(ModelCard)
+
+
+def encode_record(record: Instance | ModelCard) -> bytes:
+    """Encode a record as the JSON value stored under ``record.key``."""
+    return _encoder.encode(record)
+
+
+def decode_instance(data: bytes) -> Instance:
+    """Decode and validate an :class:`Instance` value.
+
+    Raises:
+        InvalidRecord: if ``data`` is not a valid instance record.
+    """
+    try:
+        return _instance_decoder.decode(data)
+    except msgspec.DecodeError as exc:  # ValidationError is a subclass
+        raise InvalidRecord(f"invalid instance record: {exc}") from None
+
+
+def decode_model_card(data: bytes) -> ModelCard:
+    """Decode and validate a :class:`ModelCard` value.
+
+    Raises:
+        InvalidRecord: if ``data`` is not a valid model card.
+    """
+    try:
+        return _model_card_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidRecord(f"invalid model card: {exc}") from None

@@ -1,0 +1,170 @@
+"""A live, decoded view of a prefix, built once on top of ``watch_prefix``.
+
+:func:`view_prefix` opens a watch and runs a pump task (in a nursery owned by
+the context manager) that applies every event to a dict of decoded records.
+Readers take copies (:meth:`PrefixView.items`) and wait for changes with a
+version number, so they never hold a reference to state that is being
+mutated and never miss a change between looking and waiting::
+
+    async with view_prefix(discovery, instance_prefix(ns, comp, ep), decode_instance) as view:
+        version = view.version
+        while True:
+            route_to(view.items())
+            version = await view.wait_changed(version)
+
+A value that fails to decode is logged at WARNING and treated as absent (so a
+key whose good record is overwritten by a bad one leaves the view).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Generic, TypeVar, final
+
+import trio
+
+from ._base import DiscoveryError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping
+
+    from ._base import Discovery
+    from ._watch import Watch, WatchEvent
+
+__all__ = ["PrefixView", "view_prefix"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@final
+class PrefixView(Generic[T]):
+    """The decoded records under a prefix, kept current by :func:`view_prefix`.
+
+    Not constructed directly.  All methods are safe to call from any task of
+    the trio run that owns the view.
+    """
+
+    def __init__(self, prefix: str, decode: Callable[[bytes], T]) -> None:
+        self.prefix = prefix
+        self._decode = decode
+        self._raw: dict[str, bytes] = {}
+        self._records: dict[str, T] = {}
+        self._version = 0
+        self._changed = trio.Event()
+        self._ended: str | None = None
+
+    @property
+    def version(self) -> int:
+        """Bumped every time the set of records changes (0 for the initial state)."""
+        return self._version
+
+    def items(self) -> dict[str, T]:
+        """A copy of the current records, ``{key: record}``."""
+        return dict(self._records)
+
+    async def wait_changed(self, since_version: int) -> int:
+        """Wait until :attr:`version` differs from ``since_version``; return the new version.
+
+        Returns at once (after a checkpoint) if it already differs.  Cancellable.
+
+        Raises:
+            DiscoveryError: if the underlying watch ended.
+        """
+        await trio.lowlevel.checkpoint()
+        while self._version == since_version:
+            self._check_alive()
+            await self._changed.wait()
+        return self._version
+
+    async def wait_until(self, predicate: Callable[[Mapping[str, T]], bool]) -> dict[str, T]:
+        """Wait until ``predicate(records)`` is true; return a copy of those records.
+
+        Checks the current state first.  Combine with :func:`trio.fail_after`
+        for a deadline.
+
+        Raises:
+            DiscoveryError: if the underlying watch ended first.
+        """
+        await trio.lowlevel.checkpoint()
+        while not predicate(self._records):
+            self._check_alive()
+            await self._changed.wait()
+        return dict(self._records)
+
+    # -- driven by view_prefix ------------------------------------------------
+
+    def _load(self, initial: Mapping[str, bytes]) -> None:
+        for key in sorted(initial):
+            self._store(key, initial[key])
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.kind == "put" and event.value is not None:
+            changed = self._store(event.key, event.value)
+        else:
+            changed = self._forget(event.key)
+        if changed:
+            self._bump()
+
+    def _end(self, reason: str) -> None:
+        self._ended = reason
+        self._bump()
+
+    def _store(self, key: str, value: bytes) -> bool:
+        if self._raw.get(key) == value:
+            return False
+        self._raw[key] = value
+        try:
+            record = self._decode(value)
+        except Exception as exc:  # a bad record must never take the view down
+            logger.warning("discovery: skipping undecodable record at %r: %s", key, exc)
+            return self._records.pop(key, None) is not None
+        self._records[key] = record
+        return True
+
+    def _forget(self, key: str) -> bool:
+        if self._raw.pop(key, None) is None:
+            return False
+        return self._records.pop(key, None) is not None
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _check_alive(self) -> None:
+        if self._ended is not None:
+            raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
+
+
+async def _pump(view: PrefixView[T], watch: Watch) -> None:
+    async for event in watch:
+        view._apply(event)
+    view._end("the backend stopped sending events")
+
+
+@asynccontextmanager
+async def view_prefix(
+    discovery: Discovery, prefix: str, decode: Callable[[bytes], T]
+) -> AsyncIterator[PrefixView[T]]:
+    """Keep a live ``{key: decode(value)}`` view of ``prefix`` while the context lasts.
+
+    Args:
+        discovery: Any backend.
+        prefix: The key prefix to follow.
+        decode: Turns a stored value into a record; any exception it raises
+            makes the record be logged and skipped.
+
+    Raises:
+        DiscoveryError: on entry, if the watch cannot be opened.
+    """
+    view: PrefixView[T] = PrefixView(prefix, decode)
+    async with discovery.watch_prefix(prefix) as watch, trio.open_nursery() as nursery:
+        view._load(watch.initial)
+        nursery.start_soon(_pump, view, watch)
+        try:
+            yield view
+        finally:
+            nursery.cancel_scope.cancel(reason="prefix view closed")

@@ -1,0 +1,426 @@
+"""What only the etcd backend does: leases lost and regained, resumed and resynced watches,
+failover, and an etcd that answers garbage."""
+
+from __future__ import annotations
+
+import base64
+import re
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+
+from dynamo_trio import DiscoveryConfig
+from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
+from dynamo_trio.discovery._etcd_gateway import EtcdError, EtcdGateway, prefix_range
+from dynamo_trio.discovery._etcd_watch import WatchPump
+
+from ._etcd_server import EtcdServer, free_port
+from ._util import STEP, events, next_event
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+
+def b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode()
+
+
+async def raw_call(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Talk to etcd behind the backend's back."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.post(endpoint + path, json=body)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+
+async def lease_of(endpoint: str, key: str) -> int:
+    answer = await raw_call(endpoint, "/v3/kv/range", {"key": b64(key)})
+    return int(answer["kvs"][0].get("lease", 0))
+
+
+async def current_revision(endpoint: str) -> int:
+    answer = await raw_call(endpoint, "/v3/kv/range", {"key": b64("\0")})
+    return int(answer["header"]["revision"])
+
+
+def etcd_config(endpoints: tuple[str, ...], lease_ttl: float = 2.0) -> DiscoveryConfig:
+    return DiscoveryConfig(backend="etcd", etcd_endpoints=endpoints, lease_ttl=lease_ttl)
+
+
+# -- startup and endpoints ------------------------------------------------------------
+
+
+async def test_unreachable_etcd_fails_fast_with_a_clear_error() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with trio.fail_after(10), pytest.raises(DiscoveryError, match="cannot register with etcd"):
+        async with open_discovery(etcd_config((dead,))):
+            pytest.fail("should not start")
+
+
+@pytest.mark.etcd
+async def test_fails_over_to_the_next_endpoint(
+    etcd_endpoints: tuple[str, ...], prefix: str
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with open_discovery(etcd_config((dead, *etcd_endpoints))) as d:
+        await d.put(prefix + "k", b"v")
+        async with d.watch_prefix(prefix) as watch:
+            assert watch.initial == {prefix + "k": b"v"}
+            await d.delete(prefix + "k")
+            assert await next_event(watch) == WatchEvent("delete", prefix + "k", None)
+
+
+# -- the lease ------------------------------------------------------------------------
+
+
+@pytest.mark.etcd
+async def test_a_lost_lease_is_regranted_and_its_keys_put_back(
+    etcd_endpoints: tuple[str, ...], prefix: str
+) -> None:
+    endpoint = etcd_endpoints[0]
+    config = etcd_config(etcd_endpoints)
+    async with open_discovery(config) as owner, open_discovery(config) as reader:
+        lease_id = owner.lease_id
+        await owner.put(prefix + "a", b"1")
+        await owner.put(prefix + "b", b"2")
+        async with reader.watch_prefix(prefix) as watch:
+            await raw_call(endpoint, "/v3/lease/revoke", {"ID": str(lease_id)})
+            gone = await events(watch, 2)
+            assert {e.kind for e in gone} == {"delete"}
+            revoked = trio.current_time()
+            back = await events(watch, 2, within=config.lease_ttl / 3 + STEP)
+            assert sorted((e.key, e.value) for e in back) == [
+                (prefix + "a", b"1"),
+                (prefix + "b", b"2"),
+            ]
+            assert trio.current_time() - revoked < config.lease_ttl / 3 + 1.0
+        assert owner.lease_id == lease_id, "the instance id must not change"
+        assert await lease_of(endpoint, prefix + "a") == lease_id
+    async with open_discovery(config) as check:
+        assert await check.get_prefix(prefix) == {}, "closing revokes the re-granted lease"
+
+
+@pytest.mark.etcd
+async def test_a_put_on_a_lost_lease_recovers_at_once(
+    etcd_endpoints: tuple[str, ...], prefix: str
+) -> None:
+    endpoint = etcd_endpoints[0]
+    async with open_discovery(etcd_config(etcd_endpoints, lease_ttl=30.0)) as owner:
+        await owner.put(prefix + "a", b"1")
+        await raw_call(endpoint, "/v3/lease/revoke", {"ID": str(owner.lease_id)})
+        await owner.put(prefix + "b", b"2")  # the keepalive would take 10 s to notice
+        assert await owner.get_prefix(prefix) == {prefix + "a": b"1", prefix + "b": b"2"}
+        assert await lease_of(endpoint, prefix + "b") == owner.lease_id
+
+
+@pytest.mark.etcd
+async def test_etcd_replaced_by_an_empty_cluster(etcd_binary_path: str, tmp_path: Path) -> None:
+    """The worker re-registers and the watcher resynchronises with the new cluster."""
+    first = EtcdServer(etcd_binary_path, tmp_path / "first")
+    await trio.to_thread.run_sync(first.start)
+    second = EtcdServer(etcd_binary_path, tmp_path / "second", client_port=first.client_port)
+    try:
+        config = etcd_config((first.url,))
+        async with open_discovery(config) as owner, open_discovery(config) as reader:
+            for _ in range(20):  # move the old cluster's revision well ahead
+                await owner.put("other", b"x")
+                await owner.delete("other")
+            await owner.put("svc/a", b"1")
+            async with reader.watch_prefix("svc/") as watch:
+                await trio.to_thread.run_sync(first.stop)
+                await trio.to_thread.run_sync(second.start)
+                with trio.fail_after(10):
+                    while await reader.get_prefix("svc/") != {"svc/a": b"1"}:  # noqa: ASYNC110
+                        await trio.sleep(0.1)
+                # The watch follows the new cluster (whose revisions restarted).
+                await owner.put("svc/b", b"2")
+                while (event := await next_event(watch, within=10)).key != "svc/b":
+                    assert event.key == "svc/a"
+                assert event == WatchEvent("put", "svc/b", b"2")
+    finally:
+        await trio.to_thread.run_sync(first.stop)
+        await trio.to_thread.run_sync(second.stop)
+
+
+# -- watches ----------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def gateway_for(endpoints: tuple[str, ...]) -> AsyncIterator[EtcdGateway]:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        yield EtcdGateway(client, endpoints, timeout=5.0)
+
+
+@pytest.mark.etcd
+async def test_a_watch_behind_compacted_history_resynchronises(
+    etcd_endpoints: tuple[str, ...], prefix: str
+) -> None:
+    async with open_discovery(etcd_config(etcd_endpoints)) as d, gateway_for(etcd_endpoints) as gw:
+        await d.put(prefix + "a", b"1")
+        await d.put(prefix + "gone", b"x")
+        old_state, old_revision = await gw.range_prefix(prefix)
+        await d.put(prefix + "b", b"1")
+        await d.delete(prefix + "a")
+        await d.put(prefix + "c", b"1")
+        await d.put(prefix + "c", b"2")
+        await d.put(prefix + "flash", b"x")
+        await d.delete(prefix + "flash")
+        await gw.compact(await current_revision(etcd_endpoints[0]))
+
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](0)
+        pump = WatchPump(gw, prefix, old_state, old_revision + 1, send_channel)
+        async with trio.open_nursery() as nursery, receive_channel:
+            nursery.start_soon(pump.run)
+            with trio.fail_after(STEP):
+                got = [await receive_channel.receive() for _ in range(3)]
+            assert got == [
+                WatchEvent("delete", prefix + "a", None),
+                WatchEvent("put", prefix + "b", b"1"),
+                WatchEvent("put", prefix + "c", b"2"),
+            ], "the difference, not the lost history, and nothing for 'gone' or 'flash'"
+            # and then it follows live changes again
+            await d.put(prefix + "d", b"1")
+            with trio.fail_after(STEP):
+                assert await receive_channel.receive() == WatchEvent("put", prefix + "d", b"1")
+            nursery.cancel_scope.cancel()
+
+
+class Proxy:
+    """A TCP proxy to etcd whose connections the test can cut."""
+
+    def __init__(self, target: str) -> None:
+        match = re.fullmatch(r"http://([^:/]+):(\d+)", target)
+        assert match, target
+        self._host, self._port = match[1], int(match[2])
+        self._scopes: set[trio.CancelScope] = set()
+        self.url = ""
+
+    async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started()
+
+    def cut(self) -> int:
+        """Close every connection open through the proxy; returns how many."""
+        for scope in self._scopes:
+            scope.cancel()
+        return len(self._scopes)
+
+    async def _handle(self, downstream: trio.SocketStream) -> None:
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                upstream = await trio.open_tcp_stream(self._host, self._port)
+                async with downstream, upstream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pipe, downstream, upstream, nursery.cancel_scope)
+                    nursery.start_soon(self._pipe, upstream, downstream, nursery.cancel_scope)
+            finally:
+                self._scopes.discard(scope)
+
+    @staticmethod
+    async def _pipe(
+        source: trio.SocketStream, sink: trio.SocketStream, both: trio.CancelScope
+    ) -> None:
+        try:
+            async for data in source:
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        both.cancel()
+
+
+@pytest.mark.etcd
+async def test_a_broken_watch_stream_resumes_where_it_stopped(
+    etcd_endpoints: tuple[str, ...], prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = Proxy(etcd_endpoints[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        async with (
+            open_discovery(etcd_config(etcd_endpoints)) as writer,
+            open_discovery(etcd_config((proxy.url,))) as reader,
+            reader.watch_prefix(prefix) as watch,
+        ):
+            await writer.put(prefix + "1", b"before")
+            assert await next_event(watch) == WatchEvent("put", prefix + "1", b"before")
+            assert proxy.cut() >= 1
+            await writer.put(prefix + "2", b"during")
+            await writer.delete(prefix + "1")
+            got = await events(watch, 2)
+            assert got == [
+                WatchEvent("put", prefix + "2", b"during"),
+                WatchEvent("delete", prefix + "1", None),
+            ]
+            with trio.move_on_after(0.3):
+                extra = await watch.__anext__()
+                pytest.fail(f"an event was repeated: {extra}")
+        nursery.cancel_scope.cancel()
+    assert "resuming from revision" in caplog.text
+
+
+async def etcd_watchers(endpoint: str) -> int:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        text = (await client.get(endpoint + "/metrics")).text
+    match = re.search(r"^etcd_debugging_mvcc_watcher_total (\d+)", text, re.MULTILINE)
+    assert match, "etcd no longer exports etcd_debugging_mvcc_watcher_total"
+    return int(match[1])
+
+
+async def wait_for_watchers(endpoint: str, expected: int) -> None:
+    with trio.fail_after(STEP):
+        while await etcd_watchers(endpoint) != expected:  # noqa: ASYNC110 - nothing to wait on
+            await trio.sleep(0.02)
+
+
+@pytest.mark.etcd
+async def test_leaving_a_watch_ends_it_on_the_server(
+    etcd_endpoints: tuple[str, ...], prefix: str
+) -> None:
+    endpoint = etcd_endpoints[0]
+    async with open_discovery(etcd_config(etcd_endpoints)) as d:
+        before = await etcd_watchers(endpoint)
+        async with d.watch_prefix(prefix), d.watch_prefix(prefix), d.watch_prefix(prefix):
+            await wait_for_watchers(endpoint, before + 3)
+        await wait_for_watchers(endpoint, before)
+        with trio.move_on_after(0.1):
+            async with d.watch_prefix(prefix) as watch:
+                async for _ in watch:
+                    pass
+        await wait_for_watchers(endpoint, before)
+
+
+# -- garbage and errors (no etcd needed) --------------------------------------------------
+
+
+@asynccontextmanager
+async def mock_gateway(
+    handler: Callable[[httpx.Request], httpx.Response],
+) -> AsyncIterator[EtcdGateway]:
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        yield EtcdGateway(client, ("http://etcd.invalid:2379",), timeout=1.0)
+
+
+async def test_garbage_from_etcd_is_a_discovery_error() -> None:
+    html = httpx.Response(200, content=b"<html>proxy</html>")
+    async with mock_gateway(lambda request: html) as gateway:
+        with pytest.raises(DiscoveryError, match="unreadable"):
+            await gateway.range_prefix("p/")
+    wrong_shape = httpx.Response(200, json={"kvs": "not a list"})
+    async with mock_gateway(lambda request: wrong_shape) as gateway:
+        with pytest.raises(DiscoveryError, match="unreadable"):
+            await gateway.range_prefix("p/")
+    binary_error = httpx.Response(400, content=b"\xff\xfe")
+    async with mock_gateway(lambda request: binary_error) as gateway:
+        with pytest.raises(EtcdError, match="HTTP 400"):
+            await gateway.put("k", b"v", 1)
+    body = {"error": "lease not found", "message": "lease not found", "code": 5}
+    not_found = httpx.Response(404, json=body)
+    async with mock_gateway(lambda request: not_found) as gateway:
+        with pytest.raises(EtcdError, match="lease not found") as caught:
+            await gateway.put("k", b"v", 1)
+    assert caught.value.code == 5
+
+
+async def test_non_utf8_keys_are_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    body = {
+        "header": {"revision": "7"},
+        "kvs": [{"key": b64(b"p/\xff"), "value": b64("x")}, {"key": b64("p/ok"), "value": ""}],
+        "count": "2",
+    }
+    async with mock_gateway(lambda request: httpx.Response(200, json=body)) as gateway:
+        assert await gateway.range_prefix("p/") == ({"p/ok": b""}, 7)
+    assert "non-UTF-8" in caplog.text
+
+
+async def test_a_watch_survives_garbage_and_compaction_messages(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Offline: garbage drops the stream, compaction resyncs, live events follow."""
+    streams = [
+        b"this is not json\n",
+        b'{"result": {"created": true}}\n{"result": {"canceled": true, "compact_revision": "9"}}\n',
+        b'{"result": {"created": true, "header": {"revision": "10"}}}\n'
+        + msgspec.json.encode(
+            {
+                "result": {
+                    "header": {"revision": "11"},
+                    "events": [
+                        {"kv": {"key": b64("p/new"), "value": b64("v"), "mod_revision": "11"}}
+                    ],
+                }
+            }
+        )
+        + b"\n",
+    ]
+    watch_requests: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v3/kv/range":
+            kvs = [{"key": b64("p/kept"), "value": b64("1"), "mod_revision": "3"}]
+            return httpx.Response(200, json={"header": {"revision": "10"}, "kvs": kvs})
+        assert request.url.path == "/v3/watch"
+        watch_requests.append(msgspec.json.decode(request.content))
+        return httpx.Response(200, content=streams.pop(0) if streams else b"")
+
+    send_channel, receive_channel = trio.open_memory_channel[WatchEvent](0)
+    state = {"p/kept": b"1", "p/old": b"x"}
+    async with mock_gateway(handler) as gateway, trio.open_nursery() as nursery, receive_channel:
+        pump = WatchPump(gateway, "p/", state, 5, send_channel)
+        nursery.start_soon(pump.run)
+        with trio.fail_after(STEP):
+            assert await receive_channel.receive() == WatchEvent("delete", "p/old", None)
+            assert await receive_channel.receive() == WatchEvent("put", "p/new", b"v")
+        nursery.cancel_scope.cancel()
+    starts = [int(r["create_request"]["start_revision"]) for r in watch_requests[:3]]
+    assert starts == [5, 5, 11]
+    assert "unreadable watch message" in caplog.text
+    assert "compacted" in caplog.text
+
+
+def test_prefix_range() -> None:
+    assert prefix_range("a/") == (b"a/", b"a0")
+    assert prefix_range("") == (b"\0", b"\0")
+    raw = "ключ".encode()
+    assert prefix_range("ключ") == (raw, raw[:-1] + bytes([raw[-1] + 1]))
+
+
+async def test_a_consumer_far_behind_gets_coalesced_changes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("dynamo_trio.discovery._etcd_watch._MAX_PENDING", 3)
+    lines = [b'{"result": {"created": true, "header": {"revision": "10"}}}']
+    for i in range(10):
+        kv = {"key": b64(f"p/{i}"), "value": b64("v"), "mod_revision": str(11 + i)}
+        lines.append(msgspec.json.encode({"result": {"events": [{"kv": kv}]}}))
+    kv = {"key": b64("p/0"), "mod_revision": "21"}
+    lines.append(msgspec.json.encode({"result": {"events": [{"type": "DELETE", "kv": kv}]}}))
+    bodies = [b"\n".join(lines) + b"\n"]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=bodies.pop() if bodies else b"")
+
+    send_channel, receive_channel = trio.open_memory_channel[WatchEvent](0)
+    async with mock_gateway(handler) as gateway, trio.open_nursery() as nursery, receive_channel:
+        pump = WatchPump(gateway, "p/", {"p/old": b"x"}, 11, send_channel)
+        nursery.start_soon(pump.run)
+        await trio.sleep(0.1)  # the reader takes everything while nobody reads
+        state = {"p/old": b"x"}
+        with trio.move_on_after(0.2):
+            async for event in receive_channel:
+                if event.value is None:
+                    del state[event.key]
+                else:
+                    state[event.key] = event.value
+        nursery.cancel_scope.cancel()
+    assert state == {"p/old": b"x", **{f"p/{i}": b"v" for i in range(1, 10)}}
+    assert "coalescing" in caplog.text
