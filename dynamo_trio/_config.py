@@ -35,6 +35,7 @@ frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
 frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
 frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
 frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
+log_level                          ``DYN_LOG``                           ``info``
 =================================  ====================================  ===============
 """
 
@@ -62,6 +63,7 @@ __all__ = [
 DiscoveryBackendName = Literal["mem", "file", "etcd"]
 DisconnectPolicy = Literal["kill", "stop"]
 RouterMode = Literal["round-robin", "random"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 _T = TypeVar("_T")
 
@@ -146,6 +148,8 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    log_level: LogLevel = "info"
+    """Used by the command-line entry points when the application has not set logging up."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -225,6 +229,7 @@ class Config:
                 ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
             ),
+            log_level=env.get("DYN_LOG", _log_level, "info"),
         )
 
     def replace(self, **sections: object) -> Config:
@@ -289,6 +294,15 @@ def _system_port(raw: str) -> int:
     if value < 0:
         return -1
     return _port(raw)
+
+
+def _log_level(raw: str) -> LogLevel:
+    # Dynamo accepts filters like "debug,dynamo_runtime=info": the first word is the level.
+    word = raw.split(",")[0].strip().lower()
+    level = {"trace": "debug", "warn": "warning"}.get(word, word)
+    if level not in get_args(LogLevel):
+        raise ValueError(f"expected one of {', '.join(get_args(LogLevel))}")
+    return cast("LogLevel", level)
 
 
 def _endpoint_list(raw: str) -> tuple[str, ...]:

@@ -1,0 +1,22 @@
+"""The distributed runtime: serving endpoints, calling them, and the response streams between."""
+
+from ._annotated import Annotated as Annotated
+from ._client import Client as Client, ResponseStream as ResponseStream
+from ._runtime import (
+    Component as Component,
+    DistributedRuntime as DistributedRuntime,
+    Endpoint as Endpoint,
+    Namespace as Namespace,
+    dynamo_worker as dynamo_worker,
+)
+
+__all__ = [
+    "Annotated",
+    "Client",
+    "Component",
+    "DistributedRuntime",
+    "Endpoint",
+    "Namespace",
+    "ResponseStream",
+    "dynamo_worker",
+]

@@ -1,0 +1,60 @@
+"""The item type of response streams, as in Dynamo: data plus SSE-style annotations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Annotated"]
+
+
+class Annotated:
+    """One item of a response stream.
+
+    Handlers may yield plain JSON-like values (they become ``data``) or an
+    ``Annotated`` to set the annotations too.  Callers receive ``Annotated``.
+
+    Args:
+        data: The item's value (JSON-like: dict, list, str, int, float, bool, None).
+        id: An optional item id (SSE ``id``).
+        event: An optional event name (SSE ``event``).
+        comment: Optional comment lines (SSE ``:`` lines).
+    """
+
+    __slots__ = ("_data", "comment", "event", "id")
+
+    def __init__(
+        self,
+        data: Any = None,
+        *,
+        id: str | None = None,
+        event: str | None = None,
+        comment: list[str] | None = None,
+    ) -> None:
+        self._data = data
+        self.id = id
+        self.event = event
+        self.comment = comment
+
+    def data(self) -> Any:
+        """The item's value (a method, as in Dynamo's Python bindings)."""
+        return self._data
+
+    def __repr__(self) -> str:
+        extras = "".join(
+            f", {name}={value!r}"
+            for name, value in (("id", self.id), ("event", self.event), ("comment", self.comment))
+            if value is not None
+        )
+        return f"Annotated({self._data!r}{extras})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Annotated):
+            return NotImplemented
+        return (self._data, self.id, self.event, self.comment) == (
+            other._data,
+            other.id,
+            other.event,
+            other.comment,
+        )
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,362 @@
+"""Calling an endpoint: instance selection, linked contexts, and response streams.
+
+A call ``client.round_robin(request, context=ctx)``:
+
+1. sends nothing, and returns an already-ended stream, if ``ctx`` is stopped
+   or killed;
+2. makes a child context with the same request id and links it under ``ctx``
+   (so the child inherits ``ctx``'s deadline, and stopping or killing ``ctx``
+   reaches it);
+3. picks a live instance (skipping ones whose connection recently failed),
+   connects through the runtime's pool if needed, and sends the request;
+4. returns a :class:`ResponseStream` wired to the child context: ``stop`` on
+   the child sends a ``stop`` control frame and the stream drains to its
+   terminal frame; ``kill`` sends ``kill`` and ends the stream at once.
+
+Leaving the stream early (``aclose()``, leaving ``async with``, the consumer's
+scope being cancelled while it waits for an item, or dropping the object)
+kills the child immediately, with reason ``stream closed``, whether or not the
+worker is producing.  A worker that vanishes mid-stream raises
+:class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
+caller had itself cancelled, in which case the stream just ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any, Final, Self
+
+import trio
+
+from .._context import CancelReason, Context, ContextState
+from .._errors import (
+    Cancelled,
+    CannotConnect,
+    Disconnected,
+    DynamoError,
+    EngineShutdown,
+    NoInstances,
+)
+from ._annotated import Annotated
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ..discovery import Instance, PrefixView
+    from ..request_plane import ClientStream, Item
+    from ._runtime import DistributedRuntime, Endpoint
+
+__all__ = ["Client", "ResponseStream"]
+
+_log = logging.getLogger("dynamo_trio.runtime")
+
+# How long an instance whose connection failed stays out of rotation before it is
+# tried again (discovery removes it for good if its process is gone).
+_DOWN_FOR: Final = 2.0
+# Distinct instances a routed call tries before giving up on CannotConnect.
+_CONNECT_ATTEMPTS: Final = 3
+
+
+class ResponseStream:
+    """The items of one call, as an async iterator of :class:`Annotated`.
+
+    Also an async context manager: leaving the block closes the stream (and
+    kills the remote work if it has not finished).
+    """
+
+    def __init__(
+        self,
+        context: Context,
+        stream: ClientStream | None,
+        *,
+        instance_id: int | None,
+        client: Client | None,
+    ) -> None:
+        self._context = context
+        self._stream = stream
+        self._client = client
+        self.instance_id: Final = instance_id
+        """The instance serving the call (``None`` if nothing was sent)."""
+        self._done = stream is None
+        if stream is None:
+            context.finish()
+        else:
+            context.add_cancel_callback(self._on_cancel)
+            if context.is_stopped():  # cancelled while we were connecting
+                self._on_cancel(
+                    context, context.state, context.reason or CancelReason.KILL_REQUESTED
+                )
+
+    @property
+    def context(self) -> Context:
+        """The call's own context (a child of the caller's, with the same id)."""
+        return self._context
+
+    @property
+    def outcome(self) -> str | None:
+        """How the stream ended: ``complete``, ``stopped`` or ``killed`` (``None`` while
+        it runs, or if nothing was sent).  A stream this caller killed is ``killed``."""
+        if self._stream is None:
+            return None
+        if self._stream.outcome is None and self._done and self._context.is_killed():
+            return "killed"
+        return self._stream.outcome
+
+    def _on_cancel(self, context: Context, state: ContextState, reason: CancelReason) -> None:
+        stream = self._stream
+        if stream is None or self._done:
+            return
+        if state is ContextState.KILLED:
+            stream.kill(reason)
+        else:
+            stream.stop(reason)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Annotated:
+        stream = self._stream
+        if stream is None or self._done:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        context = self._context
+        try:
+            frame = await self._receive(stream, context)
+        except DynamoError as exc:
+            self._finish()
+            if context.is_stopped():
+                raise StopAsyncIteration from None  # we cancelled; how it ended is moot
+            if isinstance(exc, Disconnected) and self._client is not None:
+                self._client._instance_failed(self.instance_id, str(exc))
+            raise
+        except BaseException:
+            # The consumer was cancelled (or failed) while waiting: abandon the stream.
+            self._abandon()
+            raise
+        return self._annotate(frame)
+
+    @staticmethod
+    async def _receive(stream: ClientStream, context: Context) -> Item | None:
+        deadline = context.deadline
+        if deadline is None:
+            return await stream.receive()
+        with trio.move_on_at(trio.current_time() + (deadline - time.monotonic())):
+            return await stream.receive()
+        context.is_killed()  # the deadline passed: reading the state kills the call
+        return await stream.receive()
+
+    def _annotate(self, frame: Item | None) -> Annotated:
+        if frame is None:
+            self._finish()
+            stream = self._stream
+            assert stream is not None
+            if stream.outcome == "killed" and not self._context.is_stopped():
+                reason = stream.end_reason or "unknown"
+                if reason == CancelReason.SHUTDOWN.value:
+                    raise EngineShutdown(f"the worker shut down during the request ({reason})")
+                raise Cancelled(f"the worker cancelled the request ({reason})")
+            raise StopAsyncIteration
+        return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._context.remove_cancel_callback(self._on_cancel)
+            self._context.finish()
+
+    def _abandon(self) -> None:
+        if self._done:
+            return
+        stream = self._stream
+        if stream is not None and not stream.done:
+            self._context.kill(CancelReason.STREAM_CLOSED)
+        self._finish()
+
+    async def aclose(self) -> None:
+        """Close the stream; if the worker is still producing, kill its work now."""
+        self._abandon()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._abandon()
+
+    def __del__(self) -> None:
+        # Dropped without being closed: kill the remote work rather than leak it.
+        # kill() is synchronous and thread-safe, so this is safe from a finaliser.
+        if not self._done and self._stream is not None and not self._stream.done:
+            self._context.kill(CancelReason.STREAM_CLOSED)
+
+
+class Client:
+    """Calls one endpoint's instances, as Dynamo's ``Client``."""
+
+    def __init__(
+        self, runtime: DistributedRuntime, endpoint: Endpoint, view: PrefixView[Instance]
+    ) -> None:
+        self._runtime = runtime
+        self._endpoint = endpoint
+        self._view = view
+        self._next = 0
+        self._down_until: dict[int, float] = {}
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    def _instances(self) -> dict[int, Instance]:
+        return {instance.instance_id: instance for instance in self._view.items().values()}
+
+    def instance_ids(self) -> list[int]:
+        """Ids of the instances discovery currently lists for the endpoint, sorted."""
+        return sorted(self._instances())
+
+    async def wait_for_instances(self) -> list[int]:
+        """Wait until at least one instance is registered; return their ids."""
+        await self._view.wait_until(lambda items: bool(items))
+        return self.instance_ids()
+
+    def _live(self) -> list[Instance]:
+        now = time.monotonic()
+        instances = self._instances()
+        return [
+            instance
+            for instance_id, instance in sorted(instances.items())
+            if self._down_until.get(instance_id, 0.0) <= now
+        ]
+
+    def _instance_failed(self, instance_id: int | None, reason: str) -> None:
+        if instance_id is None:
+            return
+        _log.warning(
+            "instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason
+        )
+        self._down_until[instance_id] = time.monotonic() + _DOWN_FOR
+
+    def _address_lost(self, address: str, reason: str) -> None:
+        for instance in self._instances().values():
+            if instance.address == address:
+                self._instance_failed(instance.instance_id, reason)
+
+    async def generate(self, request: Any, context: Context | None = None) -> ResponseStream:
+        """Same as :meth:`random` (Dynamo's default)."""
+        return await self.random(request, context=context)
+
+    async def random(self, request: Any, context: Context | None = None) -> ResponseStream:
+        """Send ``request`` to a random live instance."""
+        return await self._routed(request, context, lambda live: random.choice(live))
+
+    async def round_robin(self, request: Any, context: Context | None = None) -> ResponseStream:
+        """Send ``request`` to the next live instance in turn."""
+
+        def pick(live: list[Instance]) -> Instance:
+            self._next = (self._next + 1) % (1 << 62)
+            return live[self._next % len(live)]
+
+        return await self._routed(request, context, pick)
+
+    async def direct(
+        self, request: Any, instance_id: int, context: Context | None = None
+    ) -> ResponseStream:
+        """Send ``request`` to one instance.
+
+        Raises:
+            NoInstances: discovery lists no instance with that id.
+            CannotConnect: the instance cannot be reached.
+        """
+        child = self._child_context(context)
+        if child is None:
+            return self._empty(context)
+        instance = self._instances().get(instance_id)
+        if instance is None:
+            child.finish()
+            raise NoInstances(f"no instance {instance_id:x} serves {self._endpoint.path}")
+        return await self._send(request, child, instance)
+
+    async def _routed(
+        self,
+        request: Any,
+        context: Context | None,
+        pick: Any,
+    ) -> ResponseStream:
+        child = self._child_context(context)
+        if child is None:
+            return self._empty(context)
+        tried: set[int] = set()
+        last_error: CannotConnect | None = None
+        for _ in range(_CONNECT_ATTEMPTS):
+            live = [i for i in self._live() if i.instance_id not in tried]
+            if not live:
+                break
+            instance: Instance = pick(live)
+            tried.add(instance.instance_id)
+            try:
+                return await self._send(request, child, instance, finish_on_error=False)
+            except CannotConnect as exc:
+                last_error = exc
+                self._instance_failed(instance.instance_id, str(exc))
+        child.finish()
+        if last_error is not None:
+            raise last_error
+        raise NoInstances(f"no live instance serves {self._endpoint.path}")
+
+    def _child_context(self, parent: Context | None) -> Context | None:
+        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled."""
+        if parent is None:
+            return Context()
+        if parent.is_stopped():
+            return None
+        child = Context(parent.id())
+        parent.link_child(child)
+        return child
+
+    def _empty(self, context: Context | None) -> ResponseStream:
+        return ResponseStream(
+            Context(context.id() if context else None), None, instance_id=None, client=None
+        )
+
+    async def _send(
+        self,
+        request: Any,
+        child: Context,
+        instance: Instance,
+        *,
+        finish_on_error: bool = True,
+    ) -> ResponseStream:
+        try:
+            connection = await self._runtime._pool().connect(instance.address)
+        except BaseException:
+            if finish_on_error:
+                child.finish()
+            raise
+        if child.is_stopped():
+            return ResponseStream(child, None, instance_id=None, client=None)
+        child.attributes["endpoint"] = self._endpoint.path
+        child.attributes["instance"] = f"{instance.instance_id:x}"
+        remaining = child.time_remaining()
+        try:
+            stream = connection.open_stream(
+                endpoint=self._endpoint.path,
+                instance_id=instance.instance_id,
+                request_id=child.id(),
+                payload=request,
+                timeout=None if remaining is None or math.isinf(remaining) else remaining,
+            )
+        except (Disconnected, EngineShutdown) as exc:
+            if finish_on_error:
+                child.finish()
+            raise CannotConnect(str(exc)) from None
+        except BaseException:
+            child.finish()
+            raise
+        return ResponseStream(child, stream, instance_id=instance.instance_id, client=self)

@@ -1,0 +1,503 @@
+"""``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
+
+Everything a runtime starts runs in its own nursery, so leaving ``async with
+DistributedRuntime(...)`` (or the end of a ``@dynamo_worker()`` function)
+leaves nothing behind: not a task, not a socket, not a registration.
+
+Graceful shutdown (``runtime.shutdown()``, or SIGINT/SIGTERM under
+``@dynamo_worker()``) runs in this order:
+
+1. deregister every endpoint and model from discovery, so callers stop
+   choosing this process;
+2. send ``goaway`` on every connection and stop accepting new ones: requests
+   that still arrive are refused with ``EngineShutdown``;
+3. stop every in-flight request (reason ``shutdown``): handlers drain;
+4. after ``shutdown_grace`` seconds, kill whatever is still running;
+5. close the connections; ``serve_endpoint`` calls return, and the process
+   can exit 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import socket
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Final, Self
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from .._config import Config
+from .._context import CancelReason, Context
+from .._errors import CannotConnect
+from ..discovery import (
+    Instance,
+    ModelCard,
+    decode_instance,
+    encode_record,
+    instance_prefix,
+    open_discovery,
+    view_prefix,
+)
+from ..metrics import StatusReport, WorkerMetrics, serve_status
+from ..request_plane import ConnectionPool, RequestPlaneServer
+from ._client import Client
+from ._inflight import InflightRequests
+from ._serve import ServedEndpoint, serve_stream
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from contextlib import AbstractContextManager
+    from types import TracebackType
+
+    from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
+    from ..request_plane import ServerStream
+
+__all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace", "dynamo_worker"]
+
+_log = logging.getLogger("dynamo_trio.runtime")
+
+_DEREGISTER_TIMEOUT: Final = 2.0
+_KILL_SETTLE_TIMEOUT: Final = 5.0
+
+
+class DistributedRuntime:
+    """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``.
+
+    Args:
+        config: All settings; defaults to ``Config.from_env()``.
+        registry: The Prometheus registry to count into (one per process);
+            a new one by default.
+        memory_store: For the ``mem`` discovery backend: the store to share
+            between runtimes in this process (the process default if omitted).
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        memory_store: MemoryStore | None = None,
+    ) -> None:
+        self.config: Final = config if config is not None else Config.from_env()
+        self.registry: Final = registry if registry is not None else CollectorRegistry()
+        self.metrics: Final = WorkerMetrics(self.registry)
+        self.name: Final = f"{socket.gethostname()}:{os.getpid()}"
+        self._memory_store = memory_store
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._discovery: Discovery | None = None
+        self._server: RequestPlaneServer | None = None
+        self._server_address: str | None = None
+        self._server_lock = trio.Lock()
+        self._connection_pool: ConnectionPool | None = None
+        self._endpoints: dict[str, ServedEndpoint] = {}
+        self._registrations: dict[str, bytes] = {}
+        self._clients: dict[str, Client] = {}
+        self._inflight = InflightRequests()
+        self._shutdown_requested = trio.Event()
+        self._shutdown_done = trio.Event()
+        self._status_url: str | None = None
+        self._status_stop = trio.Event()
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            self._discovery = await stack.enter_async_context(
+                open_discovery(self.config.discovery, memory_store=self._memory_store)
+            )
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._nursery.start_soon(self._shutdown_when_requested)
+            if self.config.system.port >= 0:
+                self._status_url = await self._nursery.start(self._serve_status)
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        assert stack is not None
+        assert self._nursery is not None
+        self._shutdown_requested.set()
+        with trio.CancelScope(shield=True):
+            await self._deregister_all()
+        for context in tuple(self._inflight):
+            context.kill(CancelReason.SHUTDOWN)
+        if self._server is not None:
+            self._server.close_all()
+        if self._connection_pool is not None:
+            self._connection_pool.close_all()
+        self._status_stop.set()
+        self._nursery.cancel_scope.cancel()
+        await stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def instance_id(self) -> int:
+        """This process's instance id (its discovery lease id)."""
+        return self._require_discovery().lease_id
+
+    @property
+    def discovery(self) -> Discovery:
+        return self._require_discovery()
+
+    @property
+    def status_url(self) -> str | None:
+        """The status server's URL, if ``DYN_SYSTEM_PORT`` turned it on."""
+        return self._status_url
+
+    @property
+    def address(self) -> str | None:
+        """``host:port`` of this process's request-plane server, once it serves."""
+        return self._server_address
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown_requested.is_set()
+
+    def _require_discovery(self) -> Discovery:
+        if self._discovery is None:
+            raise RuntimeError("the runtime is not open: use 'async with DistributedRuntime()'")
+        return self._discovery
+
+    def _require_nursery(self) -> trio.Nursery:
+        if self._nursery is None or self._stack is None:
+            raise RuntimeError("the runtime is not open: use 'async with DistributedRuntime()'")
+        return self._nursery
+
+    # ------------------------------------------------------------------ naming
+
+    def namespace(self, name: str) -> Namespace:
+        """``runtime.namespace("dynamo").component("backend").endpoint("generate")``."""
+        return Namespace(self, name)
+
+    # ------------------------------------------------------------------ serving
+
+    async def _ensure_server(self) -> str:
+        async with self._server_lock:
+            if self._server_address is None:
+                config = self.config.request_plane
+                server = RequestPlaneServer(config, self._handle_stream, name=self.name)
+                host, port = await self._require_nursery().start(server.serve)
+                self._server = server
+                advertised = config.advertise_host or host
+                if ":" in advertised:
+                    advertised = f"[{advertised}]"
+                self._server_address = f"{advertised}:{port}"
+                _log.info("request plane listening on %s:%d", host, port)
+            return self._server_address
+
+    async def _handle_stream(self, stream: ServerStream) -> None:
+        endpoint = self._endpoints.get(stream.endpoint)
+        if endpoint is None or stream.instance_id != self.instance_id:
+            stream.fail(
+                CannotConnect(
+                    f"instance {self.instance_id:x} does not serve "
+                    f"{stream.endpoint} (asked for instance {stream.instance_id:x})"
+                )
+            )
+            return
+        await serve_stream(
+            stream,
+            endpoint,
+            drain_grace=self.config.worker.drain_grace,
+            inflight=self._inflight,
+        )
+
+    async def _serve(self, endpoint: Endpoint, handler: Callable[..., Any]) -> None:
+        if self.shutting_down:
+            raise RuntimeError("the runtime is shutting down")
+        if endpoint.path in self._endpoints:
+            raise RuntimeError(f"{endpoint.path} is already served by this process")
+        served = ServedEndpoint(
+            endpoint.path,
+            handler,
+            self.metrics.endpoint(endpoint.namespace, endpoint.component, endpoint.name),
+        )
+        address = await self._ensure_server()
+        self._endpoints[endpoint.path] = served
+        instance = Instance(
+            namespace=endpoint.namespace,
+            component=endpoint.component,
+            endpoint=endpoint.name,
+            instance_id=self.instance_id,
+            address=address,
+        )
+        await self._register(instance.key, encode_record(instance))
+        _log.info("serving %s as instance %x at %s", endpoint.path, self.instance_id, address)
+        await self._shutdown_done.wait()
+
+    async def _register(self, key: str, value: bytes) -> None:
+        await self._require_discovery().put(key, value)
+        self._registrations[key] = value
+
+    async def _deregister_all(self) -> None:
+        discovery = self._discovery
+        registrations, self._registrations = self._registrations, {}
+        if discovery is None or discovery.closed:
+            return
+        with trio.move_on_after(_DEREGISTER_TIMEOUT):
+            for key in registrations:
+                try:
+                    await discovery.delete(key)
+                except Exception as exc:
+                    _log.warning("could not deregister %s: %s", key, exc)
+
+    async def register_model(
+        self,
+        endpoint: Endpoint,
+        name: str,
+        model_type: ModelType,
+        *,
+        context_length: int | None = None,
+    ) -> None:
+        """Announce that ``endpoint`` (served by this process) serves model ``name``."""
+        card = ModelCard(
+            name=name,
+            model_type=model_type,
+            namespace=endpoint.namespace,
+            component=endpoint.component,
+            endpoint=endpoint.name,
+            instance_id=self.instance_id,
+            context_length=context_length,
+        )
+        await self._register(card.key, encode_record(card))
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        """Begin a graceful shutdown (synchronous; see the module docstring)."""
+        self._shutdown_requested.set()
+
+    async def wait_shut_down(self) -> None:
+        """Return once a graceful shutdown has completed."""
+        await self._shutdown_done.wait()
+
+    async def _shutdown_when_requested(self) -> None:
+        await self._shutdown_requested.wait()
+        try:
+            await self._graceful_shutdown()
+        finally:
+            self._shutdown_done.set()
+
+    async def _graceful_shutdown(self) -> None:
+        grace = self.config.worker.shutdown_grace
+        _log.info(
+            "shutting down: deregistering, refusing new requests, draining %d in-flight "
+            "request(s) for up to %.1fs",
+            len(self._inflight),
+            grace,
+        )
+        await self._deregister_all()
+        server = self._server
+        if server is not None:
+            server.go_away()
+            server.stop_accepting()
+        for context in tuple(self._inflight):
+            context.stop(CancelReason.SHUTDOWN)
+        with trio.move_on_after(grace):
+            await self._inflight.wait_empty()
+        if self._inflight:
+            _log.warning(
+                "killing %d request(s) still running after the %.1fs shutdown grace",
+                len(self._inflight),
+                grace,
+            )
+            for context in tuple(self._inflight):
+                context.kill(CancelReason.SHUTDOWN)
+            with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
+                await self._inflight.wait_empty()
+        if server is not None:
+            server.close_all()
+        self._status_stop.set()
+
+    # ------------------------------------------------------------------ calling
+
+    def _pool(self) -> ConnectionPool:
+        if self._connection_pool is None:
+            self._connection_pool = ConnectionPool(
+                self.config.request_plane,
+                self._require_nursery(),
+                name=self.name,
+                on_connection_lost=self._connection_lost,
+            )
+        return self._connection_pool
+
+    def _connection_lost(self, address: str, reason: str) -> None:
+        if self._stack is None:
+            return  # the runtime is closing its own connections
+        for client in self._clients.values():
+            client._address_lost(address, reason)
+
+    async def _client(self, endpoint: Endpoint) -> Client:
+        client = self._clients.get(endpoint.path)
+        if client is None:
+            prefix = instance_prefix(endpoint.namespace, endpoint.component, endpoint.name)
+            view: PrefixView[Instance] = await self._require_nursery().start(
+                self._watch, prefix, decode_instance
+            )
+            client = self._clients.setdefault(endpoint.path, Client(self, endpoint, view))
+        return client
+
+    async def _watch(
+        self,
+        prefix: str,
+        decode: Callable[[bytes], Any],
+        *,
+        task_status: trio.TaskStatus[PrefixView[Any]],
+    ) -> None:
+        async with view_prefix(self._require_discovery(), prefix, decode) as view:
+            task_status.started(view)
+            await trio.sleep_forever()
+
+    async def watch_prefix(self, prefix: str, decode: Callable[[bytes], Any]) -> PrefixView[Any]:
+        """A live view of discovery records under ``prefix``, kept for the runtime's life."""
+        view: PrefixView[Any] = await self._require_nursery().start(self._watch, prefix, decode)
+        return view
+
+    # ------------------------------------------------------------------ introspection
+
+    def track(self, context: Context) -> AbstractContextManager[Context]:
+        """Count ``context`` as in flight (listed on ``/debug/requests``) for the block."""
+        return self._inflight.track(context)
+
+    def inflight(self) -> list[dict[str, Any]]:
+        """Each in-flight request as a tree (``Context.snapshot()``), oldest first."""
+        return self._inflight.snapshot()
+
+    def health(self) -> StatusReport:
+        """Ready while serving at least one endpoint and not shutting down."""
+        ready = not self.shutting_down
+        return StatusReport.from_endpoints(dict.fromkeys(self._endpoints, ready))
+
+    async def _serve_status(self, *, task_status: trio.TaskStatus[str]) -> None:
+        await serve_status(
+            self.config.system,
+            self.registry,
+            health=self.health,
+            inflight=self.inflight,
+            task_status=task_status,
+            shutdown_trigger=self._status_stop.wait,
+        )
+
+
+class Namespace:
+    """A namespace of components (Dynamo's first naming level)."""
+
+    def __init__(self, runtime: DistributedRuntime, name: str) -> None:
+        _check_name("namespace", name)
+        self.runtime: Final = runtime
+        self.name: Final = name
+
+    def component(self, name: str) -> Component:
+        return Component(self, name)
+
+
+class Component:
+    """A component (a kind of worker) within a namespace."""
+
+    def __init__(self, namespace: Namespace, name: str) -> None:
+        _check_name("component", name)
+        self.runtime: Final = namespace.runtime
+        self.namespace: Final = namespace.name
+        self.name: Final = name
+
+    def endpoint(self, name: str) -> Endpoint:
+        return Endpoint(self, name)
+
+
+class Endpoint:
+    """``namespace/component/endpoint``: what workers serve and clients call."""
+
+    def __init__(self, component: Component, name: str) -> None:
+        _check_name("endpoint", name)
+        self.runtime: Final = component.runtime
+        self.namespace: Final = component.namespace
+        self.component: Final = component.name
+        self.name: Final = name
+        self.path: Final = f"{self.namespace}/{self.component}/{name}"
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.path}>"
+
+    async def serve_endpoint(self, handler: Callable[..., Any]) -> None:
+        """Serve ``handler`` here until the runtime shuts down.
+
+        ``handler(request)`` or ``handler(request, context)`` (decided by
+        whether it has a parameter named ``context``) must return an async
+        iterator of JSON-like items (or :class:`Annotated`).
+        """
+        await self.runtime._serve(self, handler)
+
+    async def client(self) -> Client:
+        """A client for this endpoint's instances (shared within the runtime)."""
+        return await self.runtime._client(self)
+
+    async def register_model(
+        self, name: str, model_type: ModelType, *, context_length: int | None = None
+    ) -> None:
+        """Announce that this endpoint serves model ``name`` (chat, completions or embeddings)."""
+        await self.runtime.register_model(self, name, model_type, context_length=context_length)
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or "/" in name or name.strip() != name:
+        raise ValueError(f"invalid {what} name {name!r}: non-empty, no '/' or surrounding spaces")
+
+
+def dynamo_worker(
+    config: Config | None = None, *, handle_signals: bool = True
+) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+    """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
+
+    With ``handle_signals`` (the default), SIGINT and SIGTERM start a graceful
+    shutdown; a second signal cancels everything at once.
+    """
+
+    def decorate(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> None:
+            settings = config if config is not None else Config.from_env()
+            configure_logging(settings.log_level)
+            async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
+                if handle_signals:
+                    nursery.start_soon(_shutdown_on_signals, runtime, nursery.cancel_scope)
+                await fn(runtime, *args, **kwargs)
+                nursery.cancel_scope.cancel()
+
+        return wrapper
+
+    return decorate
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        )
+
+
+async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if runtime.shutting_down:
+                _log.warning("second %s: exiting now", signal.Signals(signum).name)
+                scope.cancel()
+                return
+            _log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+            runtime.shutdown()

@@ -1,0 +1,157 @@
+"""Real processes over real sockets: a harness that starts them and reads what they report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from dynamo_trio import Config
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+PROCS = Path(__file__).with_name("_procs.py")
+ROOT = Path(__file__).parents[2]
+
+
+class Proc:
+    """A child process whose stdout JSON lines are collected as events."""
+
+    def __init__(self, process: trio.Process, name: str) -> None:
+        self.process = process
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self.stdout_lines: list[str] = []
+        self.stderr = bytearray()
+        self.stdout_closed = False
+        self._changed = trio.Event()
+
+    async def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        buffer = b""
+        async for chunk in self.process.stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                self.stdout_lines.append(line)
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self.events.append(event)
+            self._notify()
+        self.stdout_closed = True
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        async for chunk in self.process.stderr:
+            self.stderr += chunk
+
+    async def wait_for(self, event: str, *, within: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
+        with trio.fail_after(within):
+            while True:
+                for candidate in self.events:
+                    if candidate.get("event") == event and all(
+                        candidate.get(k) == v for k, v in fields.items()
+                    ):
+                        return candidate
+                if self.stdout_closed:
+                    raise AssertionError(
+                        f"{self.name} exited ({self.process.returncode}) before {event!r}:\n"
+                        f"{self.stderr.decode(errors='replace')[-3000:]}"
+                    )
+                await self._changed.wait()
+
+    def signal(self, signum: int) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signum)
+
+    async def wait_exit(self, within: float = 10.0) -> int:
+        with trio.fail_after(within):
+            return await self.process.wait()
+
+
+def e2e_environment(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DYN_")}
+    env.update(
+        DYN_DISCOVERY_BACKEND="file",
+        DYN_FILE_KV=str(tmp_path / "kv"),
+        DYN_FILE_KV_POLL_SECS="0.05",
+        DYN_LEASE_TTL_SECS="1.5",
+        DYN_HEARTBEAT_INTERVAL_SECS="0.2",
+        DYN_HEARTBEAT_TIMEOUT_SECS="1",
+        DYN_DRAIN_GRACE_SECS="1",
+        DYN_SHUTDOWN_GRACE_SECS="2",
+        DYN_SYSTEM_PORT="0",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return e2e_environment(tmp_path)
+
+
+@pytest.fixture
+def config(env: dict[str, str]) -> Config:
+    """This test process's own runtime settings, matching its children's."""
+    return Config.from_env(env)
+
+
+@pytest.fixture
+async def spawn(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
+    """``await spawn(*argv, env=...)`` starts a child; every child is killed at the end."""
+    procs: list[Proc] = []
+
+    async def start(*argv: str, env: dict[str, str], name: str | None = None) -> Proc:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
+        proc = Proc(process, name or " ".join(argv))
+        procs.append(proc)
+        nursery.start_soon(proc._read_stdout)
+        nursery.start_soon(proc._read_stderr)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.process.returncode is None:
+                proc.process.send_signal(signal.SIGCONT)
+                proc.process.kill()
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            for proc in procs:
+                await proc.process.wait()
+
+
+async def start_worker(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> tuple[Proc, dict[str, Any]]:
+    worker = await spawn(str(PROCS), "worker", env=env, name="worker")
+    ready = await worker.wait_for("ready")
+    return worker, ready

@@ -1,0 +1,185 @@
+"""Cancellation across real processes: callers and workers that die, hang, or shut down."""
+
+from __future__ import annotations
+
+import signal
+import struct
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamo_trio import CannotConnect, Context, Disconnected
+from dynamo_trio.request_plane import parse_address
+from dynamo_trio.runtime import DistributedRuntime
+
+from .conftest import PROCS, e2e_environment, start_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from dynamo_trio import Config
+
+pytestmark = pytest.mark.slow
+
+
+async def scrape(status_url: str, name: str) -> float:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{status_url}/metrics")).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                total += sample.value
+    return total
+
+
+async def client_for(runtime: DistributedRuntime) -> Any:
+    client = await runtime.namespace("dynamo").component("backend").endpoint("generate").client()
+    with trio.fail_after(10):
+        await client.wait_for_instances()
+    return client
+
+
+@pytest.mark.parametrize("mode", ["count", "silent"])
+async def test_a_killed_caller_process_kills_the_work(
+    spawn: Callable[..., Any], env: dict[str, str], mode: str
+) -> None:
+    worker, ready = await start_worker(spawn, env)
+    caller = await spawn(str(PROCS), "caller", mode, env=env, name="caller")
+    sent = await caller.wait_for("sent")
+    await worker.wait_for("start", id=sent["id"])
+    if mode == "count":
+        await caller.wait_for("item")
+    caller.signal(signal.SIGKILL)
+    killed_at = trio.current_time()
+    exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
+    assert exit_event["state"] == "KILLED"
+    assert exit_event["reason"] == "transport lost"
+    assert exit_event["how"] == "Cancelled"  # the handler's scope was cancelled
+    assert trio.current_time() - killed_at < 1.0  # EOF is seen at once, not at the next item
+    status = ready["status_url"]
+    assert await scrape(status, "dynamo_component_cancellation_total") == 1
+    assert await scrape(status, "dynamo_component_inflight_requests") == 0
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{status}/debug/requests")).json() == []
+
+
+async def test_a_half_open_caller_is_caught_by_heartbeats(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    worker, _ = await start_worker(spawn, env)
+    caller = await spawn(str(PROCS), "caller", "silent", env=env, name="caller")
+    sent = await caller.wait_for("sent")
+    await worker.wait_for("start", id=sent["id"])
+    caller.signal(signal.SIGSTOP)  # its kernel still ACKs; its process says nothing
+    stopped_at = trio.current_time()
+    exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
+    elapsed = trio.current_time() - stopped_at
+    assert exit_event["reason"] == "transport lost"
+    timeout = float(env["DYN_HEARTBEAT_TIMEOUT_SECS"])
+    interval = float(env["DYN_HEARTBEAT_INTERVAL_SECS"])
+    assert timeout - interval <= elapsed <= timeout + 2 * interval + 0.5
+
+
+async def test_a_killed_worker_raises_disconnected_and_leaves_rotation(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    worker, ready = await start_worker(spawn, env)
+    async with DistributedRuntime(config) as runtime:
+        client = await client_for(runtime)
+        stream = await client.generate({"mode": "count"})
+        await stream.__anext__()
+        worker.signal(signal.SIGKILL)
+        died_at = trio.current_time()
+        with pytest.raises(Disconnected, match="before generation completed"):
+            async for _ in stream:
+                pass
+        assert trio.current_time() - died_at < 1.0
+        assert ready["instance_id"] not in [i.instance_id for i in client._live()]
+        # Its discovery entry outlives it by at most the lease TTL.
+        with trio.fail_after(float(env["DYN_LEASE_TTL_SECS"]) + 3):
+            await client._view.wait_until(lambda instances: not instances)
+
+
+async def test_a_worker_dying_after_the_caller_cancelled_ends_quietly(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    worker, _ = await start_worker(spawn, env)
+    async with DistributedRuntime(config) as runtime:
+        client = await client_for(runtime)
+        ctx = Context()
+        stream = await client.generate({"mode": "silent"}, context=ctx)
+        await worker.wait_for("start", id=ctx.id())
+        ctx.stop()  # the silent handler ignores it
+        worker.signal(signal.SIGKILL)
+        with trio.fail_after(2):
+            assert [item async for item in stream] == []
+
+
+async def test_sigterm_drains_deregisters_and_exits_zero(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    worker, _ = await start_worker(spawn, env)
+    async with DistributedRuntime(config) as runtime:
+        client = await client_for(runtime)
+        ctx = Context()
+        stream = await client.generate({"mode": "count", "period": 0.05}, context=ctx)
+        await stream.__anext__()
+        worker.signal(signal.SIGTERM)
+        items = [item.data() async for item in stream]
+        assert items[-1] == {"final": True}  # the handler drained on the way out
+        assert stream.outcome == "stopped"
+        exit_event = await worker.wait_for("exit", id=ctx.id())
+        assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "shutdown")
+        assert await worker.wait_exit() == 0
+        await worker.wait_for("shut down")
+        # Deregistered on the way out, not left to expire.
+        with trio.fail_after(1):
+            await client._view.wait_until(lambda instances: not instances)
+
+
+async def test_garbage_closes_one_connection_and_the_worker_serves_on(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    worker, ready = await start_worker(spawn, env)
+    host, port = parse_address(ready["address"])
+    for garbage in (
+        b"\x00\x00\x00\x05hello",  # a body that is not msgpack
+        struct.pack(">I", 1 << 30),  # announces a 1 GiB frame
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # the wrong protocol entirely
+    ):
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(garbage)
+        with trio.fail_after(2):
+            while await stream.receive_some(65536):
+                pass  # read the worker's close frame, then EOF
+        await stream.aclose()
+    with trio.fail_after(2):
+        while worker.stderr.count(b"protocol error") < 3:  # noqa: ASYNC110 - polling a log
+            await trio.sleep(0.05)
+    async with DistributedRuntime(config) as runtime:
+        client = await client_for(runtime)
+        assert [i.data() async for i in await client.generate({"mode": "echo"})] == [
+            {"mode": "echo"}
+        ]
+
+
+async def test_a_shared_token_authenticates_connections(
+    spawn: Callable[..., Any], tmp_path: Path
+) -> None:
+    from dynamo_trio import Config
+
+    env = e2e_environment(tmp_path, DYN_REQUEST_PLANE_TOKEN="s3cret")
+    await start_worker(spawn, env)
+    wrong = Config.from_env({**env, "DYN_REQUEST_PLANE_TOKEN": "guess"})
+    async with DistributedRuntime(wrong) as runtime:
+        client = await client_for(runtime)
+        with pytest.raises(CannotConnect, match="unauthenticated"):
+            await client.generate({"mode": "echo"})
+    async with DistributedRuntime(Config.from_env(env)) as runtime:
+        client = await client_for(runtime)
+        assert len([i async for i in await client.generate({"mode": "echo"})]) == 1
