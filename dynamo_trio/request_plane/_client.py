@@ -248,6 +248,11 @@ class ClientConnection:
     async def _serve(self, connection: FrameConnection) -> None:
         await connection.run()
 
+    @property
+    def drained(self) -> bool:
+        """The worker said ``goaway`` before the connection ended (an orderly shutdown)."""
+        return self._connection is not None and self._connection.protocol.goaway
+
     def _connection_lost(self, reason: str) -> None:
         # Runs inside FrameConnection.close: streams learn of the loss at once.
         self._settled.set()
@@ -332,8 +337,9 @@ class ConnectionPool:
         config: Request-plane settings.
         nursery: Where connection tasks live (the runtime's nursery).
         name: This process's name in handshakes.
-        on_connection_lost: Called with ``(address, reason)`` whenever a
-            connection that had been established ends.
+        on_connection_lost: Called with ``(address, reason, drained)`` whenever
+            a connection that had been established ends; ``drained`` says the
+            worker announced its shutdown first (an expected loss).
     """
 
     def __init__(
@@ -342,7 +348,7 @@ class ConnectionPool:
         nursery: trio.Nursery,
         *,
         name: str,
-        on_connection_lost: Callable[[str, str], None] | None = None,
+        on_connection_lost: Callable[[str, str, bool], None] | None = None,
     ) -> None:
         self._config = config
         self._nursery = nursery
@@ -389,7 +395,7 @@ class ConnectionPool:
         if self._connections.get(connection.address) is connection:
             del self._connections[connection.address]
         if self._on_connection_lost is not None:
-            self._on_connection_lost(connection.address, reason)
+            self._on_connection_lost(connection.address, reason, connection.drained)
 
     def close_all(self, reason: str = "closing") -> None:
         for connection in tuple(self._connections.values()):

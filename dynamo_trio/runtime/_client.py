@@ -235,18 +235,21 @@ class Client:
             if self._down_until.get(instance_id, 0.0) <= now
         ]
 
-    def _instance_failed(self, instance_id: int | None, reason: str) -> None:
+    def _instance_failed(
+        self, instance_id: int | None, reason: str, *, expected: bool = False
+    ) -> None:
         if instance_id is None:
             return
-        _log.warning(
-            "instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason
-        )
+        log = _log.info if expected else _log.warning
+        log("instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason)
         self._down_until[instance_id] = time.monotonic() + _DOWN_FOR
 
-    def _address_lost(self, address: str, reason: str) -> None:
+    def _address_lost(self, address: str, reason: str, *, drained: bool) -> None:
+        if drained:
+            reason = f"it shut down ({reason})"
         for instance in self._instances().values():
             if instance.address == address:
-                self._instance_failed(instance.instance_id, reason)
+                self._instance_failed(instance.instance_id, reason, expected=drained)
 
     async def generate(self, request: Any, context: Context | None = None) -> ResponseStream:
         """Same as :meth:`random` (Dynamo's default)."""

@@ -216,7 +216,12 @@ class DistributedRuntime:
             inflight=self._inflight,
         )
 
-    async def _serve(self, endpoint: Endpoint, handler: Callable[..., Any]) -> None:
+    async def _serve(
+        self,
+        endpoint: Endpoint,
+        handler: Callable[..., Any],
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         if self.shutting_down:
             raise RuntimeError("the runtime is shutting down")
         if endpoint.path in self._endpoints:
@@ -237,6 +242,7 @@ class DistributedRuntime:
         )
         await self._register(instance.key, encode_record(instance))
         _log.info("serving %s as instance %x at %s", endpoint.path, self.instance_id, address)
+        task_status.started()
         await self._shutdown_done.wait()
 
     async def _register(self, key: str, value: bytes) -> None:
@@ -335,11 +341,11 @@ class DistributedRuntime:
             )
         return self._connection_pool
 
-    def _connection_lost(self, address: str, reason: str) -> None:
+    def _connection_lost(self, address: str, reason: str, drained: bool) -> None:
         if self._stack is None:
             return  # the runtime is closing its own connections
         for client in self._clients.values():
-            client._address_lost(address, reason)
+            client._address_lost(address, reason, drained=drained)
 
     async def _client(self, endpoint: Endpoint) -> Client:
         client = self._clients.get(endpoint.path)
@@ -432,14 +438,21 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"<Endpoint {self.path}>"
 
-    async def serve_endpoint(self, handler: Callable[..., Any]) -> None:
+    async def serve_endpoint(
+        self,
+        handler: Callable[..., Any],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Serve ``handler`` here until the runtime shuts down.
 
         ``handler(request)`` or ``handler(request, context)`` (decided by
         whether it has a parameter named ``context``) must return an async
-        iterator of JSON-like items (or :class:`Annotated`).
+        iterator of JSON-like items (or :class:`Annotated`).  With
+        ``await nursery.start(endpoint.serve_endpoint, handler)`` the call
+        returns once the instance is registered in discovery.
         """
-        await self.runtime._serve(self, handler)
+        await self.runtime._serve(self, handler, task_status)
 
     async def client(self) -> Client:
         """A client for this endpoint's instances (shared within the runtime)."""

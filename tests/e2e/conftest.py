@@ -155,3 +155,75 @@ async def start_worker(
     worker = await spawn(str(PROCS), "worker", env=env, name="worker")
     ready = await worker.wait_for("ready")
     return worker, ready
+
+
+MODEL_WORKER = Path(__file__).with_name("_model_worker.py")
+
+
+class Stack:
+    """A frontend process and a model-worker process, as a user would run them."""
+
+    def __init__(self, frontend: Proc, worker: Proc, url: str, worker_status: str) -> None:
+        self.frontend = frontend
+        self.worker = worker
+        self.url = url
+        self.worker_status = worker_status
+
+    async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
+        """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        base = self.worker_status if worker else self.url
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{base}/metrics")).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+
+@pytest.fixture
+async def stack(spawn: Callable[..., Any], env: dict[str, str]) -> Callable[..., Any]:
+    """``await stack(*frontend_flags)`` starts a worker and a frontend and waits for the models."""
+    import httpx
+
+    async def start(*frontend_flags: str, inter_token_latency_ms: float = 20.0) -> Stack:
+        worker = await spawn(
+            str(MODEL_WORKER),
+            "--inter-token-latency-ms",
+            str(inter_token_latency_ms),
+            env=env,
+            name="model worker",
+        )
+        ready = await worker.wait_for("ready")
+        frontend = await spawn(
+            "-m",
+            "dynamo_trio.frontend",
+            "--http-port",
+            "0",
+            *frontend_flags,
+            env=env,
+            name="frontend",
+        )
+        with trio.fail_after(15):
+            while not any("listening on" in line for line in frontend.stdout_lines):
+                if frontend.stdout_closed:
+                    raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])
+                await frontend._changed.wait()
+        line = next(line for line in frontend.stdout_lines if "listening on" in line)
+        url = line.rsplit(" ", 1)[1]
+        async with httpx.AsyncClient(base_url=url) as http:
+            with trio.fail_after(15):
+                while True:
+                    names = {m["id"] for m in (await http.get("/v1/models")).json()["data"]}
+                    if {"mock", "mock-embed", "prefill", "slow-embed"} <= names:
+                        break
+                    await trio.sleep(0.05)
+        return Stack(frontend, worker, url, ready["status_url"])
+
+    return start

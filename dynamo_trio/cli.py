@@ -1,0 +1,301 @@
+"""The ``dynamo-trio`` command: ``frontend``, ``mocker`` and ``run``.
+
+``dynamo-trio run`` is the quick start: a frontend and N mock workers on one
+machine, finding each other through the embedded file discovery (no server to
+install), until Ctrl-C.  ``frontend`` and ``mocker`` run one process each, the
+way a deployment across machines runs them (with ``DYN_DISCOVERY_BACKEND=etcd``
+and ``ETCD_ENDPOINTS``).
+
+Flags override the ``DYN_*`` environment, which overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._config import Config
+from .frontend import serve_frontend
+from .mocker import MockerSettings
+from .mocker._worker import serve_mocker
+from .runtime import DistributedRuntime
+from .runtime._runtime import configure_logging, dynamo_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["frontend_main", "main", "mocker_main"]
+
+_log = logging.getLogger("dynamo_trio.cli")
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def _discovery_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--discovery-backend",
+        choices=["file", "etcd", "mem"],
+        help="where processes find each other (DYN_DISCOVERY_BACKEND; default file)",
+    )
+    parser.add_argument(
+        "--namespace", help="the namespace to serve (DYN_NAMESPACE; default dynamo)"
+    )
+
+
+def _frontend_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http-host", help="address to bind (DYN_HTTP_HOST; default 127.0.0.1)")
+    parser.add_argument("--http-port", type=int, help="port to bind (DYN_HTTP_PORT; default 8000)")
+    parser.add_argument(
+        "--on-disconnect",
+        choices=["kill", "stop"],
+        help="what a client hang-up does to its request (DYN_ON_DISCONNECT; default kill)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        help="with --on-disconnect stop: seconds to drain before the kill (default 5)",
+    )
+    parser.add_argument(
+        "--sse-keepalive",
+        type=float,
+        help="seconds of SSE silence before a keep-alive comment, 0 for none (default 15)",
+    )
+    parser.add_argument(
+        "--router-mode",
+        choices=["round-robin", "random"],
+        help="how requests spread over a model's instances (DYN_ROUTER_MODE)",
+    )
+
+
+def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
+    if names:
+        parser.add_argument("--model-name", help="the chat/completions model to serve")
+        parser.add_argument("--embedding-model-name", help="an embeddings model to serve")
+    defaults = MockerSettings()
+    parser.add_argument("--ttft-ms", type=float, default=defaults.ttft_ms)
+    parser.add_argument(
+        "--inter-token-latency-ms", type=float, default=defaults.inter_token_latency_ms
+    )
+    parser.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
+    parser.add_argument("--embedding-dimensions", type=int, default=defaults.embedding_dimensions)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    """The environment's config with the given flags applied over it."""
+    config = Config.from_env()
+    discovery = config.discovery
+    if getattr(args, "discovery_backend", None):
+        discovery = dataclasses.replace(discovery, backend=args.discovery_backend)
+    frontend = config.frontend
+    overrides = {
+        "host": getattr(args, "http_host", None),
+        "port": getattr(args, "http_port", None),
+        "namespace": getattr(args, "namespace", None),
+        "on_disconnect": getattr(args, "on_disconnect", None),
+        "stop_grace": getattr(args, "stop_grace", None),
+        "keepalive_interval": getattr(args, "sse_keepalive", None),
+        "router_mode": getattr(args, "router_mode", None),
+    }
+    frontend = dataclasses.replace(
+        frontend, **{key: value for key, value in overrides.items() if value is not None}
+    )
+    return config.replace(discovery=discovery, frontend=frontend)
+
+
+def _settings(args: argparse.Namespace) -> MockerSettings:
+    return MockerSettings(
+        ttft_ms=args.ttft_ms,
+        inter_token_latency_ms=args.inter_token_latency_ms,
+        default_max_tokens=args.default_max_tokens,
+        embedding_dimensions=args.embedding_dimensions,
+    )
+
+
+# ---------------------------------------------------------------------------- frontend
+
+
+async def _watch_signals(stop: trio.Event, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if stop.is_set():
+                _log.warning("second %s: exiting now", signal.Signals(signum).name)
+                scope.cancel()
+                return
+            _log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+            stop.set()
+
+
+async def run_frontend(config: Config, *, stop: trio.Event | None = None) -> None:
+    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return."""
+    stop = stop or trio.Event()
+    async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, stop, nursery.cancel_scope)
+        url: str = await nursery.start(
+            partial(
+                serve_frontend,
+                runtime,
+                config.frontend,
+                shutdown_trigger=stop.wait,
+                graceful_timeout=config.worker.shutdown_grace,
+            )
+        )
+        print(f"dynamo-trio frontend listening on {url}", flush=True)
+        await stop.wait()
+    _log.info("frontend stopped")
+
+
+def frontend_main(argv: Sequence[str] | None = None) -> None:
+    """``python -m dynamo_trio.frontend`` / ``dynamo-trio frontend``."""
+    parser = argparse.ArgumentParser(
+        prog="dynamo-trio frontend", description="The OpenAI-compatible HTTP frontend."
+    )
+    _discovery_flags(parser)
+    _frontend_flags(parser)
+    config = _config(parser.parse_args(argv))
+    configure_logging(config.log_level)
+    trio.run(run_frontend, config)
+
+
+# ---------------------------------------------------------------------------- mocker
+
+
+def mocker_main(argv: Sequence[str] | None = None) -> None:
+    """``python -m dynamo_trio.mocker`` / ``dynamo-trio mocker``."""
+    parser = argparse.ArgumentParser(
+        prog="dynamo-trio mocker",
+        description="A mock LLM worker: deterministic tokens at a configurable rate.",
+    )
+    _discovery_flags(parser)
+    parser.add_argument("--component", default="mocker", help="the component to serve")
+    _mocker_flags(parser)
+    args = parser.parse_args(argv)
+    if args.model_name is None and args.embedding_model_name is None:
+        parser.error("give --model-name, --embedding-model-name, or both")
+    config = _config(args)
+    settings = _settings(args)
+
+    @dynamo_worker(config)
+    async def worker(runtime: DistributedRuntime) -> None:
+        await serve_mocker(
+            runtime,
+            settings,
+            model_name=args.model_name,
+            embedding_model_name=args.embedding_model_name,
+            namespace=config.frontend.namespace,
+            component=args.component,
+        )
+
+    trio.run(worker)
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def run_main(argv: Sequence[str] | None = None) -> None:
+    """``dynamo-trio run``: a frontend and N mock workers on this machine."""
+    parser = argparse.ArgumentParser(
+        prog="dynamo-trio run",
+        description="A frontend and N mock workers on one machine (embedded file discovery).",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="mock workers to start")
+    parser.add_argument("--model-name", default="mock-model")
+    parser.add_argument("--embedding-model-name", default="mock-embedding")
+    _frontend_flags(parser)
+    parser.add_argument("--namespace", help="the namespace to serve (default dynamo)")
+    _mocker_flags(parser, names=False)
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    env = dict(os.environ)
+    env["DYN_DISCOVERY_BACKEND"] = "file"
+    env.setdefault("DYN_FILE_KV", tempfile.mkdtemp(prefix="dynamo-trio-kv-"))
+    os.environ.update(env)
+    config = _config(args)
+    configure_logging(config.log_level)
+    worker_argv = [
+        sys.executable,
+        "-m",
+        "dynamo_trio.mocker",
+        "--model-name",
+        args.model_name,
+        "--embedding-model-name",
+        args.embedding_model_name,
+        "--namespace",
+        config.frontend.namespace,
+        "--ttft-ms",
+        str(args.ttft_ms),
+        "--inter-token-latency-ms",
+        str(args.inter_token_latency_ms),
+        "--default-max-tokens",
+        str(args.default_max_tokens),
+        "--embedding-dimensions",
+        str(args.embedding_dimensions),
+    ]
+    trio.run(_run_all, config, worker_argv, args.workers, env)
+
+
+async def _run_all(
+    config: Config, worker_argv: list[str], workers: int, env: dict[str, str]
+) -> None:
+    async with trio.open_nursery() as nursery:
+        processes: list[trio.Process] = []
+        for _ in range(workers):
+            process = await trio.lowlevel.open_process(
+                worker_argv, env=env, stdin=subprocess.DEVNULL
+            )
+            processes.append(process)
+        _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
+        try:
+            await run_frontend(config)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop_workers(processes, config.worker.shutdown_grace + 2)
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_workers(processes: list[trio.Process], grace: float) -> None:
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(grace):
+        for process in processes:
+            await process.wait()
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``dynamo-trio`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands: dict[str, Any] = {"frontend": frontend_main, "mocker": mocker_main, "run": run_main}
+    if not argv or argv[0] not in commands:
+        print(
+            "usage: dynamo-trio {frontend,mocker,run} [options]\n\n"
+            "  run        a frontend and N mock workers on this machine (the quick start)\n"
+            "  frontend   the OpenAI-compatible HTTP frontend\n"
+            "  mocker     a mock LLM worker\n\n"
+            "`dynamo-trio COMMAND --help` for a command's options.",
+            file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
+        )
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The generating HTTP APIs as data: how each parses, answers, streams and fails.
+
+The frontend runs every text-generating route through one pipeline; what
+differs between OpenAI chat, OpenAI completions, the Responses API and
+Anthropic Messages is captured here, one :class:`TextApi` per route, on top of
+the sans-IO shapes in :mod:`dynamo_trio.llm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from .. import llm
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..discovery import ModelType
+    from ..metrics import FrontendEndpoint
+
+__all__ = ["ANTHROPIC_MESSAGES", "CHAT", "COMPLETIONS", "EMBEDDINGS", "RESPONSES", "TextApi"]
+
+
+class ParsedRequest(Protocol):
+    @property
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+    def to_engine(self) -> Any: ...
+
+
+class EventStream(Protocol):
+    """A stateful turner of engine items into an API's streaming events."""
+
+    def feed(self, item: object) -> list[dict[str, object]]: ...
+    def finish(self) -> list[dict[str, object]]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextApi:
+    """One text-generating route."""
+
+    label: FrontendEndpoint
+    """The ``endpoint`` label of the frontend metrics."""
+    model_type: ModelType
+    """Which registered model type serves it."""
+    parse: Callable[[object], Any]
+    unary: Callable[[Any, str, llm.Generation], dict[str, object]]
+    open_stream: Callable[[Any, str], Any]
+    encode: Callable[[list[dict[str, object]]], bytes]
+    """SSE bytes for a batch of events."""
+    fail_stream: Callable[[Any, int, str], bytes]
+    """SSE bytes that end a failed stream: ``(stream, status, message)``."""
+    done: bytes
+    """What ends a successful stream after its events (OpenAI's ``[DONE]``)."""
+    error_body: Callable[[int, str], dict[str, object]]
+    """The API's JSON error body for ``(status, message)``."""
+    request_error_body: Callable[[llm.RequestError], dict[str, object]]
+
+
+def _data_events(events: list[dict[str, object]]) -> bytes:
+    return b"".join(llm.encode_event(event) for event in events)
+
+
+def _typed_events(events: list[dict[str, object]]) -> bytes:
+    return b"".join(llm.encode_event(event, event=str(event["type"])) for event in events)
+
+
+def _openai_failure(stream: Any, status: int, message: str) -> bytes:
+    return b"".join(llm.encode_error_event(body) for body in stream.fail(message, status=status))
+
+
+def _responses_failure(stream: Any, status: int, message: str) -> bytes:
+    code = "invalid_request" if status == 400 else "server_error"
+    return _typed_events(stream.fail(message, code=code))
+
+
+def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
+    return _typed_events(stream.fail(message, status=status))
+
+
+def _openai_error(status: int, message: str) -> dict[str, object]:
+    return llm.openai_error_body(status, message)
+
+
+def _anthropic_error(status: int, message: str) -> dict[str, object]:
+    return llm.anthropic_error_body(status, message)
+
+
+CHAT: Final = TextApi(
+    label="chat_completions",
+    model_type="chat",
+    parse=llm.parse_chat_request,
+    unary=llm.chat_completion,
+    open_stream=llm.ChatCompletionStream,
+    encode=_data_events,
+    fail_stream=_openai_failure,
+    done=llm.DONE,
+    error_body=_openai_error,
+    request_error_body=llm.RequestError.openai_body,
+)
+
+COMPLETIONS: Final = TextApi(
+    label="completions",
+    model_type="completions",
+    parse=llm.parse_completion_request,
+    unary=llm.completion,
+    open_stream=llm.CompletionStream,
+    encode=_data_events,
+    fail_stream=_openai_failure,
+    done=llm.DONE,
+    error_body=_openai_error,
+    request_error_body=llm.RequestError.openai_body,
+)
+
+RESPONSES: Final = TextApi(
+    label="responses",
+    model_type="chat",
+    parse=llm.parse_responses_request,
+    unary=llm.response_object,
+    open_stream=llm.ResponseStream,
+    encode=_typed_events,
+    fail_stream=_responses_failure,
+    done=b"",
+    error_body=_openai_error,
+    request_error_body=llm.RequestError.openai_body,
+)
+
+ANTHROPIC_MESSAGES: Final = TextApi(
+    label="anthropic_messages",
+    model_type="chat",
+    parse=llm.parse_messages_request,
+    unary=llm.message_object,
+    open_stream=llm.MessagesStream,
+    encode=_typed_events,
+    fail_stream=_anthropic_failure,
+    done=b"",
+    error_body=_anthropic_error,
+    request_error_body=llm.RequestError.anthropic_body,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingsApi:
+    """``POST /v1/embeddings``: unary only, one engine item."""
+
+    label: FrontendEndpoint = "embeddings"
+    model_type: ModelType = "embeddings"
+    error_body: Callable[[int, str], dict[str, object]] = _openai_error
+    request_error_body: Callable[[llm.RequestError], dict[str, object]] = (
+        llm.RequestError.openai_body
+    )
+
+
+EMBEDDINGS: Final = EmbeddingsApi()

@@ -1,0 +1,250 @@
+"""The OpenAI-compatible HTTP frontend: a quart-trio app served by hypercorn's trio worker.
+
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
+``/v1/responses``, ``/v1/messages`` (Anthropic); ``GET /v1/models``,
+``/health``, ``/live``, ``/metrics``, ``/debug/requests``.
+
+Everything a client can send is answered with an API-shaped JSON error and
+the right status, never a traceback: malformed JSON and invalid fields 400, an
+unknown model 404, a body over the size limit 413, a body that is not JSON 415,
+no live instance 503, a request cancelled on the worker 499, anything else 500.
+Each response carries ``x-request-id``: the client's own if it sent one (it is
+the request's context id, end to end), a fresh UUID otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Final
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from prometheus_client.exposition import choose_encoder
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..llm import RequestError, model_list, reason_phrase
+from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from ._pipeline import JsonReply, Pipeline, StreamReply
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._config import FrontendConfig
+    from ..runtime import DistributedRuntime
+    from ._apis import EmbeddingsApi, TextApi
+
+__all__ = ["build_app", "serve_frontend"]
+
+_log = logging.getLogger("dynamo_trio.frontend")
+
+_REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
+_JSON_TYPES: Final = ("application/json", "application/x-ndjson")
+_SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def build_app(pipeline: Pipeline) -> QuartTrio:
+    """The quart-trio app for ``pipeline``'s frontend."""
+    config = pipeline.config
+    app = QuartTrio("dynamo_trio.frontend")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # quart's 60 s default would cut long SSE streams
+        MAX_CONTENT_LENGTH=config.max_body_size,
+        BODY_TIMEOUT=60,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    started = time.monotonic()
+
+    def json_response(
+        payload: object, status: int = 200, request_id: str | None = None
+    ) -> Response:
+        response = app.response_class(
+            json.dumps(payload, separators=(",", ":")),
+            status=status,
+            content_type="application/json",
+        )
+        if request_id is not None:
+            response.headers["x-request-id"] = request_id
+        return response
+
+    def reply(result: JsonReply | StreamReply, request_id: str) -> Response:
+        if isinstance(result, JsonReply):
+            return json_response(result.payload, result.status, request_id)
+        response = app.response_class(
+            result.body, content_type="text/event-stream", headers=_SSE_HEADERS
+        )
+        response.timeout = None
+        response.headers["x-request-id"] = request_id
+        return response
+
+    async def read_json() -> object:
+        content_type = request.mimetype
+        if content_type and content_type not in _JSON_TYPES:
+            raise RequestError(
+                415,
+                f"Content-Type must be application/json, not {content_type!r}.",
+                code="unsupported_media_type",
+            )
+        body = await request.get_data(cache=False)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(400, f"The request body is not valid JSON: {exc}.") from None
+
+    def request_id_from_headers() -> str:
+        given = request.headers.get("x-request-id")
+        if given is None:
+            return str(uuid.uuid4())
+        if not _REQUEST_ID.fullmatch(given):
+            raise RequestError(
+                400,
+                "x-request-id must be 1 to 256 printable ASCII characters without spaces.",
+                param="x-request-id",
+            )
+        return given
+
+    async def generate(api: TextApi | EmbeddingsApi) -> Response:
+        request_id = request.headers.get("x-request-id") or ""
+        try:
+            request_id = request_id_from_headers()
+            payload = await read_json()
+            if api is EMBEDDINGS:
+                result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
+            else:
+                result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
+        except RequestError as exc:
+            return json_response(api.request_error_body(exc), exc.status, request_id or None)
+        return reply(result, request_id)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        return await generate(CHAT)
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await generate(COMPLETIONS)
+
+    @app.post("/v1/embeddings")
+    async def embeddings() -> Response:
+        return await generate(EMBEDDINGS)
+
+    @app.post("/v1/responses")
+    async def responses() -> Response:
+        return await generate(RESPONSES)
+
+    @app.post("/v1/messages")
+    async def anthropic_messages() -> Response:
+        return await generate(ANTHROPIC_MESSAGES)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        models = pipeline.models.models()
+        payload = model_list([name for name, _ in models])
+        created = dict(models)
+        for entry in payload["data"]:  # type: ignore[attr-defined]
+            entry["created"] = created[entry["id"]]
+        return json_response(payload)
+
+    @app.get("/health")
+    async def health() -> Response:
+        ready = not pipeline.shutting_down
+        payload = {
+            "status": "healthy" if ready else "shutting down",
+            "uptime": round(time.monotonic() - started, 3),
+            "models": [name for name, _ in pipeline.models.models()],
+        }
+        return json_response(payload, 200 if ready else 503)
+
+    @app.get("/live")
+    async def live() -> Response:
+        return json_response({"status": "live"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return app.response_class(encode(pipeline.runtime.registry), content_type=content_type)
+
+    @app.get("/debug/requests")
+    async def debug_requests() -> Response:
+        return json_response(pipeline.runtime.inflight())
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        message = {
+            404: f"No route {request.method} {request.path}.",
+            405: f"Method {request.method} is not allowed on {request.path}.",
+            413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
+        }.get(status, error.description or reason_phrase(status))
+        api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
+        return json_response(api.error_body(status, message), status)
+
+    @app.errorhandler(Exception)
+    async def internal_error(error: Exception) -> Response:
+        _log.exception("unhandled error on %s %s", request.method, request.path)
+        api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
+        return json_response(api.error_body(500, "Internal server error."), 500)
+
+    return app
+
+
+async def serve_frontend(
+    runtime: DistributedRuntime,
+    config: FrontendConfig,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_timeout: float = 5.0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns.
+
+    Reports the bound URL (``http://host:port``) through ``task_status``.  On
+    shutdown, the requests in flight are stopped (they drain, and their scopes
+    kill them after ``stop_grace``), and hypercorn gives them
+    ``graceful_timeout`` seconds before closing the connections.
+    """
+    async with trio.open_nursery() as nursery:
+        pipeline = Pipeline(runtime, config, nursery)
+        await pipeline.start()
+        app = build_app(pipeline)
+
+        async def shutdown() -> None:
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            else:
+                await shutdown_trigger()
+            _log.info("frontend shutting down: draining %d request(s)", pipeline.in_flight)
+            pipeline.shutdown()
+
+        binds: list[str] = await nursery.start(
+            _serve, app, _hypercorn_config(config, graceful_timeout), shutdown
+        )
+        _log.info("frontend listening on %s", binds[0])
+        task_status.started(binds[0])
+
+
+async def _serve(
+    app: QuartTrio,
+    config: HypercornConfig,
+    shutdown: Callable[[], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)
+
+
+def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hypercorn = HypercornConfig()
+    hypercorn.bind = [f"{host}:{config.port}"]
+    hypercorn.accesslog = None
+    hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
+    hypercorn.graceful_timeout = graceful_timeout
+    hypercorn.keep_alive_timeout = 30
+    return hypercorn

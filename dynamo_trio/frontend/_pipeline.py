@@ -1,0 +1,323 @@
+"""A request's walk through the frontend, and where a hang-up meets its context.
+
+Theory of operation
+===================
+
+The HTTP view never runs the request's work itself.  It validates the body,
+finds the model, makes the request's :class:`~dynamo_trio.Context`, and starts
+a *producer* task in the frontend's own nursery, running under
+``context.scope()``.  The producer calls the model's worker (linking the
+call's context under the request's), turns engine items into the API's wire
+shape, and hands the results to the view through a small memory channel.
+
+That split is what makes hang-ups precise.  When the client goes away,
+quart-trio cancels the *view* (before the response started: phase 1) or the
+*SSE body* (mid-stream: phase 2); both then call
+:meth:`~dynamo_trio.frontend._lifecycle.RequestLifecycle.client_gone`
+synchronously, which kills (or stops) the request's context with reason
+``client disconnect``.  The producer is not torn down from under the worker
+call by the HTTP layer's cancellation: the kill reaches the linked call first,
+the worker sees *why*, and the producer's scope then ends the local work.
+With the ``stop`` policy the producer keeps reading the worker's drain (for
+usage) and discards it, until the worker finishes or ``stop_grace`` passes.
+
+A streaming request waits for the engine's first item before answering, so an
+error that happens before any output (no instances, a bad argument caught by
+the worker) is an HTTP error with the right status; later errors end the
+stream with the API's error event.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import trio
+
+from .._context import CancelReason, Context
+from .._errors import DynamoError
+from ..llm import (
+    EmbeddingRequest,
+    Generation,
+    embedding_response,
+    parse_embedding_request,
+    status_for_error,
+)
+from ..metrics import FrontendMetrics
+from ._body import StreamBody
+from ._lifecycle import RequestLifecycle
+from ._models import ModelRegistry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._config import FrontendConfig
+    from ..metrics import FrontendRequestTracker
+    from ..runtime import DistributedRuntime
+    from ._apis import EmbeddingsApi, TextApi
+    from ._models import ModelRoute
+
+__all__ = ["JsonReply", "Pipeline", "StreamReply"]
+
+_log = logging.getLogger("dynamo_trio.frontend")
+
+# Chunks a producer may run ahead of a slow HTTP client; beyond that the
+# worker is slowed down through the request plane's credits.
+_CHANNEL_DEPTH: Final = 16
+
+
+@dataclass(frozen=True)
+class JsonReply:
+    """Answer with this JSON object and status."""
+
+    status: int
+    payload: dict[str, object]
+
+
+@dataclass(frozen=True)
+class StreamReply:
+    """Answer with this server-sent event stream."""
+
+    body: StreamBody
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The request failed before any byte of the response was produced."""
+
+    status: int
+    message: str
+    error_type: str
+
+
+_Event = bytes | JsonReply | _Failed
+
+
+class _Emitter:
+    """Sends to the view; once the client is gone, quietly discards instead."""
+
+    def __init__(self, send: trio.MemorySendChannel[_Event]) -> None:
+        self._send = send
+        self.sent_any = False
+        self.broken = False
+
+    async def __call__(self, event: _Event) -> None:
+        if self.broken:
+            return
+        try:
+            await self._send.send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.broken = True
+        else:
+            self.sent_any = True
+
+
+class Pipeline:
+    """Runs frontend requests: model lookup, worker call, shaping, cancellation."""
+
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        config: FrontendConfig,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.runtime: Final = runtime
+        self.config: Final = config
+        self.metrics: Final = FrontendMetrics(runtime.registry)
+        self.models: Final = ModelRegistry(runtime, config.namespace, config.router_mode)
+        self._nursery = nursery
+        self._contexts: set[Context] = set()
+        self.shutting_down = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._contexts)
+
+    async def start(self) -> None:
+        await self.models.start()
+
+    def shutdown(self) -> None:
+        """Stop every request in flight (they drain; their scopes kill them after the grace)."""
+        self.shutting_down = True
+        for context in tuple(self._contexts):
+            context.stop(CancelReason.SHUTDOWN)
+
+    # ------------------------------------------------------------------ entry points
+
+    async def text(self, api: TextApi, payload: object, request_id: str) -> JsonReply | StreamReply:
+        """Serve one text-generating request.
+
+        Raises:
+            RequestError: bad input (400) or an unknown model (404).
+        """
+        request = api.parse(payload)
+        route = self.models.route(request.model, api.model_type)
+        request_type = "stream" if request.stream else "unary"
+        lifecycle = self._lifecycle(request.model, api.label, request_type, request_id)
+        produce = self._stream_text if request.stream else self._unary_text
+        return await self._run(lifecycle, api.error_body, produce, api, request, route)
+
+    async def embeddings(
+        self, api: EmbeddingsApi, payload: object, request_id: str
+    ) -> JsonReply | StreamReply:
+        """Serve one embeddings request (always unary)."""
+        request = parse_embedding_request(payload)
+        route = self.models.route(request.model, api.model_type)
+        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id)
+        return await self._run(lifecycle, api.error_body, self._embed, request, route)
+
+    def _lifecycle(
+        self, model: str, label: Any, request_type: Any, request_id: str
+    ) -> RequestLifecycle:
+        context = Context(request_id)
+        context.attributes.update(model=model, route=label, kind=request_type)
+        tracker = self.metrics.start_request(model, label, request_type)
+        return RequestLifecycle(
+            context,
+            tracker,
+            policy=self.config.on_disconnect,
+            request_kind=f"{label} {request_type}",
+        )
+
+    # ------------------------------------------------------------------ the view's side
+
+    async def _run(
+        self,
+        lifecycle: RequestLifecycle,
+        error_body: Callable[[int, str], dict[str, object]],
+        produce: Any,
+        *args: Any,
+    ) -> JsonReply | StreamReply:
+        send, receive = trio.open_memory_channel[_Event](_CHANNEL_DEPTH)
+        self._nursery.start_soon(self._produce, lifecycle, send, produce, *args)
+        try:
+            first = await receive.receive()
+        except trio.EndOfChannel:
+            receive.close()
+            # Nothing was produced: the request was cancelled on our side.
+            return JsonReply(503, error_body(503, "the frontend is shutting down"))
+        except BaseException:
+            # The view was cancelled: the client left before the first byte (phase 1).
+            lifecycle.client_gone()
+            receive.close()
+            raise
+        if isinstance(first, bytes):
+            # Once a stream has started, its producer only ever sends bytes.
+            chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
+            keepalive = self.config.keepalive_interval
+            return StreamReply(StreamBody(first, chunks, lifecycle, keepalive=keepalive))
+        receive.close()
+        if isinstance(first, _Failed):
+            return JsonReply(first.status, error_body(first.status, first.message))
+        return first
+
+    # ------------------------------------------------------------------ the producer's side
+
+    async def _produce(
+        self,
+        lifecycle: RequestLifecycle,
+        send: trio.MemorySendChannel[_Event],
+        produce: Any,
+        *args: Any,
+    ) -> None:
+        context = lifecycle.context
+        emit = _Emitter(send)
+        grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
+        self._contexts.add(context)
+        try:
+            with self.runtime.track(context):
+                async with send:
+                    status, error_type = await self._guarded(produce, emit, lifecycle, grace, *args)
+            lifecycle.tracker.finish(status, error_type)
+        finally:
+            self._contexts.discard(context)
+            lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above did not run
+
+    async def _guarded(
+        self,
+        produce: Any,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        grace: float | None,
+        *args: Any,
+    ) -> tuple[Any, str | None]:
+        """Run ``produce`` in the request's scope; turn failures into the API's errors."""
+        context = lifecycle.context
+        state: dict[str, Any] = {}
+        try:
+            async with context.scope(drain_grace=grace):
+                await produce(emit, lifecycle, state, *args)
+        except DynamoError as exc:
+            status = status_for_error(exc)
+            if not context.is_stopped():
+                _log.warning("request %s failed: %s", context.id(), exc)
+            message = exc.message or str(exc)
+            if emit.sent_any and "events" in state:
+                await emit(state["fail"](status, message))
+            else:
+                await emit(_Failed(status, message, exc.error_type))
+            return "error", exc.error_type
+        if context.is_killed() and not lifecycle.client_is_gone:
+            return "error", "cancelled"
+        return "success", None
+
+    async def _unary_text(
+        self,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        state: dict[str, Any],
+        api: TextApi,
+        request: Any,
+        route: ModelRoute,
+    ) -> None:
+        generation = Generation()
+        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+            async for item in stream:
+                data = item.data()
+                _count_tokens(lifecycle.tracker, data)
+                generation.feed(data)
+        await emit(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
+
+    async def _stream_text(
+        self,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        state: dict[str, Any],
+        api: TextApi,
+        request: Any,
+        route: ModelRoute,
+    ) -> None:
+        events = api.open_stream(request, lifecycle.context.id())
+        state["events"] = events
+        state["fail"] = lambda status, message: api.fail_stream(events, status, message)
+        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+            async for item in stream:
+                data = item.data()
+                _count_tokens(lifecycle.tracker, data)
+                chunks = events.feed(data)
+                if chunks:
+                    await emit(api.encode(chunks))
+        await emit(api.encode(events.finish()) + api.done)
+
+    async def _embed(
+        self,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        state: dict[str, Any],
+        request: EmbeddingRequest,
+        route: ModelRoute,
+    ) -> None:
+        output: object = None
+        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+            async for item in stream:
+                output = item.data()
+        await emit(JsonReply(200, embedding_response(request, output)))
+
+
+def _count_tokens(tracker: FrontendRequestTracker, data: object) -> None:
+    if not isinstance(data, dict):
+        return
+    token_ids = data.get("token_ids")
+    count = len(token_ids) if isinstance(token_ids, list) else (1 if data.get("text") else 0)
+    tracker.tokens(count)

@@ -1,0 +1,51 @@
+"""Serving the mock engine as a worker: its endpoints and the models it registers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._engine import MockEngine
+
+if TYPE_CHECKING:
+    from ..runtime import DistributedRuntime
+    from ._settings import MockerSettings
+
+__all__ = ["serve_mocker"]
+
+_log = logging.getLogger("dynamo_trio.mocker")
+
+
+async def serve_mocker(
+    runtime: DistributedRuntime,
+    settings: MockerSettings,
+    *,
+    model_name: str | None,
+    embedding_model_name: str | None = None,
+    namespace: str = "dynamo",
+    component: str = "mocker",
+) -> None:
+    """Serve the mock engine until the runtime shuts down.
+
+    ``model_name`` is registered as a chat and a completions model on
+    ``{namespace}/{component}/generate``; ``embedding_model_name`` as an
+    embeddings model on ``{namespace}/{component}/embed``.
+    """
+    if model_name is None and embedding_model_name is None:
+        raise ValueError("give a model name, an embedding model name, or both")
+    engine = MockEngine(settings)
+    service = runtime.namespace(namespace).component(component)
+    async with trio.open_nursery() as nursery:
+        if model_name is not None:
+            generate = service.endpoint("generate")
+            await nursery.start(generate.serve_endpoint, engine.generate)
+            await generate.register_model(model_name, "chat")
+            await generate.register_model(model_name, "completions")
+            _log.info("serving %s (chat, completions) at %s", model_name, generate.path)
+        if embedding_model_name is not None:
+            embed = service.endpoint("embed")
+            await nursery.start(embed.serve_endpoint, engine.embed)
+            await embed.register_model(embedding_model_name, "embeddings")
+            _log.info("serving %s (embeddings) at %s", embedding_model_name, embed.path)

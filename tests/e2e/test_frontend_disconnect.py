@@ -1,0 +1,235 @@
+"""A client hanging up on the frontend cancels the work on the worker (SPEC §6, seed phases 1-2).
+
+A real frontend process and a real worker process; the client is a raw socket
+(so the test chooses between a FIN and a reset), httpx, or the openai client.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import uuid
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+# httpx 0.28 (and the openai client on top of it) leaves its chain of nested
+# async generators to the garbage collector when a caller abandons a stream
+# (encode/httpx#3777), which trio reports as a ResourceWarning.  Abandoning
+# streams is the point of the tests marked with this.
+abandons_httpx_stream = pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnraisableExceptionWarning"
+)
+
+ROUTES = {
+    "chat_completions": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    "completions": ("/v1/completions", {"prompt": "hi"}),
+    "responses": ("/v1/responses", {"input": "hi"}),
+    "anthropic_messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}]}),
+}
+
+
+async def open_raw(stack: Stack, path: str, body: dict[str, Any], request_id: str) -> Any:
+    """Send a POST on a raw socket and return the socket stream, response unread."""
+    parts = urlsplit(stack.url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.hostname}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        f"x-request-id: {request_id}\r\n\r\n"
+    )
+    await stream.send_all(head.encode() + data)
+    return stream
+
+
+async def read_until(stream: Any, marker: bytes, count: int) -> bytes:
+    received = b""
+    with trio.fail_after(10):
+        while received.count(marker) < count:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the frontend closed the stream early: {received!r}"
+            received += chunk
+    return received
+
+
+async def hang_up(stream: Any, how: str) -> None:
+    if how == "rst":
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await stream.aclose()
+
+
+async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: float = 2.0) -> None:
+    exit_event = await stack.worker.wait_for("exit", id=request_id, within=within)
+    assert exit_event["state"] == "KILLED", exit_event
+    assert exit_event["reason"] == "client disconnect", exit_event
+    assert exit_event["how"] in {"Cancelled", "GeneratorExit"}, exit_event
+
+
+@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("route", ["chat_completions", "completions"])
+async def test_hang_up_before_the_response_starts_unary(
+    stack: Callable[..., Any], route: str, how: str
+) -> None:
+    running = await stack()
+    path, body = ROUTES[route]
+    request_id = f"unary-{uuid.uuid4()}"
+    stream = await open_raw(running, path, {**body, "model": "prefill"}, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await hang_up(stream, how)
+    await assert_killed_on_worker(running, request_id)
+    labels = {"endpoint": route, "request_type": "unary", "model": "prefill"}
+    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_hang_up_before_the_first_byte_of_a_stream(
+    stack: Callable[..., Any], route: str
+) -> None:
+    running = await stack()
+    path, body = ROUTES[route]
+    request_id = f"prefill-{uuid.uuid4()}"
+    payload = {**body, "model": "prefill", "stream": True, "max_tokens": 100}
+    stream = await open_raw(running, path, payload, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await hang_up(stream, "fin")
+    await assert_killed_on_worker(running, request_id)
+    labels = {"endpoint": route, "request_type": "stream"}
+    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+
+
+@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
+    running = await stack()
+    path, body = ROUTES[route]
+    request_id = f"stream-{uuid.uuid4()}"
+    payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
+    stream = await open_raw(running, path, payload, request_id)
+    await read_until(stream, b"data:", 5)
+    await hang_up(stream, how)
+    await assert_killed_on_worker(running, request_id)
+    labels = {"endpoint": route, "request_type": "stream", "model": "mock"}
+    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+    assert await running.metric("dynamo_frontend_inflight_requests") == 0
+
+
+async def test_hang_up_on_embeddings_is_counted_and_cancels(stack: Callable[..., Any]) -> None:
+    running = await stack()
+    request_id = f"embed-{uuid.uuid4()}"
+    stream = await open_raw(
+        running, "/v1/embeddings", {"model": "slow-embed", "input": "hi"}, request_id
+    )
+    await running.worker.wait_for("start", id=request_id)
+    await hang_up(stream, "fin")
+    await assert_killed_on_worker(running, request_id)
+    labels = {"endpoint": "embeddings", "request_type": "unary", "model": "slow-embed"}
+    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+
+
+async def test_stop_policy_lets_the_worker_drain(stack: Callable[..., Any]) -> None:
+    running = await stack("--on-disconnect", "stop", "--stop-grace", "3")
+    request_id = f"stop-{uuid.uuid4()}"
+    path, body = ROUTES["chat_completions"]
+    payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
+    stream = await open_raw(running, path, payload, request_id)
+    await read_until(stream, b"data:", 3)
+    await hang_up(stream, "fin")
+    exit_event = await running.worker.wait_for("exit", id=request_id, within=3)
+    # Stopped, not killed: the engine finished on its own with a "cancelled" item and usage.
+    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
+    assert exit_event["how"] == "returned"
+    assert exit_event["last"]["finish_reason"] == "cancelled"
+    assert exit_event["last"]["usage"]["completion_tokens"] >= 1
+    labels = {"endpoint": "chat_completions", "request_type": "stream"}
+    with trio.fail_after(3):
+        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+
+
+@abandons_httpx_stream
+async def test_httpx_leaving_a_stream_cancels_it(stack: Callable[..., Any]) -> None:
+    running = await stack()
+    request_id = f"httpx-{uuid.uuid4()}"
+    async with httpx.AsyncClient(base_url=running.url) as http:
+        body = {"model": "mock", "prompt": "hi", "stream": True, "max_tokens": 10_000}
+        headers = {"x-request-id": request_id}
+        async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+            assert response.headers["x-request-id"] == request_id
+            events = 0
+            async for line in response.aiter_lines():
+                events += line.startswith("data:")
+                if events == 3:
+                    break
+    await assert_killed_on_worker(running, request_id)
+
+
+@abandons_httpx_stream
+async def test_openai_client_closing_a_stream_cancels_it(stack: Callable[..., Any]) -> None:
+    running = await stack()
+    request_id = f"openai-{uuid.uuid4()}"
+    client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="none", max_retries=0)
+    async with client:
+        stream = await client.chat.completions.create(
+            model="mock",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            max_tokens=10_000,
+            extra_headers={"x-request-id": request_id},
+        )
+        chunks = 0
+        async for _ in stream:
+            chunks += 1
+            if chunks == 3:
+                break
+        await stream.close()
+    await assert_killed_on_worker(running, request_id)
+
+
+async def test_the_frontend_counter_is_exact_over_many_requests(stack: Callable[..., Any]) -> None:
+    running = await stack(inter_token_latency_ms=2.0)
+    cancelled = 0
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+
+        async def complete(i: int) -> None:
+            body = {"model": "mock", "prompt": f"p{i}", "max_tokens": 5, "stream": i % 2 == 0}
+            response = await http.post("/v1/completions", json=body)
+            assert response.status_code == 200
+
+        async def abandon(i: int) -> None:
+            nonlocal cancelled
+            path, body = ROUTES["chat_completions"]
+            payload = {**body, "model": "mock", "stream": i % 2 == 0, "max_tokens": 10_000}
+            stream = await open_raw(running, path, payload, f"abandon-{i}")
+            await running.worker.wait_for("start", id=f"abandon-{i}")
+            await hang_up(stream, "rst" if i % 3 else "fin")
+            cancelled += 1
+
+        async with trio.open_nursery() as nursery:
+            for i in range(60):
+                nursery.start_soon(complete, i)
+            for i in range(12):
+                nursery.start_soon(abandon, i)
+    for i in range(12):
+        await assert_killed_on_worker(running, f"abandon-{i}")
+    assert cancelled == 12
+    assert await running.metric("dynamo_frontend_model_cancellation_total") == 12
+    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 12
+    succeeded = await running.metric("dynamo_frontend_requests_total", status="success")
+    assert succeeded == 60
