@@ -8,13 +8,14 @@ decoded view of a prefix on top of any of them; :mod:`._records` defines the
 records the runtime stores and their keys.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from ._base import (
     Discovery as Discovery,
     DiscoveryError as DiscoveryError,
     Watch as Watch,
     WatchEvent as WatchEvent,
 )
-from ._etcd import EtcdDiscovery as EtcdDiscovery
 from ._file import FileDiscovery as FileDiscovery
 from ._memory import (
     MemoryDiscovery as MemoryDiscovery,
@@ -34,6 +35,19 @@ from ._records import (
     model_prefix as model_prefix,
 )
 from ._view import PrefixView as PrefixView, view_prefix as view_prefix
+
+if _TYPE_CHECKING:
+    from ._etcd import EtcdDiscovery as EtcdDiscovery
+
+
+def __getattr__(name: str) -> object:
+    # EtcdDiscovery is loaded on first use: it brings httpx, which processes on
+    # the file or mem backends never need (start-up time and memory).
+    if name == "EtcdDiscovery":
+        from ._etcd import EtcdDiscovery
+
+        return EtcdDiscovery
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Discovery",

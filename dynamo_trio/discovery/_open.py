@@ -5,7 +5,6 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from ._etcd import EtcdDiscovery
 from ._file import FileDiscovery
 from ._memory import MemoryDiscovery
 
@@ -38,6 +37,9 @@ def make_discovery(
         case "file":
             return FileDiscovery(config)
         case "etcd":
+            # Imported here: httpx is only needed by processes that use etcd.
+            from ._etcd import EtcdDiscovery
+
             return EtcdDiscovery(config)
         case other:
             raise ValueError(f"unknown discovery backend {other!r} (mem, file or etcd)")
