@@ -138,20 +138,22 @@ async def _watch_signals(stop: trio.Event, scope: trio.CancelScope) -> None:
 
 async def run_frontend(config: Config, *, stop: trio.Event | None = None) -> None:
     """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return."""
-    stop = stop or trio.Event()
+    if stop is None:
+        stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, stop, nursery.cancel_scope)
-        url: str = await nursery.start(
-            partial(
-                serve_frontend,
-                runtime,
-                config.frontend,
-                shutdown_trigger=stop.wait,
-                graceful_timeout=config.worker.shutdown_grace,
+        async with trio.open_nursery() as serving:
+            url: str = await serving.start(
+                partial(
+                    serve_frontend,
+                    runtime,
+                    config.frontend,
+                    shutdown_trigger=stop.wait,
+                    graceful_timeout=config.worker.shutdown_grace,
+                )
             )
-        )
-        print(f"dynamo-trio frontend listening on {url}", flush=True)
-        await stop.wait()
+            print(f"dynamo-trio frontend listening on {url}", flush=True)
+        nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
 
 

@@ -85,6 +85,7 @@ class FrameConnection:
         self._on_close = on_close
         self._writer_wakeup: trio.Event | None = None
         self._scope: trio.CancelScope | None = None
+        self._reader_scope: trio.CancelScope | None = None
         self._last_received = 0.0
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
@@ -123,6 +124,16 @@ class FrameConnection:
         if self._scope is not None:
             self._scope.cancel()
 
+    def shutdown(self, reason: str) -> None:
+        """End the connection gracefully (idempotent, synchronous).
+
+        No new frame can be queued; what is already queued (a ``goaway``, a
+        ``close``) is still sent, then the connection lingers briefly and closes.
+        """
+        self._declare_closed(reason)
+        if self._reader_scope is not None:
+            self._reader_scope.cancel()
+
     def _declare_closed(self, reason: str) -> None:
         if self.close_reason is None:
             self.close_reason = reason
@@ -141,10 +152,13 @@ class FrameConnection:
                     heartbeat = trio.CancelScope()
                     nursery.start_soon(self._write_loop)
                     nursery.start_soon(self._heartbeat_loop, heartbeat)
-                    await self._read_loop()
-                    # The reader ended on its own (EOF or a protocol error): let the
-                    # writer deliver what is queued (say, a close frame explaining
-                    # why), briefly, instead of dropping it.
+                    with trio.CancelScope() as self._reader_scope:
+                        if self.close_reason is not None:
+                            self._reader_scope.cancel()  # shut down before it ran
+                        await self._read_loop()
+                    # The reader ended on its own (EOF, a protocol error, a graceful
+                    # shutdown): let the writer deliver what is queued (a close or
+                    # goaway frame saying why), briefly, instead of dropping it.
                     heartbeat.cancel()
                     self._draining = True
                     self._wake_writer()

@@ -295,10 +295,17 @@ class RequestPlaneServer:
         for session in tuple(self._sessions):
             session.go_away()
 
-    def close_all(self, reason: str = "server shutting down") -> None:
-        """Close every connection now (their streams are killed as transport loss)."""
+    def close_all(self, reason: str = "server shutting down", *, graceful: bool = False) -> None:
+        """Close every connection (streams still open on one are killed as transport loss).
+
+        With ``graceful``, frames already queued (the ``goaway``) are sent first
+        and each connection lingers briefly; otherwise it is cut at once.
+        """
         for session in tuple(self._sessions):
-            session.connection.close(reason)
+            if graceful:
+                session.connection.shutdown(reason)
+            else:
+                session.connection.close(reason)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         try:

@@ -326,7 +326,7 @@ class DistributedRuntime:
             with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
                 await self._inflight.wait_empty()
         if server is not None:
-            server.close_all()
+            server.close_all(graceful=True)
         self._status_stop.set()
 
     # ------------------------------------------------------------------ calling

@@ -207,3 +207,21 @@ async def test_leaving_the_runtime_leaves_no_tasks_or_sockets(nursery: trio.Nurs
     await trio.testing.wait_all_tasks_blocked()
     assert _tasks() == tasks
     assert _open_fds() == fds
+
+
+async def test_an_idle_worker_says_goaway_before_closing(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def echo(request: Any) -> AsyncIterator[Any]:
+        yield request
+
+    client = await cluster.serve(echo)
+    assert [i.data() async for i in await client.generate(1)] == [1]
+    [connection] = cluster.caller._pool().connections()
+    cluster.worker.shutdown()
+    with trio.fail_after(3):
+        await cluster.worker.wait_shut_down()
+        while not connection.closed:  # noqa: ASYNC110 - watching another task's socket
+            await trio.sleep(0.01)
+    assert connection.drained  # the goaway reached us before the connection closed
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
