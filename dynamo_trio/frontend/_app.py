@@ -27,10 +27,11 @@ from hypercorn.trio import serve
 from prometheus_client.exposition import choose_encoder
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..llm import RequestError, model_list, reason_phrase
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from ._guard import HangUpGuard
 from ._pipeline import JsonReply, Pipeline, StreamReply
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
         response.headers["x-request-id"] = request_id
         return response
 
-    async def read_json() -> object:
+    def decode_json(body: bytes) -> object:
         content_type = request.mimetype
         if content_type and content_type not in _JSON_TYPES:
             raise RequestError(
@@ -91,7 +92,6 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
                 f"Content-Type must be application/json, not {content_type!r}.",
                 code="unsupported_media_type",
             )
-        body = await request.get_data(cache=False)
         try:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -109,17 +109,25 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
             )
         return given
 
+    def reply_id() -> str:
+        """The id an error reply carries: the client's if valid (never echo an invalid one)."""
+        given = request.headers.get("x-request-id")
+        if given is not None and _REQUEST_ID.fullmatch(given):
+            return given
+        return str(uuid.uuid4())
+
     async def generate(api: TextApi | EmbeddingsApi) -> Response:
-        request_id = request.headers.get("x-request-id") or ""
+        # The body is read before anything can refuse the request: see keep_alive_safe.
+        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         try:
             request_id = request_id_from_headers()
-            payload = await read_json()
+            payload = decode_json(body)
             if api is EMBEDDINGS:
                 result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
             else:
                 result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
         except RequestError as exc:
-            return json_response(api.request_error_body(exc), exc.status, request_id or None)
+            return json_response(api.request_error_body(exc), exc.status, reply_id())
         return reply(result, request_id)
 
     @app.post("/v1/chat/completions")
@@ -174,6 +182,25 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     async def debug_requests() -> Response:
         return json_response(pipeline.runtime.inflight())
 
+    async def keep_alive_safe(response: Response) -> Response:
+        """Consume the rest of the request body before answering, or close the connection.
+
+        Hypercorn recycles a keep-alive connection only once the request body
+        has been read; otherwise it closes the connection from inside the
+        response's send, where quart-trio's end-of-request cancellation
+        interrupts it, leaving the socket open but dead: the client's next
+        request on it would hang.  A body that cannot be read (over the size
+        limit) gets ``Connection: close`` instead, so the client does not reuse it.
+        """
+        if response.status_code == 413:
+            response.headers["Connection"] = "close"
+            return response
+        try:
+            await request.get_data(cache=False)
+        except Exception:
+            response.headers["Connection"] = "close"
+        return response
+
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         status = error.code or 500
@@ -183,13 +210,17 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
             413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
         }.get(status, error.description or reason_phrase(status))
         api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        return json_response(api.error_body(status, message), status)
+        response = json_response(api.error_body(status, message), status, reply_id())
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:
+            response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
+        return await keep_alive_safe(response)
 
     @app.errorhandler(Exception)
     async def internal_error(error: Exception) -> Response:
         _log.exception("unhandled error on %s %s", request.method, request.path)
         api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        return json_response(api.error_body(500, "Internal server error."), 500)
+        response = json_response(api.error_body(500, "Internal server error."), 500, reply_id())
+        return await keep_alive_safe(response)
 
     return app
 
@@ -223,14 +254,14 @@ async def serve_frontend(
             pipeline.shutdown()
 
         binds: list[str] = await nursery.start(
-            _serve, app, _hypercorn_config(config, graceful_timeout), shutdown
+            _serve, HangUpGuard(app), _hypercorn_config(config, graceful_timeout), shutdown
         )
         _log.info("frontend listening on %s", binds[0])
         task_status.started(binds[0])
 
 
 async def _serve(
-    app: QuartTrio,
+    app: HangUpGuard,
     config: HypercornConfig,
     shutdown: Callable[[], Awaitable[None]],
     *,

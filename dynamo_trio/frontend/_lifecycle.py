@@ -28,7 +28,7 @@ from .._context import CancelReason
 if TYPE_CHECKING:
     from .._config import DisconnectPolicy
     from .._context import Context
-    from ..metrics import FrontendRequestTracker, FrontendStatus
+    from ..metrics import FrontendRequestTracker
 
 __all__ = ["RequestLifecycle"]
 
@@ -38,7 +38,7 @@ _log = logging.getLogger("dynamo_trio.frontend")
 class RequestLifecycle:
     """Binds a request's context to its metrics tracker and the disconnect policy."""
 
-    __slots__ = ("_gone", "_policy", "context", "request_kind", "tracker")
+    __slots__ = ("_delivered", "_gone", "_policy", "context", "request_kind", "tracker")
 
     def __init__(
         self,
@@ -53,14 +53,22 @@ class RequestLifecycle:
         self.request_kind: Final = request_kind
         self._policy: Final = policy
         self._gone = False
+        self._delivered = False
 
     @property
     def client_is_gone(self) -> bool:
         return self._gone
 
+    def delivered(self) -> None:
+        """The whole response was handed to the HTTP server: a later hang-up is moot."""
+        self._delivered = True
+
     def client_gone(self) -> None:
-        """The client hung up before the response was complete (idempotent, synchronous)."""
-        if self._gone or self.tracker.finished:
+        """The client hung up before the response was complete (idempotent, synchronous).
+
+        A no-op once the response was delivered or the request had ended.
+        """
+        if self._gone or self._delivered or self.tracker.finished:
             return
         self._gone = True
         context = self.context
@@ -75,10 +83,3 @@ class RequestLifecycle:
             context.stop(CancelReason.CLIENT_DISCONNECT)
         else:
             context.kill(CancelReason.CLIENT_DISCONNECT)
-
-    def finish(self, status: FrontendStatus = "success", error_type: str | None = None) -> None:
-        """Record how the request ended (the first call counts)."""
-        if self._gone:
-            self.tracker.finish("error", "cancelled")
-        else:
-            self.tracker.finish(status, error_type)

@@ -18,6 +18,9 @@ synchronously, which kills (or stops) the request's context with reason
 ``client disconnect``.  The producer is not torn down from under the worker
 call by the HTTP layer's cancellation: the kill reaches the linked call first,
 the worker sees *why*, and the producer's scope then ends the local work.
+A third net, :class:`~dynamo_trio.frontend._guard.HangUpGuard`, catches the
+one window quart leaves between the two (after the view returned, before the
+body began): however the HTTP request ends, an undelivered response cancels.
 With the ``stop`` policy the producer keeps reading the worker's drain (for
 usage) and discards it, until the worker finishes or ``stop_grace`` passes.
 
@@ -46,6 +49,7 @@ from ..llm import (
 )
 from ..metrics import FrontendMetrics
 from ._body import StreamBody
+from ._guard import bind_to_request
 from ._lifecycle import RequestLifecycle
 from ._models import ModelRegistry
 
@@ -173,12 +177,14 @@ class Pipeline:
         context = Context(request_id)
         context.attributes.update(model=model, route=label, kind=request_type)
         tracker = self.metrics.start_request(model, label, request_type)
-        return RequestLifecycle(
+        lifecycle = RequestLifecycle(
             context,
             tracker,
             policy=self.config.on_disconnect,
             request_kind=f"{label} {request_type}",
         )
+        bind_to_request(lifecycle)
+        return lifecycle
 
     # ------------------------------------------------------------------ the view's side
 
@@ -208,6 +214,7 @@ class Pipeline:
             keepalive = self.config.keepalive_interval
             return StreamReply(StreamBody(first, chunks, lifecycle, keepalive=keepalive))
         receive.close()
+        lifecycle.delivered()  # the work is over: what remains is sending one JSON body
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message))
         return first
@@ -249,18 +256,29 @@ class Pipeline:
             async with context.scope(drain_grace=grace):
                 await produce(emit, lifecycle, state, *args)
         except DynamoError as exc:
-            status = status_for_error(exc)
             if not context.is_stopped():
                 _log.warning("request %s failed: %s", context.id(), exc)
-            message = exc.message or str(exc)
-            if emit.sent_any and "events" in state:
-                await emit(state["fail"](status, message))
-            else:
-                await emit(_Failed(status, message, exc.error_type))
+            await self._fail(emit, state, status_for_error(exc), exc.message or str(exc), exc)
             return "error", exc.error_type
+        except Exception as exc:
+            # A bug, not a client's doing: answer 500 and keep serving everyone else.
+            _log.exception("request %s failed unexpectedly", context.id())
+            await self._fail(emit, state, 500, "Internal server error.", exc)
+            return "error", "internal"
         if context.is_killed() and not lifecycle.client_is_gone:
             return "error", "cancelled"
         return "success", None
+
+    @staticmethod
+    async def _fail(
+        emit: _Emitter, state: dict[str, Any], status: int, message: str, exc: Exception
+    ) -> None:
+        """Tell the client: an HTTP error if nothing was sent yet, else the stream's error event."""
+        if emit.sent_any and "events" in state:
+            await emit(state["fail"](status, message))
+        else:
+            error_type = exc.error_type if isinstance(exc, DynamoError) else "internal"
+            await emit(_Failed(status, message, error_type))
 
     async def _unary_text(
         self,

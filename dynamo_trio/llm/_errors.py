@@ -47,10 +47,10 @@ from typing import Final
 
 from .._errors import (
     Cancelled,
+    CannotConnect,
     ConnectionTimeout,
     EngineShutdown,
     InvalidArgument,
-    NoInstances,
     ResourceExhausted,
     ResponseTimeout,
 )
@@ -211,9 +211,10 @@ def status_for_error(exc: BaseException) -> int:
     """The HTTP status a failed request is answered with.
 
     :class:`RequestError` keeps its own status.  Request-plane errors map as
-    the spec says: invalid argument 400, cancelled 499, no instances or a
-    shutting-down or saturated worker 503, timeouts 504, anything else
-    (including an :class:`~dynamo_trio.llm.EngineError`) 500.
+    the spec says: invalid argument 400, cancelled 499, no instances (none
+    listed, or none that can be connected to) or a shutting-down or saturated
+    worker 503, timeouts 504, anything else (including an
+    :class:`~dynamo_trio.llm.EngineError`) 500.
     """
     if isinstance(exc, RequestError):
         return exc.status
@@ -221,7 +222,8 @@ def status_for_error(exc: BaseException) -> int:
         return 400
     if isinstance(exc, Cancelled):
         return 499
-    if isinstance(exc, NoInstances | EngineShutdown | ResourceExhausted):
+    # CannotConnect (NoInstances is one): the request reached no worker.
+    if isinstance(exc, CannotConnect | EngineShutdown | ResourceExhausted):
         return 503
     if isinstance(exc, ConnectionTimeout | ResponseTimeout):
         return 504

@@ -74,7 +74,14 @@ async def hang_up(stream: Any, how: str) -> None:
 
 
 async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: float = 2.0) -> None:
-    exit_event = await stack.worker.wait_for("exit", id=request_id, within=within)
+    try:
+        exit_event = await stack.worker.wait_for("exit", id=request_id, within=within)
+    except trio.TooSlowError:
+        seen = [event for event in stack.worker.events if event.get("id") == request_id]
+        log = stack.frontend.stderr.decode(errors="replace")[-3000:]
+        raise AssertionError(
+            f"no exit for {request_id} within {within}s; worker saw {seen}; frontend log:\n{log}"
+        ) from None
     assert exit_event["state"] == "KILLED", exit_event
     assert exit_event["reason"] == "client disconnect", exit_event
     assert exit_event["how"] in {"Cancelled", "GeneratorExit"}, exit_event

@@ -10,6 +10,7 @@ from openai.types.shared import ErrorObject
 
 from dynamo_trio import (
     Cancelled,
+    CannotConnect,
     ConnectionTimeout,
     Disconnected,
     EngineShutdown,
@@ -127,6 +128,7 @@ def test_reason_phrase(status: int, phrase: str) -> None:
         (InvalidArgument("bad"), 400),
         (Cancelled("gone"), 499),
         (NoInstances("none"), 503),
+        (CannotConnect("no instance could be reached"), 503),
         (EngineShutdown("bye"), 503),
         (ResourceExhausted("full"), 503),
         (ConnectionTimeout("slow"), 504),

@@ -1,0 +1,69 @@
+"""The last line of defence: whatever ends an HTTP request, undelivered work is cancelled.
+
+The view and the SSE body notice a hang-up in the two places quart lets them
+(:mod:`._pipeline`), but there is a window between them: after the view has
+returned its streaming response and before quart enters the body, quart sends
+the response head, and a cancellation arriving there skips the body entirely,
+``__aexit__`` included.  Nothing inside quart would then tell the request's
+work that nobody is listening.
+
+:class:`HangUpGuard` wraps the ASGI app.  Each HTTP request gets a slot in a
+context variable (quart-trio's request tasks inherit it); the pipeline binds
+the request's lifecycle to it; and the guard's ``finally``, which runs however
+the request ends, calls :meth:`RequestLifecycle.client_gone`.  That is a no-op
+for a response that was delivered, or a request already cancelled, so the
+common paths are untouched and the window is closed.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+    from quart_trio import QuartTrio
+
+    from ._lifecycle import RequestLifecycle
+
+__all__ = ["HangUpGuard", "bind_to_request"]
+
+
+class _Slot:
+    __slots__ = ("lifecycle",)
+
+    def __init__(self) -> None:
+        self.lifecycle: RequestLifecycle | None = None
+
+
+_SLOT: Final[ContextVar[_Slot | None]] = ContextVar("dynamo_trio_request_slot", default=None)
+
+
+def bind_to_request(lifecycle: RequestLifecycle) -> None:
+    """Tie ``lifecycle`` to the HTTP request being handled (no-op outside the guard)."""
+    slot = _SLOT.get()
+    if slot is not None:
+        slot.lifecycle = lifecycle
+
+
+class HangUpGuard:
+    """ASGI middleware: an HTTP request that ends without delivering its response
+    cancels its work (see the module docstring)."""
+
+    def __init__(self, app: QuartTrio) -> None:
+        self.app: Final = app
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        slot = _Slot()
+        token = _SLOT.set(slot)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _SLOT.reset(token)
+            if slot.lifecycle is not None:
+                slot.lifecycle.client_gone()
