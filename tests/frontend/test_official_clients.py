@@ -1,0 +1,211 @@
+"""The official ``openai`` and ``anthropic`` clients parse every route into their own types.
+
+A client validates what it reads against its models, so these tests pin the
+frontend's compatibility with what real users run, on top of the wire-level
+checks of ``test_routes.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import TYPE_CHECKING
+
+import anthropic
+import openai
+import pytest
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseIncompleteEvent,
+    ResponseTextDeltaEvent,
+)
+
+from .conftest import openai_client_leaves_generators
+
+if TYPE_CHECKING:
+    from .conftest import StartStack
+
+pytestmark = pytest.mark.slow
+
+MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "hi"}]
+
+
+def openai_client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=10)
+
+
+def anthropic_client(url: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0, timeout=10)
+
+
+@openai_client_leaves_generators
+async def test_openai_chat_completions(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        completion = await client.chat.completions.create(
+            model="mock", messages=MESSAGES, max_tokens=3
+        )
+        stream = await client.chat.completions.create(
+            model="mock",
+            messages=MESSAGES,
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        no_usage = await client.chat.completions.create(
+            model="mock", messages=MESSAGES, max_tokens=3, stream=True
+        )
+        plain_chunks = [chunk async for chunk in no_usage]
+
+    assert isinstance(completion, ChatCompletion)
+    [choice] = completion.choices
+    assert choice.finish_reason == "length"
+    assert choice.message.role == "assistant"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 3
+    assert completion.usage.total_tokens == (
+        completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
+
+    assert all(isinstance(chunk, ChatCompletionChunk) for chunk in chunks)
+    *content_chunks, usage_chunk = chunks
+    text = "".join(c.choices[0].delta.content or "" for c in content_chunks)
+    assert text == choice.message.content
+    assert content_chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in content_chunks)
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage == completion.usage
+
+    assert all(chunk.usage is None and chunk.choices for chunk in plain_chunks)
+    assert plain_chunks[-1].choices[0].finish_reason == "length"
+
+
+@openai_client_leaves_generators
+async def test_openai_completions(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        completion = await client.completions.create(model="mock", prompt="hello", max_tokens=5)
+        stream = await client.completions.create(
+            model="mock",
+            prompt="hello",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+
+    assert isinstance(completion, Completion)
+    [choice] = completion.choices
+    assert choice.finish_reason == "length"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (1, 5)
+    assert all(isinstance(chunk, Completion) for chunk in chunks)
+    *text_chunks, usage_chunk = chunks
+    assert "".join(c.choices[0].text for c in text_chunks) == choice.text
+    assert text_chunks[-1].choices[0].finish_reason == "length"
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage == completion.usage
+
+
+async def test_openai_embeddings_float_and_base64(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        floats = await client.embeddings.create(
+            model="mock-embed", input=["a", "b c"], encoding_format="float"
+        )
+        # Left to itself the client asks for base64 and decodes it to floats.
+        decoded = await client.embeddings.create(model="mock-embed", input=["a", "b c"])
+        raw = await client.embeddings.create(
+            model="mock-embed", input="a", encoding_format="base64"
+        )
+
+    for response in (floats, decoded, raw):
+        assert isinstance(response, CreateEmbeddingResponse)
+        assert response.model == "mock-embed"
+    assert [d.index for d in floats.data] == [0, 1]
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == 3
+    for exact, unpacked in zip(floats.data, decoded.data, strict=True):
+        assert isinstance(exact.embedding, list)
+        assert len(exact.embedding) == 16
+        assert unpacked.embedding == pytest.approx(exact.embedding, rel=1e-6)
+    assert decoded.usage == floats.usage
+    packed = raw.data[0].embedding
+    assert isinstance(packed, str)
+    assert struct.unpack("<16f", base64.b64decode(packed)) == pytest.approx(
+        floats.data[0].embedding, rel=1e-6
+    )
+
+
+async def test_openai_responses(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        response = await client.responses.create(
+            model="mock", input="hi", max_output_tokens=3, instructions="be brief"
+        )
+        stream = await client.responses.create(
+            model="mock", input="hi", max_output_tokens=3, instructions="be brief", stream=True
+        )
+        events = [event async for event in stream]
+
+    assert isinstance(response, Response)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.instructions == "be brief"
+    assert response.usage is not None
+    assert response.usage.output_tokens == 3
+    assert response.usage.total_tokens == response.usage.input_tokens + 3
+    text = response.output_text
+    assert len(text.split()) == 3
+
+    assert isinstance(events[0], ResponseCreatedEvent)
+    assert isinstance(events[-1], ResponseIncompleteEvent)
+    assert not any(isinstance(event, ResponseCompletedEvent) for event in events)
+    deltas = [event.delta for event in events if isinstance(event, ResponseTextDeltaEvent)]
+    assert "".join(deltas) == text
+    final = events[-1].response
+    assert final.output_text == text
+    assert final.usage == response.usage
+
+
+async def test_anthropic_messages(stack: StartStack) -> None:
+    running = await stack()
+    async with anthropic_client(running.url) as client:
+        message = await client.messages.create(
+            model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        async with client.messages.stream(
+            model="mock",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            system="be brief",
+        ) as stream:
+            events: list[RawMessageStreamEvent] = [event async for event in stream]
+            final = await stream.get_final_message()
+        raw = await client.messages.create(
+            model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+        raw_types = [event.type async for event in raw]
+
+    assert isinstance(message, Message)
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.output_tokens == 3
+    assert message.usage.input_tokens > 0
+    [block] = message.content
+    assert block.type == "text"
+    assert len(block.text.split()) == 3
+
+    assert isinstance(final, Message)
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 3
+    # The system prompt reaches the engine: more input tokens than without it.
+    assert final.usage.input_tokens > message.usage.input_tokens
+    assert [event.type for event in events][-1] == "message_stop"
+    assert raw_types[0] == "message_start"
+    assert raw_types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
