@@ -49,6 +49,7 @@ def __getattr__(name: str) -> object:
         return EtcdDiscovery
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "Discovery",
     "DiscoveryError",
