@@ -12,7 +12,8 @@ Layout (each module has one job; nothing here does I/O):
 - ``_embeddings``: embeddings;
 - ``_responses``: the Responses API;
 - ``_anthropic``: the Anthropic Messages API;
-- ``_sse``: server-sent event encoding.
+- ``_sse``: server-sent event encoding;
+- ``_stops``: stop-sequence matching for engines.
 """
 
 from ._anthropic import (
@@ -82,6 +83,7 @@ from ._sse import (
     encode_event as encode_event,
     keepalive_comment as keepalive_comment,
 )
+from ._stops import StopMatcher as StopMatcher
 
 __all__ = [
     "DONE",
@@ -105,6 +107,7 @@ __all__ = [
     "ResponseStream",
     "ResponsesRequest",
     "SamplingParams",
+    "StopMatcher",
     "Usage",
     "anthropic_error_body",
     "anthropic_error_type",

@@ -91,10 +91,7 @@ class MessagesRequest:
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""
-        messages: list[EngineMessage] = list(self.messages)
-        if self.system:
-            messages.insert(0, {"role": "system", "content": self.system})
-        return self.sampling.chat_request(self.model, messages)
+        return self.sampling.chat_request(self.model, self.messages, system=self.system)
 
 
 def parse_messages_request(body: object) -> MessagesRequest:

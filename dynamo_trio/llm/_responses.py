@@ -96,10 +96,7 @@ class ResponsesRequest:
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``instructions`` become a leading system message."""
-        messages: list[EngineMessage] = list(self.messages)
-        if self.instructions:
-            messages.insert(0, {"role": "system", "content": self.instructions})
-        return self.sampling.chat_request(self.model, messages)
+        return self.sampling.chat_request(self.model, self.messages, system=self.instructions)
 
 
 def parse_responses_request(body: object) -> ResponsesRequest:

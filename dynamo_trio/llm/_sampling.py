@@ -32,10 +32,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
-    def chat_request(self, model: str, messages: Sequence[EngineMessage]) -> GenerateRequest:
-        """The engine request for a conversation."""
+    def chat_request(
+        self, model: str, messages: Sequence[EngineMessage], *, system: str | None = None
+    ) -> GenerateRequest:
+        """The engine request for a conversation; ``system`` becomes a leading system message."""
         request = self._request(model, "chat")
-        request["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        leading: list[EngineMessage] = [{"role": "system", "content": system}] if system else []
+        request["messages"] = leading + [
+            {"role": m["role"], "content": m["content"]} for m in messages
+        ]
         return request
 
     def completion_request(self, model: str, prompt: str) -> GenerateRequest:

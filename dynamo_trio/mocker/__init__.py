@@ -8,7 +8,6 @@ from ._engine import MockEngine as MockEngine
 from ._settings import MockerSettings as MockerSettings
 from ._text import (
     VOCABULARY as VOCABULARY,
-    StopMatcher as StopMatcher,
     TokenSource as TokenSource,
     count_tokens as count_tokens,
     render_prompt as render_prompt,
@@ -18,7 +17,6 @@ __all__ = [
     "VOCABULARY",
     "MockEngine",
     "MockerSettings",
-    "StopMatcher",
     "TokenSource",
     "count_tokens",
     "render_prompt",

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..llm import validate_embed_request, validate_generate_request
+from ..llm import StopMatcher, validate_embed_request, validate_generate_request
 from ._settings import MockerSettings
-from ._text import StopMatcher, TokenSource, count_tokens, render_prompt
+from ._text import TokenSource, count_tokens, render_prompt
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from dynamo_trio.llm import validate_generate_request
+from dynamo_trio.llm import StopMatcher, validate_generate_request
 from dynamo_trio.runtime import DistributedRuntime, dynamo_worker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator
 
     from dynamo_trio import Context
     from dynamo_trio.llm import GenerateOutput, GenerateRequest, Usage
@@ -73,7 +73,7 @@ class DecodeWorker:
         prompt = render_prompt(valid)
         chat = valid["request_type"] == "chat"
         max_tokens = valid.get("max_tokens") or self.default_max_tokens
-        stops = _StopText(valid.get("stop") or ())
+        stops = StopMatcher(valid.get("stop") or ())
         min_tokens = valid.get("min_tokens") or 0
         ignore_eos = bool(valid.get("ignore_eos"))
         say(f"Decode: waiting for prefill {request_id}")
@@ -147,36 +147,6 @@ def _piece(token: int, *, first: bool, chat: bool) -> str:
     if token == 0 or (first and chat):
         word = word.capitalize()
     return word if not word[0].isalnum() or (first and chat) else f" {word}"
-
-
-class _StopText:
-    """Releases generated text, holding back any tail that could begin a stop sequence."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = tuple(stop for stop in stops if stop)
-        self._held = ""
-
-    def push(self, piece: str) -> tuple[str, str | None]:
-        pending, self._held = self._held + piece, ""
-        hits = [(pending.find(stop), i) for i, stop in enumerate(self._stops) if stop in pending]
-        if hits:
-            at, index = min(hits)
-            return pending[:at], self._stops[index]
-        hold = max(
-            (
-                size
-                for stop in self._stops
-                for size in range(1, min(len(stop) - 1, len(pending)) + 1)
-                if pending.endswith(stop[:size])
-            ),
-            default=0,
-        )
-        self._held = pending[len(pending) - hold :]
-        return pending[: len(pending) - hold], None
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return held
 
 
 @dynamo_worker()

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from dynamo_trio.llm import StopMatcher
+
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Sequence
 
@@ -190,7 +192,7 @@ class ToyEngine:
         max_tokens = request.get("max_tokens") or self.default_max_tokens
         min_tokens = request.get("min_tokens") or 0
         ignore_eos = bool(request.get("ignore_eos"))
-        stops = _StopText(request.get("stop") or ())
+        stops = StopMatcher(request.get("stop") or ())
         rng = random.Random(f"{request.get('seed')!r}|{prompt}")
 
         previous = await self.prefill(prompt_ids, context)
@@ -241,40 +243,6 @@ class ToyEngine:
                 }
                 return
             yield {"text": text, "token_ids": [token]}
-
-
-class _StopText:
-    """Releases generated text, holding back any tail that could begin a stop sequence."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = tuple(stop for stop in stops if stop)
-        self._held = ""
-
-    def push(self, piece: str, *, active: bool) -> tuple[str, str | None]:
-        """Add ``piece``; return the text that can go out now, and the stop sequence hit."""
-        pending = self._held + piece
-        self._held = ""
-        if not active or not self._stops:
-            return pending, None
-        hits = [(pending.find(stop), i) for i, stop in enumerate(self._stops) if stop in pending]
-        if hits:
-            at, index = min(hits)
-            return pending[:at], self._stops[index]
-        hold = max(
-            (
-                size
-                for stop in self._stops
-                for size in range(1, min(len(stop) - 1, len(pending)) + 1)
-                if pending.endswith(stop[:size])
-            ),
-            default=0,
-        )
-        self._held = pending[len(pending) - hold :]
-        return pending[: len(pending) - hold], None
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return held
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from dynamo_trio.mocker import VOCABULARY, StopMatcher, TokenSource, count_tokens, render_prompt
+from dynamo_trio.llm import StopMatcher
+from dynamo_trio.mocker import VOCABULARY, TokenSource, count_tokens, render_prompt
 
 
 def test_count_tokens_counts_words_and_punctuation() -> None:
