@@ -34,6 +34,7 @@ frontend.on_disconnect             ``DYN_ON_DISCONNECT``                 ``kill`
 frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
 frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
 frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
+frontend.idle_timeout              ``DYN_HTTP_IDLE_TIMEOUT_SECS``        30
 frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
 log_level                          ``DYN_LOG``                           ``info``
 =================================  ====================================  ===============
@@ -136,6 +137,8 @@ class FrontendConfig:
     keepalive_interval: float = 15.0
     """Seconds of SSE silence before a keep-alive comment is sent (0 turns them off)."""
     max_body_size: int = 16 * MiB
+    idle_timeout: float = 30.0
+    """Seconds an idle keep-alive HTTP connection stays open."""
     router_mode: RouterMode = "round-robin"
 
 
@@ -226,6 +229,9 @@ class Config:
                 ),
                 max_body_size=env.get(
                     "DYN_HTTP_MAX_BODY_SIZE", _positive_int, frontend.max_body_size
+                ),
+                idle_timeout=env.get(
+                    "DYN_HTTP_IDLE_TIMEOUT_SECS", _positive, frontend.idle_timeout
                 ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
             ),

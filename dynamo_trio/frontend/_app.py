@@ -277,5 +277,5 @@ def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> Hyperc
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout
-    hypercorn.keep_alive_timeout = 30
+    hypercorn.keep_alive_timeout = config.idle_timeout
     return hypercorn

@@ -13,6 +13,14 @@ the request's lifecycle to it; and the guard's ``finally``, which runs however
 the request ends, calls :meth:`RequestLifecycle.client_gone`.  That is a no-op
 for a response that was delivered, or a request already cancelled, so the
 common paths are untouched and the window is closed.
+
+The guard also shields the last ``send`` of each response.  Hypercorn restarts
+a keep-alive connection's idle timer from inside that send, and quart-trio
+cancels its request tasks as soon as the response is out; unshielded, the
+restart is cancelled with them, and an idle keep-alive connection then stays
+open for ever (one file descriptor per idle client, and a shutdown that waits
+the whole graceful timeout).  The send itself only queues bytes (hypercorn
+already shields its socket writes), so shielding it delays nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final
 
+import trio
+
 if TYPE_CHECKING:
-    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
     from quart_trio import QuartTrio
 
     from ._lifecycle import RequestLifecycle
@@ -48,7 +58,8 @@ def bind_to_request(lifecycle: RequestLifecycle) -> None:
 
 class HangUpGuard:
     """ASGI middleware: an HTTP request that ends without delivering its response
-    cancels its work (see the module docstring)."""
+    cancels its work, and a response's last send survives quart-trio's
+    end-of-request cancellation (see the module docstring)."""
 
     def __init__(self, app: QuartTrio) -> None:
         self.app: Final = app
@@ -61,8 +72,16 @@ class HangUpGuard:
             return
         slot = _Slot()
         token = _SLOT.set(slot)
+
+        async def send_last_shielded(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_last_shielded)
         finally:
             _SLOT.reset(token)
             if slot.lifecycle is not None:
