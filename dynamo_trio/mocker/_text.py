@@ -22,7 +22,6 @@ import re
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-
     from ..llm import GenerateRequest
 
 __all__ = ["VOCABULARY", "TokenSource", "count_tokens", "render_prompt"]
