@@ -105,6 +105,8 @@ class _Emitter:
         self._send = send
         self.sent_any = False
         self.broken = False
+        self.stream_failure: Callable[[int, str], bytes] | None = None
+        """Once a stream has started: the bytes that end it with ``(status, message)``."""
 
     async def __call__(self, event: _Event) -> None:
         if self.broken:
@@ -251,31 +253,28 @@ class Pipeline:
     ) -> tuple[Any, str | None]:
         """Run ``produce`` in the request's scope; turn failures into the API's errors."""
         context = lifecycle.context
-        state: dict[str, Any] = {}
         try:
             async with context.scope(drain_grace=grace):
-                await produce(emit, lifecycle, state, *args)
+                await produce(emit, lifecycle, *args)
         except DynamoError as exc:
             if not context.is_stopped():
                 _log.warning("request %s failed: %s", context.id(), exc)
-            await self._fail(emit, state, status_for_error(exc), exc.message or str(exc), exc)
+            await self._fail(emit, status_for_error(exc), exc.message or str(exc), exc)
             return "error", exc.error_type
         except Exception as exc:
             # A bug, not a client's doing: answer 500 and keep serving everyone else.
             _log.exception("request %s failed unexpectedly", context.id())
-            await self._fail(emit, state, 500, "Internal server error.", exc)
+            await self._fail(emit, 500, "Internal server error.", exc)
             return "error", "internal"
         if context.is_killed() and not lifecycle.client_is_gone:
             return "error", "cancelled"
         return "success", None
 
     @staticmethod
-    async def _fail(
-        emit: _Emitter, state: dict[str, Any], status: int, message: str, exc: Exception
-    ) -> None:
+    async def _fail(emit: _Emitter, status: int, message: str, exc: Exception) -> None:
         """Tell the client: an HTTP error if nothing was sent yet, else the stream's error event."""
-        if emit.sent_any and "events" in state:
-            await emit(state["fail"](status, message))
+        if emit.sent_any and emit.stream_failure is not None:
+            await emit(emit.stream_failure(status, message))
         else:
             error_type = exc.error_type if isinstance(exc, DynamoError) else "internal"
             await emit(_Failed(status, message, error_type))
@@ -284,7 +283,6 @@ class Pipeline:
         self,
         emit: _Emitter,
         lifecycle: RequestLifecycle,
-        state: dict[str, Any],
         api: TextApi,
         request: Any,
         route: ModelRoute,
@@ -301,14 +299,12 @@ class Pipeline:
         self,
         emit: _Emitter,
         lifecycle: RequestLifecycle,
-        state: dict[str, Any],
         api: TextApi,
         request: Any,
         route: ModelRoute,
     ) -> None:
         events = api.open_stream(request, lifecycle.context.id())
-        state["events"] = events
-        state["fail"] = lambda status, message: api.fail_stream(events, status, message)
+        emit.stream_failure = lambda status, message: api.fail_stream(events, status, message)
         async with await route.call(request.to_engine(), lifecycle.context) as stream:
             async for item in stream:
                 data = item.data()
@@ -322,7 +318,6 @@ class Pipeline:
         self,
         emit: _Emitter,
         lifecycle: RequestLifecycle,
-        state: dict[str, Any],
         request: EmbeddingRequest,
         route: ModelRoute,
     ) -> None:
