@@ -40,8 +40,8 @@ A transition has two halves:
    the effects are handed to the run with ``TrioToken.run_sync_soon``: a
    cancel scope is never touched outside the trio thread.
 
-The trio structure
-------------------
+The trio structure: one tree, both ways
+---------------------------------------
 
 The work done for a request runs *inside* its context::
 
@@ -49,21 +49,56 @@ The work done for a request runs *inside* its context::
         nursery.start_soon(pump_sub_request)
         await run_handler()
 
-``scope()`` enters the context's own cancel scope and opens its nursery.
-``kill()`` cancels that scope, so the work gets :class:`trio.Cancelled` at its
-next checkpoint and ``scope()`` exits normally (the kill was expected).
-``stop()`` only sets the state; if the work is still running ``drain_grace``
-seconds later the context escalates to ``kill()`` with reason
-:attr:`CancelReason.DRAIN_TIMEOUT`.  A context may carry a deadline; when it
-passes, the context is killed with reason :attr:`CancelReason.DEADLINE`,
-whether or not a scope is running (waiters enforce it too).
-``parent.start_child(child, fn)`` links ``child`` and runs ``fn`` under the
-child's own scope *inside the parent's nursery*, so the child's work lives in
-the parent's task tree as well as in its cancellation tree.
+``scope()`` enters the context's own cancel scope (the scope of the nursery
+it yields) and opens that nursery.  The Context tree and the cancel-scope tree
+are then one tree, and cancellation crosses between them in both directions.
 
-When a context's work is over it is *finished* (``scope()`` does this on exit,
-a client stream does it when it ends): it leaves its parent's child list, so a
-long-lived parent does not accumulate children.
+*Context state becomes trio cancellation.*  ``kill()`` cancels the context's
+scope, so the work gets :class:`trio.Cancelled` at its next checkpoint and
+``scope()`` exits normally (the kill was expected).  ``stop()`` only sets the
+state: the work notices and finishes on its own; if it is still running
+``drain_grace`` seconds later the context escalates to ``kill()`` with reason
+:attr:`CancelReason.DRAIN_TIMEOUT`.  A deadline that passes kills with reason
+:attr:`CancelReason.DEADLINE`, whether or not a scope is running (waiters and
+plain polling enforce it too).  A linked child is reached the same way, since
+its state follows its parent's: a local child's scope is cancelled wherever
+its work runs, and a remote call's child sends ``ctl kill`` on the wire from
+its cancel callback.
+
+*trio cancellation becomes Context state.*  Whatever else cancels the work of
+a running scope (an enclosing ``move_on_after``/``fail_after``/``CancelScope``,
+a parent nursery cancelled because a sibling failed) marks the context KILLED,
+exactly as ``kill()`` would, with reason :attr:`CancelReason.SCOPE_TIMEOUT`
+when that scope's deadline expired and :attr:`CancelReason.SCOPE_CANCELLED`
+otherwise.  Two places notice it: a watcher task that lives beside the work
+(it is cancelled by the same enclosing scope, at the same moment, so the kill
+happens while the work is still unwinding), and the exit of ``scope()`` when a
+:class:`trio.Cancelled` leaves it (in case the watcher had not run yet).  Both
+map the cancellation the same way, so the reason is deterministic.  After
+``scope()`` was left because of a cancellation, ``is_killed()`` is True.
+
+*Leaving a scope ends what was linked inside it.*  However ``scope()`` exits
+(normally, by an error, by a cancellation), the context is *finished*: every
+linked child still unfinished is killed with reason
+:attr:`CancelReason.PARENT_FINISHED` (a remote call's ``ctl kill`` goes out at
+that moment, not at garbage collection), and the context leaves its own
+parent's child list, so a long-lived parent does not accumulate children.  A
+child linked under a context that is already finished is killed at once: no
+linked work outlives its parent's scope.  ``parent.start_child(child, fn)``
+links ``child`` and runs ``fn`` under the child's own scope inside the
+parent's nursery, when the child's work should also live in the parent's task
+tree; a plain ``link_child`` is enough for the cancellation rules above.
+
+*Ordering.*  Every transition, whatever caused it, applies its effects
+children first, in link order, depth first, and the context's own effects
+last: descendants' waiters wake, their scopes are cancelled and their
+callbacks (the wire's ``ctl`` frames) run before the parent's waiters wake
+and before the parent's own scope is cancelled.  When a scope is left, the
+children are killed first and the context unlinks itself last.
+
+Handlers running under a scope may end it with any exception, BaseException
+included; the runtime (not this module) maps them to per-request outcomes so
+that no handler can take its process down.
 """
 
 from __future__ import annotations
@@ -83,7 +118,13 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["CancelReason", "Context", "ContextState"]
+__all__ = [
+    "CancelReason",
+    "Context",
+    "ContextState",
+    "find_cancelled",
+    "reason_for_cancelled",
+]
 
 _log = logging.getLogger("dynamo_trio.context")
 
@@ -122,6 +163,12 @@ class CancelReason(enum.StrEnum):
     """A stopped context's work did not finish within its drain grace, so it was killed."""
     SHUTDOWN = "shutdown"
     """The process is shutting down."""
+    SCOPE_TIMEOUT = "scope timeout"
+    """A trio scope around the work timed out (``move_on_after``, ``fail_after``, ...)."""
+    SCOPE_CANCELLED = "scope cancelled"
+    """A trio scope around the work was cancelled (``cancel()``, a failed sibling task, ...)."""
+    PARENT_FINISHED = "parent finished"
+    """The parent's scope was left while this linked work was still unfinished."""
 
 
 CancelCallback = Callable[["Context", ContextState, CancelReason], None]
@@ -154,6 +201,7 @@ class Context:
         "_callbacks",
         "_children",
         "_deadline",
+        "_exiting",
         "_finished",
         "_id",
         "_nursery",
@@ -185,6 +233,7 @@ class Context:
         self._wakeup: trio.Event | None = None
         self._scope: trio.CancelScope | None = None
         self._scope_used = False
+        self._exiting = False  # scope() is leaving on its own: its watcher's end is expected
         self._nursery: trio.Nursery | None = None
         self.created_at: Final = time.monotonic()
         """``time.monotonic()`` when the context was made; used for ages in introspection."""
@@ -348,10 +397,14 @@ class Context:
     # ------------------------------------------------------------------ tree
 
     def link_child(self, child: Context) -> None:
-        """Put ``child`` under this context: stop/kill of this context then reaches it.
+        """Put ``child`` in this context's scope: stop/kill of this context then reaches it.
 
         The child inherits this context's deadline (if earlier than its own) and,
-        if this context is already stopped or killed, that state at once.
+        if this context is already stopped or killed, that state at once.  When
+        this context's scope is left (or it is otherwise finished) while the
+        child is unfinished, the child is killed with reason
+        :attr:`CancelReason.PARENT_FINISHED`; a child linked under a context
+        that is already finished is killed at once.
 
         Raises:
             ValueError: if linking would create a cycle, or ``child`` is already
@@ -372,12 +425,17 @@ class Context:
                     f"linking {child._id} under {self._id} would create a cycle: "
                     f"{child._id} is an ancestor of {self._id}"
                 )
-            child._parent = self
-            self._children[child] = None
-            deadline_changed = (
-                child._tighten_deadlines(self._deadline) if self._deadline is not None else []
-            )
-            changed = child._mark(self._state, self._reason) if self._reason else []
+            if self._finished:
+                # Nothing linked outlives its parent's scope: this work is over already.
+                changed = child._mark(ContextState.KILLED, CancelReason.PARENT_FINISHED)
+                deadline_changed = []
+            else:
+                child._parent = self
+                self._children[child] = None
+                deadline_changed = (
+                    child._tighten_deadlines(self._deadline) if self._deadline is not None else []
+                )
+                changed = child._mark(self._state, self._reason) if self._reason else []
         for ctx in deadline_changed:
             ctx._run_in_trio(ctx._wake)
         if changed:
@@ -391,17 +449,25 @@ class Context:
                 child._parent = None
 
     def finish(self) -> None:
-        """Declare the work for this context over: it leaves its parent's child list.
+        """Declare the work for this context over.  Idempotent.
 
-        Called by :meth:`scope` on exit and by response streams when they end.
-        Stop and kill still work afterwards (they just have no work to reach).
+        Every linked child that is still unfinished is killed with reason
+        :attr:`CancelReason.PARENT_FINISHED` (children first, in link order),
+        then this context leaves its parent's child list.  Called by
+        :meth:`scope` on exit and by response streams when they end.  Stop and
+        kill still work afterwards (they just have no work to reach).
         """
         with _LOCK:
+            changed: list[Context] = []
+            for child in tuple(self._children):
+                changed += child._mark(ContextState.KILLED, CancelReason.PARENT_FINISHED)
             self._finished = True
             parent = self._parent
             if parent is not None:
                 del parent._children[self]
                 self._parent = None
+        if changed:
+            self._run_in_trio(_apply_effects, changed)
 
     def _subtree(self) -> Iterator[Context]:
         stack = [self]
@@ -476,8 +542,12 @@ class Context:
         ``kill()`` cancels the scope; the block then exits normally.  After
         ``stop()``, work still running ``drain_grace`` seconds later is killed
         (reason :attr:`CancelReason.DRAIN_TIMEOUT`); ``None`` never escalates.
-        The deadline, if any, is enforced.  On exit the context is finished.
-        A context's scope can be entered once.
+        The deadline, if any, is enforced.  A cancellation from outside (an
+        enclosing scope's timeout or cancel) kills the context, as ``kill()``
+        would, and then propagates as usual.  On exit, however it happens, the
+        context is finished: linked children still unfinished are killed
+        (reason :attr:`CancelReason.PARENT_FINISHED`).  A context's scope can
+        be entered once.
 
         Yields:
             The context's nursery; tasks started in it are cancelled by ``kill()``.
@@ -488,7 +558,10 @@ class Context:
         self._scope_used = True
         try:
             async with trio.open_nursery() as watchers:
-                watchers.start_soon(self._watch, drain_grace)
+                # The watcher's own scope, not the watchers nursery's, ends it: a
+                # cancelled nursery scope would swallow a Cancelled the body re-raised.
+                watcher = trio.CancelScope()
+                watchers.start_soon(self._watch, drain_grace, watcher)
                 try:
                     # The work nursery's own cancel scope is the context's scope: one
                     # scope fewer per level keeps deep running trees within trio's limits.
@@ -498,9 +571,17 @@ class Context:
                             nursery.cancel_scope.cancel(reason=self._cancel_message())
                         self._nursery = nursery
                         yield nursery
+                except BaseException as exc:
+                    # The nursery absorbs the cancellation of its own scope (a kill), so
+                    # a live Cancelled that leaves it comes from an enclosing scope.  (A
+                    # stale one, re-raised by the work itself, cancels nothing.)
+                    if trio.current_effective_deadline() == -math.inf:
+                        self._killed_by_enclosing(find_cancelled(exc))
+                    raise
                 finally:
                     self._nursery = None
-                    watchers.cancel_scope.cancel()
+                    self._exiting = True
+                    watcher.cancel()
         except BaseExceptionGroup as group:
             raise _collapse(group) from None
         finally:
@@ -535,20 +616,31 @@ class Context:
         self.link_child(child)
         self.start_soon(_run_discarding, child, fn, args, drain_grace)
 
-    async def _watch(self, drain_grace: float | None) -> None:
-        """Enforce the deadline and, after a stop, the drain grace (one task per scope)."""
-        await self.stopped()
-        if drain_grace is not None and not self.is_killed():
-            with trio.move_on_after(drain_grace):
+    async def _watch(self, drain_grace: float | None, scope: trio.CancelScope) -> None:
+        """One task per scope: enforces the deadline and, after a stop, the drain grace;
+        and notices the moment an enclosing scope cancels the work."""
+        with scope:
+            try:
+                await self.stopped()
+                if drain_grace is not None and not self.is_killed():
+                    with trio.move_on_after(drain_grace):
+                        await self.killed()
+                    if not self.is_killed():
+                        _log.warning(
+                            "context %s did not finish within its %.3fs drain grace; killing it",
+                            self._id,
+                            drain_grace,
+                        )
+                        self.kill(CancelReason.DRAIN_TIMEOUT)
                 await self.killed()
-            if not self.is_killed():
-                _log.warning(
-                    "context %s did not finish within its %.3fs drain grace; killing it",
-                    self._id,
-                    drain_grace,
-                )
-                self.kill(CancelReason.DRAIN_TIMEOUT)
-        await self.killed()
+            except trio.Cancelled as cancelled:
+                if not self._exiting:  # not scope() ending on its own: a scope around it was
+                    self._killed_by_enclosing(cancelled)
+                raise
+
+    def _killed_by_enclosing(self, cancelled: trio.Cancelled | None) -> None:
+        if cancelled is not None and self._state is not ContextState.KILLED:
+            self.kill(reason_for_cancelled(cancelled))
 
     def _cancel_message(self) -> str:
         return f"context {self._id} killed: {self._reason.value if self._reason else 'unknown'}"
@@ -624,6 +716,27 @@ async def _run_discarding(
 ) -> None:
     async with ctx.scope(drain_grace=drain_grace):
         await fn(*args)
+
+
+def reason_for_cancelled(cancelled: trio.Cancelled) -> CancelReason:
+    """The reason a context records when ``cancelled`` (from a scope around it) ends its work."""
+    if cancelled.source == "deadline":
+        return CancelReason.SCOPE_TIMEOUT
+    if cancelled.source == "KeyboardInterrupt":
+        return CancelReason.SHUTDOWN
+    return CancelReason.SCOPE_CANCELLED
+
+
+def find_cancelled(exc: BaseException | None) -> trio.Cancelled | None:
+    """The first :class:`trio.Cancelled` in ``exc`` (which may be an exception group)."""
+    if isinstance(exc, trio.Cancelled):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_cancelled(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _to_trio_time(deadline: float) -> float:

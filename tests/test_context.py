@@ -717,3 +717,195 @@ def test_callback_errors_are_contained(caplog: pytest.LogCaptureFixture) -> None
     assert "callback bug" in caplog.text
     ctx.remove_cancel_callback(bad)
     ctx.remove_cancel_callback(bad)  # absent: no error
+
+
+# ---------------------------------------------------------------------------- one tree, both ways
+
+
+async def _run_until_blocked(nursery: trio.Nursery, fn: object, *args: object) -> None:
+    nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_enclosing_timeout_kills_the_context_and_its_children() -> None:
+    parent, child, grandchild = Context("p"), Context("p"), Context("p")
+    parent.link_child(child)
+    child.link_child(grandchild)
+    seen: list[tuple[str, ContextState, CancelReason]] = []
+    for name, ctx in (("parent", parent), ("child", child), ("grandchild", grandchild)):
+        ctx.add_cancel_callback(
+            lambda c, state, reason, name=name: seen.append((name, state, reason))
+        )
+    with trio.move_on_after(0.05) as outer:
+        async with parent.scope():
+            await trio.sleep_forever()
+    assert outer.cancelled_caught
+    assert parent.is_killed() and parent.reason is CancelReason.SCOPE_TIMEOUT
+    assert child.is_killed() and child.reason is CancelReason.SCOPE_TIMEOUT
+    assert grandchild.is_killed() and grandchild.reason is CancelReason.SCOPE_TIMEOUT
+    # Callbacks fired once each, children first: the order of a kill().
+    assert seen == [
+        ("grandchild", ContextState.KILLED, CancelReason.SCOPE_TIMEOUT),
+        ("child", ContextState.KILLED, CancelReason.SCOPE_TIMEOUT),
+        ("parent", ContextState.KILLED, CancelReason.SCOPE_TIMEOUT),
+    ]
+
+
+async def test_enclosing_fail_after_kills_with_scope_timeout() -> None:
+    ctx = Context()
+    with pytest.raises(trio.TooSlowError), trio.fail_after(0.01):
+        async with ctx.scope():
+            await trio.sleep_forever()
+    assert ctx.is_killed() and ctx.reason is CancelReason.SCOPE_TIMEOUT
+
+
+async def test_enclosing_cancel_scope_kills_with_scope_cancelled() -> None:
+    ctx, child = Context(), Context()
+    ctx.link_child(child)
+    with trio.CancelScope() as outer:
+        async with trio.open_nursery() as nursery:
+            await _run_until_blocked(nursery, _sleep_in_scope, ctx)
+            outer.cancel()
+    assert ctx.reason is CancelReason.SCOPE_CANCELLED and ctx.is_killed()
+    assert child.reason is CancelReason.SCOPE_CANCELLED and child.is_killed()
+
+
+async def _sleep_in_scope(ctx: Context) -> None:
+    async with ctx.scope():
+        await trio.sleep_forever()
+
+
+async def test_a_failed_sibling_kills_the_context_through_the_nursery() -> None:
+    ctx, child = Context(), Context()
+    ctx.link_child(child)
+
+    async def fail_soon() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        raise ValueError("sibling failed")
+
+    with pytest.RaisesGroup(ValueError):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_sleep_in_scope, ctx)
+            nursery.start_soon(fail_soon)
+    assert ctx.is_killed() and ctx.reason is CancelReason.SCOPE_CANCELLED
+    assert child.is_killed() and child.reason is CancelReason.SCOPE_CANCELLED
+
+
+async def test_the_kill_happens_while_the_work_is_still_unwinding() -> None:
+    # The watcher kills the context the moment the enclosing scope is cancelled,
+    # not only when the scope finally exits: work that takes time to unwind (a
+    # shielded cleanup) does not delay its linked children's kill.
+    ctx, child = Context(), Context()
+    ctx.link_child(child)
+    killed_during_cleanup: list[bool] = []
+
+    async def work() -> None:
+        async with ctx.scope():
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.05)
+                    killed_during_cleanup.append(child.is_killed())
+
+    with trio.move_on_after(0.02):
+        await work()
+    assert killed_during_cleanup == [True]
+    assert ctx.reason is CancelReason.SCOPE_TIMEOUT
+
+
+async def test_own_kill_keeps_its_reason_and_is_not_a_scope_cancellation() -> None:
+    ctx = Context()
+    async with trio.open_nursery() as nursery:
+        await _run_until_blocked(nursery, _sleep_in_scope, ctx)
+        ctx.kill(CancelReason.CLIENT_DISCONNECT)
+    assert ctx.reason is CancelReason.CLIENT_DISCONNECT
+
+
+async def test_a_parents_kill_reaches_a_nested_unlinked_scope_as_scope_cancelled() -> None:
+    outer, inner = Context("outer"), Context("inner")
+
+    async def nested() -> None:
+        async with outer.scope(), inner.scope():
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        await _run_until_blocked(nursery, nested)
+        outer.kill(CancelReason.CLIENT_DISCONNECT)
+    assert outer.reason is CancelReason.CLIENT_DISCONNECT
+    assert inner.is_killed() and inner.reason is CancelReason.SCOPE_CANCELLED
+
+
+async def test_leaving_a_scope_kills_unfinished_children_in_link_order() -> None:
+    parent = Context("p")
+    children = [Context(f"c{i}") for i in range(3)]
+    done = Context("done")
+    order: list[str] = []
+    async with parent.scope():
+        for child in [*children, done]:
+            parent.link_child(child)
+            child.add_cancel_callback(lambda c, state, reason: order.append(c.id()))
+        done.finish()  # finished work is unlinked: it is not killed
+    assert order == ["c0", "c1", "c2"]
+    assert all(c.is_killed() and c.reason is CancelReason.PARENT_FINISHED for c in children)
+    assert not done.is_stopped()
+    assert not parent.is_stopped() and parent.finished  # a normal exit is not a cancellation
+
+
+async def test_leaving_a_scope_by_an_error_kills_unfinished_children() -> None:
+    parent, child = Context(), Context()
+
+    async def fail() -> None:
+        async with parent.scope():
+            parent.link_child(child)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        await fail()
+    assert child.is_killed() and child.reason is CancelReason.PARENT_FINISHED
+
+
+async def test_a_local_child_running_in_another_nursery_is_in_its_parents_scope() -> None:
+    # The child's work lives in a different task tree (say, a server's
+    # long-lived nursery); the link alone puts it in the parent's scope.
+    parent, child = Context("p"), Context("p")
+    parent.link_child(child)
+    child_exit: list[CancelReason | None] = []
+
+    async def child_work() -> None:
+        async with child.scope():
+            await trio.sleep_forever()
+        child_exit.append(child.reason)
+
+    async with trio.open_nursery() as elsewhere:
+        elsewhere.start_soon(child_work)
+        with trio.move_on_after(0.02):
+            async with parent.scope():
+                await trio.sleep_forever()
+    assert child_exit == [CancelReason.SCOPE_TIMEOUT]
+
+
+async def test_a_stopped_child_is_killed_when_its_parents_scope_ends() -> None:
+    parent, child = Context(), Context()
+    async with parent.scope():
+        parent.link_child(child)
+        child.stop()
+    assert child.is_killed() and child.reason is CancelReason.PARENT_FINISHED
+
+
+def test_linking_under_a_finished_context_kills_the_child_at_once() -> None:
+    parent, child = Context(), Context()
+    parent.finish()
+    parent.link_child(child)
+    assert child.is_killed() and child.reason is CancelReason.PARENT_FINISHED
+    assert child.parent is None and parent.children == ()
+
+
+async def test_is_killed_after_leaving_a_scope_cancelled_before_it_was_entered() -> None:
+    # Cancelled before any of its work (or its watcher) could start.
+    ctx = Context()
+    with trio.CancelScope() as outer:
+        outer.cancel()
+        async with ctx.scope():
+            await trio.lowlevel.checkpoint()
+    assert ctx.is_killed() and ctx.reason is CancelReason.SCOPE_CANCELLED

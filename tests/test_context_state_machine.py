@@ -7,7 +7,6 @@ from hypothesis import settings
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
-    consumes,
     initialize,
     invariant,
     rule,
@@ -26,6 +25,7 @@ class ContextTreeMachine(RuleBasedStateMachine):
         self.parent: dict[int, Context | None] = {}
         self.children: dict[int, list[Context]] = {}
         self.highest_seen: dict[int, ContextState] = {}
+        self.finished: set[int] = set()
 
     def _subtree(self, ctx: Context) -> list[Context]:
         out, stack = [], [ctx]
@@ -75,9 +75,14 @@ class ContextTreeMachine(RuleBasedStateMachine):
             assert refused
             return
         assert not refused
-        if current is None:
-            self.parent[id(child)] = parent
-            self.children[id(parent)].append(child)
+        if current is not None:
+            return
+        if id(parent) in self.finished:
+            # Nothing linked outlives its parent's scope: work linked late is killed at once.
+            self._apply(child, ContextState.KILLED)
+            return
+        self.parent[id(child)] = parent
+        self.children[id(parent)].append(child)
         self._apply(child, self.state[id(parent)])
 
     @rule(ctx=contexts, reason=st.sampled_from(list(CancelReason)))
@@ -90,9 +95,12 @@ class ContextTreeMachine(RuleBasedStateMachine):
         ctx.kill(reason)
         self._apply(ctx, ContextState.KILLED)
 
-    @rule(ctx=consumes(contexts))
+    @rule(ctx=contexts)
     def finish(self, ctx: Context) -> None:
         ctx.finish()
+        self.finished.add(id(ctx))
+        for child in self.children[id(ctx)]:  # unfinished linked work ends with its parent
+            self._apply(child, ContextState.KILLED)
         parent = self.parent[id(ctx)]
         if parent is not None:
             self.children[id(parent)].remove(ctx)

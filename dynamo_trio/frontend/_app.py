@@ -246,10 +246,15 @@ async def serve_frontend(
         app = build_app(pipeline)
 
         async def shutdown() -> None:
-            if shutdown_trigger is None:
-                await trio.sleep_forever()
-            else:
-                await shutdown_trigger()
+            async with trio.open_nursery() as either:  # the trigger, or a request asking to exit
+
+                async def then_cancel(wait: Callable[[], Awaitable[object]]) -> None:
+                    await wait()
+                    either.cancel_scope.cancel()
+
+                if shutdown_trigger is not None:
+                    either.start_soon(then_cancel, shutdown_trigger)
+                either.start_soon(then_cancel, pipeline.exit_requested.wait)
             _log.info("frontend shutting down: draining %d request(s)", pipeline.in_flight)
             pipeline.shutdown()
 

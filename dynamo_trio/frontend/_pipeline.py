@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
+from .._contain import is_cancellation, split_live_cancellation
 from .._context import CancelReason, Context
 from .._errors import DynamoError
 from ..llm import (
@@ -135,6 +136,9 @@ class Pipeline:
         self._nursery = nursery
         self._contexts: set[Context] = set()
         self.shutting_down = False
+        self.exit_requested: Final = trio.Event()
+        """Set when request code raised ``KeyboardInterrupt``/``SystemExit``: the
+        frontend then shuts down gracefully, as on SIGTERM."""
 
     @property
     def in_flight(self) -> int:
@@ -142,6 +146,10 @@ class Pipeline:
 
     async def start(self) -> None:
         await self.models.start()
+
+    def request_exit(self) -> None:
+        """Ask the frontend to shut down gracefully (as on SIGTERM)."""
+        self.exit_requested.set()
 
     def shutdown(self) -> None:
         """Stop every request in flight (they drain; their scopes kill them after the grace)."""
@@ -251,27 +259,56 @@ class Pipeline:
         grace: float | None,
         *args: Any,
     ) -> tuple[Any, str | None]:
-        """Run ``produce`` in the request's scope; turn failures into the API's errors."""
+        """Run ``produce`` in the request's scope; turn failures into the API's errors.
+
+        Whatever ``produce`` raises, BaseException included, ends this request
+        only; a live cancellation of the producer task (the frontend closing)
+        is never swallowed.
+        """
         context = lifecycle.context
         try:
             async with context.scope(drain_grace=grace):
                 await produce(emit, lifecycle, *args)
-        except DynamoError as exc:
-            if not context.is_stopped():
-                _log.warning("request %s failed: %s", context.id(), exc)
-            await self._fail(emit, status_for_error(exc), exc.message or str(exc), exc)
-            return "error", exc.error_type
-        except Exception as exc:
-            # A bug, not a client's doing: answer 500 and keep serving everyone else.
-            _log.exception("request %s failed unexpectedly", context.id())
-            await self._fail(emit, 500, "Internal server error.", exc)
-            return "error", "internal"
+        except BaseException as exc:
+            live, failure = split_live_cancellation(exc)
+            if live is not None:
+                raise live from None
+            assert failure is not None
+            return await self._failed(failure, emit, lifecycle)
         if context.is_killed() and not lifecycle.client_is_gone:
             return "error", "cancelled"
         return "success", None
 
+    async def _failed(
+        self, exc: BaseException, emit: _Emitter, lifecycle: RequestLifecycle
+    ) -> tuple[Any, str | None]:
+        context = lifecycle.context
+        if isinstance(exc, DynamoError):
+            if not context.is_stopped():
+                _log.warning("request %s failed: %s", context.id(), exc)
+            await self._fail(emit, status_for_error(exc), exc.message or str(exc), exc)
+            return "error", exc.error_type
+        if is_cancellation(exc) and context.is_stopped():
+            return "error", "cancelled"  # cancelled as asked, in its own words
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            _log.warning(
+                "request %s raised %s: shutting the frontend down gracefully",
+                context.id(),
+                type(exc).__name__,
+            )
+            self.request_exit()
+        else:
+            # A bug, not a client's doing: answer 500 and keep serving everyone else.
+            _log.error(
+                "request %s failed unexpectedly",
+                context.id(),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+        await self._fail(emit, 500, "Internal server error.", exc)
+        return "error", "internal"
+
     @staticmethod
-    async def _fail(emit: _Emitter, status: int, message: str, exc: Exception) -> None:
+    async def _fail(emit: _Emitter, status: int, message: str, exc: BaseException) -> None:
         """Tell the client: an HTTP error if nothing was sent yet, else the stream's error event."""
         if emit.sent_any and emit.stream_failure is not None:
             await emit(emit.stream_failure(status, message))

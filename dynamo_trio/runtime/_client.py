@@ -13,10 +13,17 @@ A call ``client.round_robin(request, context=ctx)``:
    the child sends a ``stop`` control frame and the stream drains to its
    terminal frame; ``kill`` sends ``kill`` and ends the stream at once.
 
-Leaving the stream early (``aclose()``, leaving ``async with``, the consumer's
-scope being cancelled while it waits for an item, or dropping the object)
-kills the child immediately, with reason ``stream closed``, whether or not the
-worker is producing.  A worker that vanishes mid-stream raises
+The stream belongs to the scope of the context it was opened with: when
+``ctx.scope()`` is left (normally, by an error, or by a cancellation) while
+the stream is unfinished, the child is killed at that moment (reason ``parent
+finished``, or the enclosing scope's ``scope timeout``/``scope cancelled``)
+and a ``ctl kill`` goes out at once.  Leaving the stream early (``aclose()``,
+leaving ``async with``) kills the child immediately with reason ``stream
+closed``; a consumer whose own scope is cancelled while it waits for an item
+kills it with that scope's reason (``scope timeout``/``scope cancelled``);
+dropping the object unclosed kills it from the finaliser, as a last resort for
+streams opened without a context.  Either way the worker is told at once,
+whether or not it is producing.  A worker that vanishes mid-stream raises
 :class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
 caller had itself cancelled, in which case the stream just ends.
 """
@@ -31,7 +38,13 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 import trio
 
-from .._context import CancelReason, Context, ContextState
+from .._context import (
+    CancelReason,
+    Context,
+    ContextState,
+    find_cancelled,
+    reason_for_cancelled,
+)
 from .._errors import (
     Cancelled,
     CannotConnect,
@@ -101,7 +114,7 @@ class ResponseStream:
         it runs, or if nothing was sent).  A stream this caller killed is ``killed``."""
         if self._stream is None:
             return None
-        if self._stream.outcome is None and self._done and self._context.is_killed():
+        if self._stream.outcome is None and self._context.is_killed():
             return "killed"
         return self._stream.outcome
 
@@ -132,9 +145,9 @@ class ResponseStream:
             if isinstance(exc, Disconnected) and self._client is not None:
                 self._client._instance_failed(self.instance_id, str(exc))
             raise
-        except BaseException:
+        except BaseException as exc:
             # The consumer was cancelled (or failed) while waiting: abandon the stream.
-            self._abandon()
+            self._abandon(_abandon_reason(exc))
             raise
         return self._annotate(frame)
 
@@ -167,12 +180,12 @@ class ResponseStream:
             self._context.remove_cancel_callback(self._on_cancel)
             self._context.finish()
 
-    def _abandon(self) -> None:
+    def _abandon(self, reason: CancelReason = CancelReason.STREAM_CLOSED) -> None:
         if self._done:
             return
         stream = self._stream
         if stream is not None and not stream.done:
-            self._context.kill(CancelReason.STREAM_CLOSED)
+            self._context.kill(reason)
         self._finish()
 
     async def aclose(self) -> None:
@@ -189,13 +202,19 @@ class ResponseStream:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._abandon()
+        self._abandon(CancelReason.STREAM_CLOSED if exc is None else _abandon_reason(exc))
 
     def __del__(self) -> None:
         # Dropped without being closed: kill the remote work rather than leak it.
         # kill() is synchronous and thread-safe, so this is safe from a finaliser.
         if not self._done and self._stream is not None and not self._stream.done:
             self._context.kill(CancelReason.STREAM_CLOSED)
+
+
+def _abandon_reason(exc: BaseException) -> CancelReason:
+    """Why a stream left by ``exc`` is killed: a cancelled consumer scope, or just closed."""
+    cancelled = find_cancelled(exc)
+    return CancelReason.STREAM_CLOSED if cancelled is None else reason_for_cancelled(cancelled)
 
 
 class Client:

@@ -214,6 +214,7 @@ class DistributedRuntime:
             endpoint,
             drain_grace=self.config.worker.drain_grace,
             inflight=self._inflight,
+            on_exit_request=self.shutdown,
         )
 
     async def _serve(

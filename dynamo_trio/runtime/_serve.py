@@ -17,8 +17,36 @@ The walk of a request on a worker:
                                      handler itself: a clean end, not an error)
    the context was killed            ``end killed`` with the reason (the scope was
                                      cancelled, the generator closed with ``aclose``)
-   the handler raised                ``err`` with Dynamo's error type
+   the handler raised                see below
    ================================  =============================================
+
+A handler can end its request, never its worker
+-----------------------------------------------
+
+Whatever a handler raises, BaseException included, ends that one stream and
+nothing else; the worker keeps serving and stays in discovery:
+
+==========================================  ====================================
+the handler raised                          the stream ends with
+==========================================  ====================================
+``asyncio.CancelledError``, or a stale      ``end stopped``/``end killed`` if its
+``trio.Cancelled``, while its context is    context was stopped or killed: the
+stopped or killed (Dynamo's convention:     handler was cancelled as asked, and the
+``if context.is_stopped(): raise            request counts as one cancellation;
+asyncio.CancelledError``)                   ``err Cancelled`` while it is live
+``GeneratorExit``                           ``err EngineShutdown`` (as in Dynamo)
+``KeyboardInterrupt``, ``SystemExit``       ``err EngineShutdown``; and the worker
+                                            starts its graceful shutdown
+``ValueError``, ``TypeError``, ...          Dynamo's error types (``err InvalidArgument``,
+                                            ...): ``error_from_exception`` in ``_errors``
+any other BaseException                     ``err Unknown``
+==========================================  ====================================
+
+A live ``trio.Cancelled`` (an enclosing scope, say the worker shutting down,
+is cancelling this task) is never swallowed: the stream is finished, then the
+cancellation goes on.  Errors that are the caller's doing (invalid arguments)
+are logged as one line; a handler's own bugs get one traceback per endpoint and
+exception type per minute, so no caller can flood the log.
 
 The generator is always closed deterministically (``aclose`` in a ``finally``),
 never left to the garbage collector, and the request is counted exactly once
@@ -29,14 +57,20 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
+import time
 from typing import TYPE_CHECKING, Any, Final
 
+import trio
+
+from .._contain import collapse, is_cancellation, split_live_cancellation
 from .._context import CancelReason
 from .._errors import (
     Cancelled,
     Disconnected,
     DynamoError,
     EngineShutdown,
+    InvalidArgument,
     error_from_exception,
 )
 from ._annotated import Annotated
@@ -99,8 +133,16 @@ async def serve_stream(
     *,
     drain_grace: float,
     inflight: InflightRequests,
+    on_exit_request: Callable[[], None] | None = None,
 ) -> None:
-    """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once."""
+    """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once.
+
+    Never raises for anything the handler does (see the module docstring);
+    only a live cancellation of the calling task propagates, after the stream
+    is finished.  ``on_exit_request`` is called when a handler raises
+    ``KeyboardInterrupt`` or ``SystemExit`` (the runtime starts its graceful
+    shutdown).
+    """
     context = stream.context
     context.attributes["endpoint"] = endpoint.path
     context.attributes["peer"] = stream.peer
@@ -110,21 +152,89 @@ async def serve_stream(
     stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
     inflight.add(context)
     error: DynamoError | None = None
+    live_cancellation: BaseException | None = None
     try:
-        try:
-            await _drive(stream, endpoint, context, drain_grace)
-        except Disconnected:
-            pass  # the connection is gone; the context was killed as "transport lost"
-        except Exception as exc:
-            if isinstance(exc, Cancelled) and context.is_stopped():
-                pass  # Dynamo's convention: raising Cancelled after a stop is a clean end
-            else:
-                error = error_from_exception(exc)
-                log = _log.info if isinstance(exc, DynamoError) else _log.exception
-                log("request %s on %s failed: %s", context.id(), endpoint.path, error)
+        await _drive(stream, endpoint, context, drain_grace)
+    except BaseException as exc:
+        live_cancellation, failure = split_live_cancellation(exc)
+        if failure is not None:
+            error = _outcome_of(failure, context, endpoint.path, on_exit_request)
     finally:
         inflight.discard(context)
         _finish(stream, context, tracker, error)
+    if live_cancellation is not None:
+        raise live_cancellation
+
+
+def _outcome_of(
+    exc: BaseException,
+    context: Context,
+    path: str,
+    on_exit_request: Callable[[], None] | None,
+) -> DynamoError | None:
+    """The error a handler's exception ends its stream with; ``None`` for a clean end."""
+    exc = collapse(exc) or exc
+    if isinstance(exc, Disconnected):
+        return None  # the connection is gone; the context was killed as "transport lost"
+    if is_cancellation(exc) or isinstance(exc, _StaleCancelled):
+        if context.is_stopped():
+            return None  # cancelled as asked: the stream ends stopped/killed, counted once
+        _log.info("request %s on %s: the handler cancelled itself", context.id(), path)
+        caused_by = "Cancelled" if isinstance(exc, _StaleCancelled) else _name(exc)
+        return Cancelled("the handler cancelled the request", caused_by=caused_by)
+    if isinstance(exc, Cancelled) and context.is_stopped():
+        return None  # Dynamo's convention: raising Cancelled after a stop is a clean end
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        _log.warning(
+            "request %s on %s: the handler raised %s; shutting the worker down gracefully",
+            context.id(),
+            path,
+            _name(exc),
+        )
+        if on_exit_request is not None:
+            on_exit_request()
+        return EngineShutdown("the worker is shutting down", caused_by=_name(exc))
+    error = error_from_exception(exc)
+    if isinstance(exc, DynamoError) or isinstance(error, InvalidArgument):
+        _log.info("request %s on %s failed: %s", context.id(), path, error)
+    else:
+        _handler_bugs.report(path, exc, context.id(), error)
+    return error
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+class _BugLog:
+    """A handler's own failures: one traceback per endpoint and type per interval, then counts."""
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def report(self, path: str, exc: BaseException, request_id: str, error: DynamoError) -> None:
+        key = (path, _name(exc))
+        now = time.monotonic()
+        last, suppressed = self._last.get(key, (-math.inf, 0))
+        if now - last < self._interval:
+            self._last[key] = (last, suppressed + 1)
+            return
+        if len(self._last) > 1024:  # bounded, whatever the handlers raise
+            self._last.clear()
+        self._last[key] = (now, 0)
+        more = f" ({suppressed} more since the last report)" if suppressed else ""
+        _log.error(
+            "request %s on %s failed: %s%s",
+            request_id,
+            path,
+            error,
+            more,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+
+
+_handler_bugs: Final = _BugLog(interval=60.0)
 
 
 def _finish(
@@ -151,6 +261,16 @@ def _finish(
         tracker.finish("complete")
 
 
+class _StaleCancelled(Exception):
+    """The handler raised a :class:`trio.Cancelled` that nothing is delivering.
+
+    Left as it is, the context's nursery would absorb it (trio absorbs a
+    Cancelled raised by a nursery's own body), and the stream would end as if
+    the handler had completed.  Carried out as this error instead, it is the
+    handler's way of saying "cancelled".
+    """
+
+
 async def _drive(
     stream: ServerStream, endpoint: ServedEndpoint, context: Context, drain_grace: float
 ) -> None:
@@ -164,6 +284,10 @@ async def _drive(
                     )
                 else:
                     await stream.send_item(item)
+        except trio.Cancelled as exc:
+            if trio.current_effective_deadline() == -math.inf:
+                raise  # a live cancellation: the context's kill, or a scope around it
+            raise _StaleCancelled(str(exc)) from exc
         finally:
             aclose = getattr(generator, "aclose", None)
             if aclose is not None:

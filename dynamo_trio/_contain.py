@@ -1,0 +1,55 @@
+"""Containing whatever a per-request task raises, without ever swallowing a live cancellation.
+
+Per-request code (a worker's handler, the frontend's producer) must end only
+its own request, whatever it raises, BaseException included.  The one thing
+it must never contain is a *live* :class:`trio.Cancelled`: one that an
+enclosing scope is delivering to the task right now (the process shutting
+down, a connection's nursery closing).  Swallowing that breaks trio's
+structured cancellation, so it is split off and re-raised by the caller.
+
+A :class:`trio.Cancelled` that reaches the caller while nothing is cancelling
+its task is *stale*: the request's own code raised it after leaving the scope
+that produced it.  It is then just that code's way out, and is contained like
+``asyncio.CancelledError``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import trio
+
+__all__ = ["collapse", "is_cancellation", "split_live_cancellation"]
+
+
+def split_live_cancellation(
+    exc: BaseException,
+) -> tuple[BaseException | None, BaseException | None]:
+    """Split ``exc`` into ``(live cancellation to re-raise, failure to contain)``.
+
+    Call it in the task that caught ``exc``; either part may be ``None``.
+    """
+    if trio.current_effective_deadline() != -math.inf:
+        return None, exc  # nothing is cancelling this task: every Cancelled in exc is stale
+    if isinstance(exc, trio.Cancelled):
+        return exc, None
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled, rest = exc.split(trio.Cancelled)
+        return cancelled, collapse(rest)
+    return None, exc
+
+
+def collapse(exc: BaseException | None) -> BaseException | None:
+    """Unwrap exception groups that hold a single exception."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a (contained) cancellation: ``trio.Cancelled`` or asyncio's."""
+    asyncio = sys.modules.get("asyncio")  # code that raises asyncio's error has imported it
+    return isinstance(exc, trio.Cancelled) or (
+        asyncio is not None and isinstance(exc, asyncio.CancelledError)
+    )

@@ -1,0 +1,378 @@
+"""Structured cancellation across the request plane (issue 7), with both runtimes in one process.
+
+Three rules, each checked against a real handler behind real TCP:
+
+1. whatever cancels a context's scope (its kill, its deadline, an enclosing
+   trio scope, a failed sibling) reaches the remote work linked under it, with
+   a reason that says which;
+2. leaving a context's scope ends the remote work still linked under it, at
+   once (never at garbage collection);
+3. a handler can end its request, never its worker: whatever it raises,
+   BaseException included, ends that one stream, counted once.
+
+The same rules across real processes live in ``tests/e2e/test_structured.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+from dynamo_trio import Cancelled, CancelReason, Context, EngineShutdown, Unknown
+
+from .conftest import Cluster, metric_value
+from .test_calls import Recorder, counting_handler
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from dynamo_trio.runtime import Client
+
+
+def silent_handler(recorder: Recorder, exits: list[float] | None = None):  # type: ignore[no-untyped-def]
+    """Yields once, then waits for ever (a long prefill); records how it ended, and when."""
+
+    async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
+        recorder.enter(context)
+        try:
+            yield "first"
+            await trio.sleep_forever()
+        finally:
+            if exits is not None:
+                exits.append(time.monotonic())
+            recorder.exit(context, "finally")
+
+    return handler
+
+
+async def _settled(cluster: Cluster) -> None:
+    """Every request on the worker has finished (its terminal frame and metrics are done)."""
+    with trio.fail_after(2):
+        await cluster.worker._inflight.wait_empty()
+
+
+async def _first_item(client: Client, parent: Context, keep: list[Any]) -> None:
+    stream = await client.generate({}, context=parent)
+    keep.append(stream)  # referenced: only the scope can end it, never the GC
+    await stream.__anext__()
+
+
+# ---------------------------------------------------------------------------- rule 1
+
+
+async def test_an_enclosing_timeout_kills_the_parent_and_the_remote_work(
+    cluster: Cluster,
+) -> None:
+    recorder, exits = Recorder(), []
+    client = await cluster.serve(silent_handler(recorder, exits))
+    parent, keep = Context(), []
+    with trio.move_on_after(0.3) as timeout:
+        async with parent.scope():
+            await _first_item(client, parent, keep)
+            await trio.sleep_forever()  # something_else(): the deadline strikes here
+    assert timeout.cancelled_caught
+    struck_at = time.monotonic()
+    assert parent.is_killed() and parent.reason is CancelReason.SCOPE_TIMEOUT
+    state, reason, _ = await recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "scope timeout")
+    assert exits[0] - struck_at < 0.05  # at once, though the stream object is still alive
+    assert keep[0].outcome == "killed"
+    await _settled(cluster)
+    labels = {"dynamo_endpoint": "generate", "reason": "scope timeout"}
+    assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 1
+    assert (
+        metric_value(cluster.worker.registry, "dynamo_component_cancelled_requests_total", **labels)
+        == 1
+    )
+
+
+async def test_an_enclosing_cancel_scope_kills_the_remote_work(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(silent_handler(recorder))
+    parent, keep = Context(), []
+
+    async def work() -> None:
+        async with parent.scope():
+            await _first_item(client, parent, keep)
+            await trio.sleep_forever()
+
+    with trio.CancelScope() as outer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work)
+            await recorder.started.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            outer.cancel()
+    state, reason, _ = await recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "scope cancelled")
+    assert parent.reason is CancelReason.SCOPE_CANCELLED
+
+
+async def test_a_failed_sibling_kills_the_remote_work_of_its_nursery(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(silent_handler(recorder))
+    parent, keep = Context(), []
+
+    async def work() -> None:
+        async with parent.scope():
+            await _first_item(client, parent, keep)
+            await trio.sleep_forever()
+
+    async def fail_once_started() -> None:
+        await recorder.started.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        raise ValueError("a sibling failed")
+
+    with pytest.RaisesGroup(ValueError):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work)
+            nursery.start_soon(fail_once_started)
+    state, reason, _ = await recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "scope cancelled")
+
+
+async def test_the_contexts_own_deadline_kills_the_remote_work(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(silent_handler(recorder))
+    parent, keep = Context(timeout=0.3), []
+    async with parent.scope():
+        await _first_item(client, parent, keep)
+        await trio.sleep_forever()
+    assert parent.reason is CancelReason.DEADLINE
+    state, reason, _ = await recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "deadline")
+
+
+async def test_a_middle_hop_forwards_an_enclosing_timeout_down_the_chain(
+    cluster: Cluster,
+) -> None:
+    # client -> middle -> backend, where the *middle* handler bounds its own
+    # sub-work with a trio timeout around a scope of its incoming context.
+    backend_recorder = Recorder()
+    backend = await cluster.serve(silent_handler(backend_recorder), "dynamo/backend/generate")
+
+    async def middle(request: Any, context: Context) -> AsyncIterator[Any]:
+        sub = Context(context.id())
+        context.link_child(sub)
+        first = []
+        with trio.move_on_after(0.3):
+            async with sub.scope():  # never yield inside a scope: collect, then yield
+                stream = await backend.generate(request, context=sub)
+                first.append((await stream.__anext__()).data())
+                await trio.sleep_forever()
+        yield first[0]
+        yield f"sub-work {sub.reason}"
+
+    middle_client = await cluster.serve(middle, "dynamo/middle/generate")
+    ctx = Context("chain-1")
+    items = [i.data() async for i in await middle_client.generate({}, context=ctx)]
+    assert items == ["first", "sub-work scope timeout"]
+    state, reason, _ = await backend_recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "scope timeout")
+    assert backend_recorder.contexts[0].id() == "chain-1"
+
+
+# ---------------------------------------------------------------------------- rule 2
+
+
+async def test_leaving_the_scope_kills_the_remote_work_still_open(cluster: Cluster) -> None:
+    recorder, exits = Recorder(), []
+    client = await cluster.serve(silent_handler(recorder, exits))
+    parent, keep = Context(), []
+    async with parent.scope():
+        await _first_item(client, parent, keep)
+    left_at = time.monotonic()
+    assert not parent.is_stopped()  # a normal exit is not a cancellation of the parent
+    state, reason, _ = await recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "parent finished")
+    assert exits[0] - left_at < 0.05
+    assert keep[0].outcome == "killed"
+    await _settled(cluster)
+    assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 1
+
+
+async def test_a_completed_call_is_not_killed_when_the_scope_ends(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(counting_handler(recorder, 0))
+    parent = Context()
+    async with parent.scope():
+        stream = await client.generate({"n": 3}, context=parent)
+        assert [i.data() async for i in stream] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert stream.outcome == "complete"
+    assert await recorder.wait_exit() == ("LIVE", None, "returned")
+    await _settled(cluster)
+    assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 0
+
+
+async def test_a_handler_that_returns_early_ends_its_sub_calls(cluster: Cluster) -> None:
+    backend_recorder = Recorder()
+    backend = await cluster.serve(silent_handler(backend_recorder), "dynamo/backend/generate")
+
+    async def middle(request: Any, context: Context) -> AsyncIterator[Any]:
+        stream = await backend.generate(request, context=context)
+        yield (await stream.__anext__()).data()
+        # returns with the sub-call still open: the handler's scope ends it
+
+    middle_client = await cluster.serve(middle, "dynamo/middle/generate")
+    assert [i.data() async for i in await middle_client.generate({})] == ["first"]
+    state, reason, _ = await backend_recorder.wait_exit(within=1)
+    assert (state, reason) == ("KILLED", "parent finished")
+
+
+async def test_a_call_with_a_finished_context_sends_nothing(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(counting_handler(recorder))
+    parent = Context()
+    async with parent.scope():
+        pass
+    stream = await client.generate({}, context=parent)
+    assert [i async for i in stream] == []
+    await trio.sleep(0.05)
+    assert recorder.contexts == []
+
+
+# ---------------------------------------------------------------------------- rule 3
+
+
+class Bespoke(BaseException):
+    """A BaseException subclass of the handler's own."""
+
+
+async def _raising_after_stop(client: Client, exception: BaseException) -> list[Any]:
+    ctx = Context()
+    received = []
+    with trio.fail_after(3):
+        async for item in await client.generate({}, context=ctx):
+            received.append(item.data())
+            if len(received) == 2:
+                ctx.stop_generating()
+    return received
+
+
+def _seed_handler(recorder: Recorder):  # type: ignore[no-untyped-def]
+    """The seed's own handler: raises asyncio.CancelledError once it sees a stop."""
+
+    async def generate(request: Any, context: Context) -> AsyncIterator[Any]:
+        recorder.enter(context)
+        try:
+            for i in range(1000):
+                if context.is_stopped():
+                    raise asyncio.CancelledError
+                await trio.sleep(0.005)
+                yield i
+        finally:
+            recorder.exit(context, "finally")
+
+    return generate
+
+
+async def _still_serving(cluster: Cluster, client: Client, other: Any) -> None:
+    """The worker kept serving: another stream flows, the instance is still registered."""
+    with trio.fail_after(2):
+        await other.__anext__()
+        await other.__anext__()
+    assert cluster.worker.instance_id in client.instance_ids()
+    assert not cluster.worker.shutting_down
+
+
+async def test_the_seeds_cancelled_error_after_a_stop_ends_only_its_request(
+    cluster: Cluster,
+) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(_seed_handler(recorder))
+    other = await client.generate({})  # in flight on the same worker and connection
+    await other.__anext__()
+    received = await _raising_after_stop(client, asyncio.CancelledError())
+    assert received[:2] == [0, 1]
+    assert recorder.exits[0][:2] == ("STOPPED", "stop requested")
+    await _still_serving(cluster, client, other)
+    await other.aclose()
+    await _settled(cluster)
+    # The stopped request and the closed one: each counted once, nothing else.
+    assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 2
+    assert metric_value(cluster.worker.registry, "dynamo_component_errors_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("exception", "error_type", "caused_by"),
+    [
+        (asyncio.CancelledError(), Cancelled, "CancelledError"),
+        (GeneratorExit(), EngineShutdown, "GeneratorExit"),
+        (Bespoke("custom"), Unknown, "Bespoke"),
+    ],
+)
+async def test_a_live_handler_raising_a_base_exception_ends_only_its_request(
+    cluster: Cluster, exception: BaseException, error_type: type[Exception], caused_by: str
+) -> None:
+    async def handler(request: Any) -> AsyncIterator[Any]:
+        if request == "raise":
+            yield "first"
+            raise exception
+        while True:
+            await trio.sleep(0.005)
+            yield "tick"
+
+    client = await cluster.serve(handler)
+    other = await client.generate("tick")
+    await other.__anext__()
+    stream = await client.generate("raise")
+    assert (await stream.__anext__()).data() == "first"
+    with pytest.raises(error_type) as raised:
+        await stream.__anext__()
+    assert raised.value.caused_by == caused_by  # type: ignore[attr-defined]
+    await _still_serving(cluster, client, other)
+    await other.aclose()
+
+
+async def test_a_stale_trio_cancelled_from_a_handler_is_contained(cluster: Cluster) -> None:
+    async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
+        yield "first"
+        if request != "raise":
+            return
+        caught: list[trio.Cancelled] = []
+        with trio.CancelScope() as own:
+            own.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as exc:
+                caught.append(exc)
+        raise caught[0]  # re-raised outside the scope that produced it
+
+    client = await cluster.serve(handler)
+    stream = await client.generate("raise")
+    await stream.__anext__()
+    with pytest.raises(Cancelled, match="the handler cancelled") as raised:
+        await stream.__anext__()
+    assert raised.value.caused_by == "Cancelled"
+    assert [i.data() async for i in await client.generate("ok")] == ["first"]
+
+
+@pytest.mark.parametrize("exception", [KeyboardInterrupt, SystemExit])
+async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
+    cluster: Cluster, exception: type[BaseException]
+) -> None:
+    async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
+        if request == "exit":
+            raise exception
+        i = 0
+        while not context.is_stopped():
+            await trio.sleep(0.005)
+            yield i
+            i += 1
+        yield "drained"
+
+    client = await cluster.serve(handler)
+    other = await client.generate("work")
+    await other.__anext__()
+    with pytest.raises(EngineShutdown):
+        async for _ in await client.generate("exit"):
+            pass
+    # The other request drains as in any graceful shutdown, and the worker deregisters.
+    items = [i.data() async for i in other]
+    assert items[-1] == "drained" and other.outcome == "stopped"
+    with trio.fail_after(3):
+        await cluster.worker.wait_shut_down()
