@@ -79,6 +79,8 @@ class ClientStream:
         self._consumed = 0
         self._since_checkpoint = 0
         self._killed = False
+        self._stopping = False
+        self._discarding = False
         self._lost: str | None = None
         self._done = False
 
@@ -88,8 +90,27 @@ class ClientStream:
         return self._done
 
     def _deliver(self, frame: Item | End | Error) -> None:
+        if self._discarding:
+            if isinstance(frame, Item):
+                self._took_item()  # nobody reads it: hand the credit straight back
+            else:
+                self._done = True
+            return
         self._queue.append(frame)
         self._wake()
+
+    def discard(self) -> None:
+        """Nobody will read this stream again: drop what is queued and what still comes,
+        returning credits so the worker's drain is not held up by the missing reader."""
+        if self._discarding or self._done or self._killed:
+            return
+        self._discarding = True
+        for frame in self._queue:
+            if isinstance(frame, Item):
+                self._took_item()
+            else:
+                self._done = True
+        self._queue.clear()
 
     def _connection_lost(self, reason: str) -> None:
         self._lost = reason
@@ -149,9 +170,15 @@ class ClientStream:
             credit, self._consumed = self._consumed, 0
             self._connection._send_quietly(Credit(self.sid, credit))
 
+    @property
+    def draining(self) -> bool:
+        """A stop was sent and the worker has not ended the stream yet."""
+        return self._stopping and not self._done and not self._killed and self._lost is None
+
     def stop(self, reason: CancelReason) -> None:
         """Ask the worker to drain and finish (items keep coming until ``end``)."""
         if not self._done and not self._killed:
+            self._stopping = True
             self._connection._send_quietly(Control(self.sid, "stop", reason.value))
 
     def kill(self, reason: CancelReason) -> None:
@@ -313,6 +340,10 @@ class ClientConnection:
             raise Disconnected(str(exc)) from None
         self._streams[sid] = stream
         return stream
+
+    def streams(self) -> list[ClientStream]:
+        """The streams open on this connection (not yet ended, killed or lost)."""
+        return list(self._streams.values())
 
     def _forget(self, sid: int) -> None:
         self._streams.pop(sid, None)

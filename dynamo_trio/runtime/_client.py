@@ -22,8 +22,10 @@ leaving ``async with``) kills the child immediately with reason ``stream
 closed``; a consumer whose own scope is cancelled while it waits for an item
 kills it with that scope's reason (``scope timeout``/``scope cancelled``);
 dropping the object unclosed kills it from the finaliser, as a last resort for
-streams opened without a context.  Either way the worker is told at once,
-whether or not it is producing.  A worker that vanishes mid-stream raises
+streams opened without a context (unless its owner had asked it to stop: then
+the worker's drain, which its drain grace bounds, is left to finish and
+dropped).  Either way the worker is told at once, whether or not it is
+producing.  A worker that vanishes mid-stream raises
 :class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
 caller had itself cancelled, in which case the stream just ends.
 """
@@ -34,6 +36,7 @@ import logging
 import math
 import random
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import trio
@@ -56,6 +59,7 @@ from .._errors import (
 from ._annotated import Annotated
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
     from ..discovery import Instance, PrefixView
@@ -94,10 +98,13 @@ class ResponseStream:
         self.instance_id: Final = instance_id
         """The instance serving the call (``None`` if nothing was sent)."""
         self._done = stream is None
+        self._cancel_callback = _weak_callback(self)
         if stream is None:
             context.finish()
         else:
-            context.add_cancel_callback(self._on_cancel)
+            # Through a weak reference: the context must not keep the stream alive, so
+            # that dropping the stream finalises it (and kills its work) at once.
+            context.add_cancel_callback(self._cancel_callback)
             if context.is_stopped():  # cancelled while we were connecting
                 self._on_cancel(
                     context, context.state, context.reason or CancelReason.KILL_REQUESTED
@@ -177,7 +184,7 @@ class ResponseStream:
     def _finish(self) -> None:
         if not self._done:
             self._done = True
-            self._context.remove_cancel_callback(self._on_cancel)
+            self._context.remove_cancel_callback(self._cancel_callback)
             self._context.finish()
 
     def _abandon(self, reason: CancelReason = CancelReason.STREAM_CLOSED) -> None:
@@ -207,8 +214,27 @@ class ResponseStream:
     def __del__(self) -> None:
         # Dropped without being closed: kill the remote work rather than leak it.
         # kill() is synchronous and thread-safe, so this is safe from a finaliser.
+        # A stream its owner already asked to stop (Dynamo's `stop_generating();
+        # break`) is left to finish its drain: the worker's drain grace bounds it,
+        # and its frames are dropped as they arrive.
         if not self._done and self._stream is not None and not self._stream.done:
-            self._context.kill(CancelReason.STREAM_CLOSED)
+            if self._context.is_stopped():
+                self._stream.discard()
+            else:
+                self._context.kill(CancelReason.STREAM_CLOSED)
+
+
+def _weak_callback(
+    stream: ResponseStream,
+) -> Callable[[Context, ContextState, CancelReason], None]:
+    ref = weakref.ref(stream)
+
+    def on_cancel(context: Context, state: ContextState, reason: CancelReason) -> None:
+        target = ref()
+        if target is not None:
+            target._on_cancel(context, state, reason)
+
+    return on_cancel
 
 
 def _abandon_reason(exc: BaseException) -> CancelReason:

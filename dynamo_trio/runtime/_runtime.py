@@ -134,6 +134,8 @@ class DistributedRuntime:
         self._shutdown_requested.set()
         with trio.CancelScope(shield=True):
             await self._deregister_all()
+            if exc_type is None:
+                await self._finish_calls()
         for context in tuple(self._inflight):
             context.kill(CancelReason.SHUTDOWN)
         if self._server is not None:
@@ -329,6 +331,30 @@ class DistributedRuntime:
         if server is not None:
             server.close_all(graceful=True)
         self._status_stop.set()
+
+    async def _finish_calls(self) -> None:
+        """Before the connections close: let calls their callers stopped finish draining.
+
+        A caller that stops a call and leaves (Dynamo's ``stop_generating();
+        break``, then the end of the program) asked for a graceful end: closing
+        the connection would turn it into a kill (``transport lost``).  Calls
+        still live are killed with reason ``shutdown``; stopped ones get up to
+        the drain grace to end.
+        """
+        pool = self._connection_pool
+        if pool is None:
+            return
+        for connection in pool.connections():
+            for stream in connection.streams():
+                if not stream.draining:
+                    stream.kill(CancelReason.SHUTDOWN)
+        with trio.move_on_after(self.config.worker.drain_grace):
+            while any(  # noqa: ASYNC110 - bounded; the streams end on frames from the workers
+                stream.draining
+                for connection in pool.connections()
+                for stream in connection.streams()
+            ):
+                await trio.sleep(0.01)
 
     # ------------------------------------------------------------------ calling
 

@@ -208,19 +208,26 @@ async def test_a_completed_call_is_not_killed_when_the_scope_ends(cluster: Clust
     assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 0
 
 
-async def test_a_handler_that_returns_early_ends_its_sub_calls(cluster: Cluster) -> None:
+@pytest.mark.parametrize(("kept", "reason"), [(True, "parent finished"), (False, "stream closed")])
+async def test_a_handler_that_returns_early_ends_its_sub_calls(
+    cluster: Cluster, kept: bool, reason: str
+) -> None:
     backend_recorder = Recorder()
     backend = await cluster.serve(silent_handler(backend_recorder), "dynamo/backend/generate")
+    elsewhere: list[Any] = []
 
     async def middle(request: Any, context: Context) -> AsyncIterator[Any]:
         stream = await backend.generate(request, context=context)
+        if kept:
+            elsewhere.append(stream)  # still referenced: only the scope's end can end it
         yield (await stream.__anext__()).data()
-        # returns with the sub-call still open: the handler's scope ends it
+        # returns with the sub-call still open: dropped with the handler's frame, or
+        # ended by the handler's scope
 
     middle_client = await cluster.serve(middle, "dynamo/middle/generate")
     assert [i.data() async for i in await middle_client.generate({})] == ["first"]
-    state, reason, _ = await backend_recorder.wait_exit(within=1)
-    assert (state, reason) == ("KILLED", "parent finished")
+    state, got, _ = await backend_recorder.wait_exit(within=1)
+    assert (state, got) == ("KILLED", reason)
 
 
 async def test_a_call_with_a_finished_context_sends_nothing(cluster: Cluster) -> None:
@@ -376,3 +383,77 @@ async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
     assert items[-1] == "drained" and other.outcome == "stopped"
     with trio.fail_after(3):
         await cluster.worker.wait_shut_down()
+
+
+# ---------------------------------------------------------------------------- graceful ends
+
+
+def _stop_aware(recorder: Recorder):  # type: ignore[no-untyped-def]
+    """Counts until stopped; then takes a moment to drain (say, billing) and returns."""
+
+    async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
+        recorder.enter(context)
+        how = "returned"
+        try:
+            i = 0
+            while not context.is_stopped():
+                await trio.sleep(0.005)
+                yield i
+                i += 1
+            await trio.sleep(0.05)
+            yield "usage"
+        except BaseException as exc:
+            how = type(exc).__name__
+            raise
+        finally:
+            recorder.exit(context, how)
+
+    return handler
+
+
+async def test_a_stopped_stream_dropped_by_its_owner_is_left_to_drain(cluster: Cluster) -> None:
+    # Dynamo's client pattern: stop_generating(), then break and drop the stream.
+    recorder = Recorder()
+    client = await cluster.serve(_stop_aware(recorder))
+    ctx = Context()
+    stream = await client.generate({}, context=ctx)
+    async for _ in stream:
+        ctx.stop_generating()
+        break
+    del stream
+    assert await recorder.wait_exit() == ("STOPPED", "stop requested", "returned")
+
+
+async def test_an_unstopped_stream_dropped_by_its_owner_is_killed(cluster: Cluster) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(_stop_aware(recorder))
+    stream = await client.generate({})
+    await stream.__anext__()
+    del stream
+    assert await recorder.wait_exit() == ("KILLED", "stream closed", "Cancelled")
+
+
+async def test_leaving_a_runtime_lets_stopped_calls_drain_and_kills_live_ones(
+    cluster: Cluster,
+) -> None:
+    from dynamo_trio.runtime import DistributedRuntime
+
+    from .conftest import TEST_CONFIG
+
+    stopped, live = Recorder(), Recorder()
+    await cluster.serve(_stop_aware(stopped), "dynamo/stopped/generate")
+    await cluster.serve(_stop_aware(live), "dynamo/live/generate")
+    async with DistributedRuntime(TEST_CONFIG, memory_store=cluster.store) as caller:
+        streams = []
+        for component in ("stopped", "live"):
+            endpoint = caller.namespace("dynamo").component(component).endpoint("generate")
+            client = await endpoint.client()
+            await client.wait_for_instances()
+            ctx = Context(component)
+            streams.append(await client.generate({}, context=ctx))
+            await streams[-1].__anext__()
+            if component == "stopped":
+                ctx.stop_generating()
+    # The stop became a drain, not a "transport lost" kill; the live call was told why.
+    assert await stopped.wait_exit() == ("STOPPED", "stop requested", "returned")
+    assert await live.wait_exit() == ("KILLED", "shutdown", "Cancelled")

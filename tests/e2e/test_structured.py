@@ -1,0 +1,205 @@
+"""Structured cancellation across real processes: each finding of issue 7, as it was measured.
+
+1. A handler raising ``asyncio.CancelledError`` after a stop (the seed's own
+   handler), or ``GeneratorExit``, took its whole worker down.  Now it ends its
+   request only: other streams on the worker flow on, it stays in discovery.
+2. An enclosing trio timeout around ``parent.scope()`` left ``parent`` live and
+   the remote handler running until the garbage collector dropped the stream.
+3. Leaving ``parent.scope()`` normally did not end the remote work linked in it.
+4. Through a middle hop, both reach the end of the chain.
+
+Dynamo's own cancellation demo, ported, is ``test_dynamo_example.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamo_trio import Context, EngineShutdown
+from dynamo_trio.runtime import DistributedRuntime
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dynamo_trio import Config
+
+    from .conftest import Proc
+
+pytestmark = pytest.mark.slow
+
+PROCS = Path(__file__).with_name("_structured_procs.py")
+
+# A cancellation reaches the remote handler in about a millisecond; this bound
+# only separates "at once" from "when the garbage collector gets to it" (never,
+# here: the callers keep their stream objects referenced).
+AT_ONCE = 0.5
+
+
+async def metric(status_url: str, name: str, **labels: str) -> float:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{status_url}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def settled(status_url: str) -> None:
+    """The worker has finished every request (polled: it is another process)."""
+    with trio.fail_after(5):
+        while await metric(status_url, "dynamo_component_inflight_requests") != 0:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def start(
+    spawn: Callable[..., Any], env: dict[str, str], component: str
+) -> tuple[Proc, dict[str, Any]]:
+    proc = await spawn(str(PROCS), "worker", component, env=env, name=component)
+    return proc, await proc.wait_for("ready", within=15)
+
+
+async def backend_client(runtime: DistributedRuntime) -> Any:
+    client = await runtime.namespace("dynamo").component("backend").endpoint("generate").client()
+    with trio.fail_after(10):
+        await client.wait_for_instances()
+    return client
+
+
+async def assert_still_serving(
+    worker: Proc, ready: dict[str, Any], client: Any, other: Any, lease_ttl: float
+) -> None:
+    """The worker lives, streams other than the failed one flow, and it stays registered."""
+    with trio.fail_after(5):
+        await other.__anext__()
+    await trio.sleep(lease_ttl + 0.5)  # longer than a lease: a dead worker would be gone
+    assert worker.process.returncode is None
+    assert ready["instance_id"] in client.instance_ids()
+    with trio.fail_after(5):
+        await other.__anext__()
+
+
+# ---------------------------------------------------------------------------- finding 1
+
+
+async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    worker, ready = await start(spawn, env, "backend")
+    async with DistributedRuntime(config) as runtime:
+        client = await backend_client(runtime)
+        other = await client.generate({"mode": "seed"}, context=Context("other"))
+        await other.__anext__()
+
+        ctx = Context("seed")
+        stream = await client.generate({"mode": "seed"}, context=ctx)
+        received = []
+        with trio.fail_after(5):
+            async for item in stream:
+                received.append(item.data())
+                if len(received) == 3:
+                    ctx.stop_generating()
+        assert stream.outcome == "stopped"  # an explicit terminal frame, not a crash
+        exit_event = await worker.wait_for("exit", id="seed")
+        assert (exit_event["state"], exit_event["how"]) == ("STOPPED", "CancelledError")
+
+        await assert_still_serving(worker, ready, client, other, config.discovery.lease_ttl)
+        await other.aclose()
+        await worker.wait_for("exit", id="other")
+    status = ready["status_url"]
+    await settled(status)
+    assert await metric(status, "dynamo_component_cancellation_total") == 2  # stop + close
+    assert await metric(status, "dynamo_component_errors_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("exception", "error"), [("GeneratorExit", EngineShutdown), ("KeyError", Exception)]
+)
+async def test_a_handler_raising_ends_only_its_request(
+    spawn: Callable[..., Any],
+    env: dict[str, str],
+    config: Config,
+    exception: str,
+    error: type[Exception],
+) -> None:
+    worker, ready = await start(spawn, env, "backend")
+    async with DistributedRuntime(config) as runtime:
+        client = await backend_client(runtime)
+        other = await client.generate({"mode": "seed"}, context=Context("other"))
+        await other.__anext__()
+        stream = await client.generate(
+            {"mode": "raise", "exception": exception}, context=Context("raiser")
+        )
+        assert (await stream.__anext__()).data() == "first"
+        with pytest.raises(error) as raised:
+            await stream.__anext__()
+        assert getattr(raised.value, "caused_by", None) == exception
+        exit_event = await worker.wait_for("exit", id="raiser")
+        assert exit_event["how"] == exception
+        await assert_still_serving(worker, ready, client, other, config.discovery.lease_ttl)
+        await other.aclose()
+
+
+# ---------------------------------------------------------------------------- findings 2, 3
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [("enclosing_timeout", "scope timeout"), ("scope_exit", "parent finished")],
+)
+async def test_a_callers_scope_ends_the_remote_work_at_once(
+    spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
+) -> None:
+    worker, ready = await start(spawn, env, "backend")
+    caller = await spawn(str(PROCS), "caller", pattern, "backend", env=env, name="caller")
+    sent = await caller.wait_for("sent", within=15)
+    await worker.wait_for("start", id=sent["id"])
+    left = await caller.wait_for("left scope", within=5)
+    # The caller's context says why, and the caller still holds the stream object.
+    assert left["stream_alive"]
+    if pattern == "enclosing_timeout":
+        assert (left["state"], left["reason"]) == ("KILLED", "scope timeout")
+    else:
+        assert (left["state"], left["reason"]) == ("LIVE", None)
+    exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
+    assert (exit_event["state"], exit_event["reason"]) == ("KILLED", reason)
+    assert exit_event["how"] == "Cancelled"  # the handler's scope was cancelled mid-await
+    assert exit_event["t"] - left["t"] < AT_ONCE
+    assert caller.process.returncode is None  # not a dying process's doing either
+    status = ready["status_url"]
+    await settled(status)
+    assert await metric(status, "dynamo_component_cancellation_total") == 1
+    assert await metric(status, "dynamo_component_cancelled_requests_total", reason=reason) == 1
+
+
+# ---------------------------------------------------------------------------- finding 4: chains
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [("enclosing_timeout", "scope timeout"), ("scope_exit", "parent finished")],
+)
+async def test_a_callers_scope_reaches_the_end_of_a_chain(
+    spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
+) -> None:
+    backend, backend_ready = await start(spawn, env, "backend")
+    middle, _ = await start(spawn, env, "middle")
+    caller = await spawn(str(PROCS), "caller", pattern, "middle", env=env, name="caller")
+    sent = await caller.wait_for("sent", within=15)
+    left = await caller.wait_for("left scope", within=5)
+    middle_exit = await middle.wait_for("exit", id=sent["id"], within=5)
+    backend_exit = await backend.wait_for("exit", id=sent["id"], within=5)
+    # One id end to end; the reason travels with the kill, hop by hop.
+    assert (middle_exit["state"], middle_exit["reason"]) == ("KILLED", reason)
+    assert (backend_exit["state"], backend_exit["reason"]) == ("KILLED", reason)
+    assert backend_exit["t"] - left["t"] < AT_ONCE
+    status = backend_ready["status_url"]
+    await settled(status)
+    assert await metric(status, "dynamo_component_cancellation_total") == 1
