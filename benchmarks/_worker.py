@@ -31,7 +31,9 @@ async def generate(request: dict[str, Any], context: Context) -> AsyncIterator[A
         yield {"waiting": True}
         await context.stopped()
         yield {"observed": time.monotonic()}
-    elif mode == "silent":
+    elif mode in ("silent", "parked"):
+        if mode == "parked":  # says when it is waiting, for the scope-cancellation benchmark
+            print(json.dumps({"event": "parked", "id": context.id()}), flush=True)
         try:
             await trio.sleep_forever()
         finally:

@@ -21,7 +21,8 @@ same on both systems::
 Cancellation caused by *this* caller (its context was stopped or killed) is
 never an error: the stream just ends.  :class:`Cancelled` is for work that was
 cancelled on the other side for its own reasons.  trio's own
-:class:`trio.Cancelled` is unrelated and is never caught or converted.
+:class:`trio.Cancelled` is unrelated: a live one is never caught or converted
+(a stale one a handler raises on its own is its way of saying "cancelled").
 """
 
 from __future__ import annotations
