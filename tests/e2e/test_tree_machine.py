@@ -255,7 +255,6 @@ async def _started_body(node: Node) -> None:
 
 class TreeMachine(RuleBasedStateMachine):
     worker_process: WorkerProcess  # set by the test before the machine runs
-    sigkill_budget = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -272,6 +271,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.all_nodes: list[Node] = []
         self.leaves: list[Leaf] = []
         self.serial = 0
+        self.sigkilled = False
 
     # ------------------------------------------------------------------ building
 
@@ -368,10 +368,10 @@ class TreeMachine(RuleBasedStateMachine):
         self.trio.call_sync(apply)
         self._settle()
 
-    @precondition(lambda self: TreeMachine.sigkill_budget > 0)
+    @precondition(lambda self: not self.sigkilled)  # a process start costs ~0.4 s: one each
     @rule()
     def sigkill_a_caller_process(self) -> None:
-        TreeMachine.sigkill_budget -= 1  # a process start costs ~0.5 s: a few per run
+        self.sigkilled = True
         leaf = Leaf(self._name("sigkill"), None)
         process = subprocess.Popen(
             [sys.executable, str(WORKER), "caller", leaf.tag],
@@ -528,15 +528,16 @@ class TreeMachine(RuleBasedStateMachine):
 
 def test_context_trees_with_remote_calls(worker: WorkerProcess) -> None:
     TreeMachine.worker_process = worker
-    TreeMachine.sigkill_budget = 3
     run_state_machine_as_test(
         TreeMachine,
         settings=settings(
-            max_examples=20,
+            max_examples=15,
             stateful_step_count=12,
             deadline=None,
-            # A failure prints its whole step list; shrinking real processes is too slow for CI.
-            phases=[Phase.explicit, Phase.reuse, Phase.generate],
+            # A failure prints its whole step list; shrinking (and replaying) examples that
+            # run real processes is too slow for CI, and their timing is not reproducible.
+            phases=[Phase.explicit, Phase.generate],
+            database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         ),
     )
