@@ -48,6 +48,7 @@ are killed as transport lost.  Either is logged once, at a bounded rate.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -91,6 +92,10 @@ _YIELD_EVERY: Final = 32
 # Refusing a connection beyond a cap: how long its close frame may take, and how
 # many refused connections may linger at once so that frame arrives.
 _REFUSAL_TIMEOUT: Final = 0.25
+_VERDICT_MARGIN: Final = 0.1
+# Seconds a stream task may run on after its connection ended (its context was
+# killed at once) before it is cancelled.
+_ORPHAN_GRACE: Final = 2.0
 _MAX_LINGERING_REFUSALS: Final = 16
 
 _RUNTIME_CANCELS: Final = frozenset(
@@ -276,6 +281,11 @@ class _Session:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await connection.run()
+            # Its streams were killed as the connection ended; a handler that
+            # ignores its context is cancelled after a grace, so nothing a
+            # connection started outlives it for long.
+            if nursery.child_tasks:
+                nursery.cancel_scope.deadline = trio.current_time() + _ORPHAN_GRACE
 
     # ------------------------------------------------------------ the gate
 
@@ -283,22 +293,24 @@ class _Session:
         """TLS and the handshake under the deadline; whether the peer got in."""
         server = self.server
         config = server.config
+        framed = server.ssl_context is None  # frames can be sent (TLS, if any, is up)
         with trio.move_on_after(config.handshake_timeout) as gate:
-            self._gate_deadline = gate.deadline
+            # A verdict must come a little before the deadline, so the peer hears it.
+            self._gate_deadline = gate.deadline - _VERDICT_MARGIN
             try:
                 if server.ssl_context is not None:
                     tls = trio.SSLStream(self._stream, server.ssl_context, server_side=True)
                     self._stream = tls
                     await tls.do_handshake()
+                    framed = True
                 return await self._handshake()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 cause = exc.__cause__ or exc
-                kind = "tls" if server.ssl_context is not None else "handshake"
                 limited_log.warning(
-                    f"{kind}-failed",
+                    "handshake-failed" if framed else "tls-failed",
                     "connection from %s: %s handshake failed: %s",
                     self.peer,
-                    "TLS" if kind == "tls" else "request-plane",
+                    "request-plane" if framed else "TLS",
                     str(cause) or type(cause).__name__,
                 )
                 return False
@@ -308,6 +320,14 @@ class _Session:
             self.peer,
             config.handshake_timeout,
         )
+        if framed and self.protocol.send(
+            Close("timeout", f"no complete handshake within {config.handshake_timeout}s")
+        ):
+            with (
+                trio.move_on_after(_REFUSAL_TIMEOUT),
+                suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
+            ):
+                await self._stream.send_all(self.protocol.data_to_send())
         return False
 
     async def _handshake(self) -> bool:
@@ -346,10 +366,7 @@ class _Session:
         slot = throttle.reserve(key, trio.current_time(), latest=self._gate_deadline)
         if slot is None:
             self.protocol.send(
-                Close(
-                    "unauthenticated",
-                    "too many failed authentications from this address; retry later",
-                )
+                Close("throttled", "too many failed authentications from this address; retry later")
             )
             limited_log.warning(
                 "auth-throttled",
@@ -357,7 +374,10 @@ class _Session:
                 self.peer,
             )
             return
-        await trio.sleep_until(slot)
+        if slot > trio.current_time():
+            await trio.sleep_until(slot)
+        # No checkpoint between an immediate slot and the verdict: attempts that
+        # arrive together are judged one after another, each seeing the last failure.
         if self.protocol.authenticate():
             throttle.succeeded(key)
             return

@@ -10,7 +10,9 @@ its turn, one attempt at a time (:meth:`AuthThrottle.reserve`):
   ``min(penalty / 16 * 2**(n-1), penalty)`` seconds (``penalty`` is
   ``DYN_TCP_AUTH_PENALTY_SECS``), so a steady guesser gets one guess per
   ``penalty`` seconds *in total*, however many connections it opens at once:
-  each admitted attempt takes the next slot before it is judged;
+  each queued attempt takes the next slot, and counts as a failure, before it
+  is judged, and one whose slot would fall after its handshake deadline is
+  refused at once (``close throttled``) instead of being held;
 * a success forgets the address; so does ``forget_after`` seconds of quiet;
 * an address that never failed is not stored at all, and the table holds at
   most ``max_addresses`` entries (the oldest go first).
@@ -84,31 +86,38 @@ class AuthThrottle:
     def reserve(self, key: str, now: float, latest: float = float("inf")) -> float | None:
         """When an attempt from ``key`` may be judged (``now`` if at once), taking that slot.
 
-        Each reservation pushes the next one from ``key`` back by a full delay,
-        even while this attempt is still being judged.  Returns ``None``, and
-        reserves nothing, if the slot would come after ``latest`` (the caller's
-        deadline): the caller refuses the attempt instead of holding it.
+        A source with no failure behind it is judged at once and nothing is
+        stored.  Otherwise the attempt takes the next free slot and is counted
+        as a failure in advance (a success forgets it all), so attempts that
+        queue up together wait ever longer, exactly as if each had failed.
+        Returns ``None``, and reserves nothing, if the slot would come after
+        ``latest`` (the caller's deadline): the caller refuses the attempt
+        instead of holding it.
+
+        The caller must judge an immediate attempt without a checkpoint in
+        between, and call :meth:`failed` or :meth:`succeeded` with the verdict.
         """
         record = self._record(key, now)
-        if record is None or record.failures == 0:
+        if record is None:
             return now
         slot = max(now, record.next_at)
         if slot > latest:
             return None
+        self._records.move_to_end(key)
+        record.failures += 1
         record.next_at = slot + self._delay(record.failures)
         return slot
 
     def failed(self, key: str, now: float) -> None:
-        """Record a failed authentication from ``key``."""
-        record = self._record(key, now)
-        if record is None:
-            record = self._records[key] = _Record()
-            while len(self._records) > self._max:
-                self._records.popitem(last=False)
-        else:
-            self._records.move_to_end(key)
-        record.failures += 1
-        record.next_at = max(record.next_at, now + self._delay(record.failures))
+        """Record a failed authentication from ``key`` (judged without a reservation
+        that counted it already)."""
+        if self._record(key, now) is not None:
+            return  # its reservation counted it
+        record = self._records[key] = _Record()
+        while len(self._records) > self._max:
+            self._records.popitem(last=False)
+        record.failures = 1
+        record.next_at = now + self._delay(1)
 
     def succeeded(self, key: str) -> None:
         """Forget ``key``'s failures (it knows the token)."""
