@@ -154,7 +154,7 @@ async def main() -> None:
         "DYN_REQUEST_PLANE_TOKEN": TOKEN,
         "DYN_LOG": "error",
     }
-    worker = subprocess.Popen(
+    worker = await trio.lowlevel.open_process(
         [sys.executable, str(HERE / "_worker.py")],
         env=env,
         stdout=subprocess.PIPE,
@@ -162,7 +162,10 @@ async def main() -> None:
     )
     try:
         assert worker.stdout is not None
-        json.loads(await trio.to_thread.run_sync(worker.stdout.readline))
+        ready = b""
+        while b"\n" not in ready:
+            ready += await worker.stdout.receive_some(4096)
+        json.loads(ready.split(b"\n")[0])
         await trio.sleep(0.5)
         results: dict[str, object] = {}
         idle = rss_mb(worker.pid)
@@ -228,7 +231,8 @@ async def main() -> None:
         print(json.dumps(results, indent=2))
     finally:
         worker.terminate()
-        worker.wait(10)
+        with trio.move_on_after(10):
+            await worker.wait()
 
 
 if __name__ == "__main__":
