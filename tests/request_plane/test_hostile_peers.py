@@ -66,6 +66,7 @@ from ._harness import (
     MemoryNetwork,
     RawPeer,
     drain,
+    fd_count,
     open_healthy,
     shadow,
     streaming_handler,
@@ -504,3 +505,62 @@ def test_random_sequences_from_a_worker_never_disturb_the_caller(sequence, token
             nursery.cancel_scope.cancel()
 
     run_in_trio(main)
+
+
+# ----------------------------------------------------------------- the same over real sockets
+
+
+@pytest.mark.parametrize("case", ["before-hello", "after-welcome"])
+async def test_every_payload_over_real_sockets_leaves_no_descriptor_behind(
+    case, nursery, no_errors_logged
+):
+    """The accept path and real file descriptors: each payload from its own
+    connection, one after another, beside a healthy stream."""
+    real = dataclasses.replace(config(TOKEN), heartbeat_interval=0.05, heartbeat_timeout=2.0)
+    server = RequestPlaneServer(real, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(real, nursery, name="healthy")
+    healthy = await open_healthy(pool, f"{host}:{port}", nursery)
+    baseline = fd_count()
+    for name, data in PAYLOADS.items():
+        peer = RawPeer(await trio.open_tcp_stream(host, port))
+        await drive_client(peer, case, TOKEN, server)
+        await peer.send_bytes(data)
+        await peer.read_for(0.05)
+        await peer.aclose()
+        await wait_until(lambda: server.sessions == 1)
+        assert fd_count() <= baseline, name
+        await healthy.assert_flowing(at_least=1)
+    pool.close_all()
+
+
+async def test_every_payload_from_a_real_worker_socket_leaves_no_descriptor_behind(
+    nursery, no_errors_logged
+):
+    real = dataclasses.replace(config(TOKEN), heartbeat_interval=0.05, heartbeat_timeout=2.0)
+    server = RequestPlaneServer(real, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(real, nursery, name="caller")
+    healthy = await open_healthy(pool, f"{host}:{port}", nursery)
+    for name in PAYLOADS:
+        steps = {"sent": trio.Event(), "stream_seen_item": trio.Event()}
+        script = hostile_worker("after-welcome", TOKEN, name, steps)
+        baseline = fd_count()
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        hostile_port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as fake:
+            fake.start_soon(trio.serve_listeners, script, listeners)
+            connection = await pool.connect(f"127.0.0.1:{hostile_port}")
+            stream = connection.open_stream(
+                endpoint="e", instance_id=1, request_id="r", payload=None
+            )
+            assert (await stream.receive()).data == "first"
+            steps["stream_seen_item"].set()
+            await steps["sent"].wait()
+            await trio.sleep(0.05)
+            stream.kill(CancelReason.STREAM_CLOSED)
+            connection.close("done")
+            fake.cancel_scope.cancel()
+        await wait_until(lambda limit=baseline: fd_count() <= limit)  # the listener too
+        await healthy.assert_flowing(at_least=1)
+    pool.close_all()
