@@ -47,7 +47,13 @@ from .._errors import (
     ProtocolError,
     error_from_wire,
 )
-from ._connection import FrameConnection, describe_close, limited_log, split_cancelled
+from ._connection import (
+    FrameConnection,
+    describe_close,
+    limited_log,
+    printable,
+    split_cancelled,
+)
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Control,
@@ -331,7 +337,9 @@ class ClientConnection:
                 f"{self._config.connect_timeout}s ({step})"
             )
         if isinstance(exc, ProtocolError):
-            return CannotConnect(f"handshake with the worker at {address} failed: {exc.message}")
+            return CannotConnect(
+                f"handshake with the worker at {address} failed: {printable(exc.message)}"
+            )
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         detail = str(cause) or type(cause).__name__
         if step == "TLS handshake" or isinstance(cause, ssl.SSLError):
@@ -369,7 +377,7 @@ class ClientConnection:
                 with trio.move_on_after(0.1):  # tell the worker why, best effort
                     await stream.send_all(protocol.data_to_send())
                 raise CannotConnect(
-                    f"handshake with the worker at {self.address} failed: {exc.message}"
+                    f"handshake with the worker at {self.address} failed: {printable(exc.message)}"
                 ) from None
             if protocol.is_established:
                 # Anything right behind the welcome (a goaway) is served as usual.

@@ -51,7 +51,14 @@ if TYPE_CHECKING:
     from ._frames import Frame
     from ._protocol import ProtocolConnection
 
-__all__ = ["FrameConnection", "describe_close", "limited_log", "linger", "split_cancelled"]
+__all__ = [
+    "FrameConnection",
+    "describe_close",
+    "limited_log",
+    "linger",
+    "printable",
+    "split_cancelled",
+]
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
@@ -73,11 +80,16 @@ def split_cancelled(
     return None, exc
 
 
+def printable(text: str, limit: int = 300) -> str:
+    """``text`` a peer may have chosen, made safe for a log line: short, ASCII, no
+    control characters (a newline cannot forge a second log line)."""
+    escaped = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
+    return escaped if len(escaped) <= limit and len(text) <= limit else f"{escaped[: limit - 3]}..."
+
+
 def describe_close(frame: Close) -> str:
-    """A peer's ``close`` frame, made safe for a log line (short, no control characters)."""
-    text = f"{frame.code}: {frame.message}" if frame.message else frame.code
-    text = text if len(text) <= 300 else f"{text[:297]}..."
-    return text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    """A peer's ``close`` frame, made safe for a log line."""
+    return printable(f"{frame.code}: {frame.message}" if frame.message else frame.code)
 
 
 class FrameConnection:
@@ -237,9 +249,9 @@ class FrameConnection:
                     "protocol-error",
                     "connection %s: protocol error, closing it: %s",
                     self.name,
-                    exc.message,
+                    printable(exc.message),
                 )
-                self._declare_closed(f"protocol error: {exc.message}")
+                self._declare_closed(f"protocol error: {printable(exc.message)}")
                 return
             if protocol.frames_received != received_before:
                 self._last_received = trio.current_time()  # only whole, valid frames are life

@@ -55,7 +55,7 @@ import trio
 
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
-from ._connection import FrameConnection, limited_log, linger, split_cancelled
+from ._connection import FrameConnection, limited_log, linger, printable, split_cancelled
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Close,
@@ -258,6 +258,7 @@ class _Session:
         """Still counted in the server's :attr:`RequestPlaneServer.handshaking`."""
 
     async def run(self) -> None:
+        admitted = False  # also when close() cancels the gate
         try:
             with self._gate_scope:
                 admitted = await self._pass_gate()
@@ -357,7 +358,7 @@ class _Session:
                     "handshake-refused",
                     "connection from %s: protocol error before authentication, refused: %s",
                     self.peer,
-                    exc.message,
+                    printable(exc.message),
                 )
 
     async def _authenticate(self) -> None:

@@ -12,9 +12,11 @@ import logging
 
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio import CannotConnect, Config
 from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer
+from dynamo_trio.request_plane._connection import describe_close
 from dynamo_trio.request_plane._frames import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
@@ -282,3 +284,30 @@ def test_the_new_limits_come_from_the_environment():
         Config.from_env({"DYN_TCP_MAX_HANDSHAKES": "0"})
     with pytest.raises(ValueError, match="DYN_TCP_HANDSHAKE_TIMEOUT_SECS"):
         Config.from_env({"DYN_TCP_HANDSHAKE_TIMEOUT_SECS": "nan"})
+
+
+async def test_closing_the_server_drops_connections_still_in_their_handshake(
+    autojump_clock, no_errors_logged
+):
+    server = RequestPlaneServer(CONFIG, streaming_handler)
+    ends = [trio.testing.memory_stream_pair() for _ in range(3)]
+    async with trio.open_nursery() as nursery:
+        for _, server_end in ends:
+            nursery.start_soon(server.handle_connection, server_end, "10.0.0.9:1")
+        peer = RawPeer(ends[0][0])
+        await peer.send(Hello(PROTOCOL_VERSION, NONCE))
+        await peer.expect(Challenge)  # one is mid-handshake, two never spoke
+        assert server.handshaking == 3
+        server.close_all()
+        await wait_until(lambda: server.sessions == 0)
+        assert server.handshaking == 0
+        await peer.read_for(1)
+        assert peer.eof
+
+
+def test_text_a_peer_chose_cannot_forge_log_lines():
+    close = Close("bye\nERROR forged line", "é\x1b[31m" + "x" * 1000)
+    text = describe_close(close)
+    assert "\n" not in text and "\x1b" not in text
+    assert text.isascii() and len(text) <= 300
+    assert text.startswith("bye\\nERROR forged line: \\xe9\\x1b[31m")
