@@ -227,9 +227,7 @@ class Config:
                 max_streams=env.get(
                     "DYN_TCP_MAX_STREAMS", _positive_int, request_plane.max_streams
                 ),
-                stream_window=env.get(
-                    "DYN_STREAM_WINDOW", _positive_int, request_plane.stream_window
-                ),
+                stream_window=env.get("DYN_STREAM_WINDOW", _window, request_plane.stream_window),
                 max_write_buffer=env.get(
                     "DYN_TCP_MAX_WRITE_BUFFER", _positive_int, request_plane.max_write_buffer
                 ),
@@ -354,6 +352,13 @@ def _bool(raw: str) -> bool:
     if word in ("0", "false", "no", "off"):
         return False
     raise ValueError("expected 1/true/yes/on or 0/false/no/off")
+
+
+def _window(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > 1 << 24:  # the request plane's MAX_WINDOW: workers refuse larger windows
+        raise ValueError("must be at most 16777216 items")
+    return value
 
 
 def _port(raw: str) -> int:

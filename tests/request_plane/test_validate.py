@@ -229,3 +229,11 @@ def test_hello_helper_is_a_real_hello():
         _wire_bytes([["hello", PROTOCOL_VERSION, b"n" * NONCE_SIZE, "c"]])
     )
     assert frame == Hello(PROTOCOL_VERSION, b"n" * NONCE_SIZE, "c")
+
+
+def test_a_configured_window_is_one_every_worker_accepts():
+    from dynamo_trio import Config
+
+    assert Config.from_env({"DYN_STREAM_WINDOW": str(MAX_WINDOW)}).request_plane.stream_window
+    with pytest.raises(ValueError, match="DYN_STREAM_WINDOW"):
+        Config.from_env({"DYN_STREAM_WINDOW": str(MAX_WINDOW + 1)})
