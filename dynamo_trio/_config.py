@@ -24,6 +24,16 @@ request_plane.max_write_buffer     ``DYN_TCP_MAX_WRITE_BUFFER``          64 MiB 
 request_plane.connect_timeout      ``DYN_TCP_CONNECT_TIMEOUT_SECS``      5
 request_plane.heartbeat_interval   ``DYN_HEARTBEAT_INTERVAL_SECS``       1
 request_plane.heartbeat_timeout    ``DYN_HEARTBEAT_TIMEOUT_SECS``        5
+request_plane.max_connections      ``DYN_TCP_MAX_CONNECTIONS``           512 per worker
+request_plane.max_handshakes       ``DYN_TCP_MAX_HANDSHAKES``            64 unauthenticated at once
+request_plane.handshake_timeout    ``DYN_TCP_HANDSHAKE_TIMEOUT_SECS``    5
+request_plane.auth_penalty         ``DYN_TCP_AUTH_PENALTY_SECS``         1 (per address)
+request_plane.tls                  ``DYN_TCP_TLS`` (1/0)                 on if a TLS file is set
+request_plane.tls_cert             ``DYN_TCP_TLS_CERT``                  none (PEM chain)
+request_plane.tls_key              ``DYN_TCP_TLS_KEY``                   none (PEM key)
+request_plane.tls_ca               ``DYN_TCP_TLS_CA``                    system trust store
+request_plane.tls_client_auth      ``DYN_TCP_TLS_CLIENT_AUTH`` (1/0)     0 (1 = mutual TLS)
+request_plane.tls_server_name      ``DYN_TCP_TLS_SERVER_NAME``           the host connected to
 worker.drain_grace                 ``DYN_DRAIN_GRACE_SECS``              5
 worker.shutdown_grace              ``DYN_SHUTDOWN_GRACE_SECS``           10
 system.port                        ``DYN_SYSTEM_PORT``                   -1 (off)
@@ -102,7 +112,31 @@ class RequestPlaneConfig:
     connect_timeout: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
-    """A connection silent for this long (no frame, not even a ping) is dead."""
+    """A connection with no whole frame for this long (not even a ping) is dead.
+
+    Stray bytes do not count: a peer trickling bytes is cut off."""
+    max_connections: int = 512
+    """Connections a worker holds at once (authenticated or not); more are refused."""
+    max_handshakes: int = 64
+    """Connections that have not completed the handshake, at once; more are refused."""
+    handshake_timeout: float = 5.0
+    """Seconds a worker gives a new connection to complete TLS and the handshake."""
+    auth_penalty: float = 1.0
+    """The longest pause imposed between two failed authentications from one address
+    (the pause doubles with each failure, from a 16th of this)."""
+    tls: bool = False
+    """Run the request plane over TLS (both ends must agree)."""
+    tls_cert: Path | None = None
+    """PEM certificate chain: a worker's server certificate, a caller's client certificate."""
+    tls_key: Path | None = None
+    """PEM private key for :attr:`tls_cert`."""
+    tls_ca: Path | None = None
+    """PEM CA bundle: callers verify workers with it (default: the system trust store);
+    workers verify client certificates with it under :attr:`tls_client_auth`."""
+    tls_client_auth: bool = False
+    """A worker requires a client certificate signed by :attr:`tls_ca` (mutual TLS)."""
+    tls_server_name: str | None = None
+    """The name a caller expects in workers' certificates (default: the host it dials)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +201,9 @@ class Config:
         worker = WorkerConfig()
         system = SystemConfig()
         frontend = FrontendConfig()
+        tls_cert = env.get("DYN_TCP_TLS_CERT", Path, request_plane.tls_cert)
+        tls_ca = env.get("DYN_TCP_TLS_CA", Path, request_plane.tls_ca)
+        tls_files_given = tls_cert is not None or tls_ca is not None
         return cls(
             discovery=DiscoveryConfig(
                 backend=env.choice(
@@ -190,9 +227,7 @@ class Config:
                 max_streams=env.get(
                     "DYN_TCP_MAX_STREAMS", _positive_int, request_plane.max_streams
                 ),
-                stream_window=env.get(
-                    "DYN_STREAM_WINDOW", _positive_int, request_plane.stream_window
-                ),
+                stream_window=env.get("DYN_STREAM_WINDOW", _window, request_plane.stream_window),
                 max_write_buffer=env.get(
                     "DYN_TCP_MAX_WRITE_BUFFER", _positive_int, request_plane.max_write_buffer
                 ),
@@ -204,6 +239,28 @@ class Config:
                 ),
                 heartbeat_timeout=env.get(
                     "DYN_HEARTBEAT_TIMEOUT_SECS", _positive, request_plane.heartbeat_timeout
+                ),
+                max_connections=env.get(
+                    "DYN_TCP_MAX_CONNECTIONS", _positive_int, request_plane.max_connections
+                ),
+                max_handshakes=env.get(
+                    "DYN_TCP_MAX_HANDSHAKES", _positive_int, request_plane.max_handshakes
+                ),
+                handshake_timeout=env.get(
+                    "DYN_TCP_HANDSHAKE_TIMEOUT_SECS", _positive, request_plane.handshake_timeout
+                ),
+                auth_penalty=env.get(
+                    "DYN_TCP_AUTH_PENALTY_SECS", _non_negative, request_plane.auth_penalty
+                ),
+                tls=env.get("DYN_TCP_TLS", _bool, tls_files_given),
+                tls_cert=tls_cert,
+                tls_key=env.get("DYN_TCP_TLS_KEY", Path, request_plane.tls_key),
+                tls_ca=tls_ca,
+                tls_client_auth=env.get(
+                    "DYN_TCP_TLS_CLIENT_AUTH", _bool, request_plane.tls_client_auth
+                ),
+                tls_server_name=env.get(
+                    "DYN_TCP_TLS_SERVER_NAME", str, request_plane.tls_server_name
                 ),
             ),
             worker=WorkerConfig(
@@ -285,6 +342,22 @@ def _positive_int(raw: str) -> int:
     value = int(raw)
     if value <= 0:
         raise ValueError("must be a positive integer")
+    return value
+
+
+def _bool(raw: str) -> bool:
+    word = raw.lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/true/yes/on or 0/false/no/off")
+
+
+def _window(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > 1 << 24:  # the request plane's MAX_WINDOW: workers refuse larger windows
+        raise ValueError("must be at most 16777216 items")
     return value
 
 

@@ -15,15 +15,26 @@ are dropped by the protocol) and wakes a consumer blocked in
 :meth:`ClientStream.receive`, all without a checkpoint, so it can run from a
 ``finally`` block, a cancel callback, or a garbage-collection finaliser.
 
-When a connection is lost, every stream on it learns so at once: a consumer
-blocked in ``receive`` gets :class:`~dynamo_trio.Disconnected`.
+When a connection is lost (EOF, reset, heartbeats, a protocol violation, the
+worker's ``close``, or an internal error in this module), every stream on it
+learns so at once: a consumer blocked in ``receive`` gets
+:class:`~dynamo_trio.Disconnected`.  Nothing a worker sends can raise into
+the pool's nursery: a misbehaving worker ends its own connection only.
+
+:class:`ConnectionPool` shares one connection attempt per address among all
+the callers that want it: the attempt runs in the pool's nursery (a caller
+giving up does not cancel it for the others), is bounded by
+``connect_timeout`` from the TCP connect to ``welcome``, and its failure
+reaches every waiter as :class:`~dynamo_trio.CannotConnect`; the next caller
+after a failure starts a fresh attempt.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import ssl
 from collections import deque
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -32,18 +43,39 @@ from .._errors import (
     CannotConnect,
     Disconnected,
     EngineShutdown,
+    InvalidArgument,
+    ProtocolError,
     error_from_wire,
 )
-from ._connection import FrameConnection
-from ._frames import Close, Control, Credit, End, Error, GoAway, Item, Request, Welcome
+from ._connection import (
+    FrameConnection,
+    describe_close,
+    limited_log,
+    printable,
+    split_cancelled,
+)
+from ._frames import (
+    HANDSHAKE_MAX_FRAME_SIZE,
+    Control,
+    Credit,
+    End,
+    Error,
+    GoAway,
+    Item,
+    Request,
+    Welcome,
+)
 from ._protocol import ConnectionState, ProtocolConnection, Role
+from ._tls import client_context
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from .._config import RequestPlaneConfig
     from .._context import CancelReason
     from ._frames import Frame, Outcome
+
+    OpenTransport = Callable[[str], Awaitable[trio.abc.Stream]]
 
 __all__ = ["ClientConnection", "ClientStream", "ConnectionPool", "parse_address"]
 
@@ -193,16 +225,33 @@ class ClientStream:
 
 
 class ClientConnection:
-    """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`."""
+    """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`.
 
-    def __init__(self, address: str, config: RequestPlaneConfig, *, name: str) -> None:
+    Args:
+        address: ``host:port`` of the worker.
+        config: Request-plane settings (timeouts, token, TLS).
+        name: This process's name in the handshake.
+        ssl_context: TLS settings, or ``None`` for plaintext.
+        open_transport: Opens the byte stream to ``address`` (default: TCP
+            with TCP_NODELAY); tests pass in-memory streams.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        config: RequestPlaneConfig,
+        *,
+        name: str,
+        ssl_context: ssl.SSLContext | None = None,
+        open_transport: OpenTransport | None = None,
+    ) -> None:
         self.address: Final = address
         self._config = config
         self._name = name
+        self._ssl_context = ssl_context
+        self._open_transport = open_transport or _open_tcp
         self._streams: dict[int, ClientStream] = {}
         self._connection: FrameConnection | None = None
-        self._settled = trio.Event()  # the handshake was answered, or the connection ended
-        self._close_message: str | None = None
         self.on_closed: list[Callable[[ClientConnection, str], None]] = []
 
     @property
@@ -216,64 +265,156 @@ class ClientConnection:
             self._connection is not None
             and not self._connection.closed
             and self._connection.protocol.state is ConnectionState.OPEN
-            and not self._connection.protocol.goaway
         )
 
     @property
     def open_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def close_reason(self) -> str | None:
+        return None if self._connection is None else self._connection.close_reason
+
     async def run(self, *, task_status: trio.TaskStatus[ClientConnection]) -> None:
         """Connect, shake hands, report ready, then serve until the connection ends.
 
+        Everything up to ``task_status.started`` (TCP, TLS, the handshake) is
+        bounded by ``connect_timeout``.  After it, nothing raises but
+        ``trio.Cancelled``: whatever ends the connection ends it alone, and
+        its streams get :class:`~dynamo_trio.Disconnected`.
+
         Raises:
             CannotConnect: before ``task_status.started``, if the worker cannot
-                be reached or refuses the handshake.
+                be reached, the TLS or request-plane handshake fails, or the
+                worker refuses the connection.
         """
-        config = self._config
-        try:
-            host, port = parse_address(self.address)
-            with trio.fail_after(config.connect_timeout):
-                stream = await trio.open_tcp_stream(host, port)
-        except (OSError, ValueError, trio.TooSlowError) as exc:
-            raise CannotConnect(
-                f"cannot connect to {self.address}: {str(exc) or type(exc).__name__}"
-            ) from None
         protocol = ProtocolConnection(
             Role.CLIENT,
-            max_frame_size=config.max_frame_size,
-            token=config.auth_token,
+            max_frame_size=self._config.max_frame_size,
+            token=self._config.auth_token,
             peer_name=self._name,
         )
-        protocol.start()
+        stream, early_frames = await self._connect(protocol)
         connection = FrameConnection(
             stream,
             protocol,
-            config,
+            self._config,
             on_frames=self._on_frames,
             on_close=self._connection_lost,
             name=self.address,
         )
         self._connection = connection
-        refused: str | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._serve, connection)
-            with trio.move_on_after(config.connect_timeout):
-                await self._settled.wait()
-            if self.usable:
-                task_status.started(self)
-            else:
-                refused = (
-                    self._close_message
-                    or connection.close_reason
-                    or "no answer to the handshake in time"
+        if early_frames:
+            self._on_frames(early_frames)
+        task_status.started(self)
+        try:
+            await connection.run()
+        except BaseException as exc:
+            cancelled, escaped = split_cancelled(exc)
+            if escaped is not None:
+                limited_log.error(
+                    "client-connection-escape",
+                    "connection to %s: ended by an internal error: %s",
+                    self.address,
+                    type(escaped).__name__,
+                    exc_info=escaped,
                 )
-                connection.close(refused)
-        if refused is not None:
-            raise CannotConnect(f"worker at {self.address} refused the connection: {refused}")
+            if cancelled is not None:
+                raise cancelled from None
+            # Contained: the exception ends here, with this connection.
 
-    async def _serve(self, connection: FrameConnection) -> None:
-        await connection.run()
+    async def _connect(self, protocol: ProtocolConnection) -> tuple[trio.abc.Stream, list[Frame]]:
+        """The transport, past TLS and the handshake, and any frames that came
+        right behind ``welcome``.  Raises only :class:`CannotConnect` (or
+        ``trio.Cancelled``)."""
+        timeout = self._config.connect_timeout
+        stream: trio.abc.Stream | None = None
+        step = "connect"
+        try:
+            with trio.fail_after(timeout):
+                stream = await self._open_transport(self.address)
+                if self._ssl_context is not None:
+                    step = "TLS handshake"
+                    host, _ = parse_address(self.address)
+                    stream = trio.SSLStream(
+                        stream,
+                        self._ssl_context,
+                        server_hostname=self._config.tls_server_name or host,
+                        https_compatible=False,
+                    )
+                    await stream.do_handshake()
+                step = "handshake"
+                return stream, await self._handshake(stream, protocol)
+        except BaseException as exc:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            cancelled, failure = split_cancelled(exc)
+            if cancelled is not None:
+                raise cancelled from None
+            assert failure is not None
+            raise self._cannot_connect(step, failure) from None
+
+    def _cannot_connect(self, step: str, exc: BaseException) -> CannotConnect:
+        address = self.address
+        if isinstance(exc, CannotConnect):
+            return exc
+        if isinstance(exc, trio.TooSlowError):
+            return CannotConnect(
+                f"no answer from the worker at {address} within "
+                f"{self._config.connect_timeout}s ({step})"
+            )
+        if isinstance(exc, ProtocolError):
+            return CannotConnect(
+                f"handshake with the worker at {address} failed: {printable(exc.message)}"
+            )
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        detail = str(cause) or type(cause).__name__
+        if step == "TLS handshake" or isinstance(cause, ssl.SSLError):
+            hint = (
+                " (check DYN_TCP_TLS_CA and the worker's certificate)"
+                if isinstance(cause, ssl.SSLCertVerificationError)
+                else " (is the worker serving TLS, and does it want a client certificate?)"
+            )
+            return CannotConnect(f"TLS handshake with {address} failed: {detail}{hint}")
+        if isinstance(exc, _TRANSPORT_ERRORS):
+            return CannotConnect(f"cannot connect to {address}: {detail}")
+        return CannotConnect(f"cannot connect to {address}: {type(exc).__name__}: {detail}")
+
+    async def _handshake(
+        self, stream: trio.abc.Stream, protocol: ProtocolConnection
+    ) -> list[Frame]:
+        protocol.start()
+        while True:
+            data = protocol.data_to_send()
+            if data:
+                await stream.send_all(data)
+            if protocol.is_established:
+                return []
+            if protocol.state is ConnectionState.CLOSED:
+                raise self._refused(protocol)
+            chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
+            if not chunk:
+                tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
+                raise CannotConnect(
+                    f"the worker at {self.address} closed the connection during the handshake{tls}"
+                )
+            try:
+                frames = protocol.receive_data(chunk)
+            except ProtocolError as exc:
+                with trio.move_on_after(0.1):  # tell the worker why, best effort
+                    await stream.send_all(protocol.data_to_send())
+                raise CannotConnect(
+                    f"handshake with the worker at {self.address} failed: {printable(exc.message)}"
+                ) from None
+            if protocol.is_established:
+                # Anything right behind the welcome (a goaway) is served as usual.
+                welcome = next(i for i, frame in enumerate(frames) if isinstance(frame, Welcome))
+                return frames[welcome + 1 :]
+
+    def _refused(self, protocol: ProtocolConnection) -> CannotConnect:
+        close = protocol.close_frame
+        why = describe_close(close) if close is not None else "it closed the connection"
+        return CannotConnect(f"the worker at {self.address} refused the connection: {why}")
 
     @property
     def drained(self) -> bool:
@@ -282,7 +423,6 @@ class ClientConnection:
 
     def _connection_lost(self, reason: str) -> None:
         # Runs inside FrameConnection.close: streams learn of the loss at once.
-        self._settled.set()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._connection_lost(reason)
@@ -299,12 +439,8 @@ class ClientConnection:
                 stream = self._streams.pop(frame.sid, None)
                 if stream is not None:
                     stream._deliver(frame)
-            elif isinstance(frame, Welcome):
-                self._settled.set()
-            elif isinstance(frame, Close):
-                self._close_message = f"{frame.code}: {frame.message}"
             elif isinstance(frame, GoAway):
-                _log.info("worker at %s is draining (goaway): %s", self.address, frame.reason)
+                _log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
 
     def open_stream(
         self,
@@ -318,26 +454,32 @@ class ClientConnection:
     ) -> ClientStream:
         """Send a ``req`` frame and return its stream.  Never blocks.
 
+        ``timeout`` is the time left before the caller's deadline; one that
+        has already passed (negative) is sent as 0.
+
         Raises:
             Disconnected: the connection is closed.
             EngineShutdown: the worker sent ``goaway``.
-            InvalidArgument: the payload cannot be encoded or is too large.
+            InvalidArgument: the payload cannot be encoded or is too large,
+                or ``timeout`` is NaN or infinite.
         """
         connection = self._connection
         if connection is None or connection.closed:
             raise Disconnected(f"connection to {self.address} is closed")
         protocol = connection.protocol
-        if protocol.goaway or protocol.state is not ConnectionState.OPEN:
+        if protocol.state is not ConnectionState.OPEN:
             raise EngineShutdown(f"worker at {self.address} takes no new requests")
+        if timeout is not None:
+            if not math.isfinite(timeout):
+                raise InvalidArgument(f"a request timeout must be finite (got {timeout})")
+            timeout = max(0.0, timeout)
         window = self._config.stream_window
         sid = protocol.next_sid()
         stream = ClientStream(self, sid, window)
-        try:
-            connection.send(
-                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
-            )
-        except trio.ClosedResourceError as exc:
-            raise Disconnected(str(exc)) from None
+        if not connection.send(
+            Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
+        ):
+            raise Disconnected(f"connection to {self.address} is closed")
         self._streams[sid] = stream
         return stream
 
@@ -351,14 +493,31 @@ class ClientConnection:
     def _send_quietly(self, frame: Frame) -> None:
         """Send a control-path frame; a closed connection makes it moot, not an error."""
         connection = self._connection
-        if connection is None or connection.closed:
-            return
-        with suppress(trio.ClosedResourceError):
+        if connection is not None:
             connection.send(frame)
 
     def close(self, reason: str) -> None:
         if self._connection is not None:
             self._connection.close(reason)
+
+
+_TRANSPORT_ERRORS: Final = (OSError, ValueError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+async def _open_tcp(address: str) -> trio.abc.Stream:
+    host, port = parse_address(address)
+    return await trio.open_tcp_stream(host, port)
+
+
+class _Attempt:
+    """One shared connection attempt to one address, and its outcome."""
+
+    __slots__ = ("connection", "done", "error")
+
+    def __init__(self) -> None:
+        self.done: Final = trio.Event()
+        self.connection: ClientConnection | None = None
+        self.error: str | None = None
 
 
 class ConnectionPool:
@@ -371,6 +530,11 @@ class ConnectionPool:
         on_connection_lost: Called with ``(address, reason, drained)`` whenever
             a connection that had been established ends; ``drained`` says the
             worker announced its shutdown first (an expected loss).
+        open_transport: Opens the byte stream to an address (default: TCP);
+            tests pass in-memory streams.
+
+    Raises:
+        ValueError: TLS is on and a configured certificate or CA cannot be loaded.
     """
 
     def __init__(
@@ -380,13 +544,16 @@ class ConnectionPool:
         *,
         name: str,
         on_connection_lost: Callable[[str, str, bool], None] | None = None,
+        open_transport: OpenTransport | None = None,
     ) -> None:
         self._config = config
         self._nursery = nursery
         self._name = name
         self._on_connection_lost = on_connection_lost
+        self._open_transport = open_transport
+        self._ssl_context = client_context(config) if config.tls else None
         self._connections: dict[str, ClientConnection] = {}
-        self._connecting: dict[str, trio.Event] = {}
+        self._attempts: dict[str, _Attempt] = {}
 
     def connections(self) -> list[ClientConnection]:
         return list(self._connections.values())
@@ -394,33 +561,74 @@ class ConnectionPool:
     async def connect(self, address: str) -> ClientConnection:
         """The usable connection to ``address``, connecting if there is none.
 
-        Concurrent callers for the same address share one connection attempt.
+        Concurrent callers for the same address share exactly one attempt.
+        Cancelling one caller does not cancel the attempt for the others.
 
         Raises:
-            CannotConnect: the worker cannot be reached.
+            CannotConnect: the worker cannot be reached, or refused the
+                connection (every caller sharing the attempt gets it).
         """
-        while True:
-            connection = self._connections.get(address)
-            if connection is not None and connection.usable:
-                await trio.lowlevel.checkpoint()
-                return connection
-            pending = self._connecting.get(address)
-            if pending is None:
-                break
-            await pending.wait()
-            failed = self._connections.get(address)
-            if failed is None or not failed.usable:
-                break  # the shared attempt failed: try our own
-        done = self._connecting[address] = trio.Event()
-        try:
-            connection = ClientConnection(address, self._config, name=self._name)
-            connection.on_closed.append(self._closed)
-            connected: ClientConnection = await self._nursery.start(connection.run)
-            self._connections[address] = connected
+        connection = self._connections.get(address)
+        if connection is not None and connection.usable:
+            await trio.lowlevel.checkpoint()
+            return connection
+        attempt = self._attempts.get(address)
+        if attempt is None:
+            attempt = _Attempt()
+            try:
+                self._nursery.start_soon(self._attempt, address, attempt, name=f"connect {address}")
+            except RuntimeError:  # the nursery is closed: the runtime is shutting down
+                raise CannotConnect(f"cannot connect to {address}: shutting down") from None
+            self._attempts[address] = attempt
+        # The attempt is bounded by connect_timeout; the margin only guards this
+        # waiter against a bug in that bound, so nothing can wait forever.
+        with trio.move_on_after(self._config.connect_timeout + 1.0):
+            await attempt.done.wait()
+        if not attempt.done.is_set():
+            raise CannotConnect(f"cannot connect to {address}: the attempt did not finish in time")
+        connected = attempt.connection
+        if connected is not None and connected.usable:
             return connected
+        if connected is not None:
+            reason = connected.close_reason or "the worker takes no new requests"
+            raise CannotConnect(f"connection to {address} ended as it was made: {reason}")
+        raise CannotConnect(attempt.error or f"cannot connect to {address}")
+
+    async def _attempt(self, address: str, attempt: _Attempt) -> None:
+        connection = ClientConnection(
+            address,
+            self._config,
+            name=self._name,
+            ssl_context=self._ssl_context,
+            open_transport=self._open_transport,
+        )
+        connection.on_closed.append(self._closed)
+        try:
+            await self._nursery.start(connection.run)
+        except CannotConnect as exc:
+            attempt.error = exc.message
+        except BaseException as exc:
+            cancelled, escaped = split_cancelled(exc)
+            attempt.error = f"cannot connect to {address}: " + (
+                "shutting down" if escaped is None else type(escaped).__name__
+            )
+            if escaped is not None:
+                limited_log.error(
+                    "connect-escape",
+                    "connecting to %s failed with an internal error",
+                    address,
+                    exc_info=escaped,
+                )
+            if cancelled is not None:
+                raise cancelled from None
+        else:
+            attempt.connection = connection
+            if not connection.closed:
+                self._connections[address] = connection
         finally:
-            del self._connecting[address]
-            done.set()
+            if self._attempts.get(address) is attempt:
+                del self._attempts[address]
+            attempt.done.set()
 
     def _closed(self, connection: ClientConnection, reason: str) -> None:
         if self._connections.get(connection.address) is connection:

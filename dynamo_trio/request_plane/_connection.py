@@ -1,8 +1,10 @@
 """The trio edge of one request-plane connection: reader, coalescing writer, heartbeats.
 
 :class:`FrameConnection` owns a byte stream and a
-:class:`~dynamo_trio.request_plane._protocol.ProtocolConnection`, and runs three
-tasks in its own nursery for as long as the connection lives:
+:class:`~dynamo_trio.request_plane._protocol.ProtocolConnection` whose
+handshake is complete (the server and client modules run the handshake
+first, under its own deadline), and runs three tasks in its own nursery for
+as long as the connection lives:
 
 * the **reader** feeds received bytes to the protocol and hands the frames it
   returns to a synchronous callback (which must not block: it only routes
@@ -13,16 +15,21 @@ tasks in its own nursery for as long as the connection lives:
   goes out in the next single ``send_all``, so many small frames cost one
   system call;
 * the **heartbeat** sends a ``ping`` every interval and declares the
-  connection dead when nothing at all has arrived for ``heartbeat_timeout``
+  connection dead when no valid frame has arrived for ``heartbeat_timeout``
   seconds (a half-open peer: its kernel may ACK, but its process is gone).
-  Silence only counts while this process was awake to hear it: after a local
-  stall (a long GC pause, a handler blocking the loop) the peer gets a fresh
-  window, since its frames may be waiting unread in the socket.
+  Only whole, valid frames count as life, never stray bytes: a peer that
+  trickles a byte at a time is cut off like a silent one.  Silence only
+  counts while this process was awake to hear it: after a local stall (a long
+  GC pause, a handler blocking the loop) the peer gets a fresh window, since
+  its frames may be waiting unread in the socket.
 
 :meth:`FrameConnection.run` returns when the connection is over, for whatever
-reason (EOF, reset, heartbeat timeout, protocol violation, local close), and
-records why in :attr:`FrameConnection.close_reason`.  Network failures never
-escape as exceptions: for this layer they are how connections end.
+reason (EOF, reset, heartbeat timeout, protocol violation, the peer's
+``close``, local close), and records why in
+:attr:`FrameConnection.close_reason`.  Network failures never escape as
+exceptions: for this layer they are how connections end.  Nor does anything
+the peer does make :meth:`FrameConnection.send` raise: on a closed connection
+a frame is simply dropped (``send`` returns ``False``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import trio
 
 from .._errors import ProtocolError
 from ._frames import Close, Ping
+from ._ratelimit import LogLimiter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,12 +51,45 @@ if TYPE_CHECKING:
     from ._frames import Frame
     from ._protocol import ProtocolConnection
 
-__all__ = ["FrameConnection"]
+__all__ = [
+    "FrameConnection",
+    "describe_close",
+    "limited_log",
+    "linger",
+    "printable",
+    "split_cancelled",
+]
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
+limited_log: Final = LogLimiter(_log)
+"""Rate-limited lines for events a peer can cause at will (one process-wide limiter)."""
+
 _RECEIVE_SIZE: Final = 65536
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
+
+
+def split_cancelled(
+    exc: BaseException,
+) -> tuple[BaseException | None, BaseException | None]:
+    """``(the trio.Cancelled part, everything else)`` of ``exc``, either possibly ``None``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)
+    if isinstance(exc, trio.Cancelled):
+        return exc, None
+    return None, exc
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """``text`` a peer may have chosen, made safe for a log line: short, ASCII, no
+    control characters (a newline cannot forge a second log line)."""
+    escaped = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
+    return escaped if len(escaped) <= limit and len(text) <= limit else f"{escaped[: limit - 3]}..."
+
+
+def describe_close(frame: Close) -> str:
+    """A peer's ``close`` frame, made safe for a log line."""
+    return printable(f"{frame.code}: {frame.message}" if frame.message else frame.code)
 
 
 class FrameConnection:
@@ -56,7 +97,7 @@ class FrameConnection:
 
     Args:
         stream: The connected byte stream (it is closed when :meth:`run` returns).
-        protocol: The state machine for this end.
+        protocol: The state machine for this end, past its handshake.
         config: Heartbeat timings and the write-buffer limit.
         on_frames: Called in the reader task with each batch of received frames.
         on_close: Called once, synchronously, the moment the connection is
@@ -94,26 +135,35 @@ class FrameConnection:
     def closed(self) -> bool:
         return self.close_reason is not None
 
-    def send(self, frame: Frame) -> None:
+    def send(self, frame: Frame) -> bool:
         """Queue ``frame``; the writer task sends it soon.  Never blocks.
 
+        Returns:
+            ``True`` if it was queued, ``False`` if it was dropped: the
+            connection is closed, or the protocol dropped it (see
+            :meth:`ProtocolConnection.send`).  A closed connection is never
+            an error here: it is the peer's doing, not the sender's.
+
         Raises:
-            trio.ClosedResourceError: if the connection is closed.
-            InvalidArgument, RuntimeError: from the protocol (the frame is
-                not sent; the connection stays usable).
+            InvalidArgument: the frame cannot be encoded or is too large (it
+                is not sent; the connection stays usable).
+            RuntimeError: the frame breaks a local rule (a bug in the caller).
         """
         if self.close_reason is not None:
-            raise trio.ClosedResourceError(f"connection {self.name} is closed: {self.close_reason}")
-        self.protocol.send(frame)
+            return False
+        if not self.protocol.send(frame):
+            return False
         if self.protocol.outbox_size > self._config.max_write_buffer:
-            _log.error(
+            limited_log.warning(
+                "write-overflow",
                 "connection %s: %d bytes queued for a peer that is not reading; closing it",
                 self.name,
                 self.protocol.outbox_size,
             )
             self.close("write buffer overflow: the peer stopped reading")
-            return
+            return True
         self._wake_writer()
+        return True
 
     def close(self, reason: str) -> None:
         """End the connection now (idempotent, synchronous): :meth:`run` returns soon.
@@ -138,7 +188,12 @@ class FrameConnection:
         if self.close_reason is None:
             self.close_reason = reason
             if self._on_close is not None:
-                self._on_close(reason)
+                try:
+                    self._on_close(reason)
+                except Exception:
+                    # The owner's callback is its own business, but it runs in
+                    # whatever task closed the connection: never let it escape there.
+                    _log.exception("connection %s: error in its close callback", self.name)
 
     async def run(self) -> None:
         """Serve the connection until it ends; then close the stream.  Never raises
@@ -156,20 +211,27 @@ class FrameConnection:
                         if self.close_reason is not None:
                             self._reader_scope.cancel()  # shut down before it ran
                         await self._read_loop()
-                    # The reader ended on its own (EOF, a protocol error, a graceful
-                    # shutdown): let the writer deliver what is queued (a close or
-                    # goaway frame saying why), briefly, instead of dropping it.
+                    # The reader ended on its own (EOF, a protocol error, the peer's
+                    # close, a graceful shutdown): let the writer deliver what is
+                    # queued (a close or goaway frame saying why), briefly, instead
+                    # of dropping it.
                     heartbeat.cancel()
                     self._draining = True
                     self._wake_writer()
                     nursery.cancel_scope.deadline = trio.current_time() + _FINAL_FLUSH_TIMEOUT
             if self._flushed:
                 await self._linger()
+        except BaseException as exc:
+            _, escaped = split_cancelled(exc)
+            if escaped is not None:  # a bug here or in on_frames: the owner contains it
+                self._declare_closed(f"internal error ({type(escaped).__name__})")
+            raise
         finally:
             self._declare_closed("closed")  # a no-op unless nothing else closed it
             await trio.aclose_forcefully(self._stream)
 
     async def _read_loop(self) -> None:
+        protocol = self.protocol
         while True:
             try:
                 data = await self._stream.receive_some(_RECEIVE_SIZE)
@@ -179,24 +241,30 @@ class FrameConnection:
             if not data:
                 self._declare_closed("the peer closed the connection")
                 return
-            self._last_received = trio.current_time()
+            received_before = protocol.frames_received
             try:
-                frames = self.protocol.receive_data(data)
+                frames = protocol.receive_data(data)
             except ProtocolError as exc:
-                _log.error("connection %s: protocol error, closing it: %s", self.name, exc.message)
-                self._declare_closed(f"protocol error: {exc.message}")
+                limited_log.warning(
+                    "protocol-error",
+                    "connection %s: protocol error, closing it: %s",
+                    self.name,
+                    printable(exc.message),
+                )
+                self._declare_closed(f"protocol error: {printable(exc.message)}")
                 return
+            if protocol.frames_received != received_before:
+                self._last_received = trio.current_time()  # only whole, valid frames are life
             if frames:
-                for frame in frames:
-                    if isinstance(frame, Close):
-                        _log.info(
-                            "connection %s: peer is closing it (%s: %s)",
-                            self.name,
-                            frame.code,
-                            frame.message,
-                        )
                 self._on_frames(frames)
-            if self.protocol.outbox_size:
+            if protocol.close_frame is not None:
+                message = describe_close(protocol.close_frame)
+                _log.debug("connection %s: the peer closed it (%s)", self.name, message)
+                self._declare_closed(f"the peer closed the connection ({message})")
+                return
+            if self.close_reason is not None:
+                return  # on_frames closed it
+            if protocol.outbox_size:
                 self._wake_writer()
 
     def _wake_writer(self) -> None:
@@ -238,28 +306,36 @@ class FrameConnection:
                 self._last_received = max(self._last_received, now - interval)
             silent_for = now - self._last_received
             if silent_for > timeout:
-                _log.warning(
-                    "connection %s: nothing received for %.1fs; declaring it dead",
+                limited_log.warning(
+                    "heartbeat-timeout",
+                    "connection %s: no frame received for %.1fs; declaring it dead",
                     self.name,
                     silent_for,
                 )
-                self.close(f"heartbeat timeout: peer silent for {silent_for:.1f}s")
+                self.close(f"heartbeat timeout: no frame from the peer for {silent_for:.1f}s")
                 return
-            if not self.closed:
-                self.send(Ping())
+            self.send(Ping())
 
     async def _linger(self) -> None:
-        """Close gracefully: FIN, then discard the peer's input until it closes too.
+        await linger(self._stream)
 
-        Closing a socket with unread input makes the kernel send a reset, and a
-        reset destroys whatever the peer has not read yet: the close frame that
-        says why we hung up, for one.  Bounded by a short timeout.
-        """
-        with (
-            trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True),
-            suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
-        ):
-            if isinstance(self._stream, trio.abc.HalfCloseableStream):
-                await self._stream.send_eof()
-            while await self._stream.receive_some(_RECEIVE_SIZE):
-                pass
+
+async def linger(stream: trio.abc.Stream, *, limit: int | None = None) -> None:
+    """Close gracefully: FIN, then discard the peer's input until it closes too.
+
+    Closing a socket with unread input makes the kernel send a reset, and a
+    reset destroys whatever the peer has not read yet: the close frame that
+    says why we hung up, for one.  Bounded by a short timeout and, with
+    ``limit``, by the bytes discarded.  The caller still closes ``stream``.
+    """
+    with (
+        trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True),
+        suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
+    ):
+        if isinstance(stream, trio.abc.HalfCloseableStream):
+            await stream.send_eof()
+        discarded = 0
+        while data := await stream.receive_some(_RECEIVE_SIZE):
+            discarded += len(data)
+            if limit is not None and discarded > limit:
+                return

@@ -1,6 +1,6 @@
 """The request plane's wire format: frame types and the length-prefixed codec.
 
-Wire format, version 1
+Wire format, version 2
 ======================
 
 A connection is a sequence of *frames* in each direction.  Each frame is::
@@ -12,20 +12,59 @@ A connection is a sequence of *frames* in each direction.  Each frame is::
 The body is a msgpack array whose first element is a short string tag naming
 the frame type, followed by that type's fields in order (``msgspec`` structs
 with ``array_like=True, tag=...``).  Optional trailing fields may be omitted.
-A body longer than the receiver's ``max_frame_size`` is a protocol error: the
-receiver closes the connection without buffering it.
+A body longer than the receiver's limit is a protocol error: the receiver
+closes the connection without buffering it.  Until the handshake is complete
+that limit is :data:`HANDSHAKE_MAX_FRAME_SIZE` (4 KiB) in both directions, so
+a peer that has not authenticated can make the other end hold only a few KiB;
+after ``welcome`` it is each side's ``max_frame_size``
+(``DYN_TCP_MAX_MESSAGE_SIZE``).
+
+The connection may run over TLS (``DYN_TCP_TLS``); the frames are the same.
+
+Handshake
+---------
+
+The client speaks first; four frames, each exactly once, in this order::
+
+    C -> S  hello      version, nonce_c (32 random bytes), peer name
+    S -> C  challenge  version, nonce_s (32 random bytes)
+    C -> S  auth       proof_c
+    S -> C  welcome    version, peer name, max_streams, max_frame_size, proof_s
+
+With a shared token ``T`` (``DYN_REQUEST_PLANE_TOKEN``)::
+
+    proof_c = HMAC-SHA256(T, b"dynamo-trio/2 client\0" + nonce_s + nonce_c)
+    proof_s = HMAC-SHA256(T, b"dynamo-trio/2 server\0" + nonce_s + nonce_c)
+
+Without a token both proofs are absent (``nil``).  The server checks
+``proof_c`` against its own token (a constant-time comparison) and answers
+``welcome`` or ``close unauthenticated``; a client that has a token checks
+``proof_s`` and refuses a server that cannot prove it knows the token too.
+The token itself never crosses the wire, and a proof is bound to both nonces,
+so a captured handshake is worthless: replayed, it answers a challenge the
+server will never send again.  Nothing but these frames (and ``close``) may be
+sent before ``welcome``; a server answers anything else with ``close`` and
+drops the connection.
+
+Version 1 (``hello`` carrying the token in clear, the server silent until it)
+is not understood by version 2 ends, nor the reverse: both ends must run the
+same version, and a mismatch ends the handshake with a ``close`` that says so
+(or, for a version-1 peer, a ``malformed frame`` protocol error).
 
 Connection frames:
 
-=========  =========  ==========================================================
-tag        direction  meaning
-=========  =========  ==========================================================
-``hello``  C -> S     first frame: ``version``, optional shared ``token``, ``peer`` name
-``welcome`` S -> C    handshake accepted: ``version``, ``peer`` name, server limits
-``ping``   both       liveness; each side sends one every heartbeat interval
-``goaway`` S -> C     the server takes no new streams (shutting down); open ones go on
-``close``  both       the sender is closing the connection: ``code``, ``message``
-=========  =========  ==========================================================
+=============  =========  ======================================================
+tag            direction  meaning
+=============  =========  ======================================================
+``hello``      C -> S     first frame: ``version``, ``nonce`` (client), ``peer``
+``challenge``  S -> C     ``version``, ``nonce`` (server)
+``auth``       C -> S     ``proof`` (client), or nil without a token
+``welcome``    S -> C     handshake accepted: ``version``, ``peer`` name, server
+                          limits, ``proof`` (server), or nil without a token
+``ping``       both       liveness; each side sends one every heartbeat interval
+``goaway``     S -> C     the server takes no new streams (shutting down); open ones go on
+``close``      both       the sender is closing the connection: ``code``, ``message``
+=============  =========  ======================================================
 
 Stream frames carry a stream id ``sid`` chosen by the client (strictly
 increasing on a connection, never reused):
@@ -34,7 +73,8 @@ increasing on a connection, never reused):
 tag         direction  meaning
 ==========  =========  =========================================================
 ``req``     C -> S     open a stream: endpoint, instance, request id, payload,
-                       time remaining before the deadline, initial credit window
+                       time remaining before the deadline, initial credit window,
+                       headers
 ``item``    S -> C     one response item (``data`` and Dynamo's annotations);
                        costs one credit
 ``end``     S -> C     terminal: ``outcome`` complete | stopped | killed, ``reason``
@@ -49,19 +89,32 @@ A stream is ``req`` -> ``item``* -> (``end`` | ``err``).  A worker sends an
 and nothing else.  ``ctl`` and ``credit`` for a stream that already ended are
 ignored (they crossed the terminal frame on the wire), as are ``item``/``end``
 for a stream the client already killed.
+
+A ``req`` whose fields are well-formed msgpack but out of range (a ``timeout``
+that is negative, NaN or infinite, a ``window`` outside 1..2**24, headers that
+are not a small map of short strings, a payload that is not JSON-like) is
+answered with ``err InvalidArgument`` for that stream only (see
+:mod:`~dynamo_trio.request_plane._validate`); its ``sid`` counts as used.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
 from .._errors import InvalidArgument, ProtocolError
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 __all__ = [
+    "HANDSHAKE_MAX_FRAME_SIZE",
+    "NONCE_SIZE",
     "PROTOCOL_VERSION",
+    "Auth",
+    "Challenge",
     "Close",
     "Control",
     "Credit",
@@ -73,12 +126,21 @@ __all__ = [
     "Hello",
     "Item",
     "Ping",
+    "RawRequest",
     "Request",
+    "WireFrame",
     "Welcome",
     "encode_frame",
+    "frame_tag",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+
+HANDSHAKE_MAX_FRAME_SIZE: Final = 4096
+"""The largest frame body either end accepts before the handshake is complete."""
+
+NONCE_SIZE: Final = 32
+"""Bytes in each handshake nonce."""
 
 _HEADER: Final = struct.Struct(">I")
 
@@ -89,8 +151,17 @@ class _Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 class Hello(_Frame, tag="hello", frozen=True):
     version: int
-    token: str | None = None
+    nonce: bytes
     peer: str = ""
+
+
+class Challenge(_Frame, tag="challenge", frozen=True):
+    version: int
+    nonce: bytes
+
+
+class Auth(_Frame, tag="auth", frozen=True):
+    proof: bytes | None = None
 
 
 class Welcome(_Frame, tag="welcome", frozen=True):
@@ -98,6 +169,7 @@ class Welcome(_Frame, tag="welcome", frozen=True):
     peer: str = ""
     max_streams: int = 0
     max_frame_size: int = 0
+    proof: bytes | None = None
 
 
 class Ping(_Frame, tag="ping", frozen=True):
@@ -114,6 +186,8 @@ class Close(_Frame, tag="close", frozen=True):
 
 
 class Request(_Frame, tag="req", frozen=True):
+    """A ``req`` frame as sent, and as returned by the protocol once validated."""
+
     sid: int
     endpoint: str
     instance_id: int
@@ -122,6 +196,25 @@ class Request(_Frame, tag="req", frozen=True):
     window: int
     timeout: float | None = None
     headers: dict[str, str] | None = None
+
+
+class RawRequest(_Frame, tag="req", frozen=True):
+    """A ``req`` frame as received: only ``sid`` is typed by the decoder.
+
+    The other fields are checked one by one by the protocol
+    (:func:`~dynamo_trio.request_plane._validate.validate_request`), so a bad
+    field fails that stream with a precise ``InvalidArgument`` instead of
+    failing the whole connection as an undecodable frame.
+    """
+
+    sid: int
+    endpoint: Any
+    instance_id: Any
+    request_id: Any
+    payload: Any
+    window: Any
+    timeout: Any = None
+    headers: Any = None
 
 
 class Item(_Frame, tag="item", frozen=True):
@@ -159,12 +252,44 @@ class Credit(_Frame, tag="credit", frozen=True):
     items: int
 
 
-Frame = Hello | Welcome | Ping | GoAway | Close | Request | Item | End | Error | Control | Credit
+Frame = (
+    Hello
+    | Challenge
+    | Auth
+    | Welcome
+    | Ping
+    | GoAway
+    | Close
+    | Request
+    | Item
+    | End
+    | Error
+    | Control
+    | Credit
+)
+"""Every frame type, as this end builds and sends them."""
+
+WireFrame = (
+    Hello
+    | Challenge
+    | Auth
+    | Welcome
+    | Ping
+    | GoAway
+    | Close
+    | RawRequest
+    | Item
+    | End
+    | Error
+    | Control
+    | Credit
+)
+"""Every frame type, as :class:`FrameDecoder` returns them (``req`` not yet validated)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
 
 
-def encode_frame(frame: Frame, out: bytearray, max_frame_size: int) -> None:
+def encode_frame(frame: Frame | WireFrame, out: bytearray, max_frame_size: int) -> None:
     """Append ``frame``, length-prefixed, to ``out``.
 
     Raises:
@@ -177,17 +302,19 @@ def encode_frame(frame: Frame, out: bytearray, max_frame_size: int) -> None:
         _encoder.encode_into(frame, out, -1)
     except Exception as exc:  # EncodeError, TypeError, OverflowError, RecursionError, ...
         del out[start:]
-        raise InvalidArgument(f"cannot encode a {_tag(frame)!r} frame: {exc}") from None
+        raise InvalidArgument(f"cannot encode a {frame_tag(frame)!r} frame: {exc}") from None
     size = len(out) - start - _HEADER.size
     if size > max_frame_size:
         del out[start:]
         raise InvalidArgument(
-            f"a {_tag(frame)!r} frame of {size} bytes exceeds the limit of {max_frame_size} bytes"
+            f"a {frame_tag(frame)!r} frame of {size} bytes exceeds the limit of "
+            f"{max_frame_size} bytes"
         )
     _HEADER.pack_into(out, start, size)
 
 
-def _tag(frame: Frame) -> str:
+def frame_tag(frame: Frame | WireFrame) -> str:
+    """The wire tag of ``frame`` (``"req"``, ``"item"``, ...)."""
     return str(type(frame).__struct_config__.tag)
 
 
@@ -197,47 +324,73 @@ class FrameDecoder:
     Args:
         max_frame_size: Largest body accepted; a larger length prefix is a
             protocol error raised as soon as the prefix arrives (at most one
-            read's worth of the body is ever held).
+            read's worth of the body is ever held).  It may be changed between
+            calls (:attr:`max_frame_size`): the protocol raises it once the
+            handshake is complete.
     """
 
     def __init__(self, max_frame_size: int) -> None:
-        self._max_frame_size = max_frame_size
+        self.max_frame_size = max_frame_size
         self._buffer = bytearray()
-        self._decoder = msgspec.msgpack.Decoder(Frame)
+        self._position = 0  # where the next frame starts in _buffer
+        self._decoder = msgspec.msgpack.Decoder(WireFrame)
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a whole frame."""
-        return len(self._buffer)
+        return len(self._buffer) - self._position
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[WireFrame]:
         """Add received bytes; return every frame they complete, in order.
 
         Raises:
             ProtocolError: on an oversized length prefix or an undecodable body.
         """
+        return list(self.frames(data))
+
+    def frames(self, data: bytes | bytearray | memoryview) -> Iterator[WireFrame]:
+        """Add received bytes; iterate over the frames they complete, in order.
+
+        Frames are decoded one at a time as the iteration asks for them, so a
+        caller that stops early (its connection closed) decodes no more, and a
+        malformed frame raises :class:`ProtocolError` only when it is reached.
+        """
+        self._buffer += data
+        return self._next_frames()
+
+    def _next_frames(self) -> Iterator[WireFrame]:
         buffer = self._buffer
-        buffer += data
-        frames: list[Frame] = []
-        position = 0
-        end = len(buffer)
-        with memoryview(buffer) as view:
-            while end - position >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(view, position)
-                if size > self._max_frame_size:
-                    raise ProtocolError(
-                        f"peer announced a frame of {size} bytes; "
-                        f"the limit is {self._max_frame_size} bytes"
-                    )
-                body_start = position + _HEADER.size
-                if end - body_start < size:
-                    break
-                try:
-                    frames.append(self._decoder.decode(view[body_start : body_start + size]))
-                except msgspec.DecodeError as exc:
-                    raise ProtocolError(f"malformed frame: {exc}") from None
-                except RecursionError:
-                    raise ProtocolError("malformed frame: values nested too deeply") from None
-                position = body_start + size
-        del buffer[:position]
-        return frames
+        while True:
+            position = self._position
+            available = len(buffer) - position
+            if available < _HEADER.size:
+                break
+            (size,) = _HEADER.unpack_from(buffer, position)
+            if size > self.max_frame_size:
+                hint = ""
+                if _is_tls(buffer, position):
+                    hint = " (a TLS handshake? this end does not use TLS)"
+                raise ProtocolError(
+                    f"peer announced a frame of {size} bytes; "
+                    f"the limit is {self.max_frame_size} bytes{hint}"
+                )
+            start = position + _HEADER.size
+            if len(buffer) - start < size:
+                break
+            self._position = start + size
+            try:
+                with memoryview(buffer) as view:
+                    frame: WireFrame = self._decoder.decode(view[start : start + size])
+            except msgspec.DecodeError as exc:
+                raise ProtocolError(f"malformed frame: {exc}") from None
+            except RecursionError:
+                raise ProtocolError("malformed frame: values nested too deeply") from None
+            yield frame
+        # Everything whole has been taken: drop it, once per batch.
+        del buffer[: self._position]
+        self._position = 0
+
+
+def _is_tls(buffer: bytearray, position: int) -> bool:
+    # A TLS record starts with content type 22 (handshake) and major version 3.
+    return buffer[position] == 0x16 and buffer[position + 1] == 0x03

@@ -9,38 +9,91 @@ in through :meth:`~ProtocolConnection.receive_data` and come back as the frames
 the caller must act on; frames go out through :meth:`~ProtocolConnection.send`
 and accumulate as bytes for :meth:`~ProtocolConnection.data_to_send`.
 
-Two rules keep the state machine in one place:
+States
+------
 
-1. Everything that decides whether a frame is *allowed* lives here: the
-   handshake, which side may send which frame, stream ids, the stream table,
-   the stream limit, and credit accounting.  The I/O layer never re-checks.
-2. Benign races are absorbed here, silently: a ``ctl`` or ``credit`` that
-   crossed its stream's terminal frame, an ``item`` or ``end`` for a stream the
-   client already killed.  Such frames are not returned.  Anything else that is
-   out of place raises :class:`~dynamo_trio.ProtocolError`, after queueing a
-   ``close`` frame that tells the peer why (the caller flushes it best-effort
-   and drops the connection).
+A connection is in one :class:`ConnectionState` at a time; each role uses its
+own subset::
 
-Some requests are answered here without involving the caller at all: a
-``req`` beyond the stream limit gets an ``err`` ``ResourceExhausted``, and one
-that arrives after ``goaway`` gets an ``err`` ``EngineShutdown``.
+    server:  AWAIT_HELLO -> AWAIT_AUTH -> AUTHENTICATING -> OPEN -> DRAINING
+    client:  AWAIT_CHALLENGE -> AWAIT_WELCOME -> OPEN -> DRAINING
+    both:    any state -> CLOSED  (a close frame either way, or a violation)
+
+``AUTHENTICATING`` is the server holding a client's proof until the I/O layer
+lets it be judged (:meth:`~ProtocolConnection.authenticate`): that is where a
+worker paces failed authentications from one address.  ``DRAINING`` is after
+``goaway`` (sent by a server, received by a client): open streams go on, new
+ones are refused.  ``CLOSED`` is final.
+
+The tables
+----------
+
+What *receiving* each frame type does, in each state, is written down as data:
+:data:`RECEIVE` maps ``(role, state, frame type)`` to a :class:`Receive`
+action and the state it leads to.  What local code may *send* is the same kind
+of table, :data:`SEND`, with :class:`Send` actions.  Every combination is in
+the tables (a test checks it), so nothing is decided by a fall-through.  The
+rules the tables encode:
+
+1. Before ``welcome`` a peer can do nothing but the next handshake step or
+   ``close``: any other frame is a violation, answered with ``close`` and the
+   end of the connection.  An unauthenticated peer never reaches the stream
+   table, and the decoder accepts at most
+   :data:`~dynamo_trio.request_plane._frames.HANDSHAKE_MAX_FRAME_SIZE` bytes
+   per frame until then.
+2. A ``close`` received in any state ends the connection in order: the state
+   becomes ``CLOSED`` and the frame is returned, so the I/O layer ends its
+   streams (transport lost / Disconnected).  Nothing after it counts.
+3. In ``CLOSED`` everything received is dropped, and every send of a frame
+   this role may send is *dropped* (``send`` returns ``False``), never an
+   error: whether the connection is still open is the peer's decision, and
+   nothing a peer sends may make a local send raise.  Only a frame this role
+   may never send (a server sending ``req``), or a broken stream rule (an
+   ``item`` without credit), raises ``RuntimeError``: that is a local bug.
+4. Benign races are absorbed silently: a ``ctl`` or ``credit`` that crossed
+   its stream's terminal frame, an ``item`` or ``end`` for a stream the client
+   already killed.  Such frames are not returned.  Anything else out of place
+   raises :class:`~dynamo_trio.ProtocolError`, after queueing a ``close`` frame
+   that tells the peer why (the caller flushes it best-effort and drops the
+   connection).
+
+Some requests are answered here without involving the caller: a ``req`` whose
+fields are out of range gets ``err InvalidArgument`` (the stream never opens),
+one beyond the stream limit ``err ResourceExhausted``, and one after ``goaway``
+``err EngineShutdown``.
 
 Credits: the client grants ``window`` credits in ``req`` and more with
 ``credit``; each ``item`` costs one.  The server must hold a credit to send an
 item (:meth:`ProtocolConnection.credits`); a client that receives more items
 than it granted has a misbehaving peer.
+
+:attr:`ProtocolConnection.frames_received` counts every valid frame received
+(including pings and absorbed races): the I/O layer treats only that as a sign
+of life, never a stray byte.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
+import secrets
 from contextlib import suppress
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
-from .._errors import EngineShutdown, InvalidArgument, ProtocolError, ResourceExhausted
+from .._errors import (
+    DynamoError,
+    EngineShutdown,
+    InvalidArgument,
+    ProtocolError,
+    ResourceExhausted,
+)
 from ._frames import (
+    HANDSHAKE_MAX_FRAME_SIZE,
+    NONCE_SIZE,
     PROTOCOL_VERSION,
+    Auth,
+    Challenge,
     Close,
     Control,
     Credit,
@@ -51,16 +104,30 @@ from ._frames import (
     Hello,
     Item,
     Ping,
+    RawRequest,
     Request,
     Welcome,
-    _tag,
     encode_frame,
+    frame_tag,
 )
+from ._validate import MAX_CREDIT, validate_request
 
 if TYPE_CHECKING:
-    from ._frames import Frame
+    from collections.abc import Mapping
 
-__all__ = ["ConnectionState", "ProtocolConnection", "Role"]
+    from ._frames import Frame, WireFrame
+
+__all__ = [
+    "RECEIVE",
+    "SEND",
+    "ConnectionState",
+    "ProtocolConnection",
+    "Receive",
+    "Role",
+    "Send",
+    "client_proof",
+    "server_proof",
+]
 
 
 class Role(enum.Enum):
@@ -69,9 +136,250 @@ class Role(enum.Enum):
 
 
 class ConnectionState(enum.Enum):
-    HANDSHAKE = "handshake"
+    AWAIT_HELLO = "awaiting hello"
+    """(server) Accepted; the client's ``hello`` has not arrived."""
+    AWAIT_CHALLENGE = "awaiting challenge"
+    """(client) ``hello`` sent; the server's ``challenge`` has not arrived."""
+    AWAIT_AUTH = "awaiting auth"
+    """(server) ``challenge`` sent; the client's ``auth`` has not arrived."""
+    AUTHENTICATING = "authenticating"
+    """(server) ``auth`` received, to be judged by :meth:`ProtocolConnection.authenticate`."""
+    AWAIT_WELCOME = "awaiting welcome"
+    """(client) ``auth`` sent; the server's verdict has not arrived."""
     OPEN = "open"
+    DRAINING = "draining"
+    """After ``goaway``: open streams go on, new ones are refused."""
     CLOSED = "closed"
+
+    @property
+    def handshaking(self) -> bool:
+        return self in _HANDSHAKE_STATES
+
+
+_HANDSHAKE_STATES: Final = frozenset(
+    {
+        ConnectionState.AWAIT_HELLO,
+        ConnectionState.AWAIT_CHALLENGE,
+        ConnectionState.AWAIT_AUTH,
+        ConnectionState.AUTHENTICATING,
+        ConnectionState.AWAIT_WELCOME,
+    }
+)
+
+
+class Receive(enum.Enum):
+    """What receiving a frame does (the actions of :data:`RECEIVE`)."""
+
+    VIOLATION = "protocol violation: queue close, end the connection"
+    DROP = "ignore it: the connection is closed"
+    PEER_CLOSE = "the peer is closing: end the connection, return the frame"
+    LIFE = "a sign of life, nothing else (not returned)"
+    HELLO = "check the version, queue a challenge"
+    CHALLENGE = "check the version, queue auth with our proof"
+    AUTH = "hold the proof for authenticate()"
+    WELCOME = "check the server's proof, open, return the frame"
+    GOAWAY = "no new streams from now on, return the frame"
+    REQUEST = "validate, open the stream or refuse it with err, return it if opened"
+    STREAM_CONTROL = "ctl/credit for a known stream: apply, return it"
+    STREAM_RESPONSE = "item/end/err for a known stream: account, return it"
+
+
+class Send(enum.Enum):
+    """What sending a frame does (the actions of :data:`SEND`)."""
+
+    BUG = "raise RuntimeError: this role never sends it here (a local bug)"
+    DROP = "drop it silently, return False: the connection is closed or closing"
+    PLAIN = "queue it"
+    CLOSE = "queue it, the connection is closed"
+    GOAWAY = "queue it, no new streams from now on"
+    REQUEST = "open the stream, queue it"
+    ITEM = "spend a credit, queue it"
+    TERMINAL = "end the stream, queue it"
+    CONTROL = "queue it if the stream is open (a kill forgets the stream)"
+    CREDIT = "queue it if the stream is open"
+
+
+_S = ConnectionState
+_Cell = TypeVar("_Cell")
+_Transition = tuple[Receive, ConnectionState | None]
+_V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
+_DROP: Final[_Transition] = (Receive.DROP, None)
+_CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
+_LIFE: Final[_Transition] = (Receive.LIFE, None)
+
+_FRAME_TYPES: Final = (
+    Hello,
+    Challenge,
+    Auth,
+    Welcome,
+    Ping,
+    GoAway,
+    Close,
+    RawRequest,
+    Item,
+    End,
+    Error,
+    Control,
+    Credit,
+)
+
+SERVER_STATES: Final = (
+    _S.AWAIT_HELLO,
+    _S.AWAIT_AUTH,
+    _S.AUTHENTICATING,
+    _S.OPEN,
+    _S.DRAINING,
+    _S.CLOSED,
+)
+CLIENT_STATES: Final = (_S.AWAIT_CHALLENGE, _S.AWAIT_WELCOME, _S.OPEN, _S.DRAINING, _S.CLOSED)
+
+
+def _table(
+    role: Role,
+    states: tuple[ConnectionState, ...],
+    rows: Mapping[type, tuple[_Cell, ...]],
+) -> dict[tuple[Role, ConnectionState, type], _Cell]:
+    assert set(rows) == set(_FRAME_TYPES), "every frame type has a row"
+    table: dict[tuple[Role, ConnectionState, type], _Cell] = {}
+    for frame_type, cells in rows.items():
+        assert len(cells) == len(states), frame_type
+        for state, cell in zip(states, cells, strict=True):
+            table[role, state, frame_type] = cell
+    return table
+
+
+# The cells of the receive tables: (action, next state; None = unchanged).
+_HELLO: Final[_Transition] = (Receive.HELLO, _S.AWAIT_AUTH)
+_AUTH: Final[_Transition] = (Receive.AUTH, _S.AUTHENTICATING)
+_CHALL: Final[_Transition] = (Receive.CHALLENGE, _S.AWAIT_WELCOME)
+_WELC: Final[_Transition] = (Receive.WELCOME, _S.OPEN)
+_GOAWAY: Final[_Transition] = (Receive.GOAWAY, _S.DRAINING)
+_REQ: Final[_Transition] = (Receive.REQUEST, None)
+_CTL: Final[_Transition] = (Receive.STREAM_CONTROL, None)
+_RESP: Final[_Transition] = (Receive.STREAM_RESPONSE, None)
+
+# fmt: off
+_SERVER_RECEIVES: Final = _table(Role.SERVER, SERVER_STATES, {
+    #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
+    Hello:      (_HELLO,      _V,         _V,             _V,     _V,       _DROP),
+    Challenge:  (_V,          _V,         _V,             _V,     _V,       _DROP),
+    Auth:       (_V,          _AUTH,      _V,             _V,     _V,       _DROP),
+    Welcome:    (_V,          _V,         _V,             _V,     _V,       _DROP),
+    Ping:       (_V,          _V,         _V,             _LIFE,  _LIFE,    _DROP),
+    GoAway:     (_V,          _V,         _V,             _V,     _V,       _DROP),
+    Close:      (_CLOSE,      _CLOSE,     _CLOSE,         _CLOSE, _CLOSE,   _DROP),
+    RawRequest: (_V,          _V,         _V,             _REQ,   _REQ,     _DROP),
+    Item:       (_V,          _V,         _V,             _V,     _V,       _DROP),
+    End:        (_V,          _V,         _V,             _V,     _V,       _DROP),
+    Error:      (_V,          _V,         _V,             _V,     _V,       _DROP),
+    Control:    (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
+    Credit:     (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
+})
+
+_CLIENT_RECEIVES: Final = _table(Role.CLIENT, CLIENT_STATES, {
+    #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
+    Hello:      (_V,              _V,            _V,      _V,       _DROP),
+    Challenge:  (_CHALL,          _V,            _V,      _V,       _DROP),
+    Auth:       (_V,              _V,            _V,      _V,       _DROP),
+    Welcome:    (_V,              _WELC,         _V,      _V,       _DROP),
+    Ping:       (_V,              _V,            _LIFE,   _LIFE,    _DROP),
+    GoAway:     (_V,              _V,            _GOAWAY, _LIFE,    _DROP),
+    Close:      (_CLOSE,          _CLOSE,        _CLOSE,  _CLOSE,   _DROP),
+    RawRequest: (_V,              _V,            _V,      _V,       _DROP),
+    Item:       (_V,              _V,            _RESP,   _RESP,    _DROP),
+    End:        (_V,              _V,            _RESP,   _RESP,    _DROP),
+    Error:      (_V,              _V,            _RESP,   _RESP,    _DROP),
+    Control:    (_V,              _V,            _V,      _V,       _DROP),
+    Credit:     (_V,              _V,            _V,      _V,       _DROP),
+})
+# fmt: on
+
+RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
+    **_SERVER_RECEIVES,
+    **_CLIENT_RECEIVES,
+}
+"""``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
+
+_SendRule = tuple[Send, ConnectionState | None]
+_BUG: Final[_SendRule] = (Send.BUG, None)
+_GONE: Final[_SendRule] = (Send.DROP, None)
+_PLAIN: Final[_SendRule] = (Send.PLAIN, None)
+_SHUT: Final[_SendRule] = (Send.CLOSE, _S.CLOSED)
+
+
+# The cells of the send tables, besides _BUG, _GONE, _PLAIN and _SHUT.
+_GO: Final[_SendRule] = (Send.GOAWAY, _S.DRAINING)
+_ITEM: Final[_SendRule] = (Send.ITEM, None)
+_TERM: Final[_SendRule] = (Send.TERMINAL, None)
+_OPEN: Final[_SendRule] = (Send.REQUEST, None)
+_CTRL: Final[_SendRule] = (Send.CONTROL, None)
+_CRED: Final[_SendRule] = (Send.CREDIT, None)
+
+# Handshake frames are queued by the machine itself (start(), the receive
+# actions, authenticate()): sending one through send() is a bug in any state.
+# fmt: off
+_SERVER_SENDS: Final = _table(Role.SERVER, SERVER_STATES, {
+    #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
+    Hello:      (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Challenge:  (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Auth:       (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Welcome:    (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Ping:       (_BUG,        _BUG,       _BUG,           _PLAIN, _PLAIN,   _GONE),
+    GoAway:     (_BUG,        _BUG,       _BUG,           _GO,    _GONE,    _GONE),
+    Close:      (_SHUT,       _SHUT,      _SHUT,          _SHUT,  _SHUT,    _GONE),
+    RawRequest: (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Item:       (_BUG,        _BUG,       _BUG,           _ITEM,  _ITEM,    _GONE),
+    End:        (_BUG,        _BUG,       _BUG,           _TERM,  _TERM,    _GONE),
+    Error:      (_BUG,        _BUG,       _BUG,           _TERM,  _TERM,    _GONE),
+    Control:    (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+    Credit:     (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
+})
+
+_CLIENT_SENDS: Final = _table(Role.CLIENT, CLIENT_STATES, {
+    #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
+    Hello:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Challenge:  (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Auth:       (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Welcome:    (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Ping:       (_BUG,            _BUG,          _PLAIN,  _PLAIN,   _GONE),
+    GoAway:     (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Close:      (_SHUT,           _SHUT,         _SHUT,   _SHUT,    _GONE),
+    RawRequest: (_BUG,            _BUG,          _OPEN,   _GONE,    _GONE),
+    Item:       (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    End:        (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Error:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
+    Control:    (_BUG,            _BUG,          _CTRL,   _CTRL,    _GONE),
+    Credit:     (_BUG,            _BUG,          _CRED,   _CRED,    _GONE),
+})
+# fmt: on
+
+SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
+    **_SERVER_SENDS,
+    **_CLIENT_SENDS,
+}
+"""``(role, state, sent frame type) -> (action, next state or None)``; ``req`` is
+keyed by :class:`RawRequest`, the wire type of the ``req`` tag."""
+
+_EXPECTED: Final = {
+    _S.AWAIT_HELLO: "a 'hello' frame first",
+    _S.AWAIT_AUTH: "an 'auth' frame",
+    _S.AUTHENTICATING: "nothing after 'auth' until the server's verdict",
+    _S.AWAIT_CHALLENGE: "a 'challenge' frame first",
+    _S.AWAIT_WELCOME: "a 'welcome' frame",
+}
+
+_CLIENT_LABEL: Final = b"dynamo-trio/2 client\0"
+_SERVER_LABEL: Final = b"dynamo-trio/2 server\0"
+
+
+def client_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """The client's answer to a challenge: ``HMAC-SHA256(token, label + nonce_s + nonce_c)``."""
+    return hmac.digest(token.encode(), _CLIENT_LABEL + server_nonce + client_nonce, hashlib.sha256)
+
+
+def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """The server's proof in ``welcome`` (a different label: a proof is never reflected)."""
+    return hmac.digest(token.encode(), _SERVER_LABEL + server_nonce + client_nonce, hashlib.sha256)
 
 
 class _StreamState:
@@ -85,20 +393,20 @@ class _StreamState:
         self.received = 0
 
 
-_SERVER_RECEIVES: Final = (Hello, Request, Control, Credit, Ping, Close)
-_CLIENT_RECEIVES: Final = (Welcome, Item, End, Error, GoAway, Ping, Close)
-
-
 class ProtocolConnection:
     """One end of a request-plane connection, as a pure state machine.
 
     Args:
         role: Which end this is.  Clients open streams; servers answer them.
-        max_frame_size: Largest frame body accepted or sent.
+        max_frame_size: Largest frame body accepted or sent once the
+            handshake is complete (before it, the limit is
+            :data:`~dynamo_trio.request_plane._frames.HANDSHAKE_MAX_FRAME_SIZE`).
         max_streams: (server) Concurrent streams accepted on this connection.
-        token: (server) The shared token a client must present, or ``None``
-            for no authentication; (client) the token to present.
+        token: The shared token: a server requires a client to prove it knows
+            it; a client proves it and requires the server to prove it too.
+            ``None``: no authentication.
         peer_name: A name for this end, sent in the handshake (for logs).
+        nonce: This end's handshake nonce (tests only; random by default).
     """
 
     def __init__(
@@ -109,24 +417,46 @@ class ProtocolConnection:
         max_streams: int = 1024,
         token: str | None = None,
         peer_name: str = "",
+        nonce: bytes | None = None,
     ) -> None:
         self.role: Final = role
-        self.state = ConnectionState.HANDSHAKE
+        self.state = _S.AWAIT_HELLO if role is Role.SERVER else _S.AWAIT_CHALLENGE
         self.peer_name = ""
         """The other end's name, from its handshake frame."""
         self.goaway = False
-        """Server: ``goaway`` was sent.  Client: it was received (open no new streams)."""
+        """Server: ``goaway`` was sent.  Client: it was received (open no new streams).
+        It stays true once the connection is closed."""
+        self.close_frame: Close | None = None
+        """The ``close`` frame the peer sent, if that is how the connection ended."""
+        self.frames_received = 0
+        """Valid frames received so far (the I/O layer's sign of life)."""
+        self.refused_streams = 0
+        """(server) ``req`` frames answered with ``err`` without opening a stream."""
         self._max_frame_size = max_frame_size
         self._max_streams = max_streams
         self._token = token
         self._own_name = peer_name
-        self._decoder = FrameDecoder(max_frame_size)
+        self._nonce = secrets.token_bytes(NONCE_SIZE) if nonce is None else nonce
+        self._peer_nonce = b""
+        self._proof: bytes | None = None  # (server) the client's proof, until authenticate()
+        self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME_SIZE)
         self._outbox = bytearray()
         self._streams: dict[int, _StreamState] = {}
         self._killed: set[int] = set()  # (client) killed streams still owed a terminal frame
         self._last_sid = 0
+        self._table: Final = _SERVER_RECEIVES if role is Role.SERVER else _CLIENT_RECEIVES
+        self._send_table: Final = _SERVER_SENDS if role is Role.SERVER else _CLIENT_SENDS
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def closed(self) -> bool:
+        return self.state is _S.CLOSED
+
+    @property
+    def is_established(self) -> bool:
+        """The handshake completed and the connection is not closed (open or draining)."""
+        return self.state is _S.OPEN or self.state is _S.DRAINING
 
     @property
     def open_streams(self) -> int:
@@ -145,65 +475,87 @@ class ProtocolConnection:
     def outbox_size(self) -> int:
         return len(self._outbox)
 
+    @property
+    def buffered(self) -> int:
+        """Received bytes not yet part of a whole frame."""
+        return self._decoder.buffered
+
     # ------------------------------------------------------------------ outbound
 
     def start(self) -> None:
-        """(client) Queue the handshake frame.  Call once, first."""
-        assert self.role is Role.CLIENT
-        assert self.state is ConnectionState.HANDSHAKE
-        self._encode(Hello(PROTOCOL_VERSION, self._token, self._own_name))
+        """(client) Queue the ``hello`` frame.  Call once, first."""
+        if self.role is not Role.CLIENT or self.state is not _S.AWAIT_CHALLENGE or self._outbox:
+            raise RuntimeError("start() is for a new client connection, once")
+        self._encode(Hello(PROTOCOL_VERSION, self._nonce, self._own_name))
 
     def next_sid(self) -> int:
         """(client) The id for the next stream."""
         return self._last_sid + 1
 
-    def send(self, frame: Frame) -> None:
+    def send(self, frame: Frame) -> bool:
         """Queue ``frame`` for sending, updating the stream table.
+
+        Returns:
+            ``True`` if it was queued; ``False`` if it was dropped because the
+            connection is closed (or, for a ``req``, draining), or because its
+            stream has ended (``ctl``, ``credit``).
 
         Raises:
             InvalidArgument: if the frame is too large or holds a value
                 msgpack cannot encode (the state is left unchanged).
-            RuntimeError: if the frame is not allowed now (a local bug).
+            RuntimeError: if this role may never send it here, or a stream
+                rule is broken (a local bug, never the peer's doing).
         """
-        if self.state is ConnectionState.CLOSED:
-            raise RuntimeError("the connection is closed")
-        if isinstance(frame, Item):
+        key = RawRequest if isinstance(frame, Request) else type(frame)
+        action, next_state = self._send_table[self.role, self.state, key]
+        if action is Send.BUG:
+            raise RuntimeError(
+                f"a {self.role.value} may not send {frame_tag(frame)!r} "
+                f"frames when {self.state.value}"
+            )
+        if action is Send.DROP:
+            return False
+        if action is Send.ITEM:
+            assert isinstance(frame, Item)
             stream = self._streams.get(frame.sid)
             if stream is None or stream.credits <= 0:
                 raise RuntimeError(f"no credit to send an item on stream {frame.sid}")
             self._encode(frame)
             stream.credits -= 1
-        elif isinstance(frame, End | Error):
+        elif action is Send.TERMINAL:
+            assert isinstance(frame, End | Error)
             if frame.sid not in self._streams:
                 raise RuntimeError(f"stream {frame.sid} is not open")
             self._encode(frame)
             del self._streams[frame.sid]
-        elif isinstance(frame, Request):
+        elif action is Send.REQUEST:
+            assert isinstance(frame, Request)
             if frame.sid <= self._last_sid or frame.window <= 0:
                 raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
             self._encode(frame)
             self._last_sid = frame.sid
             self._streams[frame.sid] = _StreamState(frame.window)
-        elif isinstance(frame, Control):
-            if frame.sid in self._streams:
-                self._encode(frame)
-                if frame.action == "kill":
-                    # Whatever still arrives for it, up to its terminal frame, is dropped.
-                    del self._streams[frame.sid]
-                    self._killed.add(frame.sid)
-        elif isinstance(frame, Credit):
+        elif action is Send.CONTROL:
+            assert isinstance(frame, Control)
+            if frame.sid not in self._streams:
+                return False
+            self._encode(frame)
+            if frame.action == "kill":
+                # Whatever still arrives for it, up to its terminal frame, is dropped.
+                del self._streams[frame.sid]
+                self._killed.add(frame.sid)
+        elif action is Send.CREDIT:
+            assert isinstance(frame, Credit)
             stream = self._streams.get(frame.sid)
-            if stream is not None:
-                self._encode(frame)
-                stream.granted += frame.items
-        elif isinstance(frame, GoAway):
+            if stream is None:
+                return False
             self._encode(frame)
-            self.goaway = True
-        elif isinstance(frame, Close):
+            stream.granted += frame.items
+        else:  # PLAIN, CLOSE, GOAWAY
             self._encode(frame)
-            self.state = ConnectionState.CLOSED
-        else:
-            self._encode(frame)
+        if next_state is not None:
+            self._enter(next_state)
+        return True
 
     def data_to_send(self) -> bytearray:
         """Take everything queued so far (possibly empty)."""
@@ -220,139 +572,230 @@ class ProtocolConnection:
 
         Raises:
             ProtocolError: the peer broke the protocol; a ``close`` frame
-                explaining why has been queued.
+                explaining why has been queued and the state is ``CLOSED``.
+                Frames accepted before the violation in the same call are
+                lost with the connection.
         """
-        if self.state is ConnectionState.CLOSED:
+        if self.state is _S.CLOSED:
             return []
+        accepted: list[Frame] = []
         try:
-            frames = self._decoder.feed(data)
-            accepted: list[Frame] = []
-            for frame in frames:
-                if self._accept(frame):
+            for wire_frame in self._decoder.frames(data):
+                frame = self._receive(wire_frame)
+                if frame is not None:
                     accepted.append(frame)
-                if isinstance(frame, Close):
+                if self.closed:
                     break  # nothing after a close counts, however TCP split the bytes
-            return accepted
+            if self.state is _S.AUTHENTICATING and self._decoder.buffered:
+                raise ProtocolError("bytes after 'auth', before the server's verdict")
         except ProtocolError as exc:
             self._fail("protocol_error", exc.message)
             raise
+        return accepted
+
+    def _receive(self, frame: WireFrame) -> Frame | None:
+        action, next_state = self._table[self.role, self.state, type(frame)]
+        if action is Receive.DROP:
+            return None
+        if action is Receive.VIOLATION:
+            raise ProtocolError(self._violation(frame))
+        self.frames_received += 1
+        result: Frame | None = None
+        if action is Receive.PEER_CLOSE:
+            assert isinstance(frame, Close)
+            self.close_frame = frame
+            result = frame
+        elif action is Receive.LIFE:
+            pass
+        elif action is Receive.HELLO:
+            assert isinstance(frame, Hello)
+            self._on_hello(frame)
+        elif action is Receive.CHALLENGE:
+            assert isinstance(frame, Challenge)
+            self._on_challenge(frame)
+        elif action is Receive.AUTH:
+            assert isinstance(frame, Auth)
+            self._proof = frame.proof
+        elif action is Receive.WELCOME:
+            assert isinstance(frame, Welcome)
+            self._on_welcome(frame)
+            result = frame
+        elif action is Receive.GOAWAY:
+            assert isinstance(frame, GoAway)
+            result = frame
+        elif action is Receive.REQUEST:
+            assert isinstance(frame, RawRequest)
+            result = self._on_request(frame)
+        elif action is Receive.STREAM_CONTROL:
+            assert isinstance(frame, Control | Credit)
+            result = self._on_stream_control(frame)
+        else:
+            assert action is Receive.STREAM_RESPONSE
+            assert isinstance(frame, Item | End | Error)
+            result = self._on_stream_response(frame)
+        if next_state is not None:
+            self._enter(next_state)
+        return result
+
+    def _enter(self, state: ConnectionState) -> None:
+        self.state = state
+        if state is _S.OPEN:
+            self._decoder.max_frame_size = self._max_frame_size
+        elif state is _S.DRAINING:
+            self.goaway = True
+
+    def _violation(self, frame: WireFrame) -> str:
+        tag = frame_tag(frame)
+        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
+        if all(self._table[self.role, state, type(frame)] == _V for state in states[:-1]):
+            other = "server" if self.role is Role.CLIENT else "client"
+            return f"a {other} may not send {tag!r} frames"
+        expected = _EXPECTED.get(self.state)
+        if expected is not None:
+            return f"expected {expected}, got a {tag!r} frame"
+        return f"an unexpected {tag!r} frame: the handshake is over"
 
     def _fail(self, code: str, message: str) -> None:
-        if self.state is not ConnectionState.CLOSED:
+        if self.state is not _S.CLOSED:
             with suppress(InvalidArgument):
                 self._encode(Close(code, message[:1000]))
-            self.state = ConnectionState.CLOSED
+            self.state = _S.CLOSED
 
-    def _accept(self, frame: Frame) -> bool:
-        if isinstance(frame, Close):
-            self.state = ConnectionState.CLOSED
-            return True
-        if self.role is Role.SERVER:
-            if not isinstance(frame, _SERVER_RECEIVES):
-                raise ProtocolError(f"a client may not send {_tag(frame)!r} frames")
-            return self._server_accept(frame)
-        if not isinstance(frame, _CLIENT_RECEIVES):
-            raise ProtocolError(f"a server may not send {_tag(frame)!r} frames")
-        return self._client_accept(frame)
+    # ---------------------------------------------------------- the handshake
 
-    def _server_accept(self, frame: Frame) -> bool:
-        if self.state is ConnectionState.HANDSHAKE:
-            if not isinstance(frame, Hello):
-                raise ProtocolError(f"expected a 'hello' frame first, got {_tag(frame)!r}")
-            if frame.version != PROTOCOL_VERSION:
-                raise ProtocolError(
-                    f"unsupported protocol version {frame.version}; "
-                    f"this server speaks {PROTOCOL_VERSION}"
-                )
-            if self._token is not None and not (
-                frame.token is not None
-                and hmac.compare_digest(frame.token.encode(), self._token.encode())
-            ):
-                self._fail("unauthenticated", "missing or wrong request-plane token")
-                raise ProtocolError("client failed authentication (missing or wrong token)")
-            self.peer_name = frame.peer
-            self.state = ConnectionState.OPEN
-            self._encode(
-                Welcome(PROTOCOL_VERSION, self._own_name, self._max_streams, self._max_frame_size)
+    def _check_version(self, version: int) -> None:
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"unsupported request-plane protocol version {version}; "
+                f"this {self.role.value} speaks version {PROTOCOL_VERSION}"
             )
-            return True
-        if isinstance(frame, Request):
-            if frame.sid <= self._last_sid:
-                raise ProtocolError(
-                    f"stream id {frame.sid} is not above the last one ({self._last_sid})"
-                )
-            if frame.window <= 0:
-                raise ProtocolError(f"stream {frame.sid} opened with a window of {frame.window}")
-            self._last_sid = frame.sid
-            if self.goaway:
-                self._refuse(frame.sid, EngineShutdown("the worker is shutting down"))
-                return False
-            if len(self._streams) >= self._max_streams:
-                self._refuse(
-                    frame.sid,
-                    ResourceExhausted(
-                        f"too many concurrent streams on this connection "
-                        f"(limit {self._max_streams})"
-                    ),
-                )
-                return False
-            self._streams[frame.sid] = _StreamState(frame.window)
-            return True
-        if isinstance(frame, Control | Credit):
-            if frame.sid > self._last_sid or frame.sid <= 0:
-                raise ProtocolError(f"{_tag(frame)!r} frame for stream {frame.sid}, never opened")
-            if isinstance(frame, Credit) and frame.items <= 0:
-                raise ProtocolError(f"credit of {frame.items} items on stream {frame.sid}")
-            stream = self._streams.get(frame.sid)
-            if stream is None:
-                return False  # the stream ended: this crossed its terminal frame
-            if isinstance(frame, Credit):
-                stream.credits += frame.items
-            return True
-        if isinstance(frame, Hello):
-            raise ProtocolError("a second 'hello' frame")
-        return self._common(frame)
 
-    def _refuse(self, sid: int, error: EngineShutdown | ResourceExhausted) -> None:
+    def _on_hello(self, frame: Hello) -> None:
+        self._check_version(frame.version)
+        if len(frame.nonce) != NONCE_SIZE:
+            raise ProtocolError(f"a hello nonce must be {NONCE_SIZE} bytes")
+        self._peer_nonce = frame.nonce
+        self.peer_name = frame.peer[:200]
+        self._encode(Challenge(PROTOCOL_VERSION, self._nonce))
+
+    def _on_challenge(self, frame: Challenge) -> None:
+        self._check_version(frame.version)
+        if len(frame.nonce) != NONCE_SIZE:
+            raise ProtocolError(f"a challenge nonce must be {NONCE_SIZE} bytes")
+        self._peer_nonce = frame.nonce
+        proof = None if self._token is None else client_proof(self._token, frame.nonce, self._nonce)
+        self._encode(Auth(proof))
+
+    def authenticate(self) -> bool:
+        """(server) Judge the client's proof; queue ``welcome`` or ``close``.
+
+        Call once the state is ``AUTHENTICATING``.  Returns whether the client
+        is authenticated (the state is then ``OPEN``, else ``CLOSED``).
+        """
+        if self.role is not Role.SERVER or self.state is not _S.AUTHENTICATING:
+            raise RuntimeError(f"authenticate() when {self.state.value}")
+        proof, self._proof = self._proof, None
+        token = self._token
+        if token is not None:
+            expected = client_proof(token, self._nonce, self._peer_nonce)
+            if proof is None or not hmac.compare_digest(proof, expected):
+                self._fail(
+                    "unauthenticated",
+                    "missing or wrong request-plane token"
+                    if proof is not None
+                    else "this worker requires a request-plane token (DYN_REQUEST_PLANE_TOKEN)",
+                )
+                return False
+        self._enter(_S.OPEN)
+        self._encode(
+            Welcome(
+                PROTOCOL_VERSION,
+                self._own_name,
+                self._max_streams,
+                self._max_frame_size,
+                None if token is None else server_proof(token, self._nonce, self._peer_nonce),
+            )
+        )
+        return True
+
+    def _on_welcome(self, frame: Welcome) -> None:
+        self._check_version(frame.version)
+        token = self._token
+        if token is not None:
+            expected = server_proof(token, self._peer_nonce, self._nonce)
+            if frame.proof is None or not hmac.compare_digest(frame.proof, expected):
+                self._fail(
+                    "unauthenticated",
+                    "the worker did not prove it knows the request-plane token",
+                )
+                raise ProtocolError(
+                    "the worker did not prove it knows the request-plane token "
+                    "(is DYN_REQUEST_PLANE_TOKEN the same on both sides?)"
+                )
+        self.peer_name = frame.peer[:200]
+
+    # ---------------------------------------------------------- streams
+
+    def _on_request(self, raw: RawRequest) -> Request | None:
+        if raw.sid <= self._last_sid:
+            raise ProtocolError(f"stream id {raw.sid} is not above the last one ({self._last_sid})")
+        self._last_sid = raw.sid
+        try:
+            frame = validate_request(raw)
+        except InvalidArgument as exc:
+            self._refuse(raw.sid, exc)
+            return None
+        if self.state is _S.DRAINING:
+            self._refuse(frame.sid, EngineShutdown("the worker is shutting down"))
+            return None
+        if len(self._streams) >= self._max_streams:
+            self._refuse(
+                frame.sid,
+                ResourceExhausted(
+                    f"too many concurrent streams on this connection (limit {self._max_streams})"
+                ),
+            )
+            return None
+        self._streams[frame.sid] = _StreamState(frame.window)
+        return frame
+
+    def _refuse(self, sid: int, error: DynamoError) -> None:
+        self.refused_streams += 1
         self._encode(Error(sid, error.error_type, error.message))
 
-    def _client_accept(self, frame: Frame) -> bool:
-        if self.state is ConnectionState.HANDSHAKE:
-            if isinstance(frame, Welcome):
-                if frame.version != PROTOCOL_VERSION:
-                    raise ProtocolError(f"server answered with protocol version {frame.version}")
-                self.peer_name = frame.peer
-                self.state = ConnectionState.OPEN
-                return True
-            raise ProtocolError(f"expected a 'welcome' frame first, got {_tag(frame)!r}")
-        if isinstance(frame, Item | End | Error):
-            stream = self._streams.get(frame.sid)
-            if stream is None:
-                if frame.sid not in self._killed:
-                    raise ProtocolError(
-                        f"{_tag(frame)!r} frame for unknown stream {frame.sid} (not open)"
-                    )
-                if not isinstance(frame, Item):
-                    self._killed.discard(frame.sid)  # its terminal frame: nothing more owed
-                return False  # a stream we killed: the frame crossed our kill
-            if isinstance(frame, Item):
-                stream.received += 1
-                if stream.received > stream.granted:
-                    raise ProtocolError(
-                        f"stream {frame.sid} received more items than the "
-                        f"{stream.granted} credits granted"
-                    )
-            else:
-                del self._streams[frame.sid]
-            return True
-        if isinstance(frame, GoAway):
-            self.goaway = True
-            return True
-        if isinstance(frame, Welcome):
-            raise ProtocolError("a second 'welcome' frame")
-        return self._common(frame)
+    def _on_stream_control(self, frame: Control | Credit) -> Control | Credit | None:
+        if frame.sid > self._last_sid or frame.sid <= 0:
+            raise ProtocolError(f"{frame_tag(frame)!r} frame for stream {frame.sid}, never opened")
+        if isinstance(frame, Credit) and frame.items <= 0:
+            raise ProtocolError(f"credit of {frame.items} items on stream {frame.sid}")
+        stream = self._streams.get(frame.sid)
+        if stream is None:
+            return None  # the stream ended: this crossed its terminal frame
+        if isinstance(frame, Credit):
+            stream.credits += frame.items
+            if stream.credits > MAX_CREDIT:
+                raise ProtocolError(
+                    f"stream {frame.sid} was granted more than {MAX_CREDIT} credits"
+                )
+        return frame
 
-    def _common(self, frame: Frame) -> bool:
-        if isinstance(frame, Ping):
-            return False
-        raise ProtocolError(f"unexpected {_tag(frame)!r} frame")  # pragma: no cover
+    def _on_stream_response(self, frame: Item | End | Error) -> Item | End | Error | None:
+        stream = self._streams.get(frame.sid)
+        if stream is None:
+            if frame.sid not in self._killed:
+                raise ProtocolError(
+                    f"{frame_tag(frame)!r} frame for unknown stream {frame.sid} (not open)"
+                )
+            if not isinstance(frame, Item):
+                self._killed.discard(frame.sid)  # its terminal frame: nothing more owed
+            return None  # a stream we killed: the frame crossed our kill
+        if isinstance(frame, Item):
+            stream.received += 1
+            if stream.received > stream.granted:
+                raise ProtocolError(
+                    f"stream {frame.sid} received more items than the "
+                    f"{stream.granted} credits granted"
+                )
+        else:
+            del self._streams[frame.sid]
+        return frame

@@ -5,14 +5,30 @@ A :class:`RequestPlaneServer` accepts TCP connections.  Each becomes a
 tasks *and* one task per open stream, so nothing a connection started can
 outlive it.
 
+Before a connection may say anything, it must pass the gate, in order:
+
+1. the **connection caps**: at most ``max_connections`` at once, and at most
+   ``max_handshakes`` of them not yet authenticated; a connection beyond
+   either is refused at once with a ``close`` frame saying why;
+2. the **handshake deadline**: TLS (when configured) and the request-plane
+   handshake must complete within ``handshake_timeout`` seconds, reading at
+   most a few KiB (the handshake frame limit);
+3. **authentication**: the client's proof is judged only when the
+   :class:`~dynamo_trio.request_plane._throttle.AuthThrottle` admits it, so
+   failed guesses from one address are paced, one at a time.
+
+Refusals and failures are logged at most once per kind every few seconds
+(:class:`~dynamo_trio.request_plane._ratelimit.LogLimiter`), never once per
+hostile frame.
+
 Every ``req`` frame becomes a :class:`ServerStream` holding the worker-side
 :class:`~dynamo_trio.Context` (same request id, the caller's remaining time as
 its deadline) and is handed to the runtime's stream handler in a new task.
 From then on this module translates the wire into context transitions:
 
 * ``ctl stop`` -> ``context.stop(reason)``; ``ctl kill`` -> ``context.kill(reason)``;
-* the connection ending for any reason -> ``context.kill(TRANSPORT_LOST)`` for
-  every stream still open on it;
+* the connection ending for any reason (the peer's ``close`` included) ->
+  ``context.kill(TRANSPORT_LOST)`` for every stream still open on it;
 * ``credit`` frames wake a handler waiting to send.
 
 The first cancel signal that the handler did not give itself (a control
@@ -21,22 +37,43 @@ recorded once per stream in :attr:`ServerStream.cancel_signal`, which is what
 the worker's cancellation metric counts: a control frame followed by the
 socket closing is one cancellation, and a handler stopping its own context is
 none.
+
+Containment: each stream's task and each connection's task contain every
+exception (``BaseException`` included; ``trio.Cancelled`` always propagates).
+An exception that escapes a stream handler ends that stream with an ``err``;
+one that escapes a connection's own code ends that connection, whose streams
+are killed as transport lost.  Either is logged once, at a bounded rate.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from .._context import CancelReason, Context, ContextState
-from .._errors import Disconnected
-from ._connection import FrameConnection
-from ._frames import Control, Credit, End, Error, GoAway, Item, Request
-from ._protocol import ProtocolConnection, Role
+from .._errors import Disconnected, ProtocolError, Unknown
+from ._connection import FrameConnection, limited_log, linger, printable, split_cancelled
+from ._frames import (
+    HANDSHAKE_MAX_FRAME_SIZE,
+    Close,
+    Control,
+    Credit,
+    End,
+    Error,
+    GoAway,
+    Item,
+    Request,
+    encode_frame,
+)
+from ._protocol import ConnectionState, ProtocolConnection, Role
+from ._throttle import AuthThrottle, source_key
+from ._tls import server_context
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Awaitable, Callable
 
     from .._config import RequestPlaneConfig
@@ -52,6 +89,15 @@ _log = logging.getLogger("dynamo_trio.request_plane")
 _YIELD_EVERY: Final = 32
 
 
+# Refusing a connection beyond a cap: how long its close frame may take, and how
+# many refused connections may linger at once so that frame arrives.
+_REFUSAL_TIMEOUT: Final = 0.25
+_VERDICT_MARGIN: Final = 0.1
+# Seconds a stream task may run on after its connection ended (its context was
+# killed at once) before it is cancelled.
+_ORPHAN_GRACE: Final = 2.0
+_MAX_LINGERING_REFUSALS: Final = 16
+
 _RUNTIME_CANCELS: Final = frozenset(
     {CancelReason.DEADLINE, CancelReason.SHUTDOWN, CancelReason.DRAIN_TIMEOUT}
 )
@@ -64,6 +110,13 @@ def _reason(value: str, default: CancelReason) -> CancelReason:
         return default
 
 
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe(exc.exceptions[0])
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
 class ServerStream:
     """One request being served: its payload, its context, and a way to answer.
 
@@ -71,7 +124,7 @@ class ServerStream:
     finishes with exactly one of :meth:`end` or :meth:`fail`.
     """
 
-    def __init__(self, session: _Session, request: Request) -> None:
+    def __init__(self, session: _Session, connection: FrameConnection, request: Request) -> None:
         self.sid: Final = request.sid
         self.endpoint: Final = request.endpoint
         self.instance_id: Final = request.instance_id
@@ -83,6 +136,7 @@ class ServerStream:
         self.on_cancel_signal: Callable[[CancelReason], None] | None = None
         """Called once, when :attr:`cancel_signal` is first set."""
         self._session = session
+        self._connection = connection
         self._credit_wakeup: trio.Event | None = None
         self._since_checkpoint = 0
         self._finished = False
@@ -90,7 +144,12 @@ class ServerStream:
 
     @property
     def peer(self) -> str:
-        return self._session.connection.name
+        return self._connection.name
+
+    @property
+    def finished(self) -> bool:
+        """:meth:`end` or :meth:`fail` was called."""
+        return self._finished
 
     def _note_cancel_signal(self, reason: CancelReason) -> None:
         if self.cancel_signal is None and not self._finished:
@@ -140,7 +199,7 @@ class ServerStream:
             Disconnected: the connection is gone.
             InvalidArgument: ``data`` cannot be encoded, or is too large.
         """
-        connection = self._session.connection
+        connection = self._connection
         protocol = connection.protocol
         while protocol.credits(self.sid) <= 0:
             if connection.closed:
@@ -148,9 +207,8 @@ class ServerStream:
             self._credit_wakeup = wakeup = trio.Event()
             await wakeup.wait()
             self._since_checkpoint = 0
-        if connection.closed:
+        if not connection.send(Item(self.sid, data, id, event, comment)):
             raise Disconnected(f"connection to {connection.name} lost")
-        connection.send(Item(self.sid, data, id, event, comment))
         self._since_checkpoint += 1
         if self._since_checkpoint >= _YIELD_EVERY:
             self._since_checkpoint = 0
@@ -171,52 +229,174 @@ class ServerStream:
             return
         self._finished = True
         self._session.streams.pop(self.sid, None)
-        connection = self._session.connection
-        if not connection.closed and connection.protocol.is_open(self.sid):
-            connection.send(frame)
+        if self._connection.protocol.is_open(self.sid):
+            self._connection.send(frame)
 
 
 class _Session:
-    """One accepted connection and the streams served on it."""
+    """One accepted connection: its gate (handshake), then the streams served on it."""
 
-    def __init__(
-        self,
-        server: RequestPlaneServer,
-        stream: trio.SocketStream,
-        name: str,
-    ) -> None:
+    def __init__(self, server: RequestPlaneServer, stream: trio.abc.Stream, peer: str) -> None:
         config = server.config
-        self.server = server
+        self.server: Final = server
+        self.peer: Final = peer
         self.streams: dict[int, ServerStream] = {}
-        self.connection: Final = FrameConnection(
-            stream,
-            ProtocolConnection(
-                Role.SERVER,
-                max_frame_size=config.max_frame_size,
-                max_streams=config.max_streams,
-                token=config.auth_token,
-                peer_name=server.name,
-            ),
-            config,
-            on_frames=self._on_frames,
-            on_close=self._connection_lost,
-            name=name,
+        self.protocol: Final = ProtocolConnection(
+            Role.SERVER,
+            max_frame_size=config.max_frame_size,
+            max_streams=config.max_streams,
+            token=config.auth_token,
+            peer_name=server.name,
         )
+        self.connection: FrameConnection | None = None
+        """Set once the handshake is complete."""
+        self._stream: trio.abc.Stream = stream
         self._nursery: trio.Nursery | None = None
+        self._gate_scope = trio.CancelScope()
+        self._gate_deadline = float("inf")
+        self.counted_as_handshaking = True
+        """Still counted in the server's :attr:`RequestPlaneServer.handshaking`."""
 
     async def run(self) -> None:
+        admitted = False  # also when close() cancels the gate
+        try:
+            with self._gate_scope:
+                admitted = await self._pass_gate()
+        except BaseException:
+            await trio.aclose_forcefully(self._stream)
+            raise
+        if not admitted:
+            await trio.aclose_forcefully(self._stream)
+            return
+        connection = self.connection = FrameConnection(
+            self._stream,
+            self.protocol,
+            self.server.config,
+            on_frames=self._on_frames,
+            on_close=self._connection_lost,
+            name=self.peer,
+        )
+        self.server._handshake_done(self)
+        if self.server.draining:
+            self.go_away()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if self.server.draining:
-                self.connection.send(GoAway("shutting down"))
-            await self.connection.run()
+            await connection.run()
+            # Its streams were killed as the connection ended; a handler that
+            # ignores its context is cancelled after a grace, so nothing a
+            # connection started outlives it for long.
+            if nursery.child_tasks:
+                nursery.cancel_scope.deadline = trio.current_time() + _ORPHAN_GRACE
+
+    # ------------------------------------------------------------ the gate
+
+    async def _pass_gate(self) -> bool:
+        """TLS and the handshake under the deadline; whether the peer got in."""
+        server = self.server
+        config = server.config
+        framed = server.ssl_context is None  # frames can be sent (TLS, if any, is up)
+        with trio.move_on_after(config.handshake_timeout) as gate:
+            # A verdict must come a little before the deadline, so the peer hears it.
+            self._gate_deadline = gate.deadline - _VERDICT_MARGIN
+            try:
+                if server.ssl_context is not None:
+                    tls = trio.SSLStream(self._stream, server.ssl_context, server_side=True)
+                    self._stream = tls
+                    await tls.do_handshake()
+                    framed = True
+                return await self._handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                cause = exc.__cause__ or exc
+                limited_log.warning(
+                    "handshake-failed" if framed else "tls-failed",
+                    "connection from %s: %s handshake failed: %s",
+                    self.peer,
+                    "request-plane" if framed else "TLS",
+                    str(cause) or type(cause).__name__,
+                )
+                return False
+        limited_log.warning(
+            "handshake-timeout",
+            "connection from %s: no complete handshake within %.1fs; closing it",
+            self.peer,
+            config.handshake_timeout,
+        )
+        if framed and self.protocol.send(
+            Close("timeout", f"no complete handshake within {config.handshake_timeout}s")
+        ):
+            with (
+                trio.move_on_after(_REFUSAL_TIMEOUT),
+                suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
+            ):
+                await self._stream.send_all(self.protocol.data_to_send())
+        return False
+
+    async def _handshake(self) -> bool:
+        protocol = self.protocol
+        stream = self._stream
+        while True:
+            data = protocol.data_to_send()
+            if data:
+                await stream.send_all(data)
+            state = protocol.state
+            if state is ConnectionState.OPEN:
+                return True
+            if state is ConnectionState.CLOSED:
+                if protocol.close_frame is None:  # we refused it: let the close arrive
+                    await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
+                return False
+            if state is ConnectionState.AUTHENTICATING:
+                await self._authenticate()
+                continue
+            chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
+            if not chunk:
+                return False
+            try:
+                protocol.receive_data(chunk)
+            except ProtocolError as exc:
+                limited_log.warning(
+                    "handshake-refused",
+                    "connection from %s: protocol error before authentication, refused: %s",
+                    self.peer,
+                    printable(exc.message),
+                )
+
+    async def _authenticate(self) -> None:
+        throttle = self.server.throttle
+        key = source_key(self.peer.rpartition(":")[0].strip("[]") or self.peer)
+        slot = throttle.reserve(key, trio.current_time(), latest=self._gate_deadline)
+        if slot is None:
+            self.protocol.send(
+                Close("throttled", "too many failed authentications from this address; retry later")
+            )
+            limited_log.warning(
+                "auth-throttled",
+                "connection from %s: refused, too many failed authentications from its address",
+                self.peer,
+            )
+            return
+        if slot > trio.current_time():
+            await trio.sleep_until(slot)
+        # No checkpoint between an immediate slot and the verdict: attempts that
+        # arrive together are judged one after another, each seeing the last failure.
+        if self.protocol.authenticate():
+            throttle.succeeded(key)
+            return
+        throttle.failed(key, trio.current_time())
+        limited_log.warning(
+            "auth-failed",
+            "connection from %s: authentication failed (missing or wrong request-plane token)",
+            self.peer,
+        )
+
+    # ------------------------------------------------------------ streams
 
     def _connection_lost(self, reason: str) -> None:
-        # Runs inside FrameConnection.close: the streams die before any teardown.
+        # Runs inside FrameConnection's close: the streams die before any teardown.
         if self.streams:
             _log.info(
                 "connection %s ended (%s): killing %d open stream(s)",
-                self.connection.name,
+                self.peer,
                 reason,
                 len(self.streams),
             )
@@ -226,10 +406,7 @@ class _Session:
     def _on_frames(self, frames: list[Frame]) -> None:
         for frame in frames:
             if isinstance(frame, Request):
-                stream = ServerStream(self, frame)
-                self.streams[frame.sid] = stream
-                assert self._nursery is not None
-                self._nursery.start_soon(self.server.handler, stream, name=f"stream {frame.sid}")
+                self._open_stream(frame)
             elif isinstance(frame, Control):
                 served = self.streams.get(frame.sid)
                 if served is not None:
@@ -239,20 +416,75 @@ class _Session:
                 if served is not None:
                     served._wake()
 
+    def _open_stream(self, frame: Request) -> None:
+        connection = self.connection
+        assert connection is not None and self._nursery is not None
+        try:
+            stream = ServerStream(self, connection, frame)
+        except Exception as exc:
+            limited_log.error(
+                "stream-setup",
+                "connection %s: cannot set up stream %d: %s",
+                self.peer,
+                frame.sid,
+                _describe(exc),
+                exc_info=exc,
+            )
+            connection.send(Error(frame.sid, Unknown.error_type, "the worker could not start it"))
+            return
+        self.streams[frame.sid] = stream
+        self._nursery.start_soon(self._serve_stream, stream, name=f"stream {frame.sid}")
+
+    async def _serve_stream(self, stream: ServerStream) -> None:
+        """Run the handler for one stream; whatever escapes it ends that stream only."""
+        try:
+            await self.server.handler(stream)
+        except BaseException as exc:
+            cancelled, escaped = split_cancelled(exc)
+            if escaped is not None:
+                limited_log.error(
+                    "stream-escape",
+                    "connection %s: stream %d ended by an exception that escaped its handler: %s",
+                    self.peer,
+                    stream.sid,
+                    _describe(escaped),
+                    exc_info=escaped,
+                )
+                stream.fail(Unknown("the worker failed while serving the request"))
+            if cancelled is not None:
+                raise cancelled from None
+            # Contained: the exception ends here, with this stream.
+        finally:
+            if not stream.finished:
+                stream.fail(Unknown("the worker ended the request without an answer"))
+
     def go_away(self) -> None:
-        if not self.connection.closed and not self.connection.protocol.goaway:
-            self.connection.send(GoAway("shutting down"))
+        connection = self.connection
+        if connection is not None and self.protocol.state is ConnectionState.OPEN:
+            connection.send(GoAway("shutting down"))
+
+    def close(self, reason: str, *, graceful: bool) -> None:
+        connection = self.connection
+        if connection is None:
+            self._gate_scope.cancel()
+        elif graceful:
+            connection.shutdown(reason)
+        else:
+            connection.close(reason)
 
 
 class RequestPlaneServer:
     """Accepts request-plane connections and hands each request to ``handler``.
 
     Args:
-        config: Bind address, limits, token, heartbeats.
+        config: Bind address, limits, token, TLS, heartbeats.
         handler: ``async handler(stream)``, run in a new task per request; it
             must finish the stream with :meth:`ServerStream.end` or
             :meth:`ServerStream.fail`.
         name: This server's name in handshakes and logs.
+
+    Raises:
+        ValueError: TLS is on and its certificate, key or CA cannot be loaded.
     """
 
     def __init__(
@@ -266,12 +498,24 @@ class RequestPlaneServer:
         self.handler: Final = handler
         self.name: Final = name
         self.draining = False
+        self.throttle: Final = AuthThrottle(config.auth_penalty)
+        self.ssl_context: Final[ssl.SSLContext | None] = (
+            server_context(config) if config.tls else None
+        )
         self._sessions: set[_Session] = set()
+        self._handshaking = 0
+        self._refusing = 0
         self._listen_scope: trio.CancelScope | None = None
 
     @property
     def sessions(self) -> int:
+        """Connections held now (in their handshake or established)."""
         return len(self._sessions)
+
+    @property
+    def handshaking(self) -> int:
+        """Connections held now that have not completed the handshake."""
+        return self._handshaking
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         """Listen and serve until cancelled; ``task_status.started((host, port))``."""
@@ -280,9 +524,7 @@ class RequestPlaneServer:
         async with trio.open_nursery() as nursery:
             with trio.CancelScope() as self._listen_scope:
                 task_status.started((address[0], address[1]))
-                await trio.serve_listeners(
-                    self._serve_connection, listeners, handler_nursery=nursery
-                )
+                await trio.serve_listeners(self._accepted, listeners, handler_nursery=nursery)
 
     def stop_accepting(self) -> None:
         """Close the listeners: no new connections (open ones continue)."""
@@ -300,22 +542,86 @@ class RequestPlaneServer:
 
         With ``graceful``, frames already queued (the ``goaway``) are sent first
         and each connection lingers briefly; otherwise it is cut at once.
+        Connections still in their handshake are dropped.
         """
         for session in tuple(self._sessions):
-            if graceful:
-                session.connection.shutdown(reason)
-            else:
-                session.connection.close(reason)
+            session.close(reason, graceful=graceful)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _accepted(self, stream: trio.SocketStream) -> None:
         try:
             host, port = stream.socket.getpeername()[:2]
-            name = f"{host}:{port}"
+            peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         except OSError:
-            name = "unknown peer"
-        session = _Session(self, stream, name)
+            peer = "unknown peer"
+        await self.handle_connection(stream, peer=peer)
+
+    async def handle_connection(self, stream: trio.abc.Stream, peer: str) -> None:
+        """Serve one accepted connection until it ends.  Never raises, but
+        ``trio.Cancelled``: whatever goes wrong ends this connection only.
+
+        The accept loop calls it for each TCP connection; tests hand it
+        in-memory streams.  ``peer`` is ``"host:port"`` (the host keys the
+        authentication throttle).
+        """
+        config = self.config
+        if len(self._sessions) >= config.max_connections:
+            why = f"too many connections (limit {config.max_connections})"
+            await self._refuse(stream, peer, why)
+            return
+        if self._handshaking >= config.max_handshakes:
+            await self._refuse(
+                stream,
+                peer,
+                f"too many connections in their handshake (limit {config.max_handshakes})",
+            )
+            return
+        session = _Session(self, stream, peer)
         self._sessions.add(session)
+        self._handshaking += 1
         try:
             await session.run()
+        except BaseException as exc:
+            cancelled, escaped = split_cancelled(exc)
+            if escaped is not None:
+                limited_log.error(
+                    "connection-escape",
+                    "connection %s: ended by an internal error: %s",
+                    peer,
+                    _describe(escaped),
+                    exc_info=escaped,
+                )
+            if cancelled is not None:
+                raise cancelled from None
+            # Contained: the exception ends here, with this connection.
         finally:
+            self._handshake_done(session)
             self._sessions.discard(session)
+
+    def _handshake_done(self, session: _Session) -> None:
+        if session.counted_as_handshaking:
+            session.counted_as_handshaking = False
+            self._handshaking -= 1
+
+    async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
+        """Tell a connection beyond a cap why it is refused, and drop it.
+
+        The ``close`` frame goes out in plaintext only (over TLS it would need
+        a TLS handshake first).  A few refusals at a time linger so the frame
+        arrives; under a flood, connections are dropped at once, so refused
+        connections never pile up.
+        """
+        limited_log.warning("connection-refused", "refusing a connection from %s: %s", peer, why)
+        self._refusing += 1
+        try:
+            if self.ssl_context is None:
+                out = bytearray()
+                encode_frame(Close("unavailable", why), out, HANDSHAKE_MAX_FRAME_SIZE)
+                with trio.move_on_after(_REFUSAL_TIMEOUT):
+                    await stream.send_all(out)
+                if self._refusing <= _MAX_LINGERING_REFUSALS:
+                    await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self._refusing -= 1
+            await trio.aclose_forcefully(stream)

@@ -1,4 +1,9 @@
-"""The request plane's wire format: ``encode_frame`` and ``FrameDecoder``, bytes only."""
+"""The request plane's wire format: ``encode_frame`` and ``FrameDecoder``, bytes only.
+
+The decoder returns a ``req`` frame as :class:`RawRequest` (its fields are
+checked later, by the protocol); :class:`Decoder` below turns those back into
+:class:`Request` so that round trips compare equal.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,15 @@ import hypothesis.strategies as st
 import msgspec
 import pytest
 from hypothesis import given, settings
+from msgspec.structs import astuple
 
 from dynamo_trio import InvalidArgument, ProtocolError
 from dynamo_trio.request_plane._frames import (
+    HANDSHAKE_MAX_FRAME_SIZE,
+    NONCE_SIZE,
     PROTOCOL_VERSION,
+    Auth,
+    Challenge,
     Close,
     Control,
     Credit,
@@ -24,12 +34,26 @@ from dynamo_trio.request_plane._frames import (
     Hello,
     Item,
     Ping,
+    RawRequest,
     Request,
     Welcome,
+    WireFrame,
     encode_frame,
 )
 
 LIMIT = 1 << 20
+NONCE = bytes(range(NONCE_SIZE))
+
+
+class Decoder(FrameDecoder):
+    """``FrameDecoder`` returning ``req`` frames as :class:`Request` (same fields)."""
+
+    def feed(self, data):
+        return [
+            Request(*astuple(frame)) if isinstance(frame, RawRequest) else frame
+            for frame in super().feed(data)
+        ]
+
 
 # ----------------------------------------------------------------- helpers
 
@@ -47,7 +71,7 @@ def with_prefix(body: bytes) -> bytes:
 
 
 def decode_body(body: bytes, limit=LIMIT):
-    return FrameDecoder(limit).feed(with_prefix(body))
+    return Decoder(limit).feed(with_prefix(body))
 
 
 # ----------------------------------------------------------------- strategies
@@ -70,13 +94,16 @@ json_like = st.recursive(
 )
 
 frames = st.one_of(
-    st.builds(Hello, version=small_ints, token=opt_texts, peer=texts),
+    st.builds(Hello, version=small_ints, nonce=st.binary(max_size=40), peer=texts),
+    st.builds(Challenge, version=small_ints, nonce=st.binary(max_size=40)),
+    st.builds(Auth, proof=st.none() | st.binary(max_size=40)),
     st.builds(
         Welcome,
         version=small_ints,
         peer=texts,
         max_streams=small_ints,
         max_frame_size=small_ints,
+        proof=st.none() | st.binary(max_size=40),
     ),
     st.builds(Ping),
     st.builds(GoAway, reason=texts),
@@ -118,8 +145,10 @@ frames = st.one_of(
 
 # One of each frame type, with every field set, for the example-based tests.
 EVERY_FRAME_TYPE = [
-    Hello(PROTOCOL_VERSION, "s3cret", "frontend-1"),
-    Welcome(PROTOCOL_VERSION, "worker-1", 128, 65536),
+    Hello(PROTOCOL_VERSION, NONCE, "frontend-1"),
+    Challenge(PROTOCOL_VERSION, NONCE[::-1]),
+    Auth(b"p" * 32),
+    Welcome(PROTOCOL_VERSION, "worker-1", 128, 65536, b"q" * 32),
     Ping(),
     GoAway("draining"),
     Close("protocol_error", "bad frame"),
@@ -146,15 +175,16 @@ EVERY_FRAME_TYPE = [
 
 @pytest.mark.parametrize("frame", EVERY_FRAME_TYPE, ids=lambda f: type(f).__name__)
 def test_every_frame_type_round_trips(frame):
-    assert FrameDecoder(LIMIT).feed(encode(frame)) == [frame]
+    assert Decoder(LIMIT).feed(encode(frame)) == [frame]
 
 
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
         (["ping"], Ping()),
-        (["hello", 1], Hello(1, None, "")),
-        (["welcome", 1], Welcome(1, "", 0, 0)),
+        (["hello", 2, b"n"], Hello(2, b"n", "")),
+        (["auth"], Auth(None)),
+        (["welcome", 1], Welcome(1, "", 0, 0, None)),
         (["goaway"], GoAway("")),
         (["close", "going_away"], Close("going_away", "")),
         (["req", 1, "e", 2, "r", None, 3], Request(1, "e", 2, "r", None, 3, None, None)),
@@ -177,19 +207,19 @@ def test_a_body_is_a_msgpack_array_tagged_with_the_frame_type():
 
 @given(frame=frames)
 def test_any_frame_round_trips(frame):
-    assert FrameDecoder(LIMIT).feed(encode(frame)) == [frame]
+    assert Decoder(LIMIT).feed(encode(frame)) == [frame]
 
 
 @given(payload=json_like)
 def test_any_json_like_request_payload_round_trips(payload):
     request = Request(1, "e", 0, "r", payload, 1)
-    (decoded,) = FrameDecoder(LIMIT).feed(encode(request))
+    (decoded,) = Decoder(LIMIT).feed(encode(request))
     assert decoded.payload == payload
 
 
 @given(data=json_like)
 def test_any_json_like_item_data_round_trips(data):
-    (decoded,) = FrameDecoder(LIMIT).feed(encode(Item(1, data)))
+    (decoded,) = Decoder(LIMIT).feed(encode(Item(1, data)))
     assert decoded.data == data
 
 
@@ -197,7 +227,7 @@ def test_encode_frame_appends_to_the_output_buffer():
     out = bytearray(b"already queued")
     encode_frame(Ping(), out, LIMIT)
     assert out[:14] == b"already queued"
-    assert FrameDecoder(LIMIT).feed(out[14:]) == [Ping()]
+    assert Decoder(LIMIT).feed(out[14:]) == [Ping()]
 
 
 # ----------------------------------------------------------------- incremental decoding
@@ -206,13 +236,13 @@ STREAM = encode(*EVERY_FRAME_TYPE)
 
 
 def test_one_feed_with_many_frames_returns_them_in_order():
-    decoder = FrameDecoder(LIMIT)
+    decoder = Decoder(LIMIT)
     assert decoder.feed(STREAM) == EVERY_FRAME_TYPE
     assert decoder.buffered == 0
 
 
 def test_feeding_byte_by_byte_yields_the_same_frames():
-    decoder = FrameDecoder(LIMIT)
+    decoder = Decoder(LIMIT)
     decoded = []
     for i in range(len(STREAM)):
         decoded += decoder.feed(STREAM[i : i + 1])
@@ -222,19 +252,19 @@ def test_feeding_byte_by_byte_yields_the_same_frames():
 
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
 def test_feed_accepts_any_bytes_like(kind):
-    assert FrameDecoder(LIMIT).feed(kind(STREAM)) == EVERY_FRAME_TYPE
+    assert Decoder(LIMIT).feed(kind(STREAM)) == EVERY_FRAME_TYPE
 
 
 def test_feed_returns_nothing_until_a_frame_is_complete():
     data = encode(Ping())
-    decoder = FrameDecoder(LIMIT)
+    decoder = Decoder(LIMIT)
     assert decoder.feed(data[:-1]) == []
     assert decoder.feed(data[-1:]) == [Ping()]
 
 
 def test_buffered_counts_bytes_not_yet_part_of_a_whole_frame():
     first, second = encode(Credit(1, 1)), encode(Item(1, "x" * 50))
-    decoder = FrameDecoder(LIMIT)
+    decoder = Decoder(LIMIT)
     assert decoder.buffered == 0
     assert decoder.feed(first + second[:3]) == [Credit(1, 1)]
     assert decoder.buffered == 3  # a partial header
@@ -251,7 +281,7 @@ def test_buffered_counts_bytes_not_yet_part_of_a_whole_frame():
 def test_any_split_of_the_stream_yields_the_same_frames(sent, cuts):
     data = encode(*sent)
     bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    decoder = FrameDecoder(LIMIT)
+    decoder = Decoder(LIMIT)
     decoded = []
     for start, stop in itertools.pairwise(bounds):
         decoded += decoder.feed(data[start:stop])
@@ -267,18 +297,18 @@ def test_any_split_of_the_stream_yields_the_same_frames(sent, cuts):
 def test_a_body_of_exactly_the_limit_is_accepted():
     data = encode(Item(1, "x" * 100))
     body_size = len(data) - 4
-    assert FrameDecoder(body_size).feed(data) == [Item(1, "x" * 100)]
+    assert Decoder(body_size).feed(data) == [Item(1, "x" * 100)]
 
 
 def test_an_oversized_length_prefix_fails_as_soon_as_the_header_arrives():
-    decoder = FrameDecoder(100)
+    decoder = Decoder(100)
     assert decoder.feed(struct.pack(">I", 101)[:3]) == []
     with pytest.raises(ProtocolError, match=r"101 bytes.*limit is 100 bytes"):
         decoder.feed(struct.pack(">I", 101)[3:])  # no body byte was sent
 
 
 def test_an_oversized_length_prefix_fails_even_after_earlier_good_frames():
-    decoder = FrameDecoder(100)
+    decoder = Decoder(100)
     with pytest.raises(ProtocolError, match="4294967295"):
         decoder.feed(encode(Ping()) + b"\xff\xff\xff\xff")
 
@@ -349,9 +379,10 @@ def test_encode_frame_of_a_deeply_nested_value_raises_and_leaves_the_buffer():
         (msgspec.msgpack.encode(["end", 1, "finished"]), "'finished'"),
         (msgspec.msgpack.encode(["ctl", 1, "pause"]), "'pause'"),
         (msgspec.msgpack.encode(["credit", 1, "5"]), "$[2]"),
-        (msgspec.msgpack.encode(["req", 1, "e", 0, "r", None, 1, "soon"]), "$[7]"),
-        (msgspec.msgpack.encode(["req", 1, "e", 0, "r", None, 1, None, {"a": 1}]), "$[8]"),
-        (msgspec.msgpack.encode(["hello", "1"]), "$[1]"),
+        (msgspec.msgpack.encode(["req", "1", "e", 0, "r", None, 1]), "$[1]"),
+        (msgspec.msgpack.encode(["hello", "2", b"n"]), "$[1]"),
+        (msgspec.msgpack.encode(["hello", 2, "a string"]), "Expected `bytes`, got `str`"),
+        (msgspec.msgpack.encode(["hello", 1, "token", "frontend"]), "$[2]"),  # version 1
         (msgspec.msgpack.encode(["item"]), "at least length 2"),
         (msgspec.msgpack.encode(["req", 1, "e"]), "at least length 7"),
         (msgspec.msgpack.encode(["close"]), "at least length 2"),
@@ -374,9 +405,10 @@ def test_encode_frame_of_a_deeply_nested_value_raises_and_leaves_the_buffer():
         "bad-outcome",
         "bad-action",
         "items-as-string",
-        "timeout-as-string",
-        "headers-not-strings",
+        "req-sid-as-string",
         "version-as-string",
+        "nonce-as-string",
+        "a-version-1-hello",
         "item-without-sid",
         "req-missing-fields",
         "close-without-code",
@@ -413,3 +445,67 @@ def test_arbitrary_fields_after_a_valid_tag_raise_only_protocol_error(body, tag)
     for length in range(1, 5):
         with suppress(ProtocolError):
             decode_body(bytes([0x90 + length]) + tag + body)
+
+
+# ----------------------------------------------------------------- lazy decoding, fuzzing
+
+
+def test_frames_are_decoded_one_at_a_time_so_a_bad_one_fails_only_when_reached():
+    decoder = FrameDecoder(LIMIT)
+    frames = decoder.frames(encode(Ping(), Close("bye")) + with_prefix(b"\xc1"))
+    assert next(frames) == Ping()
+    assert next(frames) == Close("bye")
+    with pytest.raises(ProtocolError, match="malformed frame"):
+        next(frames)
+
+
+def test_an_abandoned_iteration_keeps_the_rest_for_the_next_feed():
+    decoder = FrameDecoder(LIMIT)
+    frames = decoder.frames(encode(Ping(), Credit(1, 2)))
+    assert next(frames) == Ping()
+    del frames
+    assert decoder.buffered == len(encode(Credit(1, 2)))
+    assert decoder.feed(b"") == [Credit(1, 2)]
+    assert decoder.buffered == 0
+
+
+def test_the_limit_may_be_raised_between_feeds():
+    """The protocol reads at most a few KiB per frame until the handshake is over."""
+    big = encode(Item(1, "x" * 10_000))
+    decoder = FrameDecoder(HANDSHAKE_MAX_FRAME_SIZE)
+    with pytest.raises(ProtocolError, match="limit is 4096 bytes"):
+        decoder.feed(big)
+    decoder = FrameDecoder(HANDSHAKE_MAX_FRAME_SIZE)
+    decoder.max_frame_size = LIMIT
+    assert decoder.feed(big) == [Item(1, "x" * 10_000)]
+
+
+def test_a_tls_client_hello_is_named_in_the_error():
+    client_hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32)
+    with pytest.raises(ProtocolError, match="a TLS handshake"):
+        FrameDecoder(HANDSHAKE_MAX_FRAME_SIZE).feed(client_hello)
+
+
+@settings(max_examples=400)
+@given(
+    data=st.binary(max_size=600)
+    | st.lists(frames, max_size=4).map(lambda fs: encode(*fs))
+    | st.tuples(st.lists(frames, max_size=3), st.binary(max_size=60)).map(
+        lambda pair: encode(*pair[0]) + pair[1]
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=700), max_size=8),
+    limit=st.sampled_from([16, 300, HANDSHAKE_MAX_FRAME_SIZE, LIMIT]),
+)
+def test_any_bytes_in_any_chunks_decode_to_frames_or_one_protocol_error(data, cuts, limit):
+    """The decoder's contract under fuzzing: frames or ProtocolError, nothing else,
+    and it never holds more than one frame's worth of bytes past a whole frame."""
+    decoder = FrameDecoder(limit)
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    decoded = []
+    try:
+        for start, stop in itertools.pairwise(bounds):
+            decoded += decoder.feed(data[start:stop])
+            assert decoder.buffered < limit + 4  # at most one partial frame
+    except ProtocolError:
+        return
+    assert all(isinstance(frame, WireFrame) for frame in decoded)

@@ -1,0 +1,93 @@
+"""Log lines a peer can cause, at a bounded rate.
+
+A hostile or broken peer can make a worker refuse connections, fail
+handshakes or break the protocol as often as it likes.  Each such event is
+worth one concise line, not a flood: :class:`LogLimiter` is a token bucket per
+kind of event, letting a short burst through (``burst`` lines), then one line
+per ``interval`` seconds, each saying how many lines like it were suppressed
+since the last.  Kinds are a small fixed set chosen by the caller (never a
+peer's address), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Final, final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["LogLimiter"]
+
+
+@final
+class LogLimiter:
+    """At most ``burst`` lines at once, then one per ``interval`` seconds, per kind.
+
+    Args:
+        logger: Where lines go.
+        interval: Seconds to earn back one line of a kind.
+        burst: Lines of one kind that may go out back to back.
+        clock: A monotonic clock (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        interval: float = 10.0,
+        burst: int = 5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger: Final = logger
+        self._interval: Final = interval
+        self._burst: Final = burst
+        self._clock: Final = clock
+        self._tokens: dict[str, tuple[float, float]] = {}  # kind -> (tokens, as of when)
+        self._suppressed: dict[str, int] = {}
+
+    def log(
+        self,
+        level: int,
+        kind: str,
+        message: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+    ) -> bool:
+        """Log ``message % args`` unless ``kind`` has used up its lines for now.
+
+        ``exc_info`` adds a traceback to the line, when it is logged at all.
+        Returns whether it was logged.
+        """
+        if not self._logger.isEnabledFor(level):
+            return False
+        now = self._clock()
+        tokens, since = self._tokens.get(kind, (float(self._burst), now))
+        tokens = min(float(self._burst), tokens + (now - since) / self._interval)
+        if tokens < 1.0:
+            self._tokens[kind] = (tokens, now)
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return False
+        self._tokens[kind] = (tokens - 1.0, now)
+        suppressed = self._suppressed.pop(kind, 0)
+        if suppressed:
+            message += " (%d more like this suppressed)"
+            args = (*args, suppressed)
+        self._logger.log(level, message, *args, exc_info=exc_info)
+        return True
+
+    def reset(self) -> None:
+        """Forget what was logged (tests)."""
+        self._tokens.clear()
+        self._suppressed.clear()
+
+    def warning(
+        self, kind: str, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> bool:
+        return self.log(logging.WARNING, kind, message, *args, exc_info=exc_info)
+
+    def error(
+        self, kind: str, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> bool:
+        return self.log(logging.ERROR, kind, message, *args, exc_info=exc_info)

@@ -1,0 +1,179 @@
+"""Checks on the fields of a received ``req`` frame, before a stream is opened.
+
+The frame decoder types only ``sid`` (without it the stream cannot even be
+answered); every other field arrives as whatever msgpack carried and is
+checked here, so that a bad value fails *that stream* with a precise
+:class:`~dynamo_trio.InvalidArgument` naming the field, and never reaches the
+runtime (where ``timeout=NaN`` used to become an ``Unknown`` error deep in the
+context code).
+
+========================  =====================================================
+field                     accepted
+========================  =====================================================
+``endpoint``              a string of 1 to :data:`MAX_NAME_LENGTH` characters
+``instance_id``           an integer in 0 .. 2**64 - 1
+``request_id``            a string of 1 to :data:`MAX_NAME_LENGTH` characters
+``payload``               a JSON-like value: dict (string keys), list, str,
+                          int, float, bool, None, nested to any depth msgpack
+                          decoding allows
+``window``                an integer in 1 .. :data:`MAX_WINDOW`
+``timeout``               absent, or a finite number of seconds >= 0
+``headers``               absent, or a map of at most :data:`MAX_HEADERS`
+                          string names (1 to :data:`MAX_HEADER_NAME_LENGTH`
+                          characters) to string values (at most
+                          :data:`MAX_HEADER_VALUE_LENGTH` characters)
+========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from .._errors import InvalidArgument
+from ._frames import RawRequest, Request
+
+__all__ = [
+    "MAX_CREDIT",
+    "MAX_HEADERS",
+    "MAX_HEADER_NAME_LENGTH",
+    "MAX_HEADER_VALUE_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_WINDOW",
+    "json_problem",
+    "validate_request",
+]
+
+MAX_WINDOW: Final = 1 << 24
+"""The largest initial credit window a stream may ask for."""
+MAX_CREDIT: Final = 1 << 32
+"""The most credits a stream may hold at once (``credit`` beyond it is a protocol error)."""
+MAX_NAME_LENGTH: Final = 4096
+MAX_HEADERS: Final = 64
+MAX_HEADER_NAME_LENGTH: Final = 256
+MAX_HEADER_VALUE_LENGTH: Final = 8192
+
+_UINT64_LIMIT: Final = 1 << 64
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def validate_request(raw: RawRequest) -> Request:
+    """The checked :class:`Request` for ``raw``.
+
+    Raises:
+        InvalidArgument: naming the first field that is out of range.
+    """
+    endpoint = _name("endpoint", raw.endpoint)
+    instance_id = raw.instance_id
+    if type(instance_id) is not int or not 0 <= instance_id < _UINT64_LIMIT:
+        raise _invalid("instance_id", "an integer in 0 .. 2**64-1", instance_id)
+    request_id = _name("request_id", raw.request_id)
+    window = raw.window
+    if type(window) is not int or not 1 <= window <= MAX_WINDOW:
+        raise _invalid("window", f"an integer in 1 .. {MAX_WINDOW}", window)
+    timeout = raw.timeout
+    if timeout is not None:
+        if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
+            raise _invalid("timeout", "absent, or a finite number of seconds >= 0", timeout)
+        timeout = float(timeout)
+    headers = raw.headers
+    if headers is not None:
+        _check_headers(headers)
+    problem = json_problem(raw.payload)
+    if problem is not None:
+        raise InvalidArgument(f"invalid request frame: `payload` {problem}")
+    return Request(
+        raw.sid, endpoint, instance_id, request_id, raw.payload, window, timeout, headers
+    )
+
+
+def _name(field: str, value: Any) -> str:
+    if type(value) is not str or not 1 <= len(value) <= MAX_NAME_LENGTH:
+        raise _invalid(field, f"a string of 1 to {MAX_NAME_LENGTH} characters", value)
+    return value
+
+
+def _check_headers(headers: Any) -> None:
+    if type(headers) is not dict:
+        raise _invalid("headers", "absent, or a map of strings to strings", headers)
+    if len(headers) > MAX_HEADERS:
+        raise InvalidArgument(
+            f"invalid request frame: `headers` has {len(headers)} entries; "
+            f"the limit is {MAX_HEADERS}"
+        )
+    for name, value in headers.items():
+        if type(name) is not str or not 1 <= len(name) <= MAX_HEADER_NAME_LENGTH:
+            raise _invalid(
+                "headers", f"names of 1 to {MAX_HEADER_NAME_LENGTH} characters", name, "a name"
+            )
+        if type(value) is not str or len(value) > MAX_HEADER_VALUE_LENGTH:
+            raise _invalid(
+                f"headers[{_short(name)}]",
+                f"a string of at most {MAX_HEADER_VALUE_LENGTH} characters",
+                value,
+            )
+
+
+def _invalid(field: str, expected: str, value: Any, what: str = "") -> InvalidArgument:
+    got = what or _short(value)
+    return InvalidArgument(f"invalid request frame: `{field}` must be {expected} (got {got})")
+
+
+def _short(value: Any) -> str:
+    if type(value) in _SCALARS:
+        text = repr(value)
+        return text if len(text) <= 40 else f"{text[:37]}..."
+    return f"a {type(value).__name__}"
+
+
+_Link = tuple["_Link | None", str | int] | None  # (parent link, key): a path, built backwards
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` is not JSON-like, or ``None`` if it is.
+
+    JSON-like: dicts with string keys, lists, str, int, float, bool and None,
+    nested.  Iterative (no recursion limit of its own) and linear in the size
+    of the value, however deep; the path of the first offending value is named.
+    """
+    if type(value) in _SCALARS:
+        return None
+    stack: list[tuple[Any, _Link]] = [(value, None)]
+    while stack:
+        node, link = stack.pop()
+        kind = type(node)
+        if kind is dict:
+            for key, child in node.items():
+                if type(key) is not str:
+                    return f"must be JSON-like: a map key at {_path(link)} is {_short(key)}"
+                child_kind = type(child)
+                if child_kind in _SCALARS:
+                    continue
+                if child_kind is dict or child_kind is list:
+                    stack.append((child, (link, key)))
+                else:
+                    return _bad(child, (link, key))
+        elif kind is list:
+            for index, child in enumerate(node):
+                child_kind = type(child)
+                if child_kind in _SCALARS:
+                    continue
+                if child_kind is dict or child_kind is list:
+                    stack.append((child, (link, index)))
+                else:
+                    return _bad(child, (link, index))
+        else:
+            return _bad(node, link)
+    return None
+
+
+def _bad(value: Any, link: _Link) -> str:
+    return f"must be JSON-like: {_path(link)} is a {type(value).__name__}"
+
+
+def _path(link: _Link) -> str:
+    parts: list[str | int] = []
+    while link is not None:
+        link, key = link
+        parts.append(key)
+    return "payload" + "".join(f"[{part!r}]" for part in reversed(parts))
