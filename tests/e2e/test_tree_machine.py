@@ -479,12 +479,17 @@ class TreeMachine(RuleBasedStateMachine):
         ended = sum(
             1 for event in self.wp.events()[self.events_before :] if event["event"] == "exit"
         )
-        self._wait_for(
-            lambda: (
-                self.wp.metric("dynamo_component_cancellation_total") - self.count_before == ended
-            ),
-            f"the worker to count {ended} cancellations",
-        )
+        counted: list[float] = []
+
+        def settled() -> bool:
+            total = self.wp.metric("dynamo_component_cancellation_total")
+            counted.append(total - self.count_before)
+            return counted[-1] == ended
+
+        try:
+            self._wait_for(settled, f"the worker to count {ended} cancellations")
+        except AssertionError:
+            raise AssertionError(f"{ended} ended; the worker counted {counted[-3:]}") from None
 
     # ------------------------------------------------------------------ leaks
 
