@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from .._contain import split_live_cancellation
 from .._errors import (
     CannotConnect,
     Disconnected,
@@ -52,7 +53,6 @@ from ._connection import (
     describe_close,
     limited_log,
     printable,
-    split_cancelled,
 )
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -310,7 +310,7 @@ class ClientConnection:
         try:
             await connection.run()
         except BaseException as exc:
-            cancelled, escaped = split_cancelled(exc)
+            cancelled, escaped = split_live_cancellation(exc)
             if escaped is not None:
                 limited_log.error(
                     "client-connection-escape",
@@ -348,7 +348,7 @@ class ClientConnection:
         except BaseException as exc:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
-            cancelled, failure = split_cancelled(exc)
+            cancelled, failure = split_live_cancellation(exc)
             if cancelled is not None:
                 raise cancelled from None
             assert failure is not None
@@ -608,7 +608,7 @@ class ConnectionPool:
         except CannotConnect as exc:
             attempt.error = exc.message
         except BaseException as exc:
-            cancelled, escaped = split_cancelled(exc)
+            cancelled, escaped = split_live_cancellation(exc)
             attempt.error = f"cannot connect to {address}: " + (
                 "shutting down" if escaped is None else type(escaped).__name__
             )

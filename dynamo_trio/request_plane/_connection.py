@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from .._contain import split_live_cancellation
 from .._errors import ProtocolError
 from ._frames import Close, Ping
 from ._ratelimit import LogLimiter
@@ -57,7 +58,6 @@ __all__ = [
     "limited_log",
     "linger",
     "printable",
-    "split_cancelled",
 ]
 
 _log = logging.getLogger("dynamo_trio.request_plane")
@@ -67,17 +67,6 @@ limited_log: Final = LogLimiter(_log)
 
 _RECEIVE_SIZE: Final = 65536
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
-
-
-def split_cancelled(
-    exc: BaseException,
-) -> tuple[BaseException | None, BaseException | None]:
-    """``(the trio.Cancelled part, everything else)`` of ``exc``, either possibly ``None``."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    return None, exc
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -222,7 +211,7 @@ class FrameConnection:
             if self._flushed:
                 await self._linger()
         except BaseException as exc:
-            _, escaped = split_cancelled(exc)
+            _, escaped = split_live_cancellation(exc)
             if escaped is not None:  # a bug here or in on_frames: the owner contains it
                 self._declare_closed(f"internal error ({type(escaped).__name__})")
             raise

@@ -53,9 +53,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from .._contain import split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
-from ._connection import FrameConnection, limited_log, linger, printable, split_cancelled
+from ._connection import FrameConnection, limited_log, linger, printable
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Close,
@@ -440,7 +441,7 @@ class _Session:
         try:
             await self.server.handler(stream)
         except BaseException as exc:
-            cancelled, escaped = split_cancelled(exc)
+            cancelled, escaped = split_live_cancellation(exc)
             if escaped is not None:
                 limited_log.error(
                     "stream-escape",
@@ -581,7 +582,7 @@ class RequestPlaneServer:
         try:
             await session.run()
         except BaseException as exc:
-            cancelled, escaped = split_cancelled(exc)
+            cancelled, escaped = split_live_cancellation(exc)
             if escaped is not None:
                 limited_log.error(
                     "connection-escape",
