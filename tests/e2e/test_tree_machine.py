@@ -34,6 +34,7 @@ runtime and the tree) lives in a trio run on a helper thread, driven through
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import signal
@@ -142,6 +143,8 @@ class Node:
     created_at: float
     exit_requested: trio.Event | None = None
     running: trio.Event | None = None
+    done: trio.Event | None = None
+    started_children: list[Node] = field(default_factory=list)
     enclosing: trio.CancelScope | None = None
     entered: bool = False
     ended_at: float | None = None
@@ -169,6 +172,7 @@ class Leaf:
     killed_at: float | None = None  # for calls made by a caller process we SIGKILL
 
 
+_SERIAL: Final = itertools.count(1)
 _KILLING: Final = {"kill": "kill requested", "deadline": "deadline", "enclosing": "scope timeout"}
 
 
@@ -240,15 +244,22 @@ async def _run_node(node: Node, task_status: trio.TaskStatus[None]) -> None:
             task_status.started()
 
 
-async def _started_body(node: Node) -> None:
+async def _started_body(node: Node, started_children: list[Node]) -> None:
     try:
         node.entered = True
         assert node.running is not None
         node.running.set()
         assert node.exit_requested is not None
         await node.exit_requested.wait()
+        # The scope's nursery waits for the children started in it before the scope
+        # exits; wait here, so that ended_at is when the scope really ends.
+        for child in started_children:
+            assert child.done is not None
+            await child.done.wait()
     finally:
         node.ended_at = time.monotonic()
+        assert node.done is not None
+        node.done.set()
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -271,14 +282,13 @@ class TreeMachine(RuleBasedStateMachine):
         self.trio = TrioSide(Config.from_env({**wp.env, "DYN_SYSTEM_PORT": "-1"}))
         self.all_nodes: list[Node] = []
         self.leaves: list[Leaf] = []
-        self.serial = 0
         self.sigkilled = False
 
     # ------------------------------------------------------------------ building
 
     def _name(self, prefix: str) -> str:
-        self.serial += 1
-        return f"{prefix}-{os.getpid()}-{id(self)}-{self.serial}"
+        # Unique across examples too: the worker's event log outlives each machine.
+        return f"{prefix}-{next(_SERIAL)}"
 
     @staticmethod
     def _pick(data: st.DataObject, nodes: list[Node]) -> Node:
@@ -312,8 +322,13 @@ class TreeMachine(RuleBasedStateMachine):
                 assert self.trio.nursery is not None
                 await self.trio.nursery.start(_run_node, node)  # work in another nursery
             else:
-                node.exit_requested, node.running = trio.Event(), trio.Event()
-                parent.ctx.start_child(node.ctx, _started_body, node)
+                node.exit_requested, node.running, node.done = (
+                    trio.Event(),
+                    trio.Event(),
+                    trio.Event(),
+                )
+                parent.started_children.append(node)
+                parent.ctx.start_child(node.ctx, _started_body, node, node.started_children)
                 await node.running.wait()
 
         self.trio.call(start)
@@ -400,7 +415,7 @@ class TreeMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ expectations
 
     def _event(self, kind: str, tag: str) -> dict[str, Any] | None:
-        for event in self.wp.events():
+        for event in self.wp.events()[self.events_before :]:
             if event["event"] == kind and event.get("tag") == tag:
                 return event
         return None
