@@ -15,6 +15,14 @@ sockets of the connections still open: a blocked write then fails with
 ``ClosedResourceError``, which hypercorn treats as a closed connection, and
 every task of the connection ends.  A connection that finished its work in
 time is never touched.
+
+Each connection's stream is also wrapped (:class:`_OrderedSends`) to close a
+race in hypercorn's ``TCPServer``: it serializes ``send_all`` with a lock but
+calls ``send_eof`` (when a connection ends) without it.  When a response goes
+out while the reading task is ending the connection (a client that keeps
+sending after an early answer, say a 414, until h11 gives up on it), the
+response's ``send_all`` met the EOF in trio's conflict detector and raised
+``BusyResourceError`` into the app: an "Error in ASGI Framework" traceback.
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ async def serve_http(
         open_streams.add(stream)
         try:
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
-            tls_typed = cast("trio.SSLStream[trio.SocketStream]", stream)
+            tls_typed = cast("trio.SSLStream[trio.SocketStream]", _OrderedSends(stream))
             state = ConnectionState(lifespan_state.copy())
             server = TCPServer(wrapped, config, context, state, tls_typed)
             await server.run()
@@ -112,3 +120,41 @@ async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
         _log.info("closing %d connection(s) still open after the shutdown grace", len(streams))
     for stream in tuple(streams):
         stream.socket.close()  # a send blocked on it fails with ClosedResourceError
+
+
+class _OrderedSends(trio.abc.HalfCloseableStream):
+    """A socket stream on which ``send_eof`` never collides with a ``send_all``.
+
+    A ``send_all`` that finds an EOF being sent waits for it (then fails as a
+    send on a shut-down socket does: ``BrokenResourceError``, which hypercorn
+    handles).  A ``send_eof`` that finds a ``send_all`` under way is refused
+    with ``BusyResourceError`` at once, as trio refuses it, and as hypercorn
+    expects (it ignores that error): it must not wait, since the send may be
+    blocked on a client that reads nothing, and the ``aclose`` that follows
+    the EOF is what unblocks it.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._sending = trio.StrictFIFOLock()
+        self.socket = stream.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._sending:
+            await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        if self._sending.locked():
+            await trio.lowlevel.checkpoint()
+            raise trio.BusyResourceError("another task is currently sending data on this stream")
+        async with self._sending:
+            await self._stream.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -301,6 +301,34 @@ async def test_huge_request_lines_and_header_floods_get_414_or_431(stack: StartS
     assert_clean_log(running.frontend)
 
 
+async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
+    stack: StartStack,
+) -> None:
+    # The answer (a 414 from the gate, before the body is read) races the
+    # reading task, which meets the bytes past the body, gives up on the
+    # connection and sends EOF; hypercorn's unlocked send_eof then collided
+    # with the answer's send_all (BusyResourceError, "Error in ASGI Framework").
+    running = await stack(frontend_env={"DYN_HTTP_MAX_HEADER_SIZE": "4096"})
+    request = (
+        b"POST /v1/chat/completions?" + b"q" * 5000 + b" HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: 5\r\n\r\n{" + b"x" * 100_000
+    )
+    for _ in range(30):
+        stream = await open_raw(running.url)
+        answer = b""
+        with trio.fail_after(5):
+            try:
+                await stream.send_all(request)
+                while chunk := await stream.receive_some(65536):
+                    answer += chunk
+            except trio.BrokenResourceError:
+                pass  # the server closed with our bytes unread: a reset
+        assert answer.startswith(b"HTTP/1.1 414 ") or not answer, answer[:200]
+        await stream.aclose()
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
 # ---------------------------------------------------------------------------- bodies
 
 
