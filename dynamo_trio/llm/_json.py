@@ -83,8 +83,10 @@ def decode_json_body(body: bytes, *, max_depth: int) -> object:
     Raises:
         RequestError: 400 with ``param=None`` for a body that is not valid
             JSON, nests too deeply, or repeats a key in one object; 400 with
-            ``param`` set to the value's path for an integer outside
-            :data:`INTEGER_RANGE`.
+            ``param`` set to the value's path (``messages[0].content``) and
+            ``code="invalid_value"`` for an integer outside
+            :data:`INTEGER_RANGE`, or for a ``NaN``/``Infinity`` in a body
+            that is JSON but for it.
     """
     try:
         value = _DECODER.decode(body)
