@@ -126,8 +126,9 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     """A socket stream on which ``send_eof`` never collides with a ``send_all``.
 
     A ``send_all`` that finds an EOF being sent waits for it (then fails as a
-    send after an EOF does: ``ClosedResourceError``, which hypercorn handles).  A ``send_eof`` that finds a ``send_all`` under way is refused
-    with ``BusyResourceError`` at once, as trio refuses it, and as hypercorn
+    send after an EOF does: ``ClosedResourceError``, which hypercorn handles).
+    A ``send_eof`` that finds a ``send_all`` under way is refused with
+    ``BusyResourceError`` at once, as trio refuses it, and as hypercorn
     expects (it ignores that error): it must not wait, since the send may be
     blocked on a client that reads nothing, and the ``aclose`` that follows
     the EOF is what unblocks it.
