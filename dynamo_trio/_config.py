@@ -45,6 +45,9 @@ frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
 frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
 frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
 frontend.idle_timeout              ``DYN_HTTP_IDLE_TIMEOUT_SECS``        30
+frontend.body_timeout              ``DYN_HTTP_BODY_TIMEOUT_SECS``        30
+frontend.max_header_size           ``DYN_HTTP_MAX_HEADER_SIZE``          16 KiB
+frontend.max_json_depth            ``DYN_HTTP_MAX_JSON_DEPTH``           64 (at most 256)
 frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
 log_level                          ``DYN_LOG``                           ``info``
 =================================  ====================================  ===============
@@ -78,7 +81,11 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 _T = TypeVar("_T")
 
+KiB = 1024
 MiB = 1024 * 1024
+
+MAX_JSON_DEPTH = 256
+"""The deepest JSON nesting a frontend may be configured to accept (the depth check's own bound)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +180,19 @@ class FrontendConfig:
     max_body_size: int = 16 * MiB
     idle_timeout: float = 30.0
     """Seconds an idle keep-alive HTTP connection stays open."""
+    body_timeout: float = 30.0
+    """Seconds a client has to send a whole request body; a slower one is answered 408."""
+    max_header_size: int = 16 * KiB
+    """Bytes of request line and headers; more is refused (414 or 431) or the connection closed."""
+    max_json_depth: int = 64
+    """How deeply a JSON request body may nest arrays and objects (at most 256)."""
     router_mode: RouterMode = "round-robin"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
+            raise ValueError(
+                f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +309,15 @@ class Config:
                 idle_timeout=env.get(
                     "DYN_HTTP_IDLE_TIMEOUT_SECS", _positive, frontend.idle_timeout
                 ),
+                body_timeout=env.get(
+                    "DYN_HTTP_BODY_TIMEOUT_SECS", _positive, frontend.body_timeout
+                ),
+                max_header_size=env.get(
+                    "DYN_HTTP_MAX_HEADER_SIZE", _positive_int, frontend.max_header_size
+                ),
+                max_json_depth=env.get(
+                    "DYN_HTTP_MAX_JSON_DEPTH", _json_depth, frontend.max_json_depth
+                ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
@@ -358,6 +386,13 @@ def _window(raw: str) -> int:
     value = _positive_int(raw)
     if value > 1 << 24:  # the request plane's MAX_WINDOW: workers refuse larger windows
         raise ValueError("must be at most 16777216 items")
+    return value
+
+
+def _json_depth(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= MAX_JSON_DEPTH:
+        raise ValueError(f"must be an integer between 1 and {MAX_JSON_DEPTH}")
     return value
 
 

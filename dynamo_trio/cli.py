@@ -89,6 +89,18 @@ def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> Non
     )
     parser.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
     parser.add_argument("--embedding-dimensions", type=int, default=defaults.embedding_dimensions)
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=defaults.context_length,
+        help=f"the model's context window in tokens (default {defaults.context_length})",
+    )
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=defaults.max_output_tokens,
+        help=f"the most tokens one request may generate (default {defaults.max_output_tokens})",
+    )
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -119,6 +131,8 @@ def _settings(args: argparse.Namespace) -> MockerSettings:
         inter_token_latency_ms=args.inter_token_latency_ms,
         default_max_tokens=args.default_max_tokens,
         embedding_dimensions=args.embedding_dimensions,
+        context_length=args.context_length,
+        max_output_tokens=args.max_output_tokens,
     )
 
 
@@ -243,6 +257,10 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         str(args.default_max_tokens),
         "--embedding-dimensions",
         str(args.embedding_dimensions),
+        "--context-length",
+        str(args.context_length),
+        "--max-output-tokens",
+        str(args.max_output_tokens),
     ]
     trio.run(_run_all, config, worker_argv, args.workers, env)
 

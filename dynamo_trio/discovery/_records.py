@@ -103,7 +103,9 @@ class ModelCard(msgspec.Struct, frozen=True):
         component: The serving component (no ``/``).
         endpoint: The serving endpoint (no ``/``).
         instance_id: The serving worker's instance id.
-        context_length: The model's context window in tokens, if known.
+        context_length: The model's context window in tokens (prompt plus
+            output), if known.
+        max_output_tokens: The most tokens one request may generate, if known.
     """
 
     name: str
@@ -113,6 +115,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     endpoint: str
     instance_id: int
     context_length: int | None = None
+    max_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -123,6 +126,8 @@ class ModelCard(msgspec.Struct, frozen=True):
         _check_instance_id(self.instance_id)
         if self.context_length is not None and self.context_length <= 0:
             raise ValueError(f"context_length must be positive, not {self.context_length}")
+        if self.max_output_tokens is not None and self.max_output_tokens <= 0:
+            raise ValueError(f"max_output_tokens must be positive, not {self.max_output_tokens}")
 
     @property
     def key(self) -> str:

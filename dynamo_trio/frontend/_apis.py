@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import llm
+from .._errors import DynamoError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,7 +20,15 @@ if TYPE_CHECKING:
     from ..discovery import ModelType
     from ..metrics import FrontendEndpoint
 
-__all__ = ["ANTHROPIC_MESSAGES", "CHAT", "COMPLETIONS", "EMBEDDINGS", "RESPONSES", "TextApi"]
+__all__ = [
+    "ANTHROPIC_MESSAGES",
+    "CHAT",
+    "COMPLETIONS",
+    "EMBEDDINGS",
+    "RESPONSES",
+    "ErrorBody",
+    "TextApi",
+]
 
 
 class ParsedRequest(Protocol):
@@ -28,6 +37,36 @@ class ParsedRequest(Protocol):
     @property
     def stream(self) -> bool: ...
     def to_engine(self) -> Any: ...
+    def check_limits(self, limits: llm.TokenLimits) -> None: ...
+
+
+class ErrorBody(Protocol):
+    """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""
+
+    def __call__(
+        self, status: int, message: str, cause: BaseException | None = None
+    ) -> dict[str, object]: ...
+
+
+def _refined(
+    shape: Callable[[int, str], dict[str, object]],
+    request_error_body: Callable[[llm.RequestError], dict[str, object]],
+    prompt_param: str,
+) -> ErrorBody:
+    """The error body of an API: a worker's refusal that names its parameter (a prompt
+    too long for the context) keeps its ``code`` and ``param``; anything else is
+    ``shape(status, message)``."""
+
+    def error_body(
+        status: int, message: str, cause: BaseException | None = None
+    ) -> dict[str, object]:
+        if isinstance(cause, DynamoError):
+            refined = llm.context_length_error(cause, param=prompt_param)
+            if refined is not None:
+                return request_error_body(refined)
+        return shape(status, message)
+
+    return error_body
 
 
 class EventStream(Protocol):
@@ -54,8 +93,8 @@ class TextApi:
     """SSE bytes that end a failed stream: ``(stream, status, message)``."""
     done: bytes
     """What ends a successful stream after its events (OpenAI's ``[DONE]``)."""
-    error_body: Callable[[int, str], dict[str, object]]
-    """The API's JSON error body for ``(status, message)``."""
+    error_body: ErrorBody
+    """The API's JSON error body for ``(status, message[, cause])``."""
     request_error_body: Callable[[llm.RequestError], dict[str, object]]
 
 
@@ -97,7 +136,7 @@ CHAT: Final = TextApi(
     encode=_data_events,
     fail_stream=_openai_failure,
     done=llm.DONE,
-    error_body=_openai_error,
+    error_body=_refined(_openai_error, llm.RequestError.openai_body, "messages"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -110,7 +149,7 @@ COMPLETIONS: Final = TextApi(
     encode=_data_events,
     fail_stream=_openai_failure,
     done=llm.DONE,
-    error_body=_openai_error,
+    error_body=_refined(_openai_error, llm.RequestError.openai_body, "prompt"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -123,7 +162,7 @@ RESPONSES: Final = TextApi(
     encode=_typed_events,
     fail_stream=_responses_failure,
     done=b"",
-    error_body=_openai_error,
+    error_body=_refined(_openai_error, llm.RequestError.openai_body, "input"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -136,9 +175,12 @@ ANTHROPIC_MESSAGES: Final = TextApi(
     encode=_typed_events,
     fail_stream=_anthropic_failure,
     done=b"",
-    error_body=_anthropic_error,
+    error_body=_refined(_anthropic_error, llm.RequestError.anthropic_body, "messages"),
     request_error_body=llm.RequestError.anthropic_body,
 )
+
+
+_EMBEDDINGS_ERROR: Final = _refined(_openai_error, llm.RequestError.openai_body, "input")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +189,7 @@ class EmbeddingsApi:
 
     label: FrontendEndpoint = "embeddings"
     model_type: ModelType = "embeddings"
-    error_body: Callable[[int, str], dict[str, object]] = _openai_error
+    error_body: ErrorBody = _EMBEDDINGS_ERROR
     request_error_body: Callable[[llm.RequestError], dict[str, object]] = (
         llm.RequestError.openai_body
     )

@@ -5,9 +5,14 @@ Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/health``, ``/live``, ``/metrics``, ``/debug/requests``.
 
 Everything a client can send is answered with an API-shaped JSON error and
-the right status, never a traceback: malformed JSON and invalid fields 400, an
-unknown model 404, a body over the size limit 413, a body that is not JSON 415,
-no live instance 503, a request cancelled on the worker 499, anything else 500.
+the right status, never a traceback: malformed JSON and invalid fields 400
+(bodies are decoded by :func:`~dynamo_trio.llm.decode_json_body`: strict,
+depth-limited, no repeated keys), an unknown model 404, a body not finished
+within ``body_timeout`` 408, a body over the size limit 413, a request target
+or headers over ``max_header_size`` 414/431, a body that is not JSON (or not
+UTF-8) 415, no live instance 503, a request cancelled on the worker 499,
+anything else 500.  WebSocket handshakes are refused with a 404 (see
+:mod:`._gate`).
 Each response carries ``x-request-id``: the client's own if it sent one (it is
 the request's context id, end to end), a fresh UUID otherwise.
 """
@@ -23,15 +28,16 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from prometheus_client.exposition import choose_encoder
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..llm import RequestError, model_list, reason_phrase
+from ..llm import RequestError, decode_json_body, model_list, reason_phrase
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from ._gate import Gate, shown
 from ._guard import HangUpGuard
+from ._http_server import serve_http
 from ._pipeline import JsonReply, Pipeline, StreamReply
 
 if TYPE_CHECKING:
@@ -47,6 +53,7 @@ _log = logging.getLogger("dynamo_trio.frontend")
 
 _REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
+_UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -57,7 +64,7 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     app.config.update(
         RESPONSE_TIMEOUT=None,  # quart's 60 s default would cut long SSE streams
         MAX_CONTENT_LENGTH=config.max_body_size,
-        BODY_TIMEOUT=60,
+        BODY_TIMEOUT=config.body_timeout,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     started = time.monotonic()
@@ -89,13 +96,17 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
         if content_type and content_type not in _JSON_TYPES:
             raise RequestError(
                 415,
-                f"Content-Type must be application/json, not {content_type!r}.",
+                f"Content-Type must be application/json, not {shown(content_type)!r}.",
                 code="unsupported_media_type",
             )
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"The request body is not valid JSON: {exc}.") from None
+        charset = request.mimetype_params.get("charset")
+        if charset is not None and charset.lower() not in _UTF8:
+            raise RequestError(
+                415,
+                f"A JSON body must be UTF-8, not {shown(charset)!r} (RFC 8259).",
+                code="unsupported_media_type",
+            )
+        return decode_json_body(body, max_depth=config.max_json_depth)
 
     def request_id_from_headers() -> str:
         given = request.headers.get("x-request-id")
@@ -192,7 +203,9 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
         request on it would hang.  A body that cannot be read (over the size
         limit) gets ``Connection: close`` instead, so the client does not reuse it.
         """
-        if response.status_code == 413:
+        if response.status_code in (408, 413):
+            # The body was too slow or too big: reading it again would wait a
+            # second body_timeout, or read what the limit refused.
             response.headers["Connection"] = "close"
             return response
         try:
@@ -204,9 +217,11 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         status = error.code or 500
+        method, path = shown(request.method), shown(request.path)
         message = {
-            404: f"No route {request.method} {request.path}.",
-            405: f"Method {request.method} is not allowed on {request.path}.",
+            404: f"No route {method} {path}.",
+            405: f"Method {method} is not allowed on {path}.",
+            408: f"The request body did not arrive within {config.body_timeout:g} seconds.",
             413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
         }.get(status, error.description or reason_phrase(status))
         api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
@@ -258,21 +273,12 @@ async def serve_frontend(
             _log.info("frontend shutting down: draining %d request(s)", pipeline.in_flight)
             pipeline.shutdown()
 
+        edge = Gate(HangUpGuard(app), max_header_size=config.max_header_size)
         binds: list[str] = await nursery.start(
-            _serve, HangUpGuard(app), _hypercorn_config(config, graceful_timeout), shutdown
+            serve_http, edge, _hypercorn_config(config, graceful_timeout), shutdown
         )
         _log.info("frontend listening on %s", binds[0])
         task_status.started(binds[0])
-
-
-async def _serve(
-    app: HangUpGuard,
-    config: HypercornConfig,
-    shutdown: Callable[[], Awaitable[None]],
-    *,
-    task_status: trio.TaskStatus[list[str]],
-) -> None:
-    await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)
 
 
 def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:
@@ -283,4 +289,8 @@ def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> Hyperc
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout
     hypercorn.keep_alive_timeout = config.idle_timeout
+    # A request head still incomplete past this is refused by h11 (431 and close);
+    # a complete one past it, by the Gate.
+    hypercorn.h11_max_incomplete_size = config.max_header_size
+    hypercorn.h2_max_header_list_size = config.max_header_size
     return hypercorn

@@ -14,13 +14,23 @@ the request ends, calls :meth:`RequestLifecycle.client_gone`.  That is a no-op
 for a response that was delivered, or a request already cancelled, so the
 common paths are untouched and the window is closed.
 
-The guard also shields the last ``send`` of each response.  Hypercorn restarts
-a keep-alive connection's idle timer from inside that send, and quart-trio
-cancels its request tasks as soon as the response is out; unshielded, the
-restart is cancelled with them, and an idle keep-alive connection then stays
-open for ever (one file descriptor per idle client, and a shutdown that waits
-the whole graceful timeout).  The send itself only queues bytes (hypercorn
-already shields its socket writes), so shielding it delays nothing.
+The guard also shields the last ``send`` of each HTTP/1.x response.
+Hypercorn's h11 protocol restarts a keep-alive connection's idle timer from
+inside that send, and quart-trio cancels its request tasks as soon as the
+response is out; unshielded, the restart is cancelled with them, and an idle
+keep-alive connection then stays open for ever (one file descriptor per idle
+client, and a shutdown that waits the whole graceful timeout).  Over h11 the
+send only queues bytes (hypercorn already shields its socket writes), so
+shielding it delays nothing; the shield still gives up after
+``_LAST_SEND_SHIELD`` seconds, so it can never hold a task for ever.
+
+HTTP/2 (reached through an ``Upgrade: h2c`` request or prior knowledge) is
+never shielded: there the last send waits until hypercorn's send task has
+drained the stream's buffer to the socket, and when the client has gone,
+hypercorn closes the connection without ever completing that drain.  A
+shielded wait for it was the "frontend ignores SIGTERM after one h2c
+request" hang: the request task waited for ever, and hypercorn's shutdown
+waited for the request task.  Unshielded, the client's disconnect cancels it.
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ if TYPE_CHECKING:
     from ._lifecycle import RequestLifecycle
 
 __all__ = ["HangUpGuard", "bind_to_request"]
+
+# The longest the last send of an HTTP/1.x response is shielded from cancellation.
+_LAST_SEND_SHIELD: Final = 5.0
 
 
 class _Slot:
@@ -75,13 +88,14 @@ class HangUpGuard:
 
         async def send_last_shielded(message: ASGISendEvent) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                with trio.CancelScope(shield=True):
+                with trio.move_on_after(_LAST_SEND_SHIELD, shield=True):
                     await send(message)
             else:
                 await send(message)
 
+        shielded = scope.get("http_version", "1.1") in ("1.0", "1.1")
         try:
-            await self.app(scope, receive, send_last_shielded)
+            await self.app(scope, receive, send_last_shielded if shielded else send)
         finally:
             _SLOT.reset(token)
             if slot.lifecycle is not None:

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .._config import FrontendConfig
     from ..metrics import FrontendRequestTracker
     from ..runtime import DistributedRuntime
-    from ._apis import EmbeddingsApi, TextApi
+    from ._apis import EmbeddingsApi, ErrorBody, TextApi
     from ._models import ModelRoute
 
 __all__ = ["JsonReply", "Pipeline", "StreamReply"]
@@ -94,6 +94,7 @@ class _Failed:
     status: int
     message: str
     error_type: str
+    cause: BaseException | None = None
 
 
 _Event = bytes | JsonReply | _Failed
@@ -167,6 +168,7 @@ class Pipeline:
         """
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
+        request.check_limits(route.card)
         request_type = "stream" if request.stream else "unary"
         lifecycle = self._lifecycle(request.model, api.label, request_type, request_id)
         produce = self._stream_text if request.stream else self._unary_text
@@ -201,7 +203,7 @@ class Pipeline:
     async def _run(
         self,
         lifecycle: RequestLifecycle,
-        error_body: Callable[[int, str], dict[str, object]],
+        error_body: ErrorBody,
         produce: Any,
         *args: Any,
     ) -> JsonReply | StreamReply:
@@ -226,7 +228,7 @@ class Pipeline:
         receive.close()
         lifecycle.delivered()  # the work is over: what remains is sending one JSON body
         if isinstance(first, _Failed):
-            return JsonReply(first.status, error_body(first.status, first.message))
+            return JsonReply(first.status, error_body(first.status, first.message, first.cause))
         return first
 
     # ------------------------------------------------------------------ the producer's side
@@ -314,7 +316,7 @@ class Pipeline:
             await emit(emit.stream_failure(status, message))
         else:
             error_type = exc.error_type if isinstance(exc, DynamoError) else "internal"
-            await emit(_Failed(status, message, error_type))
+            await emit(_Failed(status, message, error_type, exc))
 
     async def _unary_text(
         self,

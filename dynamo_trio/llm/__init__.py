@@ -8,6 +8,8 @@ Layout (each module has one job; nothing here does I/O):
 - ``_sampling``: the sampling options every text API maps onto;
 - ``_validate``: reading JSON fields with 400 errors that name the parameter;
 - ``_errors``: :class:`RequestError` and the OpenAI / Anthropic error bodies;
+- ``_json``: decoding request bodies (strict, depth-limited, 400s that say why);
+- ``_limits``: a model's token limits and the errors for requests over them;
 - ``_openai``: chat completions, completions and models;
 - ``_embeddings``: embeddings;
 - ``_responses``: the Responses API;
@@ -39,6 +41,14 @@ from ._errors import (
     status_for_error as status_for_error,
 )
 from ._generation import Generation as Generation
+from ._json import INTEGER_RANGE as INTEGER_RANGE, decode_json_body as decode_json_body
+from ._limits import (
+    CONTEXT_LENGTH_EXCEEDED as CONTEXT_LENGTH_EXCEEDED,
+    ContextLengthExceeded as ContextLengthExceeded,
+    TokenLimits as TokenLimits,
+    check_output_tokens as check_output_tokens,
+    context_length_error as context_length_error,
+)
 from ._openai import (
     ChatCompletionStream as ChatCompletionStream,
     ChatRequest as ChatRequest,
@@ -86,11 +96,14 @@ from ._sse import (
 from ._stops import StopMatcher as StopMatcher
 
 __all__ = [
+    "CONTEXT_LENGTH_EXCEEDED",
     "DONE",
+    "INTEGER_RANGE",
     "ChatCompletionStream",
     "ChatRequest",
     "CompletionRequest",
     "CompletionStream",
+    "ContextLengthExceeded",
     "EmbedOutput",
     "EmbedRequest",
     "EmbedUsage",
@@ -108,12 +121,16 @@ __all__ = [
     "ResponsesRequest",
     "SamplingParams",
     "StopMatcher",
+    "TokenLimits",
     "Usage",
     "anthropic_error_body",
     "anthropic_error_type",
     "anthropic_stop_reason",
     "chat_completion",
+    "check_output_tokens",
     "completion",
+    "context_length_error",
+    "decode_json_body",
     "embedding_response",
     "encode_base64_floats",
     "encode_comment",

@@ -40,16 +40,18 @@ A failure after the stream started is one ``error`` event
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 from ._errors import anthropic_error_body
 from ._generation import Generation
+from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
     expect_list,
     expect_object,
     invalid_value,
     join,
+    model_name,
     optional_bool,
     optional_int,
     optional_number,
@@ -63,6 +65,7 @@ from ._validate import (
 )
 
 if TYPE_CHECKING:
+    from ._limits import TokenLimits
     from ._protocol import EngineMessage, GenerateRequest
 
 __all__ = [
@@ -75,6 +78,7 @@ __all__ = [
 
 _ROLES: Final = ("user", "assistant")
 _BLOCK_TYPES: Final = frozenset({"text"})
+_MAX_STOP_SEQUENCES: Final = 64
 
 AnthropicStopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
 
@@ -89,9 +93,18 @@ class MessagesRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
 
+    prompt_param: ClassVar[str] = "messages"
+    """The parameter a too-long prompt is blamed on."""
+
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""
         return self.sampling.chat_request(self.model, self.messages, system=self.system)
+
+    def check_limits(self, limits: TokenLimits) -> None:
+        """Refuse a ``max_tokens`` over the model's limits (400, in Anthropic's words)."""
+        check_output_tokens(
+            limits, {"max_tokens": self.sampling.max_tokens}, model=self.model, anthropic=True
+        )
 
 
 def parse_messages_request(body: object) -> MessagesRequest:
@@ -101,7 +114,7 @@ def parse_messages_request(body: object) -> MessagesRequest:
         RequestError: 400, naming the parameter.
     """
     obj = expect_object(body, None)
-    model = required_str(obj, "model", nonempty=True)
+    model = model_name(obj)
     max_tokens = required_int(obj, "max_tokens", minimum=1)
     raw_messages = expect_list(required(obj, "messages"), "messages")
     if not raw_messages:
@@ -119,7 +132,11 @@ def parse_messages_request(body: object) -> MessagesRequest:
             temperature=optional_number(obj, "temperature", minimum=0.0, maximum=1.0),
             top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
             top_k=optional_int(obj, "top_k", minimum=0),
-            stop=tuple(stop_sequences(obj, "stop_sequences", max_items=None, allow_string=False)),
+            stop=tuple(
+                stop_sequences(
+                    obj, "stop_sequences", max_items=_MAX_STOP_SEQUENCES, allow_string=False
+                )
+            ),
         ),
         stream=bool(optional_bool(obj, "stream")),
     )

@@ -20,10 +20,10 @@ from ._validate import (
     invalid_type,
     invalid_value,
     join,
+    model_name,
     optional_int,
     optional_str,
     required,
-    required_str,
     unsupported,
 )
 
@@ -70,7 +70,7 @@ def parse_embedding_request(body: object) -> EmbeddingRequest:
         RequestError: 400, naming the parameter.
     """
     obj = expect_object(body, None)
-    model = required_str(obj, "model", nonempty=True)
+    model = model_name(obj)
     inputs = _inputs(required(obj, "input"))
     encoding = optional_str(obj, "encoding_format") or "float"
     if encoding not in ("float", "base64"):

@@ -33,7 +33,11 @@ content_filter | function_call`` only; the official client's types refuse
 
 Unsupported options are refused, not ignored, when ignoring them would
 return something the client did not ask for: ``n`` or ``best_of`` other
-than 1, batch or token-id prompts, ``logprobs``, ``echo``, ``suffix``.
+than 1, batch or token-id prompts, ``logprobs``, ``echo``, ``suffix``, a
+non-empty ``logit_bias`` (checked first: token ids to biases in [-100, 100],
+at most 300).  Token counts (``max_tokens``, ``max_completion_tokens``,
+``min_tokens``) are checked against the model's limits by
+``check_limits`` once the model is known.
 Fields this server does not know are ignored, since OpenAI clients send
 extras.
 """
@@ -42,10 +46,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 from ._errors import openai_error_body
 from ._generation import Generation
+from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
     JsonObject,
@@ -54,6 +59,7 @@ from ._validate import (
     invalid_type,
     invalid_value,
     join,
+    model_name,
     optional_bool,
     optional_int,
     optional_number,
@@ -69,6 +75,7 @@ from ._validate import (
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from ._limits import TokenLimits
     from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
 
 __all__ = [
@@ -89,6 +96,7 @@ __all__ = [
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})
 _MAX_STOP_SEQUENCES: Final = 4
+_MAX_LOGIT_BIAS: Final = 300
 
 OpenAIFinishReason = Literal["stop", "length"]
 
@@ -106,10 +114,19 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     """``stream_options.include_usage``: end the stream with a usage chunk."""
+    max_tokens_param: str = "max_tokens"
+    """Which parameter set ``sampling.max_tokens`` (``max_completion_tokens`` wins)."""
+
+    prompt_param: ClassVar[str] = "messages"
+    """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
         """The engine request for this conversation."""
         return self.sampling.chat_request(self.model, self.messages)
+
+    def check_limits(self, limits: TokenLimits) -> None:
+        """Refuse token counts over the model's limits (400 naming the parameter)."""
+        _check_sampling(self.sampling, self.max_tokens_param, limits, self.model)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,9 +139,23 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
 
+    prompt_param: ClassVar[str] = "prompt"
+    """The parameter a too-long prompt is blamed on."""
+
     def to_engine(self) -> GenerateRequest:
         """The engine request to continue the prompt."""
         return self.sampling.completion_request(self.model, self.prompt)
+
+    def check_limits(self, limits: TokenLimits) -> None:
+        """Refuse token counts over the model's limits (400 naming the parameter)."""
+        _check_sampling(self.sampling, "max_tokens", limits, self.model)
+
+
+def _check_sampling(
+    sampling: SamplingParams, max_tokens_param: str, limits: TokenLimits, model: str
+) -> None:
+    requested = {max_tokens_param: sampling.max_tokens, "min_tokens": sampling.min_tokens}
+    check_output_tokens(limits, requested, model=model)
 
 
 def parse_chat_request(body: object) -> ChatRequest:
@@ -135,7 +166,7 @@ def parse_chat_request(body: object) -> ChatRequest:
             unsupported (see the module docstring).
     """
     obj = expect_object(body, None)
-    model = required_str(obj, "model", nonempty=True)
+    model = model_name(obj)
     raw_messages = expect_list(required(obj, "messages"), "messages")
     if not raw_messages:
         raise invalid_value("messages", "expected at least one message, but got an empty array.")
@@ -145,12 +176,15 @@ def parse_chat_request(body: object) -> ChatRequest:
         raise unsupported("logprobs", "log probabilities are not supported by this server.")
     optional_int(obj, "top_logprobs", minimum=0, maximum=20)
     stream, include_usage = _stream_flags(obj)
+    sampling = _sampling(obj)
+    given = obj.get("max_completion_tokens") is not None
     return ChatRequest(
         model=model,
         messages=messages,
-        sampling=_sampling(obj),
+        sampling=sampling,
         stream=stream,
         include_usage=include_usage,
+        max_tokens_param="max_completion_tokens" if given else "max_tokens",
     )
 
 
@@ -162,7 +196,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
             strings) and token-id prompts are refused as unsupported.
     """
     obj = expect_object(body, None)
-    model = required_str(obj, "model", nonempty=True)
+    model = model_name(obj)
     prompt = _prompt(required(obj, "prompt"))
     _refuse_choices(obj, "n")
     _refuse_choices(obj, "best_of")
@@ -227,6 +261,24 @@ def _refuse_choices(obj: JsonObject, key: str) -> None:
         raise unsupported(key, f"this server returns one choice per request, so {key} must be 1.")
 
 
+def _refuse_logit_bias(obj: JsonObject) -> None:
+    """Check ``logit_bias`` (token id -> bias in [-100, 100], at most 300), then refuse a
+    non-empty one: this server's engine protocol cannot carry it."""
+    bias = optional_object(obj, "logit_bias")
+    if not bias:
+        return
+    if len(bias) > _MAX_LOGIT_BIAS:
+        raise invalid_value(
+            "logit_bias", f"expected at most {_MAX_LOGIT_BIAS} entries, but got {len(bias)}."
+        )
+    for token in bias:
+        param = join("logit_bias", token)
+        if not (token.isascii() and token.isdigit() and len(token) <= 10):
+            raise invalid_value(param, "expected a token id (a non-negative integer) as key.")
+        optional_number(bias, token, "logit_bias", minimum=-100.0, maximum=100.0)
+    raise unsupported("logit_bias", "biasing token probabilities is not supported by this server.")
+
+
 def _stream_flags(obj: JsonObject) -> tuple[bool, bool]:
     stream = bool(optional_bool(obj, "stream"))
     options = optional_object(obj, "stream_options")
@@ -252,6 +304,7 @@ def _sampling(obj: JsonObject) -> SamplingParams:
         )
     optional_number(obj, "presence_penalty", minimum=-2.0, maximum=2.0)
     optional_number(obj, "frequency_penalty", minimum=-2.0, maximum=2.0)
+    _refuse_logit_bias(obj)
     return SamplingParams(
         max_tokens=max_tokens,
         min_tokens=min_tokens,

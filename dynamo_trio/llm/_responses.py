@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 from ._generation import Generation
+from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
     JsonObject,
@@ -53,6 +54,7 @@ from ._validate import (
     invalid_type,
     invalid_value,
     join,
+    model_name,
     optional_bool,
     optional_int,
     optional_number,
@@ -61,10 +63,12 @@ from ._validate import (
     required,
     required_str,
     text_content,
+    too_long,
     unsupported,
 )
 
 if TYPE_CHECKING:
+    from ._limits import TokenLimits
     from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
 
 __all__ = [
@@ -78,6 +82,8 @@ __all__ = [
 _ROLES: Final = ("user", "assistant", "system", "developer")
 _PART_TYPES: Final = frozenset({"input_text", "output_text"})
 _MAX_METADATA_KEYS: Final = 16
+_MAX_METADATA_KEY_LENGTH: Final = 64
+_MAX_METADATA_VALUE_LENGTH: Final = 512
 
 ResponseStatus = Literal["completed", "incomplete", "cancelled", "failed", "in_progress"]
 
@@ -94,9 +100,18 @@ class ResponsesRequest:
     stream: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
 
+    prompt_param: ClassVar[str] = "input"
+    """The parameter a too-long prompt is blamed on."""
+
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``instructions`` become a leading system message."""
         return self.sampling.chat_request(self.model, self.messages, system=self.instructions)
+
+    def check_limits(self, limits: TokenLimits) -> None:
+        """Refuse a ``max_output_tokens`` over the model's limits (400 naming it)."""
+        check_output_tokens(
+            limits, {"max_output_tokens": self.sampling.max_tokens}, model=self.model
+        )
 
 
 def parse_responses_request(body: object) -> ResponsesRequest:
@@ -106,7 +121,7 @@ def parse_responses_request(body: object) -> ResponsesRequest:
         RequestError: 400, naming the parameter.
     """
     obj = expect_object(body, None)
-    model = required_str(obj, "model", nonempty=True)
+    model = model_name(obj)
     messages = _input(required(obj, "input"))
     for key, what in (
         ("previous_response_id", "continuing a stored response"),
@@ -172,8 +187,16 @@ def _metadata(obj: JsonObject) -> dict[str, str]:
         )
     checked: dict[str, str] = {}
     for key, value in metadata.items():
+        if len(key) > _MAX_METADATA_KEY_LENGTH:
+            raise invalid_value(
+                "metadata",
+                f"expected keys of at most {_MAX_METADATA_KEY_LENGTH} characters, but got a "
+                f"key of {len(key)} characters.",
+            )
         if not isinstance(value, str):
             raise invalid_type(join("metadata", key), "a string", value)
+        if len(value) > _MAX_METADATA_VALUE_LENGTH:
+            raise too_long(join("metadata", key), _MAX_METADATA_VALUE_LENGTH, value)
         checked[key] = value
     return checked
 

@@ -10,6 +10,11 @@ JSON facts the helpers enforce, because Python's decoders blur them:
 ``true`` is not an integer, integers are accepted where numbers are, and
 non-finite numbers (``NaN``, ``Infinity``, which ``json.loads`` accepts) are
 refused.  A ``null`` value counts as absent.
+
+Bounds shared by every API (each parser adds its own): a model name is at
+most :data:`MAX_MODEL_NAME_LENGTH` characters and a stop sequence at most
+:data:`MAX_STOP_SEQUENCE_LENGTH`; token counts are checked against the
+model's limits once the model is known (:mod:`._limits`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from typing import Final
 from ._errors import RequestError
 
 JsonObject = Mapping[str, object]
+
+MAX_MODEL_NAME_LENGTH: Final = 256
+"""Longest model name a request may give (a Hugging Face ``org/name`` is at most 96 + 96)."""
+MAX_STOP_SEQUENCE_LENGTH: Final = 1024
+"""Longest stop sequence, in characters: engines match each one against every token."""
 
 _TYPE_NAMES: Final[dict[type, str]] = {
     bool: "a boolean",
@@ -106,14 +116,35 @@ def required(body: JsonObject, key: str, prefix: str = "") -> object:
     return value
 
 
-def required_str(body: JsonObject, key: str, prefix: str = "", *, nonempty: bool = False) -> str:
-    """A required string field; ``nonempty`` refuses ``""``."""
+def required_str(
+    body: JsonObject,
+    key: str,
+    prefix: str = "",
+    *,
+    nonempty: bool = False,
+    max_length: int | None = None,
+) -> str:
+    """A required string field; ``nonempty`` refuses ``""``, ``max_length`` longer ones."""
     value = required(body, key, prefix)
     if not isinstance(value, str):
         raise invalid_type(join(prefix, key), "a string", value)
     if nonempty and not value:
         raise invalid_value(join(prefix, key), "expected a non-empty string.")
+    if max_length is not None and len(value) > max_length:
+        raise too_long(join(prefix, key), max_length, value)
     return value
+
+
+def model_name(body: JsonObject) -> str:
+    """The required ``model`` field: a non-empty string of at most 256 characters."""
+    return required_str(body, "model", nonempty=True, max_length=MAX_MODEL_NAME_LENGTH)
+
+
+def too_long(param: str, max_length: int, value: str) -> RequestError:
+    """The error for a string over ``max_length`` characters."""
+    return invalid_value(
+        param, f"expected at most {max_length} characters, but got {len(value)} characters."
+    )
 
 
 def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
@@ -197,8 +228,10 @@ def optional_number(
     return float(value)
 
 
-def string_list(value: object, param: str, *, max_items: int | None = None) -> list[str]:
-    """A JSON array of non-empty strings with at most ``max_items`` items."""
+def string_list(
+    value: object, param: str, *, max_items: int | None = None, max_length: int | None = None
+) -> list[str]:
+    """A JSON array of at most ``max_items`` non-empty strings of at most ``max_length``."""
     items = expect_list(value, param)
     if max_items is not None and len(items) > max_items:
         raise invalid_value(param, f"expected at most {max_items} items, but got {len(items)}.")
@@ -208,14 +241,17 @@ def string_list(value: object, param: str, *, max_items: int | None = None) -> l
             raise invalid_type(join(param, index), "a string", item)
         if not item:
             raise invalid_value(join(param, index), "expected a non-empty string.")
+        if max_length is not None and len(item) > max_length:
+            raise too_long(join(param, index), max_length, item)
         strings.append(item)
     return strings
 
 
-def stop_sequences(
-    body: JsonObject, key: str, *, max_items: int | None, allow_string: bool
-) -> list[str]:
-    """A stop-sequence field: an array of strings, or (``allow_string``) one string."""
+def stop_sequences(body: JsonObject, key: str, *, max_items: int, allow_string: bool) -> list[str]:
+    """A stop-sequence field: an array of strings, or (``allow_string``) one string.
+
+    Each sequence is non-empty and at most :data:`MAX_STOP_SEQUENCE_LENGTH` characters.
+    """
     value = body.get(key)
     if value is None:
         return []
@@ -224,11 +260,13 @@ def stop_sequences(
             raise invalid_type(key, "an array of strings", value)
         if not value:
             raise invalid_value(key, "expected a non-empty string.")
+        if len(value) > MAX_STOP_SEQUENCE_LENGTH:
+            raise too_long(key, MAX_STOP_SEQUENCE_LENGTH, value)
         return [value]
     if not isinstance(value, list):
         expected = "a string or an array of strings" if allow_string else "an array of strings"
         raise invalid_type(key, expected, value)
-    return string_list(value, key, max_items=max_items)
+    return string_list(value, key, max_items=max_items, max_length=MAX_STOP_SEQUENCE_LENGTH)
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:

@@ -27,6 +27,14 @@ Cancellation:
 
 No ``yield`` happens inside a cancel scope or nursery opened by the engine:
 waits are ``with trio.move_on_at(...)`` blocks closed before yielding.
+
+Limits, as a real engine enforces them (and as the model card announces
+them, so the frontend refuses most violations before calling): a
+``max_tokens`` over ``max_output_tokens`` is a ``ValueError``; a prompt that
+leaves no room in ``context_length``, or no room for ``max_tokens`` more, is
+:class:`~dynamo_trio.llm.ContextLengthExceeded` (the frontend's 400
+``context_length_exceeded``).  Without ``max_tokens``, generation stops at
+``default_max_tokens`` or at the end of the context, whichever comes first.
 """
 
 from __future__ import annotations
@@ -38,7 +46,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..llm import StopMatcher, validate_embed_request, validate_generate_request
+from ..llm import (
+    ContextLengthExceeded,
+    StopMatcher,
+    validate_embed_request,
+    validate_generate_request,
+)
 from ._settings import MockerSettings
 from ._text import TokenSource, count_tokens, render_prompt
 
@@ -90,12 +103,15 @@ class MockEngine:
             and ``usage``.
 
         Raises:
-            ValueError: if the request is not a valid generate request.
+            ValueError: if the request is not a valid generate request, or
+                asks for more than the model's limits
+                (:class:`~dynamo_trio.llm.ContextLengthExceeded` if the
+                prompt and ``max_tokens`` do not fit the context).
         """
         valid = validate_generate_request(request)
         prompt = render_prompt(valid)
         prompt_tokens = count_tokens(prompt)
-        max_tokens = valid.get("max_tokens") or self._settings.default_max_tokens
+        max_tokens = self._max_tokens(valid.get("max_tokens"), prompt_tokens, valid["request_type"])
         min_tokens = valid.get("min_tokens") or 0
         tokens = TokenSource(prompt, valid.get("seed"))
         stops = StopMatcher(valid.get("stop", ()))
@@ -133,6 +149,26 @@ class MockEngine:
             yield {"text": text, "token_ids": [token_id]}
             deadline += self._token_delay
 
+    def _max_tokens(self, requested: int | None, prompt_tokens: int, request_type: str) -> int:
+        """The tokens to generate at most; raises for a request over the model's limits."""
+        settings = self._settings
+        if requested is not None and requested > settings.max_output_tokens:
+            raise ValueError(
+                f"max_tokens is too large: {requested}. This model supports at most "
+                f"{settings.max_output_tokens} completion tokens, whereas you provided {requested}."
+            )
+        room = settings.context_length - prompt_tokens
+        if room <= 0 or (requested is not None and requested > room):
+            raise ContextLengthExceeded(
+                context_length=settings.context_length,
+                prompt_tokens=prompt_tokens,
+                max_tokens=requested if room > 0 else None,
+                prompt_kind="prompt" if request_type == "completion" else "messages",
+            )
+        if requested is not None:
+            return requested
+        return min(settings.default_max_tokens, settings.max_output_tokens, room)
+
     async def embed(self, request: object, context: Context) -> AsyncIterator[EmbedOutput]:
         """Embed each input as a deterministic unit vector, after ``ttft_ms``.
 
@@ -144,7 +180,9 @@ class MockEngine:
 
         Raises:
             ValueError: if the request is invalid or asks for more dimensions
-                than ``embedding_dimensions``.
+                than ``embedding_dimensions``;
+                :class:`~dynamo_trio.llm.ContextLengthExceeded` if an input is
+                longer than ``context_length``.
         """
         valid = validate_embed_request(request)
         full = self._settings.embedding_dimensions
@@ -154,6 +192,16 @@ class MockEngine:
                 f"invalid embedding request: dimensions ({dimensions}) exceeds this model's "
                 f"embedding size ({full})"
             )
+        context_length = self._settings.context_length
+        for text in valid["input"]:
+            tokens = count_tokens(text)
+            if tokens > context_length:
+                raise ContextLengthExceeded(
+                    context_length=context_length,
+                    prompt_tokens=tokens,
+                    max_tokens=None,
+                    prompt_kind="input",
+                )
         if await _wait_until(trio.current_time() + self._first_delay, context):
             return
         inputs = valid["input"]

@@ -26,13 +26,24 @@ class MockerSettings:
     embedding_dimensions: int = 16
     """Length of an embedding vector, and the most a request may ask for
     (``--embedding-dimensions``)."""
+    context_length: int = 32768
+    """The model's context window: prompt plus output tokens (``--context-length``).
+    Registered on the model card; a longer request is refused."""
+    max_output_tokens: int = 16384
+    """The most tokens one request may ask for (``--max-output-tokens``).  Registered on
+    the model card; a larger ``max_tokens`` is refused."""
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "inter_token_latency_ms"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
-        for name in ("default_max_tokens", "embedding_dimensions"):
+        for name in (
+            "default_max_tokens",
+            "embedding_dimensions",
+            "context_length",
+            "max_output_tokens",
+        ):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, not {value!r}")

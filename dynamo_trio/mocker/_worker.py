@@ -31,7 +31,9 @@ async def serve_mocker(
 
     ``model_name`` is registered as a chat and a completions model on
     ``{namespace}/{component}/generate``; ``embedding_model_name`` as an
-    embeddings model on ``{namespace}/{component}/embed``.
+    embeddings model on ``{namespace}/{component}/embed``.  The cards carry
+    the settings' ``context_length`` (and ``max_output_tokens`` for text), so
+    the frontend refuses requests over them before calling the worker.
     """
     if model_name is None and embedding_model_name is None:
         raise ValueError("give a model name, an embedding model name, or both")
@@ -41,11 +43,17 @@ async def serve_mocker(
         if model_name is not None:
             generate = service.endpoint("generate")
             await nursery.start(generate.serve_endpoint, engine.generate)
-            await generate.register_model(model_name, "chat")
-            await generate.register_model(model_name, "completions")
+            limits = {
+                "context_length": settings.context_length,
+                "max_output_tokens": settings.max_output_tokens,
+            }
+            await generate.register_model(model_name, "chat", **limits)
+            await generate.register_model(model_name, "completions", **limits)
             _log.info("serving %s (chat, completions) at %s", model_name, generate.path)
         if embedding_model_name is not None:
             embed = service.endpoint("embed")
             await nursery.start(embed.serve_endpoint, engine.embed)
-            await embed.register_model(embedding_model_name, "embeddings")
+            await embed.register_model(
+                embedding_model_name, "embeddings", context_length=settings.context_length
+            )
             _log.info("serving %s (embeddings) at %s", embedding_model_name, embed.path)

@@ -271,8 +271,13 @@ class DistributedRuntime:
         model_type: ModelType,
         *,
         context_length: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
-        """Announce that ``endpoint`` (served by this process) serves model ``name``."""
+        """Announce that ``endpoint`` (served by this process) serves model ``name``.
+
+        ``context_length`` and ``max_output_tokens`` are the model's token
+        limits; the frontend refuses requests over them before calling a worker.
+        """
         card = ModelCard(
             name=name,
             model_type=model_type,
@@ -281,6 +286,7 @@ class DistributedRuntime:
             endpoint=endpoint.name,
             instance_id=self.instance_id,
             context_length=context_length,
+            max_output_tokens=max_output_tokens,
         )
         await self._register(card.key, encode_record(card))
 
@@ -486,10 +492,22 @@ class Endpoint:
         return await self.runtime._client(self)
 
     async def register_model(
-        self, name: str, model_type: ModelType, *, context_length: int | None = None
+        self,
+        name: str,
+        model_type: ModelType,
+        *,
+        context_length: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
-        """Announce that this endpoint serves model ``name`` (chat, completions or embeddings)."""
-        await self.runtime.register_model(self, name, model_type, context_length=context_length)
+        """Announce that this endpoint serves model ``name`` (chat, completions or embeddings),
+        with its token limits if known (the frontend enforces them)."""
+        await self.runtime.register_model(
+            self,
+            name,
+            model_type,
+            context_length=context_length,
+            max_output_tokens=max_output_tokens,
+        )
 
 
 def _check_name(what: str, name: str) -> None:

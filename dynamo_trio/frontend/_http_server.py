@@ -1,0 +1,160 @@
+"""Serving the frontend's ASGI app over HTTP with hypercorn, with a shutdown that always ends.
+
+hypercorn's own ``serve`` ends a graceful shutdown by cancelling its
+connections ``graceful_timeout`` seconds after the trigger.  But it writes to
+sockets inside a shielded cancel scope (``TCPServer.protocol_send``), and a
+shielded write to a client that stopped reading (a full TCP window: an SSE
+client that went to sleep, a peer that never reads) waits for ever: the
+cancellation never reaches it, ``serve`` never returns, and the process only
+dies to SIGKILL.
+
+:func:`serve_http` runs the same per-connection protocol code (hypercorn's
+``TCPServer``: h11, h2, the ASGI lifespan) under its own accept loop, and
+keeps each connection's socket.  When the grace period ends, it closes the
+sockets of the connections still open: a blocked write then fails with
+``ClosedResourceError``, which hypercorn treats as a closed connection, and
+every task of the connection ends.  A connection that finished its work in
+time is never touched.
+
+Each connection's stream is also wrapped (:class:`_OrderedSends`) to close a
+race in hypercorn's ``TCPServer``: it serializes ``send_all`` with a lock but
+calls ``send_eof`` (when a connection ends) without it.  When a response goes
+out while the reading task is ending the connection (a client that keeps
+sending after an early answer, say a 414, until h11 gives up on it), the
+response's ``send_all`` met the EOF in trio's conflict detector and raised
+``BusyResourceError`` into the app: an "Error in ASGI Framework" traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.typing import ASGIFramework
+
+__all__ = ["serve_http"]
+
+_log = logging.getLogger("dynamo_trio.frontend.http")
+
+
+async def serve_http(
+    app: ASGIFramework,
+    config: HypercornConfig,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``config.bind`` (plain HTTP) until ``shutdown_trigger`` returns.
+
+    Reports the bound URLs (``http://host:port``) through ``task_status``.  On
+    shutdown: stop accepting, let open connections finish for
+    ``config.graceful_timeout`` seconds, then cancel them and close their
+    sockets, however they are blocked.
+    """
+    wrapped = ASGIWrapper(app)
+    context = WorkerContext(None)
+    lifespan_state: dict[str, Any] = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    open_streams: set[trio.SocketStream] = set()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        open_streams.add(stream)
+        try:
+            # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
+            tls_typed = cast("trio.SSLStream[trio.SocketStream]", _OrderedSends(stream))
+            state = ConnectionState(lifespan_state.copy())
+            server = TCPServer(wrapped, config, context, state, tls_typed)
+            await server.run()
+        finally:
+            open_streams.discard(stream)
+
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        sockets = config.create_sockets()
+        listeners = []
+        binds = []
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            bind = repr_socket_addr(sock.family, sock.getsockname())
+            binds.append(f"http://{bind}")
+            _log.info("Running on http://%s (CTRL + C to quit)", bind)
+        async with trio.open_nursery() as closer:
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    accepting.start_soon(
+                        partial(
+                            trio.serve_listeners, handle, listeners, handler_nursery=connections
+                        )
+                    )
+                    task_status.started(binds)
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()  # closes the listeners
+                await context.terminated.set()  # idle keep-alive connections close now
+                deadline = trio.current_time() + config.graceful_timeout
+                connections.cancel_scope.deadline = deadline
+                closer.start_soon(_close_at, deadline, open_streams)
+            closer.cancel_scope.cancel()
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
+    """At ``deadline``, close the sockets of the connections still open."""
+    await trio.sleep_until(deadline)
+    if streams:
+        _log.info("closing %d connection(s) still open after the shutdown grace", len(streams))
+    for stream in tuple(streams):
+        stream.socket.close()  # a send blocked on it fails with ClosedResourceError
+
+
+class _OrderedSends(trio.abc.HalfCloseableStream):
+    """A socket stream on which ``send_eof`` never collides with a ``send_all``.
+
+    A ``send_all`` that finds an EOF being sent waits for it (then fails as a
+    send after an EOF does: ``ClosedResourceError``, which hypercorn handles).
+    A ``send_eof`` that finds a ``send_all`` under way is refused with
+    ``BusyResourceError`` at once, as trio refuses it, and as hypercorn
+    expects (it ignores that error): it must not wait, since the send may be
+    blocked on a client that reads nothing, and the ``aclose`` that follows
+    the EOF is what unblocks it.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._sending = trio.StrictFIFOLock()
+        self.socket = stream.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._sending:
+            await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        if self._sending.locked():
+            await trio.lowlevel.checkpoint()
+            raise trio.BusyResourceError("another task is currently sending data on this stream")
+        async with self._sending:
+            await self._stream.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -1,0 +1,151 @@
+"""A model's token limits, and the errors for requests that ask for more than it can give.
+
+Two places check them:
+
+- the **frontend**, before any worker is called, against the limits the
+  model's card announces (:class:`TokenLimits`): ``max_tokens`` (and its
+  aliases ``max_completion_tokens``, ``max_output_tokens``) and ``min_tokens``
+  may not exceed the most the model can generate;
+- the **engine**, which alone can count the prompt's tokens: the prompt plus
+  the tokens asked for must fit the context window.  It raises
+  :class:`ContextLengthExceeded` (a ``ValueError``, so the runtime reports it
+  as ``InvalidArgument`` with ``caused_by="ContextLengthExceeded"``), and the
+  frontend answers 400 with ``code: "context_length_exceeded"``.
+
+The messages are OpenAI's (Anthropic's for ``/v1/messages``)::
+
+    max_tokens is too large: 100000. This model supports at most 4096 completion
+    tokens, whereas you provided 100000.                  (param max_tokens, code invalid_value)
+
+    This model's maximum context length is 8192 tokens. However, you requested
+    8390 tokens (7390 in the messages, 1000 in the completion). Please reduce the
+    length of the messages or completion.     (param messages, code context_length_exceeded)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Protocol
+
+from ._errors import RequestError
+
+if TYPE_CHECKING:
+    from .._errors import DynamoError
+
+__all__ = [
+    "CONTEXT_LENGTH_EXCEEDED",
+    "ContextLengthExceeded",
+    "TokenLimits",
+    "check_output_tokens",
+    "context_length_error",
+]
+
+CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"
+"""The OpenAI error ``code`` of a request whose prompt and output do not fit the context."""
+
+
+class TokenLimits(Protocol):
+    """What a model can take and give, in tokens (a model card has these fields)."""
+
+    @property
+    def context_length(self) -> int | None:
+        """Prompt plus output, at most; ``None`` if unknown."""
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """Generated tokens, at most; ``None`` if unknown."""
+
+
+def output_ceiling(limits: TokenLimits) -> int | None:
+    """The most tokens one request may ask the model to generate, if known."""
+    known = [n for n in (limits.max_output_tokens, limits.context_length) if n is not None]
+    return min(known) if known else None
+
+
+def check_output_tokens(
+    limits: TokenLimits,
+    requested: dict[str, int | None],
+    *,
+    model: str,
+    anthropic: bool = False,
+) -> None:
+    """Refuse output token counts the model cannot produce.
+
+    Args:
+        limits: The model's limits (its card).
+        requested: The request's token-count parameters by name
+            (``{"max_tokens": 100, "min_tokens": None}``); ``None`` values
+            were not given.
+        model: The model's name, for Anthropic's message.
+        anthropic: Word the error as Anthropic does.
+
+    Raises:
+        RequestError: 400 naming the first parameter over the model's limit.
+    """
+    ceiling = output_ceiling(limits)
+    if ceiling is None:
+        return
+    for param, value in requested.items():
+        if value is None or value <= ceiling:
+            continue
+        if anthropic:
+            message = (
+                f"{param}: {value} > {ceiling}, which is the maximum allowed number of "
+                f"output tokens for {model}"
+            )
+        else:
+            message = (
+                f"{param} is too large: {value}. This model supports at most {ceiling} "
+                f"completion tokens, whereas you provided {value}."
+            )
+        raise RequestError(400, message, param=param, code="invalid_value")
+
+
+class ContextLengthExceeded(ValueError):
+    """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window.
+
+    Args:
+        context_length: The model's context window, in tokens.
+        prompt_tokens: The prompt's length, in tokens.
+        max_tokens: The output tokens the request asked for, or ``None`` if
+            the prompt alone does not fit.
+        prompt_kind: What the prompt is called in the message (``"messages"``
+            for chat, ``"prompt"`` for completions).
+    """
+
+    def __init__(
+        self,
+        *,
+        context_length: int,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        prompt_kind: str = "messages",
+    ) -> None:
+        if max_tokens is None:
+            message = (
+                f"This model's maximum context length is {context_length} tokens. However, "
+                f"your {prompt_kind} resulted in {prompt_tokens} tokens. Please reduce the "
+                f"length of the {prompt_kind}."
+            )
+        else:
+            message = (
+                f"This model's maximum context length is {context_length} tokens. However, "
+                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"{prompt_kind}, {max_tokens} in the completion). Please reduce the length "
+                f"of the {prompt_kind} or completion."
+            )
+        super().__init__(message)
+        self.context_length: Final = context_length
+        self.prompt_tokens: Final = prompt_tokens
+        self.max_tokens: Final = max_tokens
+
+
+def context_length_error(error: DynamoError, *, param: str | None) -> RequestError | None:
+    """The 400 for a worker's :class:`ContextLengthExceeded`, or ``None`` for other errors.
+
+    Args:
+        error: The error the worker call failed with.
+        param: The request's prompt parameter (``messages``, ``prompt``, ``input``).
+    """
+    if error.caused_by != ContextLengthExceeded.__name__:
+        return None
+    return RequestError(400, error.message, param=param, code=CONTEXT_LENGTH_EXCEEDED)

@@ -1,0 +1,495 @@
+"""Hostile HTTP at the frontend's edge: each gets a clean answer, and SIGTERM still exits 0.
+
+Real processes over real sockets: a frontend and a worker (the e2e model
+worker, or the real mocker where model limits matter), driven byte by byte
+where httpx would refuse to send what a hostile client sends.  Besides each
+test's own checks, the frontend's log must show no traceback and no ERROR.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import struct
+from typing import TYPE_CHECKING, Any
+
+import h2.config
+import h2.connection
+import httpx
+import pytest
+import trio
+
+from .conftest import (
+    CHAT_BODY,
+    RawConnection,
+    _frontend_url,
+    assert_anthropic_error,
+    assert_openai_error,
+    raw_exchange,
+    raw_post,
+    wait_for_models,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.e2e.conftest import Proc
+
+    from .conftest import StartStack
+
+pytestmark = pytest.mark.slow
+
+WEBSOCKET_HEADERS = (
+    b"Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+
+
+def assert_clean_log(process: Proc) -> None:
+    log = process.stderr.decode(errors="replace")
+    assert "Traceback" not in log, log[-4000:]
+    assert " ERROR " not in log, log[-4000:]
+
+
+def reset(stream: trio.SocketStream) -> None:
+    """Make the next close an RST, as a client that vanishes does."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+async def receive_some_bytes(stream: trio.SocketStream, *, at_least: int) -> bytes:
+    received = b""
+    with trio.fail_after(5):
+        while len(received) < at_least:
+            chunk = await stream.receive_some(65536)
+            assert chunk, received
+            received += chunk
+    return received
+
+
+async def open_raw(url: str) -> trio.SocketStream:
+    connection = await RawConnection.open(url)
+    return connection.stream
+
+
+async def still_serving(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url) as http:
+        response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
+    assert response.status_code == 200, response.text
+
+
+# ---------------------------------------------------------------------------- HTTP/2
+
+
+def h2_request(path: str) -> tuple[h2.connection.H2Connection, bytes]:
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    connection.send_headers(
+        1,
+        [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "x")],
+        end_stream=True,
+    )
+    return connection, connection.data_to_send()
+
+
+@pytest.mark.parametrize("how", ["h2c-upgrade", "prior-knowledge"])
+async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
+    stack: StartStack, how: str
+) -> None:
+    # A long shutdown grace: only a shutdown that is not stuck ends promptly.
+    running = await stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30"})
+    for _ in range(3):
+        stream = await open_raw(running.url)
+        if how == "h2c-upgrade":
+            await stream.send_all(
+                b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n"
+                b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+            )
+            received = await receive_some_bytes(stream, at_least=12)
+            assert received.startswith(b"HTTP/1.1 101 "), received
+        else:
+            _, request = h2_request("/v1/models")
+            await stream.send_all(request)
+            await receive_some_bytes(stream, at_least=9)  # the server's SETTINGS
+        reset(stream)  # leaves without reading the answer or speaking HTTP/2 further
+        await stream.aclose()
+    await trio.sleep(0.3)
+    await still_serving(running.url)
+    running.frontend.signal(signal.SIGTERM)
+    assert await running.frontend.wait_exit(within=5) == 0
+    assert_clean_log(running.frontend)
+
+
+async def test_http2_with_prior_knowledge_is_served(stack: StartStack) -> None:
+    running = await stack()
+    stream = await open_raw(running.url)
+    connection, request = h2_request("/health")
+    await stream.send_all(request)
+    body = b""
+    ended = False
+    with trio.fail_after(5):
+        while not ended:
+            data = await stream.receive_some(65536)
+            assert data
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                ended = ended or isinstance(event, h2.events.StreamEnded)
+            await stream.send_all(connection.data_to_send())
+    assert json.loads(body)["status"] == "healthy"
+    await stream.aclose()
+
+
+# ---------------------------------------------------------------------------- shutdown
+
+
+async def test_a_client_that_stops_reading_does_not_stop_sigterm(stack: StartStack) -> None:
+    # hypercorn shields its socket writes: a stream to a client that reads
+    # nothing blocks for ever unless the server closes the socket itself.
+    running = await stack(inter_token_latency_ms=0.05)
+    stream = await open_raw(running.url)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({**CHAT_BODY, "max_tokens": 16_000, "stream": True}).encode()
+    await stream.send_all(raw_post("/v1/chat/completions", body))
+    await receive_some_bytes(stream, at_least=100)  # the stream began; now read no more
+    await trio.sleep(3)  # the producer runs ahead until the socket buffers are full
+    running.frontend.signal(signal.SIGTERM)
+    began = trio.current_time()
+    assert await running.frontend.wait_exit(within=15) == 0
+    # DYN_SHUTDOWN_GRACE_SECS=2 in the test environment.
+    assert trio.current_time() - began < 2 + 5
+    assert "closing 1 connection(s) still open" in running.frontend.stderr.decode()
+    assert_clean_log(running.frontend)
+    await stream.aclose()
+
+
+# ---------------------------------------------------------------------------- WebSocket
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/messages", "/v1/models", "/health", "/no/such/route"]
+)
+async def test_a_websocket_handshake_is_refused_with_json(stack: StartStack, path: str) -> None:
+    running = await stack()
+    for _ in range(2):
+        response = await raw_exchange(
+            running.url, f"GET {path} HTTP/1.1\r\n".encode() + WEBSOCKET_HEADERS + b"\r\n"
+        )
+        assert response.status == 404, response.raw
+        assert response.headers[b"content-type"] == b"application/json"
+        assert response.headers[b"connection"] == b"close"
+        body = json.loads(response.body)
+        if path == "/v1/messages":
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "not_found_error"
+            message = body["error"]["message"]
+        else:
+            assert body["error"]["code"] == "websocket_not_supported"
+            message = body["error"]["message"]
+        assert f"no WebSocket route at {path}" in message
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
+# ---------------------------------------------------------------------------- slow bodies
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_that_never_finishes_is_408_after_the_body_timeout_once(
+    stack: StartStack, path: str, framing: str
+) -> None:
+    timeout = 1.0
+    running = await stack(frontend_env={"DYN_HTTP_BODY_TIMEOUT_SECS": str(timeout)})
+    connection = await RawConnection.open(running.url)
+    async with connection.stream:
+        length = (
+            b"Content-Length: 1000\r\n"
+            if framing == "content-length"
+            else b"Transfer-Encoding: chunked\r\n"
+        )
+        start = (
+            b'{"model": "mock",' if framing == "content-length" else b'11\r\n{"model": "mock",\r\n'
+        )
+        await connection.send(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            + length
+            + b"\r\n"
+            + start
+        )
+        began = trio.current_time()
+        response = await connection.response(within=timeout * 4)
+        elapsed = trio.current_time() - began
+    # Once: not twice the timeout (the view's read, then a second read to drain).
+    assert timeout * 0.9 <= elapsed < timeout * 1.9, elapsed
+    assert response.status == 408, response.raw
+    assert response.headers[b"connection"] == b"close"
+    body = json.loads(response.body)
+    if path == "/v1/messages":
+        assert body["error"]["type"] == "timeout_error"
+    else:
+        assert body["error"]["type"] == "timeout_error"
+        assert body["error"]["message"] == "The request body did not arrive within 1 seconds."
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
+def test_the_body_timeout_is_configured_from_the_environment() -> None:
+    from dynamo_trio import Config
+
+    assert Config.from_env({}).frontend.body_timeout == 30.0
+    assert Config.from_env({"DYN_HTTP_BODY_TIMEOUT_SECS": "2.5"}).frontend.body_timeout == 2.5
+    with pytest.raises(ValueError, match="DYN_HTTP_BODY_TIMEOUT_SECS"):
+        Config.from_env({"DYN_HTTP_BODY_TIMEOUT_SECS": "0"})
+    for raw in ("0", "257", "x"):
+        with pytest.raises(ValueError, match="DYN_HTTP_MAX_JSON_DEPTH"):
+            Config.from_env({"DYN_HTTP_MAX_JSON_DEPTH": raw})
+    assert Config.from_env({"DYN_HTTP_MAX_HEADER_SIZE": "4096"}).frontend.max_header_size == 4096
+
+
+# ---------------------------------------------------------------------------- heads
+
+
+async def test_huge_request_lines_and_header_floods_get_414_or_431(stack: StartStack) -> None:
+    limit = 4096
+    running = await stack(frontend_env={"DYN_HTTP_MAX_HEADER_SIZE": str(limit)})
+    cases: list[tuple[bytes, int]] = [
+        (b"GET /" + b"a" * (limit + 1) + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health?" + b"q" * limit + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * limit + b"\r\n\r\n", 431),
+        (
+            b"GET /health HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-%d: y\r\n" % i for i in range(1000))
+            + b"\r\n",
+            431,
+        ),
+        (
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-Big: "
+            + b"v" * limit
+            + b"\r\n\r\n{}",
+            431,
+        ),
+    ]
+    for request, status in cases:
+        response = await raw_exchange(running.url, request)
+        assert response.status == status, response.raw[:300]
+        assert response.headers[b"connection"] == b"close"
+        error = json.loads(response.body)["error"]
+        assert f"the limit is {limit} bytes" in error["message"]
+    # Just under the limit is served.
+    response = await raw_exchange(
+        running.url, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 3000 + b"\r\n\r\n"
+    )
+    assert response.status == 200
+    # A head that keeps coming is cut off by the parser, without waiting for its end.
+    stream = await open_raw(running.url)
+    await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    answer = b""
+    with trio.fail_after(5):
+        for _ in range(100):
+            try:
+                await stream.send_all(b"X-Flood: " + b"f" * 1000 + b"\r\n")
+            except trio.BrokenResourceError:
+                break
+            with trio.move_on_after(0.01):
+                answer += await stream.receive_some(65536)
+            if answer:
+                break
+    assert answer.startswith(b"HTTP/1.1 431 ") or answer == b"", answer
+    await stream.aclose()
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
+async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
+    stack: StartStack,
+) -> None:
+    # The answer (a 414 from the gate, before the body is read) races the
+    # reading task, which meets the bytes past the body, gives up on the
+    # connection and sends EOF; hypercorn's unlocked send_eof then collided
+    # with the answer's send_all (BusyResourceError, "Error in ASGI Framework").
+    running = await stack(frontend_env={"DYN_HTTP_MAX_HEADER_SIZE": "4096"})
+    request = (
+        b"POST /v1/chat/completions?" + b"q" * 5000 + b" HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: 5\r\n\r\n{" + b"x" * 100_000
+    )
+    for _ in range(30):
+        stream = await open_raw(running.url)
+        answer = b""
+        with trio.fail_after(5):
+            try:
+                await stream.send_all(request)
+                while chunk := await stream.receive_some(65536):
+                    answer += chunk
+            except trio.BrokenResourceError:
+                pass  # the server closed with our bytes unread: a reset
+        assert answer.startswith(b"HTTP/1.1 414 ") or not answer, answer[:200]
+        await stream.aclose()
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
+# ---------------------------------------------------------------------------- bodies
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"],
+)
+async def test_hostile_bodies_get_precise_400s(stack: StartStack, path: str) -> None:
+    running = await stack()
+    model = "mock-embed" if path == "/v1/embeddings" else "mock"
+    cases: list[tuple[bytes, str, str | None]] = [
+        (b"[" * 1000 + b"]" * 1000, "more than 64 levels deep", None),
+        (b'{"a":' * 1000 + b"1" + b"}" * 1000, "more than 64 levels deep", None),
+        (b'{"model": "%s", "model": "other"}' % model.encode(), "the key 'model' appears", None),
+        (b'{"model": "\\ud800"}', "half of a UTF-16 surrogate pair", None),
+        (b'{"model": "\xff"}', "not UTF-8", None),
+        (b'{"model": "m", "seed": %d}' % 2**64, "between -2**63 and 2**64-1", "seed"),
+        (b'{"model": "m", "temperature": NaN}', "NaN and Infinity", "temperature"),
+        (b'{"model": "m", "top_p": 1e999}', "too large to represent", None),
+    ]
+    async with httpx.AsyncClient(base_url=running.url) as http:
+        for body, expected, param in cases:
+            response = await http.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
+            if path == "/v1/messages":
+                message = assert_anthropic_error(response, 400, "invalid_request_error")
+            else:
+                error = assert_openai_error(response, 400, "invalid_request_error", param=param)
+                message = error["message"]
+            assert expected in message
+        # Charsets other than UTF-8 are not JSON.
+        response = await http.post(
+            path,
+            content=b"{}",
+            headers={"content-type": "application/json; charset=iso-8859-1"},
+        )
+        assert response.status_code == 415
+    await still_serving(running.url)
+    assert_clean_log(running.frontend)
+
+
+# ---------------------------------------------------------------------------- model limits
+
+
+async def mocker_stack(
+    spawn: Callable[..., Any], env: dict[str, str], *mocker_flags: str
+) -> tuple[str, Proc]:
+    """A real mocker (``python -m dynamo_trio mocker``) and a frontend; returns (url, frontend)."""
+    await spawn(
+        "-m",
+        "dynamo_trio",
+        "mocker",
+        "--model-name",
+        "mock",
+        "--embedding-model-name",
+        "mock-embed",
+        "--inter-token-latency-ms",
+        "0",
+        *mocker_flags,
+        env=env,
+        name="mocker",
+    )
+    frontend = await spawn(
+        "-m", "dynamo_trio", "frontend", "--http-port", "0", env=env, name="frontend"
+    )
+    url = await _frontend_url(frontend)
+    await wait_for_models(url, {"mock", "mock-embed"}, within=15)
+    return url, frontend
+
+
+LONG_PROMPT = "word " * 40  # 40 pseudo-tokens, plus the chat template's
+
+TOO_MANY: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 33}, "max_tokens"),
+    (
+        "/v1/chat/completions",
+        {**CHAT_BODY, "max_completion_tokens": 2**31},
+        "max_completion_tokens",
+    ),
+    ("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 2**63}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 2**64 - 1}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT_BODY, "min_tokens": 100}, "min_tokens"),
+    ("/v1/completions", {"model": "mock", "prompt": "hi", "max_tokens": 10**12}, "max_tokens"),
+    (
+        "/v1/responses",
+        {"model": "mock", "input": "hi", "max_output_tokens": 33},
+        "max_output_tokens",
+    ),
+]
+
+TOO_LONG: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "/v1/chat/completions",
+        {"model": "mock", "max_tokens": 32, "messages": [{"role": "user", "content": LONG_PROMPT}]},
+        "messages",
+    ),
+    ("/v1/completions", {"model": "mock", "max_tokens": 32, "prompt": LONG_PROMPT}, "prompt"),
+    ("/v1/responses", {"model": "mock", "max_output_tokens": 32, "input": LONG_PROMPT}, "input"),
+    (
+        "/v1/chat/completions",
+        {"model": "mock", "messages": [{"role": "user", "content": LONG_PROMPT * 2}]},
+        "messages",
+    ),
+    ("/v1/embeddings", {"model": "mock-embed", "input": LONG_PROMPT * 2}, "input"),
+]
+
+
+async def test_token_limits_come_from_the_model_card(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    url, frontend = await mocker_stack(
+        spawn, env, "--context-length", "64", "--max-output-tokens", "32"
+    )
+    async with httpx.AsyncClient(base_url=url) as http:
+        for path, body, param in TOO_MANY:
+            for stream in (False, True):
+                payload = {**body, "stream": True} if stream and path != "/v1/embeddings" else body
+                response = await http.post(path, json=payload)
+                error = assert_openai_error(
+                    response, 400, "invalid_request_error", param=param, code="invalid_value"
+                )
+                value = body[param]
+                assert error["message"] == (
+                    f"{param} is too large: {value}. This model supports at most 32 completion "
+                    f"tokens, whereas you provided {value}."
+                )
+        response = await http.post("/v1/messages", json={**CHAT_BODY, "max_tokens": 2**40})
+        assert assert_anthropic_error(response, 400, "invalid_request_error") == (
+            f"max_tokens: {2**40} > 32, which is the maximum allowed number of output tokens "
+            "for mock"
+        )
+        # Prompt plus output over the context: the engine counts, the frontend answers 400.
+        for path, body, param in TOO_LONG:
+            for stream in (False, True):
+                payload = {**body, "stream": True} if stream and path != "/v1/embeddings" else body
+                response = await http.post(path, json=payload)
+                error = assert_openai_error(
+                    response,
+                    400,
+                    "invalid_request_error",
+                    param=param,
+                    code="context_length_exceeded",
+                )
+                assert error["message"].startswith(
+                    "This model's maximum context length is 64 tokens. However, "
+                )
+        response = await http.post(
+            "/v1/messages",
+            json={
+                "model": "mock",
+                "max_tokens": 32,
+                "messages": [{"role": "user", "content": LONG_PROMPT}],
+            },
+        )
+        message = assert_anthropic_error(response, 400, "invalid_request_error")
+        assert message.startswith("This model's maximum context length is 64 tokens.")
+        # At the limits, requests are served.
+        response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 32})
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 32
+    log = frontend.stderr.decode()
+    assert "Traceback" not in log
+    assert " ERROR " not in log
