@@ -7,7 +7,8 @@ operation or scan; cancelling waits for the call, which is short, so no thread
 outlives its caller).
 
 Watches poll: every ``poll_interval`` seconds a scan of the prefix is compared
-with the previous one and the differences become events.  A watch therefore
+with the previous one and the differences become events (a scan costs a few
+system calls while nothing changed, see rule 8 of :mod:`._file_store`).  A watch therefore
 reports *states*: a key created and deleted between two polls is never seen,
 and several updates between two polls arrive as one.  Nothing is lost in the
 sense that matters for discovery: applying the events to ``initial`` always
@@ -28,9 +29,11 @@ from ._base import (
     DiscoveryError,
     check_key,
     check_value,
+    log_repairs,
+    plan_repairs,
     random_lease_id,
 )
-from ._file_store import FileLayout, Scanner
+from ._file_store import FileLayout, Scanner, Signature
 from ._watch import Watch, WatchEvent, diff_events
 
 if TYPE_CHECKING:
@@ -51,18 +54,23 @@ class FileDiscovery(Discovery):
     """Discovery through the shared directory ``config.file_kv`` (created if missing).
 
     Args:
-        config: Uses ``file_kv``, ``lease_ttl`` and ``poll_interval``.
+        config: Uses ``file_kv``, ``lease_ttl``, ``poll_interval`` and
+            ``max_record_size``.
     """
 
     def __init__(self, config: DiscoveryConfig) -> None:
         super().__init__()
-        self._layout = FileLayout(config.file_kv)
+        self._layout = FileLayout(config.file_kv, config.max_record_size)
         self._ttl = config.lease_ttl
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
         self._owned: dict[str, bytes] = {}
+        self._written: dict[str, Signature] = {}
+        """The signature of each owned entry file as last written or checked."""
         self._lock = trio.Lock()
         """Serialises writes with lease recovery and revocation."""
+        self._last_problem: str | None = None
+        """The last keepalive failure logged (each is logged once, until it changes)."""
 
     @property
     def lease_id(self) -> int:
@@ -71,6 +79,7 @@ class FileDiscovery(Discovery):
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
         value = check_value(value)
+        self._layout.encode_entry(key, value, self._lease_id)  # ValueError if too large
         self._check_open()
         async with self._lock:
             self._check_open()
@@ -78,8 +87,11 @@ class FileDiscovery(Discovery):
             # rather than forgetting a key that may be on disk.
             previous = self._owned.get(key)
             self._owned[key] = value
+            self._written.pop(key, None)
             try:
-                await trio.to_thread.run_sync(self._layout.write_entry, key, value, self._lease_id)
+                self._written[key] = await trio.to_thread.run_sync(
+                    self._layout.write_entry, key, value, self._lease_id
+                )
             except OSError as exc:
                 if previous is None:
                     self._owned.pop(key, None)
@@ -93,6 +105,7 @@ class FileDiscovery(Discovery):
         async with self._lock:
             self._check_open()
             self._owned.pop(key, None)
+            self._written.pop(key, None)
             try:
                 await trio.to_thread.run_sync(self._layout.delete_entry, key)
             except OSError as exc:
@@ -133,14 +146,22 @@ class FileDiscovery(Discovery):
         state: dict[str, bytes],
         send_channel: trio.MemorySendChannel[WatchEvent],
     ) -> None:
+        failure: str | None = None
         async with send_channel:
             while True:
                 await trio.sleep(self._poll_interval)
                 try:
                     new_state = await trio.to_thread.run_sync(scanner.scan, prefix)
                 except OSError as exc:
-                    logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
+                    if str(exc) != failure:  # once per distinct failure, not per poll
+                        failure = str(exc)
+                        logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
                     continue
+                if failure is not None:
+                    logger.info("discovery: scan of %s works again", self._layout.root)
+                    failure = None
+                if new_state is state:
+                    continue  # the scanner's way of saying "nothing changed"
                 for event in diff_events(state, new_state):
                     await send_channel.send(event)
                 state = new_state
@@ -165,7 +186,8 @@ class FileDiscovery(Discovery):
                 await self.aclose()
 
     async def _keepalive(self) -> None:
-        """Touch the lease file every ttl/3; recreate it and rewrite every key if it was lost."""
+        """Every ttl/3: touch the lease file (recreating it and every key if it was lost),
+        then check the owned entries and write back any the directory lost (rule 5)."""
         while True:
             await trio.sleep(self._ttl / 3)
             async with self._lock:
@@ -178,19 +200,54 @@ class FileDiscovery(Discovery):
                             self._lease_id,
                             len(self._owned),
                         )
-                        await trio.to_thread.run_sync(self._recover, dict(self._owned))
+                        self._written.clear()
+                        self._written = await trio.to_thread.run_sync(
+                            self._recover, dict(self._owned)
+                        )
+                    else:
+                        await self._repair_entries()
                 except OSError as exc:
-                    logger.warning("discovery: cannot refresh lease %016x: %s", self._lease_id, exc)
+                    problem = f"cannot keep lease {self._lease_id:016x} and its keys: {exc}"
+                    if problem != self._last_problem:
+                        logger.warning("discovery: %s", problem)
+                    self._last_problem = problem
+                else:
+                    if self._last_problem is not None:
+                        logger.info("discovery: lease %016x and its keys are back", self._lease_id)
+                    self._last_problem = None
 
-    def _recover(self, owned: dict[str, bytes]) -> None:
+    async def _repair_entries(self) -> None:
+        """Write back the owned entries the directory lost; the caller holds the lock."""
+        owned = dict(self._owned)
+        found, signatures = await trio.to_thread.run_sync(
+            self._layout.audit, owned, dict(self._written), self._lease_id
+        )
+        self._written.update(signatures)
+        repairs = plan_repairs(owned, self._lease_id, found)
+        if not repairs:
+            return
+        log_repairs(repairs, self._lease_id)
+        for key in repairs.relinquish:
+            self._owned.pop(key, None)
+            self._written.pop(key, None)
+        for key in repairs.rewrite:
+            self._written.pop(key, None)
+            self._written[key] = await trio.to_thread.run_sync(
+                self._layout.write_entry, key, owned[key], self._lease_id
+            )
+
+    def _recover(self, owned: dict[str, bytes]) -> dict[str, Signature]:
         self._layout.create_lease(self._lease_id, self._ttl)
-        for key, value in owned.items():
-            self._layout.write_entry(key, value, self._lease_id)
+        return {
+            key: self._layout.write_entry(key, value, self._lease_id)
+            for key, value in owned.items()
+        }
 
     async def _revoke_lease(self) -> None:
         async with self._lock:
             keys = list(self._owned)
             self._owned.clear()
+            self._written.clear()
             try:
                 await trio.to_thread.run_sync(self._revoke, keys)
             except OSError as exc:
