@@ -70,6 +70,7 @@ import contextlib
 import errno
 import hashlib
 import logging
+import math
 import os
 import secrets
 import stat
@@ -79,6 +80,8 @@ from typing import TYPE_CHECKING, Final, final
 from urllib.parse import quote
 
 import msgspec
+
+from ._report import BadRecordReport
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -91,6 +94,7 @@ __all__ = [
     "Unreadable",
     "key_to_name",
     "parse_entry",
+    "parse_lease",
     "read_regular_file",
 ]
 
@@ -111,9 +115,6 @@ _ABANDONED_AFTER: Final = 60.0
 _MTIME_TRUSTED_AFTER_NS: Final = 1_000_000_000
 """A directory mtime this close to the moment it was read may still move within the
 same timestamp tick (coarse clocks, one-second file systems): list again next time."""
-
-_REPORT_PER_SCAN: Final = 10
-"""Bad files named individually per scan; any more are counted in one summary line."""
 
 _LEASE_SUFFIX: Final = ".lease"
 
@@ -254,6 +255,19 @@ def parse_entry(data: bytes, name: str | None = None) -> _Entry:
     if name is not None and expected != name:
         raise ValueError(f"it holds key {entry.key!r}")
     return entry
+
+
+def parse_lease(data: bytes) -> float:
+    """The ttl a lease file's bytes declare.
+
+    Raises:
+        ValueError: (``msgspec.DecodeError`` or plain) if they are not a lease
+            file, or the ttl is not a finite positive number.
+    """
+    ttl = _lease_decoder.decode(data).ttl
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"ttl must be a finite positive number, not {ttl}")
+    return ttl
 
 
 def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
@@ -448,32 +462,6 @@ class FileLayout:
                 _discard_if_unchanged(self.entry_path(key), stored[0])
 
 
-@final
-class _Reporter:
-    """Names the first few bad files of a scan, counts the rest (rule 7)."""
-
-    def __init__(self) -> None:
-        self._named = 0
-        self._more = 0
-
-    def bad(self, path: str, reason: str) -> None:
-        if self._named < _REPORT_PER_SCAN:
-            self._named += 1
-            logger.warning("discovery: skipping %s: %s", path, reason)
-        else:
-            self._more += 1
-
-    def flush(self, root: Path) -> None:
-        if self._more:
-            logger.warning(
-                "discovery: skipping %d more unusable files under %s (each is reported once, "
-                "until it changes)",
-                self._more,
-                root,
-            )
-        self._named = self._more = 0
-
-
 _Verdict = tuple[Signature, "_Entry | None"]
 
 
@@ -515,7 +503,7 @@ class Scanner:
         """The leases the entries name."""
         self._alive: frozenset[int] | None = None
         self._state: dict[str, bytes] = {}
-        self._reporter = _Reporter()
+        self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
         self._missing_logged = False
 
     def scan(self, prefix: str) -> dict[str, bytes]:
@@ -538,7 +526,7 @@ class Scanner:
         if changed or alive != self._alive:
             self._alive = alive
             self._state = self._collect(alive)
-        self._reporter.flush(self._layout.root)
+        self._reporter.end_batch()
         return self._state
 
     # -- the entries ------------------------------------------------------------
@@ -675,9 +663,7 @@ class Scanner:
             return cached[1]
         try:
             _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
-            ttl = _lease_decoder.decode(data).ttl
-            if not ttl > 0:
-                raise ValueError(f"ttl must be positive, not {ttl}")
+            ttl = parse_lease(data)
         except FileNotFoundError:
             return 0.0
         except (Unreadable, ValueError) as exc:  # msgspec.DecodeError is a ValueError
