@@ -47,7 +47,7 @@ import trio
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
     from typing import Self
@@ -139,7 +139,10 @@ class Repairs:
 
 
 def plan_repairs(
-    owned: Mapping[str, bytes], lease_id: int, found: Mapping[str, tuple[bytes, int]]
+    owned: Mapping[str, bytes],
+    lease_id: int,
+    found: Mapping[str, tuple[bytes, int]],
+    lease_alive: Callable[[int], bool] = lambda lease: True,
 ) -> Repairs:
     """Compare what an owner wrote with what the store holds.
 
@@ -148,6 +151,9 @@ def plan_repairs(
         lease_id: The lease its keys must be attached to.
         found: ``{key: (value, lease)}`` for each owned key the store holds
             (absent keys are missing from it).
+        lease_alive: Whether another lease is alive.  A key found under a
+            live lease was overwritten by its holder and is given up; one
+            under a dead lease (a stale file copied back) is rewritten.
     """
     rewrite: list[str] = []
     relinquish: list[str] = []
@@ -156,7 +162,7 @@ def plan_repairs(
         if stored is None:
             rewrite.append(key)
         elif stored[1] != lease_id:
-            relinquish.append(key)
+            (relinquish if lease_alive(stored[1]) else rewrite).append(key)
         elif stored[0] != value:
             rewrite.append(key)
     return Repairs(tuple(rewrite), tuple(relinquish))

@@ -219,11 +219,11 @@ class FileDiscovery(Discovery):
     async def _repair_entries(self) -> None:
         """Write back the owned entries the directory lost; the caller holds the lock."""
         owned = dict(self._owned)
-        found, signatures = await trio.to_thread.run_sync(
+        found, signatures, alive = await trio.to_thread.run_sync(
             self._layout.audit, owned, dict(self._written), self._lease_id
         )
         self._written.update(signatures)
-        repairs = plan_repairs(owned, self._lease_id, found)
+        repairs = plan_repairs(owned, self._lease_id, found, alive.__contains__)
         if not repairs:
             return
         log_repairs(repairs, self._lease_id)

@@ -420,7 +420,7 @@ class FileLayout:
 
     def audit(
         self, owned: Mapping[str, bytes], written: Mapping[str, Signature], lease_id: int
-    ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature]]:
+    ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
         """What the store holds for each owned key (rule 5), reading only what changed.
 
         Args:
@@ -430,8 +430,9 @@ class FileLayout:
             lease_id: The caller's lease (what its unchanged files hold).
 
         Returns:
-            ``{key: (value, lease)}`` for the keys present and usable, and the
-            signatures to remember for them.
+            ``{key: (value, lease)}`` for the keys present and usable, the
+            signatures to remember for them, and which of the other leases
+            they name are alive.
         """
         found: dict[str, tuple[bytes, int]] = {}
         signatures: dict[str, Signature] = {}
@@ -452,7 +453,21 @@ class FileLayout:
             if stored is not None:
                 found[key] = (stored[1].value, stored[1].lease)
                 signatures[key] = stored[0]
-        return found, signatures
+        others = {lease for _, lease in found.values() if lease != lease_id}
+        return found, signatures, {lease for lease in others if self.lease_alive(lease)}
+
+    def lease_alive(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` has a lease file fresh for its own ttl (rule 2)."""
+        if not 0 < lease_id < 2**64:
+            return False
+        path = self.lease_path(lease_id)
+        try:
+            st = os.lstat(path)
+            _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
+            ttl = parse_lease(data)
+        except (OSError, Unreadable, ValueError):
+            return False
+        return time.time() - st.st_mtime <= ttl
 
     def remove_entries_of(self, keys: list[str], lease_id: int) -> None:
         """Delete those of ``keys`` still attached to ``lease_id`` (after the lease is gone)."""

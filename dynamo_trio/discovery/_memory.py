@@ -236,7 +236,7 @@ class MemoryDiscovery(Discovery):
     def _repair(self) -> None:
         store = self._store
         found = {key: stored for key in self._owned if (stored := store.lookup(key)) is not None}
-        repairs = plan_repairs(self._owned, self._lease_id, found)
+        repairs = plan_repairs(self._owned, self._lease_id, found, store.lease_alive)
         if not store.lease_alive(self._lease_id):
             store.restore_lease(self._lease_id)
         if not repairs:

@@ -278,3 +278,15 @@ def test_a_recent_directory_mtime_is_not_trusted(
     layout.write_entry("p/b", b"2", 7)
     os.utime(layout.kv_dir, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same tick
     assert scanner.scan("p/") == {"p/a": b"1", "p/b": b"2"}
+
+
+async def test_a_stale_copy_under_a_dead_lease_is_replaced_by_the_owner(tmp_path: Path) -> None:
+    """An old entry file copied back over a live owner's (a backup restored, say) names a
+    lease that is gone: the owner takes its key back rather than give it up."""
+    config = file_config(tmp_path)
+    async with open_discovery(config) as owner, open_discovery(config) as reader:
+        await owner.put("p/k", b"mine")
+        FileLayout(tmp_path).write_entry("p/k", b"stale", 0xDEAD)  # no such lease file
+        with trio.fail_after(STEP):
+            while await reader.get_prefix("p/") != {"p/k": b"mine"}:  # noqa: ASYNC110
+                await trio.sleep(0.02)
