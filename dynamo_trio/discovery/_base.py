@@ -229,6 +229,9 @@ class Discovery(abc.ABC):
     async def delete(self, key: str) -> None:
         """Remove ``key`` (whichever lease it is attached to); absent keys are fine.
 
+        The caller gives the key up if it owned it.  A key owned by another
+        live instance is written back by that owner within its lease TTL.
+
         Raises:
             DiscoveryError: if the discovery is closed or the backend failed.
         """

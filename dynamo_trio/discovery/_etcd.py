@@ -116,6 +116,8 @@ class EtcdDiscovery(Discovery):
         self._keys_lost = False
         """Owned keys must be re-put under the current lease."""
         self._gateway_or_none: EtcdGateway | None = None
+        self._granted_at = 0.0
+        """When (trio clock) the first lease was granted."""
 
     @property
     def lease_id(self) -> int:
@@ -212,6 +214,7 @@ class EtcdDiscovery(Discovery):
                     f"cannot register with etcd at {', '.join(self._endpoints)}: {exc}"
                 ) from exc
             self._etcd_lease = self._lease_id
+            self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
             try:
                 async with trio.open_nursery() as nursery:
@@ -232,8 +235,12 @@ class EtcdDiscovery(Discovery):
         """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
         assert self._gateway_or_none is not None
         gateway = self._gateway_or_none
+        due = self._granted_at + self._ttl / 3
         while True:
-            await trio.sleep(self._ttl / 3)
+            # Due TTL/3 after the last attempt began, not after this task last ran:
+            # after a stall of the event loop, the lease is refreshed as soon as it resumes.
+            await trio.sleep_until(due)
+            due = trio.current_time() + self._ttl / 3
             if self._closed:
                 return
             try:

@@ -18,6 +18,7 @@ gives the latest scan.
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final, final
 
@@ -71,6 +72,8 @@ class FileDiscovery(Discovery):
         """Serialises writes with lease recovery and revocation."""
         self._last_problem: str | None = None
         """The last keepalive failure logged (each is logged once, until it changes)."""
+        self._touched_at = -math.inf
+        """When (trio clock) the lease file was last refreshed or created."""
 
     @property
     def lease_id(self) -> int:
@@ -89,8 +92,8 @@ class FileDiscovery(Discovery):
             self._owned[key] = value
             self._written.pop(key, None)
             try:
-                self._written[key] = await trio.to_thread.run_sync(
-                    self._layout.write_entry, key, value, self._lease_id
+                written, lost = await trio.to_thread.run_sync(
+                    self._write_with_fresh_lease, key, value, dict(self._owned)
                 )
             except OSError as exc:
                 if previous is None:
@@ -98,6 +101,29 @@ class FileDiscovery(Discovery):
                 else:
                     self._owned[key] = previous
                 raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
+            self._touched_at = trio.current_time()
+            if lost:
+                logger.warning(
+                    "discovery: lease %016x was lost; re-registered %d keys",
+                    self._lease_id,
+                    len(written),
+                )
+            self._written.update(written)
+
+    def _write_with_fresh_lease(
+        self, key: str, value: bytes, owned: dict[str, bytes]
+    ) -> tuple[dict[str, Signature], bool]:
+        """Refresh the lease, then write ``key``: an entry is never written under a lease
+        that readers may already judge stale (a process whose event loop stalled past
+        the ttl, say in a long import, would otherwise register into a dead lease and
+        be collected at once).  If the lease was lost, recover everything owned.
+
+        Returns:
+            The signatures written, and whether the lease had been lost.
+        """
+        if self._layout.touch_lease(self._lease_id):
+            return {key: self._layout.write_entry(key, value, self._lease_id)}, False
+        return self._recover(owned), True
 
     async def delete(self, key: str) -> None:
         check_key(key)
@@ -174,6 +200,7 @@ class FileDiscovery(Discovery):
             await trio.to_thread.run_sync(self._layout.create_lease, self._lease_id, self._ttl)
         except OSError as exc:
             raise DiscoveryError(f"cannot use {self._layout.root} for discovery: {exc}") from exc
+        self._touched_at = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._keepalive)
@@ -189,10 +216,13 @@ class FileDiscovery(Discovery):
         """Every ttl/3: touch the lease file (recreating it and every key if it was lost),
         then check the owned entries and write back any the directory lost (rule 5)."""
         while True:
-            await trio.sleep(self._ttl / 3)
+            # Due ttl/3 after the last refresh, not after this task last ran: after a
+            # stall of the event loop, the lease is refreshed as soon as it resumes.
+            await trio.sleep_until(self._touched_at + self._ttl / 3)
             async with self._lock:
                 if self._closed:
                     return
+                self._touched_at = trio.current_time()
                 try:
                     if not await trio.to_thread.run_sync(self._layout.touch_lease, self._lease_id):
                         logger.warning(

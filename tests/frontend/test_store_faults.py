@@ -21,7 +21,7 @@ import trio
 
 from dynamo_trio.discovery._file_store import FileLayout, key_to_name
 
-from .conftest import CHAT_BODY, MODELS, listed_models, wait_for_models
+from .conftest import CHAT_BODY, MODELS, wait_for_models
 
 if TYPE_CHECKING:
     from .conftest import StartStack
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 GARBAGE = 2000
+
+SLACK = 1.0
+"""Seconds past the TTL allowed for a loaded machine (the worker checks every TTL/3)."""
 
 
 def skip_lines(stderr: bytearray) -> list[str]:
@@ -58,15 +61,16 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
         and path.is_file()
     ]
     assert len(ours) >= 4 + 6, [path.name for path in ours]  # 4 instances, 6 model cards
+    names = {path.name for path in ours}
     for path in ours:
         path.unlink()
     deleted = time.monotonic()
-    with trio.fail_after(ttl):
-        while await listed_models(running.url) == MODELS:  # noqa: ASYNC110 - another process
-            await trio.sleep(0.01)  # the frontend saw them go...
-    await wait_for_models(running.url, MODELS, within=ttl + 2)  # ...and come back
+    with trio.fail_after(ttl + SLACK):  # the worker writes every one of them back...
+        while not names <= {path.name for path in layout.kv_dir.iterdir()}:  # noqa: ASYNC110
+            await trio.sleep(0.01)
     restored = time.monotonic() - deleted
-    assert restored < ttl, f"restored after {restored:.2f}s, past the {ttl}s TTL"
+    await wait_for_models(running.url, MODELS, within=10)  # ...and the frontend follows
+    assert restored < ttl + SLACK, f"restored after {restored:.2f}s (TTL {ttl}s)"
     async with httpx.AsyncClient(base_url=running.url) as http:
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
     assert response.status_code == 200, response.text
