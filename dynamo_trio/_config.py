@@ -13,6 +13,7 @@ discovery.file_kv                  ``DYN_FILE_KV``                       ``$TMPD
 discovery.etcd_endpoints           ``ETCD_ENDPOINTS`` (comma separated)  ``http://127.0.0.1:2379``
 discovery.lease_ttl                ``DYN_LEASE_TTL_SECS``                10
 discovery.poll_interval            ``DYN_FILE_KV_POLL_SECS``             0.1
+discovery.max_record_size          ``DYN_DISCOVERY_MAX_RECORD_SIZE``     1 MiB
 request_plane.host                 ``DYN_TCP_RPC_HOST``                  ``127.0.0.1``
 request_plane.port                 ``DYN_TCP_RPC_PORT``                  0 (any free port)
 request_plane.advertise_host       ``DYN_TCP_RPC_ADVERTISE_HOST``        the bind host
@@ -99,6 +100,9 @@ class DiscoveryConfig:
     """Seconds a crashed process's registrations survive it."""
     poll_interval: float = 0.1
     """How often the file backend looks for changes."""
+    max_record_size: int = 1 * MiB
+    """Largest record written or read: a ``put`` value (mem, etcd) or a stored entry
+    file (file backend).  Bigger ones are refused by ``put`` and skipped by readers."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +236,9 @@ class Config:
                 etcd_endpoints=env.get("ETCD_ENDPOINTS", _endpoint_list, discovery.etcd_endpoints),
                 lease_ttl=env.get("DYN_LEASE_TTL_SECS", _positive, discovery.lease_ttl),
                 poll_interval=env.get("DYN_FILE_KV_POLL_SECS", _positive, discovery.poll_interval),
+                max_record_size=env.get(
+                    "DYN_DISCOVERY_MAX_RECORD_SIZE", _positive_int, discovery.max_record_size
+                ),
             ),
             request_plane=RequestPlaneConfig(
                 host=env.get("DYN_TCP_RPC_HOST", str, request_plane.host),

@@ -12,6 +12,17 @@ model is etcd's, reduced to what the runtime needs:
   its keys vanish for every reader at once.  A process that dies without
   closing loses its keys when the lease times out (``lease_ttl`` seconds, plus
   the backend's poll latency).
+* Every key put through a :class:`Discovery` is *owned* by it until it
+  deletes the key, another instance overwrites it (the last writer owns a
+  key), or the discovery closes.  Whenever the store loses an owned key while
+  its owner lives (someone deleted it, the lease was revoked or expired behind
+  the owner's back, the store was wiped or restarted empty), the owner writes
+  it back, attached to its lease, within one ``lease_ttl``: every backend
+  checks its owned keys every ``lease_ttl / 3``.  A reader sees the key vanish
+  and come back, with the same value and the same lease id (so the same
+  instance id): no new instance, no duplicate, no restart.  So a delete by
+  anyone but the owner is undone; the way to remove a live worker's
+  registration is to stop the worker.
 * Readers take snapshots (``get_prefix``) or watch a prefix (``watch_prefix``):
   a snapshot followed by every later change, with nothing missed or repeated in
   between.
@@ -26,7 +37,9 @@ from the configuration.
 from __future__ import annotations
 
 import abc
+import logging
 import secrets
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -34,6 +47,7 @@ import trio
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
     from typing import Self
@@ -43,13 +57,18 @@ __all__ = [
     "DiscoveryError",
     "Watch",
     "WatchEvent",
+    "Repairs",
     "check_key",
     "check_value",
+    "log_repairs",
+    "plan_repairs",
     "random_lease_id",
 ]
 
 CLOSE_TIMEOUT: Final = 5.0
 """Seconds a backend may spend revoking its lease on exit before giving up."""
+
+logger = logging.getLogger("dynamo_trio.discovery")
 
 
 class DiscoveryError(Exception):
@@ -83,15 +102,84 @@ def check_key(key: str) -> str:
     return key
 
 
-def check_value(value: bytes) -> bytes:
+def check_value(value: bytes, max_size: int | None = None) -> bytes:
     """Validate a value and return it as immutable ``bytes``.
 
     Raises:
         TypeError: if ``value`` is not bytes-like.
+        ValueError: if it is longer than ``max_size`` (``DYN_DISCOVERY_MAX_RECORD_SIZE``).
     """
     if not isinstance(value, bytes | bytearray | memoryview):
         raise TypeError(f"discovery values are bytes, not {type(value).__name__}")
-    return bytes(value)
+    value = bytes(value)
+    if max_size is not None and len(value) > max_size:
+        raise ValueError(
+            f"a discovery value of {len(value)} bytes is more than "
+            f"DYN_DISCOVERY_MAX_RECORD_SIZE ({max_size})"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Repairs:
+    """What an owner must do to get its keys back into the store (see :func:`plan_repairs`).
+
+    Attributes:
+        rewrite: Owned keys the store lost (or holds with another value under
+            the owner's own lease): write them back.
+        relinquish: Owned keys another instance has overwritten since: they
+            are that instance's now, forget them.
+    """
+
+    rewrite: tuple[str, ...] = ()
+    relinquish: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.rewrite or self.relinquish)
+
+
+def plan_repairs(
+    owned: Mapping[str, bytes],
+    lease_id: int,
+    found: Mapping[str, tuple[bytes, int]],
+    lease_alive: Callable[[int], bool] = lambda lease: True,
+) -> Repairs:
+    """Compare what an owner wrote with what the store holds.
+
+    Args:
+        owned: ``{key: value}`` the owner put and has not deleted.
+        lease_id: The lease its keys must be attached to.
+        found: ``{key: (value, lease)}`` for each owned key the store holds
+            (absent keys are missing from it).
+        lease_alive: Whether another lease is alive.  A key found under a
+            live lease was overwritten by its holder and is given up; one
+            under a dead lease (a stale file copied back) is rewritten.
+    """
+    rewrite: list[str] = []
+    relinquish: list[str] = []
+    for key, value in owned.items():
+        stored = found.get(key)
+        if stored is None:
+            rewrite.append(key)
+        elif stored[1] != lease_id:
+            (relinquish if lease_alive(stored[1]) else rewrite).append(key)
+        elif stored[0] != value:
+            rewrite.append(key)
+    return Repairs(tuple(rewrite), tuple(relinquish))
+
+
+def log_repairs(repairs: Repairs, lease_id: int) -> None:
+    """Say what an owner is about to repair (once per repair, never per check)."""
+    if repairs.rewrite:
+        logger.warning(
+            "discovery: %d key(s) of lease %x were lost from the store; writing them back: %s",
+            len(repairs.rewrite),
+            lease_id,
+            ", ".join(repr(key) for key in repairs.rewrite[:5])
+            + (" ..." if len(repairs.rewrite) > 5 else ""),
+        )
+    for key in repairs.relinquish:
+        logger.info("discovery: %r was overwritten by another instance; no longer ours", key)
 
 
 def random_lease_id() -> int:
@@ -140,6 +228,9 @@ class Discovery(abc.ABC):
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Remove ``key`` (whichever lease it is attached to); absent keys are fine.
+
+        The caller gives the key up if it owned it.  A key owned by another
+        live instance is written back by that owner within its lease TTL.
 
         Raises:
             DiscoveryError: if the discovery is closed or the backend failed.

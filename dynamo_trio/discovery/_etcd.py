@@ -19,10 +19,18 @@ come back, which is the truth: for that while the worker was not registered.
 A repair that fails half-way (etcd went down again) stays pending and is
 retried on the next keepalive tick.
 
-*Shared keys.*  A key belongs to the lease of its last writer, as in etcd.  A
-recovering instance re-puts every key it wrote and has not deleted, even one
-another instance overwrote meanwhile; the runtime's keys embed the instance
-id, so two instances never write the same key.
+*Lost keys.*  A key can also vanish while the lease lives (someone ran
+``etcdctl del``, or etcd lost its data and a new lease happened to be
+granted).  After each keepalive the backend reads every key it owns in one
+transaction and re-puts those that are missing (or hold another value under
+its lease), so a registration comes back within ``ttl/3`` plus one round
+trip.
+
+*Shared keys.*  A key belongs to the lease of its last writer, as in etcd.  An
+owned key found attached to another lease was overwritten by another
+instance: it is theirs now, and this instance forgets it.  A recovering
+instance re-puts every key it still owns; the runtime's keys embed the
+instance id, so two instances never write the same key.
 
 *Ownership.*  ``put`` records the key in ``_owned`` and ``delete`` forgets
 it; a lock serialises them with recovery and revocation, so a recovery never
@@ -48,7 +56,15 @@ from typing import TYPE_CHECKING, Final, final
 import httpx
 import trio
 
-from ._base import CLOSE_TIMEOUT, Discovery, DiscoveryError, check_key, check_value
+from ._base import (
+    CLOSE_TIMEOUT,
+    Discovery,
+    DiscoveryError,
+    check_key,
+    check_value,
+    log_repairs,
+    plan_repairs,
+)
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
 from ._watch import Watch, WatchEvent
@@ -77,7 +93,7 @@ class EtcdDiscovery(Discovery):
     """Discovery in an etcd v3 cluster (``config.etcd_endpoints``).
 
     Args:
-        config: Uses ``etcd_endpoints`` and ``lease_ttl``.
+        config: Uses ``etcd_endpoints``, ``lease_ttl`` and ``max_record_size``.
     """
 
     def __init__(self, config: DiscoveryConfig) -> None:
@@ -85,6 +101,7 @@ class EtcdDiscovery(Discovery):
         if not config.etcd_endpoints:
             raise ValueError("no etcd endpoint configured")
         self._endpoints = config.etcd_endpoints
+        self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
         self._lease_id = 0
@@ -99,6 +116,8 @@ class EtcdDiscovery(Discovery):
         self._keys_lost = False
         """Owned keys must be re-put under the current lease."""
         self._gateway_or_none: EtcdGateway | None = None
+        self._granted_at = 0.0
+        """When (trio clock) the first lease was granted."""
 
     @property
     def lease_id(self) -> int:
@@ -124,7 +143,7 @@ class EtcdDiscovery(Discovery):
 
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
-        value = check_value(value)
+        value = check_value(value, self._max_record_size)
         gateway = self._gateway
         async with self._lock:
             self._check_open()
@@ -195,6 +214,7 @@ class EtcdDiscovery(Discovery):
                     f"cannot register with etcd at {', '.join(self._endpoints)}: {exc}"
                 ) from exc
             self._etcd_lease = self._lease_id
+            self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
             try:
                 async with trio.open_nursery() as nursery:
@@ -215,8 +235,12 @@ class EtcdDiscovery(Discovery):
         """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
         assert self._gateway_or_none is not None
         gateway = self._gateway_or_none
+        due = self._granted_at + self._ttl / 3
         while True:
-            await trio.sleep(self._ttl / 3)
+            # Due TTL/3 after the last attempt began, not after this task last ran:
+            # after a stall of the event loop, the lease is refreshed as soon as it resumes.
+            await trio.sleep_until(due)
+            due = trio.current_time() + self._ttl / 3
             if self._closed:
                 return
             try:
@@ -231,9 +255,48 @@ class EtcdDiscovery(Discovery):
                     len(self._owned),
                 )
                 self._lease_lost = True
-            if self._lease_lost or self._keys_lost:
-                async with self._lock:
+            async with self._lock:
+                if self._lease_lost or self._keys_lost:
                     await self._recover_locked()
+                else:
+                    await self._repair_keys_locked()
+
+    async def _repair_keys_locked(self) -> None:
+        """Re-put the owned keys etcd lost while the lease lived; the caller holds the lock.
+
+        Failures are logged; the next keepalive tick checks again.
+        """
+        if self._closed or not self._owned:
+            return
+        assert self._gateway_or_none is not None
+        gateway = self._gateway_or_none
+        owned = dict(self._owned)
+        try:
+            stored = await gateway.get_keys(list(owned))
+        except DiscoveryError as exc:
+            logger.warning("discovery: cannot check the owned keys (will retry): %s", exc)
+            return
+        found = {key: (kv.value, kv.lease) for key, kv in stored.items()}
+        repairs = plan_repairs(owned, self._etcd_lease, found)
+        if not repairs:
+            return
+        log_repairs(repairs, self._etcd_lease)
+        for key in repairs.relinquish:
+            self._owned.pop(key, None)
+        for key in repairs.rewrite:
+            try:
+                await gateway.put(key, owned[key], self._etcd_lease)
+            except EtcdError as exc:
+                if exc.code != GRPC_NOT_FOUND:
+                    logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
+                    return
+                logger.warning("discovery: lease lost (%s); re-granting it", exc)
+                self._lease_lost = True
+                await self._recover_locked()
+                return
+            except DiscoveryError as exc:
+                logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
+                return
 
     async def _recover_locked(self) -> bool:
         """Re-grant the lease and re-put every owned key; the caller holds the lock.

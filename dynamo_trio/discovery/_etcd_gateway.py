@@ -63,6 +63,9 @@ GRPC_UNAVAILABLE: Final = 14
 
 _FAILOVER_HTTP_STATUS: Final = frozenset({502, 503, 504})
 
+_MAX_TXN_OPS: Final = 64
+"""Reads batched into one transaction (etcd allows 128 operations by default)."""
+
 _M = TypeVar("_M")
 
 
@@ -92,6 +95,19 @@ class KeyValue(msgspec.Struct, frozen=True):
     value: bytes = b""
     mod_revision: int = 0
     lease: int = 0
+
+
+class _RangeResult(msgspec.Struct, frozen=True):
+    kvs: list[KeyValue] = msgspec.field(default_factory=list)
+
+
+class _TxnOpResponse(msgspec.Struct, frozen=True):
+    response_range: _RangeResult = msgspec.field(default_factory=_RangeResult)
+
+
+class _TxnResponse(msgspec.Struct, frozen=True):
+    succeeded: bool = False
+    responses: list[_TxnOpResponse] = msgspec.field(default_factory=list)
 
 
 class _ErrorBody(msgspec.Struct, frozen=True):
@@ -162,6 +178,14 @@ class WatchMessage(msgspec.Struct, frozen=True):
 class _RangeRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     key: bytes
     range_end: bytes = b""
+
+
+class _TxnOp(msgspec.Struct, frozen=True):
+    request_range: _RangeRequest
+
+
+class _TxnRequest(msgspec.Struct, frozen=True):
+    success: list[_TxnOp]
 
 
 class _PutRequest(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -263,6 +287,21 @@ class EtcdGateway:
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
         return decode_kvs(response.kvs), response.header.revision
+
+    async def get_keys(self, keys: Sequence[str]) -> dict[str, KeyValue]:
+        """The stored key-value of each of ``keys`` that exists (batched in transactions)."""
+        found: dict[str, KeyValue] = {}
+        for start in range(0, len(keys), _MAX_TXN_OPS):
+            batch = keys[start : start + _MAX_TXN_OPS]
+            ops = [_TxnOp(_RangeRequest(key=key.encode())) for key in batch]
+            response = await self._call("/v3/kv/txn", _TxnRequest(success=ops), _TxnResponse)
+            if not response.succeeded or len(response.responses) != len(batch):
+                raise DiscoveryError(f"etcd answered a read of {len(batch)} keys with {response}")
+            for key, op in zip(batch, response.responses, strict=True):
+                for kv in op.response_range.kvs:
+                    if kv.key == key.encode():
+                        found[key] = kv
+        return found
 
     async def put(self, key: str, value: bytes, lease_id: int) -> None:
         """Set ``key`` attached to ``lease_id``."""

@@ -7,7 +7,8 @@ operation or scan; cancelling waits for the call, which is short, so no thread
 outlives its caller).
 
 Watches poll: every ``poll_interval`` seconds a scan of the prefix is compared
-with the previous one and the differences become events.  A watch therefore
+with the previous one and the differences become events (a scan costs a few
+system calls while nothing changed, see rule 8 of :mod:`._file_store`).  A watch therefore
 reports *states*: a key created and deleted between two polls is never seen,
 and several updates between two polls arrive as one.  Nothing is lost in the
 sense that matters for discovery: applying the events to ``initial`` always
@@ -17,6 +18,7 @@ gives the latest scan.
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final, final
 
@@ -28,9 +30,11 @@ from ._base import (
     DiscoveryError,
     check_key,
     check_value,
+    log_repairs,
+    plan_repairs,
     random_lease_id,
 )
-from ._file_store import FileLayout, Scanner
+from ._file_store import FileLayout, Scanner, Signature
 from ._watch import Watch, WatchEvent, diff_events
 
 if TYPE_CHECKING:
@@ -51,18 +55,25 @@ class FileDiscovery(Discovery):
     """Discovery through the shared directory ``config.file_kv`` (created if missing).
 
     Args:
-        config: Uses ``file_kv``, ``lease_ttl`` and ``poll_interval``.
+        config: Uses ``file_kv``, ``lease_ttl``, ``poll_interval`` and
+            ``max_record_size``.
     """
 
     def __init__(self, config: DiscoveryConfig) -> None:
         super().__init__()
-        self._layout = FileLayout(config.file_kv)
+        self._layout = FileLayout(config.file_kv, config.max_record_size)
         self._ttl = config.lease_ttl
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
         self._owned: dict[str, bytes] = {}
+        self._written: dict[str, Signature] = {}
+        """The signature of each owned entry file as last written or checked."""
         self._lock = trio.Lock()
         """Serialises writes with lease recovery and revocation."""
+        self._last_problem: str | None = None
+        """The last keepalive failure logged (each is logged once, until it changes)."""
+        self._touched_at = -math.inf
+        """When (trio clock) the lease file was last refreshed or created."""
 
     @property
     def lease_id(self) -> int:
@@ -71,6 +82,7 @@ class FileDiscovery(Discovery):
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
         value = check_value(value)
+        self._layout.encode_entry(key, value, self._lease_id)  # ValueError if too large
         self._check_open()
         async with self._lock:
             self._check_open()
@@ -78,14 +90,40 @@ class FileDiscovery(Discovery):
             # rather than forgetting a key that may be on disk.
             previous = self._owned.get(key)
             self._owned[key] = value
+            self._written.pop(key, None)
             try:
-                await trio.to_thread.run_sync(self._layout.write_entry, key, value, self._lease_id)
+                written, lost = await trio.to_thread.run_sync(
+                    self._write_with_fresh_lease, key, value, dict(self._owned)
+                )
             except OSError as exc:
                 if previous is None:
                     self._owned.pop(key, None)
                 else:
                     self._owned[key] = previous
                 raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
+            self._touched_at = trio.current_time()
+            if lost:
+                logger.warning(
+                    "discovery: lease %016x was lost; re-registered %d keys",
+                    self._lease_id,
+                    len(written),
+                )
+            self._written.update(written)
+
+    def _write_with_fresh_lease(
+        self, key: str, value: bytes, owned: dict[str, bytes]
+    ) -> tuple[dict[str, Signature], bool]:
+        """Refresh the lease, then write ``key``: an entry is never written under a lease
+        that readers may already judge stale (a process whose event loop stalled past
+        the ttl, say in a long import, would otherwise register into a dead lease and
+        be collected at once).  If the lease was lost, recover everything owned.
+
+        Returns:
+            The signatures written, and whether the lease had been lost.
+        """
+        if self._layout.touch_lease(self._lease_id):
+            return {key: self._layout.write_entry(key, value, self._lease_id)}, False
+        return self._recover(owned), True
 
     async def delete(self, key: str) -> None:
         check_key(key)
@@ -93,6 +131,7 @@ class FileDiscovery(Discovery):
         async with self._lock:
             self._check_open()
             self._owned.pop(key, None)
+            self._written.pop(key, None)
             try:
                 await trio.to_thread.run_sync(self._layout.delete_entry, key)
             except OSError as exc:
@@ -133,14 +172,22 @@ class FileDiscovery(Discovery):
         state: dict[str, bytes],
         send_channel: trio.MemorySendChannel[WatchEvent],
     ) -> None:
+        failure: str | None = None
         async with send_channel:
             while True:
                 await trio.sleep(self._poll_interval)
                 try:
                     new_state = await trio.to_thread.run_sync(scanner.scan, prefix)
                 except OSError as exc:
-                    logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
+                    if str(exc) != failure:  # once per distinct failure, not per poll
+                        failure = str(exc)
+                        logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
                     continue
+                if failure is not None:
+                    logger.info("discovery: scan of %s works again", self._layout.root)
+                    failure = None
+                if new_state is state:
+                    continue  # the scanner's way of saying "nothing changed"
                 for event in diff_events(state, new_state):
                     await send_channel.send(event)
                 state = new_state
@@ -153,6 +200,7 @@ class FileDiscovery(Discovery):
             await trio.to_thread.run_sync(self._layout.create_lease, self._lease_id, self._ttl)
         except OSError as exc:
             raise DiscoveryError(f"cannot use {self._layout.root} for discovery: {exc}") from exc
+        self._touched_at = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._keepalive)
@@ -165,12 +213,16 @@ class FileDiscovery(Discovery):
                 await self.aclose()
 
     async def _keepalive(self) -> None:
-        """Touch the lease file every ttl/3; recreate it and rewrite every key if it was lost."""
+        """Every ttl/3: touch the lease file (recreating it and every key if it was lost),
+        then check the owned entries and write back any the directory lost (rule 5)."""
         while True:
-            await trio.sleep(self._ttl / 3)
+            # Due ttl/3 after the last refresh, not after this task last ran: after a
+            # stall of the event loop, the lease is refreshed as soon as it resumes.
+            await trio.sleep_until(self._touched_at + self._ttl / 3)
             async with self._lock:
                 if self._closed:
                     return
+                self._touched_at = trio.current_time()
                 try:
                     if not await trio.to_thread.run_sync(self._layout.touch_lease, self._lease_id):
                         logger.warning(
@@ -178,19 +230,54 @@ class FileDiscovery(Discovery):
                             self._lease_id,
                             len(self._owned),
                         )
-                        await trio.to_thread.run_sync(self._recover, dict(self._owned))
+                        self._written.clear()
+                        self._written = await trio.to_thread.run_sync(
+                            self._recover, dict(self._owned)
+                        )
+                    else:
+                        await self._repair_entries()
                 except OSError as exc:
-                    logger.warning("discovery: cannot refresh lease %016x: %s", self._lease_id, exc)
+                    problem = f"cannot keep lease {self._lease_id:016x} and its keys: {exc}"
+                    if problem != self._last_problem:
+                        logger.warning("discovery: %s", problem)
+                    self._last_problem = problem
+                else:
+                    if self._last_problem is not None:
+                        logger.info("discovery: lease %016x and its keys are back", self._lease_id)
+                    self._last_problem = None
 
-    def _recover(self, owned: dict[str, bytes]) -> None:
+    async def _repair_entries(self) -> None:
+        """Write back the owned entries the directory lost; the caller holds the lock."""
+        owned = dict(self._owned)
+        found, signatures, alive = await trio.to_thread.run_sync(
+            self._layout.audit, owned, dict(self._written), self._lease_id
+        )
+        self._written.update(signatures)
+        repairs = plan_repairs(owned, self._lease_id, found, alive.__contains__)
+        if not repairs:
+            return
+        log_repairs(repairs, self._lease_id)
+        for key in repairs.relinquish:
+            self._owned.pop(key, None)
+            self._written.pop(key, None)
+        for key in repairs.rewrite:
+            self._written.pop(key, None)
+            self._written[key] = await trio.to_thread.run_sync(
+                self._layout.write_entry, key, owned[key], self._lease_id
+            )
+
+    def _recover(self, owned: dict[str, bytes]) -> dict[str, Signature]:
         self._layout.create_lease(self._lease_id, self._ttl)
-        for key, value in owned.items():
-            self._layout.write_entry(key, value, self._lease_id)
+        return {
+            key: self._layout.write_entry(key, value, self._lease_id)
+            for key, value in owned.items()
+        }
 
     async def _revoke_lease(self) -> None:
         async with self._lock:
             keys = list(self._owned)
             self._owned.clear()
+            self._written.clear()
             try:
                 await trio.to_thread.run_sync(self._revoke, keys)
             except OSError as exc:

@@ -14,8 +14,7 @@ writers come and go and may be SIGKILLed at any instruction::
 
 1. **Atomic files.**  Every file is written to a ``.tmp-*`` name in the same
    directory and renamed over its final name (``os.replace``), so a reader
-   sees the old content or the new one, never half of one.  A reader that
-   still finds something unparsable skips it and logs once per file version.
+   sees the old content or the new one, never half of one.
 2. **Liveness.**  An owner touches its lease file every ``ttl/3`` seconds.  An
    entry is live only if the lease it names has a file whose mtime is at most
    that lease's own ``ttl`` old (the ttl is read from the lease file, so
@@ -28,13 +27,17 @@ writers come and go and may be SIGKILLed at any instruction::
    it moved is the version it judged (same inode, mtime and size), and puts it
    back (without overwriting anything newer) if a writer replaced it in the
    meantime.
-4. **Order of reading.**  A scan reads the entries *before* it lists the
+4. **Order of reading.**  A scan reads the entries *before* it checks the
    leases.  An owner creates its lease file before writing entries for it, so
-   every entry a scan read has its lease visible to the listing that follows,
+   every entry a scan read has its lease visible to the check that follows,
    and a recovering owner's fresh entries are never collected by mistake.
-5. **Recovery.**  An owner whose lease file vanished (collected while the
-   owner was paused longer than ttl) recreates it and rewrites its entries,
-   as the etcd backend re-grants a lost lease.
+5. **Ownership.**  An owner whose lease file vanished (collected while the
+   owner was paused longer than ttl, or deleted) recreates it and rewrites its
+   entries, as the etcd backend re-grants a lost lease.  Every ``ttl/3`` it
+   also checks each entry it owns (one ``lstat``: the file is still the
+   version it wrote, by :data:`Signature`) and rewrites any that were deleted
+   or spoiled, so a registration comes back within one ttl whatever happened
+   to the directory.
 6. **Names.**  Keys are mapped to one flat directory by percent-encoding every
    UTF-8 byte outside ``[A-Za-z0-9._-]`` (``/`` becomes ``%2F``, ``~`` becomes
    ``%7E``, a leading ``.`` becomes ``%2E``), so no key can name a path
@@ -43,39 +46,92 @@ writers come and go and may be SIGKILLed at any instruction::
    filters on file names.  A key whose name would be too long for the file
    system is stored under ``~`` plus its SHA-256; such files are always read
    and matched on the key stored inside.
+7. **Hostile directories.**  Anything can be dropped into a shared directory:
+   FIFOs, sockets, device nodes, directories, symlinks, unreadable or huge
+   files, garbage.  A reader ``lstat``\\ s every name first and opens only
+   regular files, with ``O_NONBLOCK | O_NOFOLLOW`` (so a FIFO swapped in after
+   the ``lstat`` cannot block it either), and reads at most
+   ``max_record_size`` bytes.  Whatever it cannot use is skipped and its
+   verdict cached by :data:`Signature`, so each bad file is reported once
+   (and a flood of them in one summary line), until it changes.
+8. **Change detection.**  An idle reader must cost next to nothing however
+   many entries the directory holds.  Every writer changes ``kv/`` itself
+   (rule 1's rename, a delete, a collection), which moves the directory's
+   mtime, so a reader lists ``kv/`` again only when that mtime moved (or
+   is too recent to be trusted, or ``full_rescan`` seconds have passed, which
+   also catches files edited in place), and within a listing reads only files
+   whose signature changed.  Between listings a poll is one ``lstat`` of
+   ``kv/`` plus one of each lease file its entries name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
+import math
 import os
 import secrets
+import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 from urllib.parse import quote
 
 import msgspec
 
+from ._report import BadRecordReport
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
-__all__ = ["FileLayout", "Scanner", "key_to_name"]
+__all__ = [
+    "DEFAULT_MAX_RECORD_SIZE",
+    "FileLayout",
+    "Scanner",
+    "Unreadable",
+    "key_to_name",
+    "parse_entry",
+    "parse_lease",
+    "read_regular_file",
+]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_RECORD_SIZE: Final = 1024 * 1024
+"""Largest entry file read or written unless configured (``DiscoveryConfig.max_record_size``)."""
 
 _MAX_NAME: Final = 200
 """Longest escaped key kept readable; longer ones are hashed (file names stop at 255 bytes)."""
 
+_MAX_LEASE_FILE: Final = 4096
+"""Largest lease file read (they hold a few dozen bytes)."""
+
 _ABANDONED_AFTER: Final = 60.0
 """Seconds after which a leftover ``.tmp-*``/``.gc-*`` file is assumed abandoned by a crash."""
 
+_MTIME_TRUSTED_AFTER_NS: Final = 1_000_000_000
+"""A directory mtime this close to the moment it was read may still move within the
+same timestamp tick (coarse clocks, one-second file systems): list again next time."""
+
 _LEASE_SUFFIX: Final = ".lease"
+
+_OPEN_FLAGS: Final = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 Signature = tuple[int, int, int]
 """``(inode, mtime_ns, size)``: identifies one version of a file."""
+
+
+class Unreadable(Exception):
+    """A file in the store that cannot be used: not a regular file, too big, or unopenable."""
 
 
 class _Entry(msgspec.Struct, frozen=True):
@@ -113,8 +169,113 @@ def _signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def _write_atomically(directory: Path, name: str, data: bytes) -> None:
-    """Write ``directory/name`` through a temporary file (rule 1); recreate a removed directory."""
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def read_regular_file(
+    path: str | Path, max_size: int, st: os.stat_result | None = None
+) -> tuple[Signature, bytes]:
+    """Read a regular file of at most ``max_size`` bytes without ever blocking on it.
+
+    Args:
+        path: The file.
+        max_size: Larger files are refused unread.
+        st: Its ``lstat`` result if the caller has one (saves a system call).
+
+    Returns:
+        The signature of the version read, and its bytes.
+
+    Raises:
+        Unreadable: if it is not a regular file (checked before opening and
+            again on the open descriptor), is larger than ``max_size``, or
+            cannot be opened or read (the reason says which).
+        FileNotFoundError: if it vanished (a normal race, not a fault).
+    """
+    if st is None:
+        st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(f"it is {_kind(st.st_mode)}")
+    if st.st_size > max_size:
+        raise Unreadable(f"it is {st.st_size} bytes, more than the limit of {max_size}")
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable("it became a symbolic link") from None
+        raise Unreadable(f"cannot open it: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"it became {_kind(st.st_mode)}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_size:
+            chunk = os.read(fd, max_size + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise Unreadable(f"cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > max_size:
+        raise Unreadable(f"it grew past the limit of {max_size} bytes")
+    return _signature(st), b"".join(chunks)
+
+
+def parse_entry(data: bytes, name: str | None = None) -> _Entry:
+    """Decode an entry file's bytes (``name``: the file name it was found under, checked).
+
+    Raises:
+        ValueError: (``msgspec.DecodeError`` or plain) with the reason, if the
+            bytes are not an entry, hold an invalid key, or a key that does not
+            belong under ``name``.
+    """
+    entry = _entry_decoder.decode(data)
+    try:
+        expected = _name_of(entry.key)
+    except UnicodeEncodeError:
+        raise ValueError(f"it holds a key that is not valid UTF-8: {entry.key!r}") from None
+    if "\0" in entry.key:
+        raise ValueError(f"it holds a key with a NUL character: {entry.key!r}")
+    if name is not None and expected != name:
+        raise ValueError(f"it holds key {entry.key!r}")
+    return entry
+
+
+def parse_lease(data: bytes) -> float:
+    """The ttl a lease file's bytes declare.
+
+    Raises:
+        ValueError: (``msgspec.DecodeError`` or plain) if they are not a lease
+            file, or the ttl is not a finite positive number.
+    """
+    ttl = _lease_decoder.decode(data).ttl
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"ttl must be a finite positive number, not {ttl}")
+    return ttl
+
+
+def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
+    """Write ``directory/name`` through a temporary file (rule 1); recreate a removed directory.
+
+    Returns:
+        The signature of the file written (its rename keeps inode, mtime and size).
+    """
     tmp = directory / f".tmp-{secrets.token_hex(8)}"
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -125,10 +286,13 @@ def _write_atomically(directory: Path, name: str, data: bytes) -> None:
             fd = os.open(tmp, flags, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            signature = _signature(os.fstat(f.fileno()))
         os.replace(tmp, directory / name)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return signature
 
 
 def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
@@ -146,7 +310,7 @@ def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
         logger.warning("discovery: cannot collect %s: %s", path, exc)
         return False
     try:
-        if _signature(os.stat(grave)) == judged:
+        if _signature(os.lstat(grave)) == judged:
             return True
         # A writer replaced the file after it was judged: restore it, unless
         # something even newer has been written since.
@@ -166,9 +330,11 @@ class FileLayout:
 
     Args:
         root: The shared directory (``DiscoveryConfig.file_kv``).
+        max_record_size: The largest entry file written or read.
     """
 
     root: Path
+    max_record_size: int = field(default=DEFAULT_MAX_RECORD_SIZE)
 
     @property
     def kv_dir(self) -> Path:
@@ -189,6 +355,10 @@ class FileLayout:
         """The heartbeat file of ``lease_id``."""
         return self.lease_dir / f"{lease_id:016x}{_LEASE_SUFFIX}"
 
+    def entry_path(self, key: str) -> Path:
+        """The file ``key`` is stored in."""
+        return self.kv_dir / _name_of(key)
+
     def create_lease(self, lease_id: int, ttl: float) -> None:
         """Write (or rewrite) the heartbeat file of ``lease_id``."""
         self.ensure()
@@ -197,8 +367,11 @@ class FileLayout:
 
     def touch_lease(self, lease_id: int) -> bool:
         """Refresh the heartbeat; ``False`` if the lease file is gone (the lease was lost)."""
+        path = self.lease_path(lease_id)
         try:
-            os.utime(self.lease_path(lease_id))
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return False  # something else took its name: recovery replaces it
+            os.utime(path)
         except FileNotFoundError:
             return False
         return True
@@ -207,153 +380,345 @@ class FileLayout:
         """Delete the heartbeat: every entry of the lease is dead from now on."""
         self.lease_path(lease_id).unlink(missing_ok=True)
 
-    def write_entry(self, key: str, value: bytes, lease_id: int) -> None:
-        """Store ``key`` atomically, attached to ``lease_id``."""
+    def encode_entry(self, key: str, value: bytes, lease_id: int) -> bytes:
+        """The bytes of ``key``'s entry file.
+
+        Raises:
+            ValueError: if they would be larger than ``max_record_size``.
+        """
         data = _encoder.encode(_Entry(key=key, lease=lease_id, value=value))
-        _write_atomically(self.kv_dir, _name_of(key), data)
+        if len(data) > self.max_record_size:
+            raise ValueError(
+                f"the discovery record for {key!r} is {len(data)} bytes stored, more than "
+                f"DYN_DISCOVERY_MAX_RECORD_SIZE ({self.max_record_size})"
+            )
+        return data
+
+    def write_entry(self, key: str, value: bytes, lease_id: int) -> Signature:
+        """Store ``key`` atomically, attached to ``lease_id``; return the file's signature.
+
+        Raises:
+            ValueError: if the entry would be larger than ``max_record_size``.
+            OSError: if it cannot be written (a directory in its place...).
+        """
+        data = self.encode_entry(key, value, lease_id)
+        return _write_atomically(self.kv_dir, _name_of(key), data)
 
     def delete_entry(self, key: str) -> None:
         """Delete ``key`` whoever owns it (absent is fine)."""
-        (self.kv_dir / _name_of(key)).unlink(missing_ok=True)
+        self.entry_path(key).unlink(missing_ok=True)
+
+    def read_entry(self, key: str) -> tuple[Signature, _Entry] | None:
+        """``key``'s entry as stored, or ``None`` if it is absent or unusable."""
+        path = self.entry_path(key)
+        try:
+            signature, data = read_regular_file(path, self.max_record_size)
+            entry = parse_entry(data, path.name)
+        except (OSError, Unreadable, ValueError):
+            return None
+        return (signature, entry) if entry.key == key else None
+
+    def audit(
+        self, owned: Mapping[str, bytes], written: Mapping[str, Signature], lease_id: int
+    ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
+        """What the store holds for each owned key (rule 5), reading only what changed.
+
+        Args:
+            owned: ``{key: value}`` the caller owns.
+            written: The signature of each file as the caller last wrote (or
+                checked) it; a file still at that signature is not read.
+            lease_id: The caller's lease (what its unchanged files hold).
+
+        Returns:
+            ``{key: (value, lease)}`` for the keys present and usable, the
+            signatures to remember for them, and which of the other leases
+            they name are alive.
+        """
+        found: dict[str, tuple[bytes, int]] = {}
+        signatures: dict[str, Signature] = {}
+        for key in owned:
+            try:
+                st = os.lstat(self.entry_path(key))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                logger.debug("discovery: cannot check %r: %s", key, exc)
+                continue
+            signature = _signature(st)
+            if written.get(key) == signature and stat.S_ISREG(st.st_mode):
+                found[key] = (owned[key], lease_id)
+                signatures[key] = signature
+                continue
+            stored = self.read_entry(key)
+            if stored is not None:
+                found[key] = (stored[1].value, stored[1].lease)
+                signatures[key] = stored[0]
+        others = {lease for _, lease in found.values() if lease != lease_id}
+        return found, signatures, {lease for lease in others if self.lease_alive(lease)}
+
+    def lease_alive(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` has a lease file fresh for its own ttl (rule 2)."""
+        if not 0 < lease_id < 2**64:
+            return False
+        path = self.lease_path(lease_id)
+        try:
+            st = os.lstat(path)
+            _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
+            ttl = parse_lease(data)
+        except (OSError, Unreadable, ValueError):
+            return False
+        return time.time() - st.st_mtime <= ttl
 
     def remove_entries_of(self, keys: list[str], lease_id: int) -> None:
         """Delete those of ``keys`` still attached to ``lease_id`` (after the lease is gone)."""
         for key in keys:
-            path = self.kv_dir / _name_of(key)
-            try:
-                with open(path, "rb") as f:
-                    judged = _signature(os.fstat(f.fileno()))
-                    entry = _entry_decoder.decode(f.read())
-            except (OSError, msgspec.DecodeError):
-                continue
-            if entry.lease == lease_id:
-                _discard_if_unchanged(path, judged)
+            stored = self.read_entry(key)
+            if stored is not None and stored[1].lease == lease_id:
+                _discard_if_unchanged(self.entry_path(key), stored[0])
+
+
+_Verdict = tuple[Signature, "_Entry | None"]
 
 
 @final
 class Scanner:
-    """Reads the live entries under a prefix, collecting dead ones on the way.
+    """Reads the live entries under one prefix, collecting dead ones on the way.
 
-    Keeps a cache of parsed files keyed by their :data:`Signature`, so a
-    watcher polling many times a second re-reads only files that changed, and
-    logs a corrupt file once per version rather than once per poll.  One
-    scanner must not scan from two threads at once (each watch owns one).
+    Keeps what it learnt between scans (rule 8): the listing of ``kv/`` and
+    the directory mtime it was taken at, each matching file's signature and
+    verdict (its entry, or ``None`` for a bad file, reported once), and the
+    lease ttls.  A watcher polling many times a second therefore lists the
+    directory only after a change, reads only files that changed, and
+    rebuilds its result only when an entry or a lease's liveness changed; the
+    same result object is returned while nothing did.  One scanner must not
+    scan from two threads at once (each watch owns one).
 
     Args:
         layout: The shared directory.
         default_ttl: The ttl assumed for a lease file that cannot be parsed.
+        full_rescan: Seconds after which the directory is listed and every
+            file checked again even if its mtime did not move.
     """
 
-    def __init__(self, layout: FileLayout, default_ttl: float) -> None:
+    def __init__(
+        self, layout: FileLayout, default_ttl: float, *, full_rescan: float | None = None
+    ) -> None:
         self._layout = layout
         self._default_ttl = default_ttl
-        self._entries: dict[str, tuple[Signature, _Entry | None]] = {}
-        self._leases: dict[str, tuple[int, float]] = {}
+        self._full_rescan = max(1.0, default_ttl / 2) if full_rescan is None else full_rescan
+        self._prefix: str | None = None
+        self._entries: dict[str, _Verdict] = {}
+        """Every matching name of the last listing, with its verdict."""
+        self._listed_at: tuple[int, int] | None = None
+        """``(inode, mtime_ns)`` of ``kv/`` at the last listing, if that mtime can be trusted."""
+        self._listed_when = -float("inf")
+        self._lease_ttls: dict[str, tuple[int, float]] = {}
+        self._lease_swept_when = -float("inf")
+        self._wanted: frozenset[int] = frozenset()
+        """The leases the entries name."""
+        self._alive: frozenset[int] | None = None
+        self._state: dict[str, bytes] = {}
+        self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
         self._missing_logged = False
 
     def scan(self, prefix: str) -> dict[str, bytes]:
-        """Every live key starting with ``prefix`` (one blocking pass over the directory)."""
-        name_prefix = key_to_name(prefix)
-        found = self._read_entries(prefix, name_prefix)
-        alive = self._live_leases()
-        state: dict[str, bytes] = {}
-        for name, (sig, entry) in found.items():
-            if entry.lease in alive:
-                state[entry.key] = entry.value
-            elif _discard_if_unchanged(self._layout.kv_dir / name, sig):
-                logger.info("discovery: collected %r of dead lease %016x", entry.key, entry.lease)
-        return state
+        """Every live key starting with ``prefix`` (one blocking pass; rule 8 says how much).
 
-    def _read_entries(self, prefix: str, name_prefix: str) -> dict[str, tuple[Signature, _Entry]]:
-        found: dict[str, tuple[Signature, _Entry]] = {}
-        seen: set[str] = set()
+        The result must not be modified: it is returned again, as the same
+        object, by the following scans until something changes.
+        """
+        changed = False
+        if prefix != self._prefix:
+            self._prefix = prefix
+            self._entries.clear()
+            self._listed_at = None
+            changed = True
+        now = time.monotonic()
+        if self._listing_is_stale(now):
+            changed |= self._list_entries(prefix)
+            self._listed_when = now
+        alive = self._live_leases(now)
+        if changed or alive != self._alive:
+            self._alive = alive
+            self._state = self._collect(alive)
+        self._reporter.end_batch()
+        return self._state
+
+    # -- the entries ------------------------------------------------------------
+
+    def _listing_is_stale(self, now: float) -> bool:
+        if self._listed_at is None or now - self._listed_when >= self._full_rescan:
+            return True
+        try:
+            st = os.lstat(self._layout.kv_dir)
+        except OSError:
+            return True
+        return (st.st_ino, st.st_mtime_ns) != self._listed_at
+
+    def _list_entries(self, prefix: str) -> bool:
+        """List ``kv/`` and refresh the verdicts; whether any matching entry changed."""
+        kv_dir = self._layout.kv_dir
+        before_ns = time.time_ns()
+        try:
+            st = os.lstat(kv_dir)
+            directory = (st.st_ino, st.st_mtime_ns)
+            trusted = st.st_mtime_ns < before_ns - _MTIME_TRUSTED_AFTER_NS
+        except OSError:
+            directory, trusted = None, False
+        listing = self._scandir(kv_dir)
+        self._listed_at = directory if trusted else None
+        name_prefix = key_to_name(prefix)
         now = time.time()
-        for dirent in self._scandir(self._layout.kv_dir):
+        old = self._entries
+        new: dict[str, _Verdict] = {}
+        changed = False
+        for dirent in listing:
             name = dirent.name
             if name.startswith("."):
                 _remove_if_abandoned(dirent, now)
                 continue
             if not name.startswith((name_prefix, "~")):
                 continue
-            seen.add(name)
-            parsed = self._read_entry(dirent)
-            if parsed is not None and parsed[1].key.startswith(prefix):
-                found[name] = parsed
-        for name in self._entries.keys() - seen:
-            del self._entries[name]
-        return found
+            verdict = self._judge(dirent, old.get(name), prefix)
+            if verdict is None:
+                continue  # vanished
+            new[name] = verdict
+            if old.get(name) != verdict:
+                changed = True
+        if old.keys() - new.keys():
+            changed = True
+        self._entries = new
+        if changed:
+            self._wanted = frozenset(e.lease for _, e in new.values() if e is not None)
+        return changed
 
-    def _read_entry(self, dirent: os.DirEntry[str]) -> tuple[Signature, _Entry] | None:
-        name = dirent.name
+    def _judge(
+        self, dirent: os.DirEntry[str], cached: _Verdict | None, prefix: str
+    ) -> _Verdict | None:
+        """The verdict on one file: from the cache if its signature did not move."""
         try:
-            sig = _signature(dirent.stat())
-            cached = self._entries.get(name)
-            if cached is not None and cached[0] == sig:
-                entry = cached[1]
-                return None if entry is None else (sig, entry)
-            with open(dirent.path, "rb") as f:
-                sig = _signature(os.fstat(f.fileno()))
-                data = f.read()
+            st = dirent.stat(follow_symlinks=False)
+        except OSError as exc:  # vanished, or the directory is unreadable: listed again later
+            logger.debug("discovery: cannot stat %s: %s", dirent.path, exc)
+            return None
+        signature = _signature(st)
+        if cached is not None and cached[0] == signature:
+            return cached
+        try:
+            signature, data = read_regular_file(dirent.path, self._layout.max_record_size, st)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            logger.warning("discovery: cannot read %s: %s", dirent.path, exc)
-            return None
-        entry = _parse_entry(name, data, dirent.path)
-        self._entries[name] = (sig, entry)
-        return None if entry is None else (sig, entry)
-
-    def _live_leases(self) -> set[int]:
-        alive: set[int] = set()
-        seen: set[str] = set()
-        now = time.time()
-        for dirent in self._scandir(self._layout.lease_dir):
-            name = dirent.name
-            if name.startswith("."):
-                _remove_if_abandoned(dirent, now)
-                continue
-            if not name.endswith(_LEASE_SUFFIX):
-                continue
-            try:
-                lease_id = int(name.removesuffix(_LEASE_SUFFIX), 16)
-                st = dirent.stat()
-                ttl = self._lease_ttl(dirent, st.st_ino)
-            except (ValueError, FileNotFoundError):
-                continue
-            except OSError as exc:
-                logger.warning("discovery: cannot read %s: %s", dirent.path, exc)
-                continue
-            seen.add(name)
-            if now - st.st_mtime <= ttl:
-                alive.add(lease_id)
-            elif _discard_if_unchanged(self._layout.lease_dir / name, _signature(st)):
-                logger.info("discovery: collected expired lease %s", name)
-        for name in self._leases.keys() - seen:
-            del self._leases[name]
-        return alive
-
-    def _lease_ttl(self, dirent: os.DirEntry[str], inode: int) -> float:
-        cached = self._leases.get(dirent.name)
-        if cached is not None and cached[0] == inode:
-            return cached[1]
-        with open(dirent.path, "rb") as f:
-            data = f.read()
+        except Unreadable as exc:
+            self._reporter.bad(dirent.path, str(exc))
+            return (signature, None)
         try:
-            ttl = _lease_decoder.decode(data).ttl
-            if not ttl > 0:
-                raise ValueError(f"ttl must be positive, not {ttl}")
-        except (msgspec.DecodeError, ValueError) as exc:
+            entry = parse_entry(data, dirent.name)
+        except ValueError as exc:
+            self._reporter.bad(dirent.path, f"not a discovery entry ({exc})")
+            return (signature, None)
+        if not entry.key.startswith(prefix):
+            return (signature, None)  # a hashed name of another prefix: fine, not ours
+        return (signature, entry)
+
+    def _collect(self, alive: frozenset[int]) -> dict[str, bytes]:
+        """The live state, collecting entries of dead leases (rules 3 and 4)."""
+        state: dict[str, bytes] = {}
+        for name, (signature, entry) in list(self._entries.items()):
+            if entry is None:
+                continue
+            if entry.lease in alive:
+                state[entry.key] = entry.value
+            elif _discard_if_unchanged(self._layout.kv_dir / name, signature):
+                logger.info("discovery: collected %r of dead lease %016x", entry.key, entry.lease)
+                del self._entries[name]
+        return state
+
+    # -- the leases -------------------------------------------------------------
+
+    def _live_leases(self, now: float) -> frozenset[int]:
+        """Which of the leases the entries name are alive (one ``lstat`` each)."""
+        lease_dir = self._layout.lease_dir
+        if now - self._lease_swept_when >= self._full_rescan:
+            self._lease_swept_when = now
+            self._sweep_leases()
+        alive: set[int] = set()
+        wall = time.time()
+        for lease_id in self._wanted:
+            if not 0 < lease_id < 2**64:
+                continue
+            name = f"{lease_id:016x}{_LEASE_SUFFIX}"
+            if self._lease_is_alive(lease_dir / name, name, wall):
+                alive.add(lease_id)
+        return frozenset(alive)
+
+    def _lease_is_alive(self, path: Path, name: str, wall: float) -> bool:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            logger.debug("discovery: cannot stat %s: %s", path, exc)
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            if self._lease_ttls.get(name) != (st.st_ino, -1.0):
+                self._lease_ttls[name] = (st.st_ino, -1.0)
+                self._reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
+            return False
+        ttl = self._lease_ttl(path, name, st)
+        if wall - st.st_mtime <= ttl:
+            return True
+        if _discard_if_unchanged(path, _signature(st)):
+            logger.info("discovery: collected expired lease %s", name)
+            self._lease_ttls.pop(name, None)
+        return False
+
+    def _lease_ttl(self, path: Path, name: str, st: os.stat_result) -> float:
+        cached = self._lease_ttls.get(name)
+        if cached is not None and cached[0] == st.st_ino and cached[1] > 0:
+            return cached[1]
+        try:
+            _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
+            ttl = parse_lease(data)
+        except FileNotFoundError:
+            return 0.0
+        except (Unreadable, ValueError) as exc:  # msgspec.DecodeError is a ValueError
             logger.warning(
                 "discovery: corrupt lease file %s (%s); assuming ttl=%s",
-                dirent.path,
+                path,
                 exc,
                 self._default_ttl,
             )
             ttl = self._default_ttl
-        self._leases[dirent.name] = (inode, ttl)
+        self._lease_ttls[name] = (st.st_ino, ttl)
         return ttl
 
+    def _sweep_leases(self) -> None:
+        """Collect stale lease files nobody's entries name, and abandoned temporaries."""
+        wall = time.time()
+        seen: set[str] = set()
+        for dirent in self._scandir(self._layout.lease_dir):
+            name = dirent.name
+            if name.startswith("."):
+                _remove_if_abandoned(dirent, wall)
+                continue
+            if not name.endswith(_LEASE_SUFFIX):
+                continue
+            try:
+                int(name.removesuffix(_LEASE_SUFFIX), 16)
+            except ValueError:
+                continue
+            seen.add(name)
+            self._lease_is_alive(self._layout.lease_dir / name, name, wall)
+        for name in self._lease_ttls.keys() - seen:
+            del self._lease_ttls[name]
+
     def _scandir(self, directory: Path) -> list[os.DirEntry[str]]:
+        """The directory's entries; a missing directory is empty (said once).
+
+        Raises:
+            OSError: if it cannot be listed for another reason (not a
+                directory, no permission): the caller keeps its last state.
+        """
         try:
             with os.scandir(directory) as it:
                 entries = list(it)
@@ -366,21 +731,9 @@ class Scanner:
         return entries
 
 
-def _parse_entry(name: str, data: bytes, path: str) -> _Entry | None:
-    try:
-        entry = _entry_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        logger.warning("discovery: skipping corrupt entry %s: %s", path, exc)
-        return None
-    if _name_of(entry.key) != name:
-        logger.warning("discovery: skipping %s: it holds key %r", path, entry.key)
-        return None
-    return entry
-
-
 def _remove_if_abandoned(dirent: os.DirEntry[str], now: float) -> None:
     try:
-        if now - dirent.stat().st_mtime > _ABANDONED_AFTER:
+        if now - dirent.stat(follow_symlinks=False).st_mtime > _ABANDONED_AFTER:
             os.unlink(dirent.path)
     except FileNotFoundError:
         pass

@@ -6,6 +6,10 @@ between, so a watch's snapshot and its registration for later changes happen
 atomically and no event can fall between them.  Watch channels are unbounded
 because a writer must never wait for a slow reader; a reader that stops
 reading only grows its own queue, and leaving the watch frees it.
+
+A :class:`MemoryDiscovery` owns the keys it puts like the other backends do:
+every ``lease_ttl / 3`` it checks them against the store, and writes back any
+that were deleted (or whose lease was revoked) by someone else.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from typing import TYPE_CHECKING, Final, final
 
 import trio
 
-from ._base import CLOSE_TIMEOUT, Discovery, check_key, check_value, random_lease_id
+from ._base import (
+    CLOSE_TIMEOUT,
+    Discovery,
+    check_key,
+    check_value,
+    log_repairs,
+    plan_repairs,
+    random_lease_id,
+)
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
@@ -56,6 +68,19 @@ class MemoryStore:
             if lease_id not in self._leases:
                 self._leases.add(lease_id)
                 return lease_id
+
+    def lease_alive(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` was allocated and not revoked."""
+        return lease_id in self._leases
+
+    def restore_lease(self, lease_id: int) -> None:
+        """Bring a revoked lease back (its owner is alive and re-registering)."""
+        self._leases.add(lease_id)
+
+    def lookup(self, key: str) -> tuple[bytes, int] | None:
+        """``(value, lease)`` of ``key``, or ``None`` if it is absent."""
+        value = self._values.get(key)
+        return None if value is None else (value, self._owner[key])
 
     def put(self, key: str, value: bytes, lease_id: int) -> None:
         """Set ``key`` and attach it to ``lease_id`` (the last writer's lease wins)."""
@@ -121,17 +146,31 @@ class MemoryDiscovery(Discovery):
     """Discovery in one process's memory.
 
     Several instances on one :class:`MemoryStore` see each other's keys, as
-    separate processes would through etcd.  There is nothing to keep alive: a
-    lease ends only when its instance is closed.
+    separate processes would through etcd.  A lease ends when its instance is
+    closed, or when someone revokes it in the store; in the second case the
+    instance restores it and its keys within ``lease_ttl``.
 
     Args:
         store: Where the keys live; defaults to :func:`default_memory_store`.
+        lease_ttl: The owned keys are checked every ``lease_ttl / 3`` seconds.
+        max_record_size: The largest value ``put`` accepts.
     """
 
-    def __init__(self, store: MemoryStore | None = None) -> None:
+    def __init__(
+        self,
+        store: MemoryStore | None = None,
+        *,
+        lease_ttl: float = 10.0,
+        max_record_size: int | None = None,
+    ) -> None:
         super().__init__()
+        self._max_record_size = max_record_size
+        if not lease_ttl > 0:
+            raise ValueError(f"lease_ttl must be positive, not {lease_ttl}")
         self._store = default_memory_store() if store is None else store
         self._lease_id = self._store.new_lease()
+        self._ttl = lease_ttl
+        self._owned: dict[str, bytes] = {}
 
     @property
     def lease_id(self) -> int:
@@ -139,15 +178,18 @@ class MemoryDiscovery(Discovery):
 
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
-        value = check_value(value)
+        value = check_value(value, self._max_record_size)
         await trio.lowlevel.checkpoint()
         self._check_open()
+        self._store.restore_lease(self._lease_id)
+        self._owned[key] = value
         self._store.put(key, value, self._lease_id)
 
     async def delete(self, key: str) -> None:
         check_key(key)
         await trio.lowlevel.checkpoint()
         self._check_open()
+        self._owned.pop(key, None)
         self._store.delete(key)
 
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
@@ -173,11 +215,39 @@ class MemoryDiscovery(Discovery):
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
         try:
-            yield
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keep_owned_keys)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel(reason="discovery closing")
         finally:
             with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 await self.aclose()
 
+    async def _keep_owned_keys(self) -> None:
+        """Every ttl/3: restore the lease and the owned keys if the store lost them."""
+        while True:
+            await trio.sleep(self._ttl / 3)
+            if self._closed:
+                return
+            self._repair()
+
+    def _repair(self) -> None:
+        store = self._store
+        found = {key: stored for key in self._owned if (stored := store.lookup(key)) is not None}
+        repairs = plan_repairs(self._owned, self._lease_id, found, store.lease_alive)
+        if not store.lease_alive(self._lease_id):
+            store.restore_lease(self._lease_id)
+        if not repairs:
+            return
+        log_repairs(repairs, self._lease_id)
+        for key in repairs.relinquish:
+            del self._owned[key]
+        for key in repairs.rewrite:
+            store.put(key, self._owned[key], self._lease_id)
+
     async def _revoke_lease(self) -> None:
         await trio.lowlevel.checkpoint()
+        self._owned.clear()
         self._store.revoke(self._lease_id)

@@ -12,8 +12,10 @@ mutated and never miss a change between looking and waiting::
             route_to(view.items())
             version = await view.wait_changed(version)
 
-A value that fails to decode is logged at WARNING and treated as absent (so a
-key whose good record is overwritten by a bad one leaves the view).
+A value that fails to decode is treated as absent (so a key whose good record
+is overwritten by a bad one leaves the view) and logged at WARNING once per
+value: the first few of a batch (the initial snapshot, a burst of events) by
+name, the rest in one summary line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, final
 import trio
 
 from ._base import DiscoveryError
+from ._report import BadRecordReport
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
@@ -55,6 +58,7 @@ class PrefixView(Generic[T]):
         self._version = 0
         self._changed = trio.Event()
         self._ended: str | None = None
+        self._report = BadRecordReport(logger, f"undecodable records under {prefix!r}")
 
     @property
     def version(self) -> int:
@@ -99,12 +103,16 @@ class PrefixView(Generic[T]):
     def _load(self, initial: Mapping[str, bytes]) -> None:
         for key in sorted(initial):
             self._store(key, initial[key])
+        self._report.end_batch()
 
-    def _apply(self, event: WatchEvent) -> None:
-        if event.kind == "put" and event.value is not None:
-            changed = self._store(event.key, event.value)
-        else:
-            changed = self._forget(event.key)
+    def _apply(self, events: list[WatchEvent]) -> None:
+        changed = False
+        for event in events:
+            if event.kind == "put" and event.value is not None:
+                changed |= self._store(event.key, event.value)
+            else:
+                changed |= self._forget(event.key)
+        self._report.end_batch()
         if changed:
             self._bump()
 
@@ -119,7 +127,7 @@ class PrefixView(Generic[T]):
         try:
             record = self._decode(value)
         except Exception as exc:  # a bad record must never take the view down
-            logger.warning("discovery: skipping undecodable record at %r: %s", key, exc)
+            self._report.bad(f"the undecodable record at {key!r}", str(exc))
             return self._records.pop(key, None) is not None
         self._records[key] = record
         return True
@@ -141,7 +149,7 @@ class PrefixView(Generic[T]):
 
 async def _pump(view: PrefixView[T], watch: Watch) -> None:
     async for event in watch:
-        view._apply(event)
+        view._apply([event, *watch.pending()])
     view._end("the backend stopped sending events")
 
 

@@ -69,6 +69,15 @@ class Watch:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise StopAsyncIteration from None
 
+    def pending(self) -> list[WatchEvent]:
+        """The changes already queued, in order, taken without waiting (maybe none)."""
+        queued: list[WatchEvent] = []
+        while True:
+            try:
+                queued.append(self._events.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return queued
+
 
 def diff_events(old: Mapping[str, bytes], new: Mapping[str, bytes]) -> list[WatchEvent]:
     """The events that turn ``old`` into ``new``, sorted by key.

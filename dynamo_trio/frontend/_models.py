@@ -1,60 +1,195 @@
-"""The models the frontend serves, as workers register them in discovery.
+"""The models the frontend serves, and which workers each request for them goes to.
 
 A worker announces a model with ``endpoint.register_model(name, type)``: a
-:class:`~dynamo_trio.discovery.ModelCard` tied to the worker's lease.  The
-registry watches the cards of its namespace, so a model appears when its first
-worker registers it and vanishes when its last one goes (shuts down, or dies
-and its lease expires).  Requests for a model are routed across the instances
-of the endpoint its cards name.
+:class:`~dynamo_trio.discovery.ModelCard` tied to the worker's lease, naming
+the endpoint *and the instance* that serves it.  The registry watches the
+cards of its namespace, so a model appears when its first worker registers
+it and vanishes when its last one goes (shuts down, or dies and its lease
+expires).
+
+Routing is by model, per request
+================================
+
+A request for model *M* of type *T* (chat, completions, embeddings) goes only
+to an instance that registered a card for *(M, T)*, on the endpoint that
+card names.  Several endpoints may serve one model (one component per
+hardware pool, say) and several models may share one endpoint (two mockers
+started with different ``--model-name`` on the default component): the
+candidates are the *(endpoint, instance)* pairs of the model's cards, never
+the endpoint's other instances.
+
+Each request picks among the candidates that are *live*: listed by discovery
+and not taken out of rotation by a recent failure (a refused connection, a
+connection lost, a worker going away).  ``round-robin`` (the default) takes
+them in turn per model, ``random`` at random.  If the chosen instance cannot
+be reached, or its stream fails before its first item (the worker died or
+is shutting down), the request is sent at once to another candidate it has
+not tried, so a model served by a live instance anywhere is answered even
+while a dead one's cards wait for its lease to expire.  Once an item has
+arrived the request belongs to that instance: a later failure is the
+request's error.
+
+A card can be seen a moment before the instance record it names (they are
+separate watches): a request that finds no live candidate but some not yet
+listed waits up to ``_INSTANCE_WAIT`` for one to appear.
+
+Name clashes between model types
+================================
+
+One name may be registered as different types by different workers (``m``
+as chat by one, as embeddings by another).  That is served correctly, not
+refused: every request type is routed only to the cards of its own type, so
+a chat request for ``m`` reaches the chat worker and an embeddings request
+the embeddings worker; ``/v1/models`` lists ``m`` once.  A request of a type
+no worker serves the model as is a 404 that says which types it is served as.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
-from collections import Counter
-from typing import TYPE_CHECKING, Any, Final
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 
+from .._errors import CannotConnect, Disconnected, DynamoError, EngineShutdown, NoInstances
 from ..discovery import ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import DistributedRuntime, ResponseStream
+    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream
 
-__all__ = ["ModelRegistry", "ModelRoute"]
+__all__ = ["ModelRegistry", "ModelRoute", "ModelStream"]
 
-# How long a request for a known model waits for its first instance to appear.
 _INSTANCE_WAIT: Final = 2.0
+"""How long a request for a known model waits for one of its instances to be listed."""
+
+_DOWN_FOR: Final = 2.0
+"""How long an instance a request failed on stays out of this model's rotation."""
+
+_RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
+"""Failures before the first item after which another instance may take the request."""
+
+Target = tuple[str, int]
+"""``(endpoint path, instance id)``: one place a model's request can go."""
 
 
+def _path(card: ModelCard) -> str:
+    return f"{card.namespace}/{card.component}/{card.endpoint}"
+
+
+@final
 class ModelRoute:
-    """Where requests for one model (of one type) go."""
+    """Requests for one model as one type: which cards serve it, and sending to them.
 
-    def __init__(self, card: ModelCard, runtime: DistributedRuntime, router_mode: RouterMode):
+    Made by :meth:`ModelRegistry.route` for each request; the candidates are
+    read when the request is sent, so they are always current.
+    """
+
+    def __init__(
+        self, registry: ModelRegistry, name: str, model_type: ModelType, card: ModelCard
+    ) -> None:
+        self._registry = registry
+        self.name: Final = name
+        self.model_type: Final = model_type
         self.card: Final = card
-        self._runtime = runtime
-        self._router_mode = router_mode
+        """One of the model's cards (the first by key), for what all its cards share."""
 
-    async def call(self, request: Any, context: Context) -> ResponseStream:
-        """Send ``request`` to one of the model's instances, linked under ``context``."""
-        card = self.card
-        endpoint = (
-            self._runtime.namespace(card.namespace)
-            .component(card.component)
-            .endpoint(card.endpoint)
-        )
-        client = await endpoint.client()
-        if not client.instance_ids():
-            # The card can be seen a moment before the instance it names.
-            with trio.move_on_after(_INSTANCE_WAIT):
-                await client.wait_for_instances()
-        if self._router_mode == "random":
-            return await client.random(request, context=context)
-        return await client.round_robin(request, context=context)
+    @property
+    def cards(self) -> list[ModelCard]:
+        """Every card currently registered for the model as this type."""
+        return self._registry.cards(self.name, self.model_type)
+
+    async def call(self, request: Any, context: Context) -> ModelStream:
+        """Send ``request`` to one of the model's instances, linked under ``context``.
+
+        Raises:
+            NoInstances: no instance of the model is live (503).
+            CannotConnect: no live instance could be reached (503).
+        """
+        tried: set[Target] = set()
+        target, stream = await self._registry._send(self, request, context, tried, wait=True)
+        return ModelStream(self, request, context, tried, target, stream)
+
+
+@final
+class ModelStream:
+    """The items of one model request (an async iterator of ``Annotated``, like a
+    :class:`~dynamo_trio.runtime.ResponseStream`, which it wraps).
+
+    Until the first item arrives, a failure of the instance (see the module
+    docstring) sends the request to another instance of the model instead.
+    Leaving ``async with`` or :meth:`aclose` closes the current stream (and
+    kills the remote work if it has not finished).
+    """
+
+    def __init__(
+        self,
+        route: ModelRoute,
+        request: Any,
+        context: Context,
+        tried: set[Target],
+        target: Target | None,
+        stream: ResponseStream,
+    ) -> None:
+        self._route = route
+        self._request = request
+        self._context = context
+        self._tried = tried
+        self._target = target
+        self._stream = stream
+        self._started = False
+
+    @property
+    def instance_id(self) -> int | None:
+        """The instance serving the request now (``None`` if nothing was sent)."""
+        return self._stream.instance_id
+
+    @property
+    def context(self) -> Context:
+        """The current call's own context (a child of the request's)."""
+        return self._stream.context
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Annotated:
+        if self._started:
+            return await self._stream.__anext__()
+        while True:
+            try:
+                item = await self._stream.__anext__()
+            except _RETRYABLE as exc:
+                registry = self._route._registry
+                registry._failed(self._target)
+                self._target, self._stream = await registry._send(
+                    self._route, self._request, self._context, self._tried, last_error=exc
+                )
+                continue
+            self._started = True
+            return item
+
+    async def aclose(self) -> None:
+        """Close the stream; if the worker is still producing, kill its work now."""
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stream.__aexit__(exc_type, exc, tb)
 
 
 class ModelRegistry:
@@ -66,6 +201,12 @@ class ModelRegistry:
         self._router_mode = router_mode
         self._cards: PrefixView[ModelCard] | None = None
         self._first_seen: dict[str, int] = {}
+        self._index_version = -1
+        self._index: dict[tuple[str, ModelType], list[ModelCard]] = {}
+        self._types: dict[str, set[ModelType]] = {}
+        self._clients: dict[str, Client] = {}
+        self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
+        self._down_until: dict[Target, float] = {}
 
     async def start(self) -> None:
         """Begin watching discovery (the watch lives as long as the runtime)."""
@@ -73,18 +214,39 @@ class ModelRegistry:
             model_prefix(self._namespace), decode_model_card
         )
 
-    def _all_cards(self) -> list[ModelCard]:
+    def _view(self) -> PrefixView[ModelCard]:
         if self._cards is None:
             raise RuntimeError("the model registry has not been started")
-        return sorted(self._cards.items().values(), key=lambda card: card.key)
+        return self._cards
+
+    def _refresh(self) -> None:
+        """Rebuild the index if the cards changed since it was built."""
+        view = self._view()
+        if view.version == self._index_version:
+            return
+        index: dict[tuple[str, ModelType], list[ModelCard]] = defaultdict(list)
+        types: dict[str, set[ModelType]] = defaultdict(set)
+        cards = view.items()
+        for key in sorted(cards):
+            card = cards[key]
+            index[card.name, card.model_type].append(card)
+            types[card.name].add(card.model_type)
+        self._index, self._types = dict(index), dict(types)
+        self._index_version = view.version
 
     def models(self) -> list[tuple[str, int]]:
-        """``(name, created)`` for every model with at least one live instance, by name."""
+        """``(name, created)`` for every model with at least one card, by name."""
+        self._refresh()
         now = int(time.time())
-        names = sorted({card.name for card in self._all_cards()})
+        names = sorted(self._types)
         for name in names:
             self._first_seen.setdefault(name, now)
         return [(name, self._first_seen[name]) for name in names]
+
+    def cards(self, name: str, model_type: ModelType) -> list[ModelCard]:
+        """The cards of ``name`` as ``model_type``, by key."""
+        self._refresh()
+        return list(self._index.get((name, model_type), ()))
 
     def route(self, name: str, model_type: ModelType) -> ModelRoute:
         """The route for ``name`` as a ``model_type`` model.
@@ -93,25 +255,127 @@ class ModelRegistry:
             RequestError: 404 if no worker serves the model, or serves it as
                 another type (say, a chat request for an embeddings model).
         """
-        cards = [card for card in self._all_cards() if card.name == name]
-        if not cards:
+        self._refresh()
+        served = self._types.get(name)
+        if not served:
             raise RequestError(
                 404,
                 f"The model `{name}` does not exist.",
                 code="model_not_found",
                 param="model",
             )
-        typed = [card for card in cards if card.model_type == model_type]
-        if not typed:
-            served = ", ".join(sorted({card.model_type for card in cards}))
+        cards = self._index.get((name, model_type))
+        if not cards:
             raise RequestError(
                 404,
-                f"The model `{name}` does not serve {model_type} requests (it serves {served}).",
+                f"The model `{name}` does not serve {model_type} requests "
+                f"(it serves {', '.join(sorted(served))}).",
                 code="model_not_found",
                 param="model",
             )
-        # Several endpoints may serve one model; send it where most instances are.
-        where = Counter((card.namespace, card.component, card.endpoint) for card in typed)
-        busiest = where.most_common(1)[0][0]
-        card = next(c for c in typed if (c.namespace, c.component, c.endpoint) == busiest)
-        return ModelRoute(card, self._runtime, self._router_mode)
+        return ModelRoute(self, name, model_type, cards[0])
+
+    # -- sending ------------------------------------------------------------------
+
+    async def _client(self, card: ModelCard) -> Client:
+        path = _path(card)
+        client = self._clients.get(path)
+        if client is None:
+            endpoint = (
+                self._runtime.namespace(card.namespace)
+                .component(card.component)
+                .endpoint(card.endpoint)
+            )
+            client = self._clients.setdefault(path, await endpoint.client())
+        return client
+
+    async def _candidates(
+        self, route: ModelRoute, tried: set[Target]
+    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]]]:
+        """The live, untried targets of the model, and its instances not listed yet."""
+        now = time.monotonic()
+        live: list[tuple[Target, Client]] = []
+        unlisted: list[tuple[int, Client]] = []
+        seen: dict[str, tuple[set[int], set[int]]] = {}
+        for card in self.cards(route.name, route.model_type):
+            target = (_path(card), card.instance_id)
+            if target in tried or self._down_until.get(target, 0.0) > now:
+                continue
+            client = await self._client(card)
+            if target[0] not in seen:
+                seen[target[0]] = (set(client.live_instance_ids()), set(client.instance_ids()))
+            in_rotation, listed = seen[target[0]]
+            if card.instance_id in in_rotation:
+                live.append((target, client))
+            elif card.instance_id not in listed:
+                unlisted.append((card.instance_id, client))
+        return live, unlisted
+
+    def _pick(self, route: ModelRoute, live: list[tuple[Target, Client]]) -> tuple[Target, Client]:
+        if self._router_mode == "random":
+            return random.choice(live)
+        turn = self._turns[route.name, route.model_type]
+        self._turns[route.name, route.model_type] = (turn + 1) % (1 << 62)
+        return live[turn % len(live)]
+
+    async def _send(
+        self,
+        route: ModelRoute,
+        request: Any,
+        context: Context,
+        tried: set[Target],
+        *,
+        wait: bool = False,
+        last_error: DynamoError | None = None,
+    ) -> tuple[Target | None, ResponseStream]:
+        """Send to a live instance of the model not tried yet, moving on from any that fails.
+
+        Raises:
+            ``last_error`` (or the last connection error, or :class:`NoInstances`)
+            when no candidate is left.
+        """
+        wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
+        while True:
+            live, unlisted = await self._candidates(route, tried)
+            if not live and unlisted and trio.current_time() < wait_until:
+                await self._wait_for_any(unlisted, wait_until)
+                continue
+            if not live:
+                if last_error is not None:
+                    raise last_error
+                raise NoInstances(
+                    f"no live instance serves the {route.model_type} model `{route.name}`"
+                )
+            target, client = self._pick(route, live)
+            tried.add(target)
+            try:
+                return target, await client.direct(request, target[1], context=context)
+            except NoInstances as exc:
+                last_error = exc  # it left discovery a moment ago
+            except CannotConnect as exc:
+                self._failed(target)
+                last_error = exc
+
+    async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
+        """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
+        view = self._view()
+        version = view.version
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+
+                async def until(waiter: Any, *args: Any) -> None:
+                    await waiter(*args)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until, view.wait_changed, version)
+                for instance_id, client in unlisted:
+                    nursery.start_soon(until, client.wait_for_instance, instance_id)
+
+    def _failed(self, target: Target | None) -> None:
+        """Keep ``target`` out of this registry's rotation for a while."""
+        if target is None:
+            return
+        now = time.monotonic()
+        for stale in [t for t, until in self._down_until.items() if until <= now]:
+            del self._down_until[stale]
+        self._down_until[target] = now + _DOWN_FOR

@@ -271,6 +271,17 @@ class Client:
         await self._view.wait_until(lambda items: bool(items))
         return self.instance_ids()
 
+    def live_instance_ids(self) -> list[int]:
+        """Ids of the instances in rotation (listed, and not taken out by a recent
+        failure), sorted: the ones :meth:`round_robin` and :meth:`random` choose from."""
+        return [instance.instance_id for instance in self._live()]
+
+    async def wait_for_instance(self, instance_id: int) -> None:
+        """Wait until discovery lists the instance ``instance_id`` for this endpoint."""
+        await self._view.wait_until(
+            lambda items: any(i.instance_id == instance_id for i in items.values())
+        )
+
     def _live(self) -> list[Instance]:
         now = time.monotonic()
         instances = self._instances()

@@ -20,6 +20,7 @@ from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import Discovery, MemoryStore, open_discovery
 
 from ._etcd_server import EtcdServer, etcd_binary
+from ._faults import StoreFaults
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -119,3 +120,11 @@ def open_instance(discovery_config: DiscoveryConfig, memory_store: MemoryStore) 
         return open_discovery(config, memory_store=memory_store)
 
     return factory
+
+
+@pytest.fixture
+def store_faults(
+    backend: str, discovery_config: DiscoveryConfig, memory_store: MemoryStore
+) -> StoreFaults:
+    """Ways to make the parametrized backend's store lose keys behind their owner's back."""
+    return StoreFaults(backend, discovery_config, memory_store)

@@ -24,13 +24,16 @@ from dynamo_trio.discovery import (
     view_prefix,
 )
 
+from ._faults import FAULTS
 from ._util import STEP, events, fd_count, next_event
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from dynamo_trio import DiscoveryConfig
+    from dynamo_trio.discovery import Discovery, Watch
 
+    from ._faults import StoreFaults
     from .conftest import OpenInstance
 
 
@@ -333,3 +336,78 @@ async def test_an_instance_is_entered_exactly_once(
     with pytest.raises(RuntimeError, match="only once"):
         async with discovery:
             pass
+
+
+async def _until_restored(reader: Discovery, prefix: str, expected: dict[str, bytes]) -> None:
+    while await reader.get_prefix(prefix) != expected:  # noqa: ASYNC110 - another store
+        await trio.sleep(0.01)
+
+
+async def _catch_up(watch: Watch, state: dict[str, bytes], quiet: float = 0.15) -> None:
+    """Apply the watch's events to ``state`` until none has come for ``quiet`` seconds."""
+    while True:
+        with trio.move_on_after(quiet):
+            event = await watch.__anext__()
+            if event.value is None:
+                state.pop(event.key, None)
+            else:
+                state[event.key] = event.value
+            continue
+        return
+
+
+async def test_owned_keys_lost_by_the_store_are_written_back_within_a_ttl(
+    open_instance: OpenInstance,
+    prefix: str,
+    discovery_config: DiscoveryConfig,
+    store_faults: StoreFaults,
+) -> None:
+    """Whatever the store loses while its owner lives comes back within one lease TTL:
+    same keys, values, lease and instance id, nothing else, and only once."""
+    ttl = discovery_config.lease_ttl
+    owned = {prefix + "instance": b"instance record", prefix + "card": b"model card"}
+    async with open_instance() as owner, open_instance() as reader:
+        lease_id = owner.lease_id
+        for key, value in owned.items():
+            await owner.put(key, value)
+        await owner.put(prefix + "deleted by its owner", b"x")
+        await owner.delete(prefix + "deleted by its owner")
+        async with reader.watch_prefix(prefix) as watch:
+            assert watch.initial == owned
+            state = dict(watch.initial)
+            took: dict[str, float] = {}
+            for fault in ("deleted by another instance", *FAULTS):
+                if fault == "deleted by another instance":
+                    for key in owned:
+                        await reader.delete(key)
+                else:
+                    await store_faults.inflict(fault, prefix, lease_id)
+                lost = trio.current_time()
+                with trio.fail_after(ttl + STEP):
+                    await _until_restored(reader, prefix, owned)
+                took[fault] = trio.current_time() - lost
+            # The watch agrees; the owner wrote each key back once per loss, and then
+            # leaves them alone (the next check comes ttl/3 after the last repair).
+            await _catch_up(watch, state)
+            assert state == owned
+            with trio.move_on_after(ttl / 3 + 0.2):
+                extra = await watch.__anext__()
+                pytest.fail(f"the owner keeps rewriting its keys: {extra}")
+        assert owner.lease_id == lease_id, "the instance id must never change"
+        assert await reader.get_prefix(prefix) == owned
+        print(
+            f"{store_faults.backend}: restored after "
+            + ", ".join(f"{fault}: {seconds:.2f}s" for fault, seconds in took.items())
+        )
+        for fault, seconds in took.items():
+            assert seconds < ttl, f"{fault}: restored after {seconds:.2f}s, past the {ttl}s TTL"
+        # An owner gives up a key it deletes, or that another instance overwrites.
+        await owner.delete(prefix + "card")
+        await reader.put(prefix + "instance", b"taken over")
+        await trio.sleep(ttl / 3 + 0.3)  # a check by each
+        assert await owner.get_prefix(prefix) == {prefix + "instance": b"taken over"}
+        await reader.delete(prefix + "instance")
+        await trio.sleep(ttl / 3 + 0.3)
+        assert await owner.get_prefix(prefix) == {}
+    async with open_instance() as check:
+        assert await check.get_prefix(prefix) == {}, "closing still removes every restored key"

@@ -136,9 +136,12 @@ async def test_etcd_replaced_by_an_empty_cluster(etcd_binary_path: str, tmp_path
             async with reader.watch_prefix("svc/") as watch:
                 await trio.to_thread.run_sync(first.stop)
                 await trio.to_thread.run_sync(second.start)
+                up = trio.current_time()
                 with trio.fail_after(10):
                     while await reader.get_prefix("svc/") != {"svc/a": b"1"}:  # noqa: ASYNC110
-                        await trio.sleep(0.1)
+                        await trio.sleep(0.05)
+                took = trio.current_time() - up
+                assert took < config.lease_ttl, f"re-registered {took:.2f}s after etcd came back"
                 # The watch follows the new cluster (whose revisions restarted).
                 await owner.put("svc/b", b"2")
                 while (event := await next_event(watch, within=10)).key != "svc/b":

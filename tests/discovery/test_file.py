@@ -85,7 +85,11 @@ async def test_corrupt_files_are_skipped_and_logged_once_per_version(
             assert watch.initial == {"p/good": b"1"}
             await trio.sleep(0.2)  # about ten polls
         assert await d.get_prefix("p/") == {"p/good": b"1"}
-    corrupt = [r for r in caplog.records if "corrupt entry" in r.getMessage()]
+    corrupt = [
+        r
+        for r in caplog.records
+        if "not a discovery entry" in r.getMessage() and "holds key" not in r.getMessage()
+    ]
     # once per scanner (the watch, then get_prefix), not once per poll
     assert len(corrupt) == 3 * 2
     assert any("holds key 'p/good'" in r.getMessage() for r in caplog.records)
@@ -190,3 +194,16 @@ async def test_puts_are_attached_to_the_lease_file(tmp_path: Path) -> None:
     async with discovery:
         assert FileLayout(tmp_path).lease_path(discovery.lease_id).exists()
     assert not FileLayout(tmp_path).lease_path(discovery.lease_id).exists()
+
+
+async def test_an_owner_whose_loop_stalled_registers_under_a_fresh_lease(tmp_path: Path) -> None:
+    """A worker's event loop blocked past its TTL right after start (a slow import on a
+    loaded machine) must not write its registrations under a lease that readers already
+    judge expired: they would collect them at once."""
+    config = file_config(tmp_path, ttl=0.6)
+    async with open_discovery(config) as owner, open_discovery(config) as reader:
+        time.sleep(1.0)  # noqa: ASYNC251 - the stall itself: no task runs meanwhile
+        await owner.put("p/k", b"v")
+        assert await reader.get_prefix("p/") == {"p/k": b"v"}
+        layout = FileLayout(tmp_path)
+        assert layout.lease_path(owner.lease_id).exists()

@@ -1,0 +1,53 @@
+"""Reporting bad records without flooding the log.
+
+Readers report each bad file or record once per version (they cache their
+verdicts), but a directory or prefix can hold thousands of them at once.  A
+:class:`BadRecordReport` names the first few of a batch (a scan, a burst of
+watch events) and counts the rest into one summary line when the batch ends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, final
+
+if TYPE_CHECKING:
+    import logging
+
+__all__ = ["BadRecordReport"]
+
+NAMED_PER_BATCH: Final = 10
+"""Bad records named individually per batch; the rest are counted."""
+
+
+@final
+class BadRecordReport:
+    """Names up to :data:`NAMED_PER_BATCH` bad records per batch, then counts them.
+
+    Args:
+        logger: Where the warnings go.
+        what: What the summary counts, e.g. ``"unusable files under /tmp/kv"``.
+    """
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._logger = logger
+        self._what = what
+        self._named = 0
+        self._more = 0
+
+    def bad(self, where: str, reason: str) -> None:
+        """Report one bad record: ``where`` it is and why it was skipped."""
+        if self._named < NAMED_PER_BATCH:
+            self._named += 1
+            self._logger.warning("discovery: skipping %s: %s", where, reason)
+        else:
+            self._more += 1
+
+    def end_batch(self) -> None:
+        """Log the summary of the records not named, and start a new batch."""
+        if self._more:
+            self._logger.warning(
+                "discovery: skipping %d more %s (each is reported once, until it changes)",
+                self._more,
+                self._what,
+            )
+        self._named = self._more = 0

@@ -1,0 +1,180 @@
+"""Routing by model, with real mocker processes (``python -m dynamo_trio mocker``).
+
+Which worker answered is read from each worker's own request counter
+(``dynamo_component_requests_total`` on its status port): the mockers'
+answers are identical by design, their counters are not.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamo_trio.metrics._names import COMPONENT_REQUESTS_TOTAL
+from tests.discovery._etcd_server import free_port
+
+from .conftest import _frontend_url, wait_for_models
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.e2e.conftest import Proc
+
+pytestmark = pytest.mark.slow
+
+
+class Mocker:
+    """One mocker process and its status server."""
+
+    def __init__(self, proc: Proc, status_url: str) -> None:
+        self.proc = proc
+        self.status_url = status_url
+
+    async def requests(self, endpoint: str = "generate") -> float:
+        """Requests its handler received on ``endpoint`` so far."""
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{self.status_url}/metrics")).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == COMPONENT_REQUESTS_TOTAL
+            and sample.labels.get("dynamo_endpoint") == endpoint
+        )
+
+
+async def start_mocker(
+    spawn: Callable[..., Any], env: dict[str, str], *flags: str, name: str
+) -> Mocker:
+    port = free_port()
+    proc = await spawn(
+        "-m",
+        "dynamo_trio",
+        "mocker",
+        "--ttft-ms",
+        "20",
+        "--inter-token-latency-ms",
+        "5",
+        *flags,
+        env={**env, "DYN_SYSTEM_PORT": str(port)},
+        name=name,
+    )
+    return Mocker(proc, f"http://127.0.0.1:{port}")
+
+
+async def start_frontend(spawn: Callable[..., Any], env: dict[str, str]) -> str:
+    frontend = await spawn("-m", "dynamo_trio.frontend", "--http-port", "0", env=env)
+    return await _frontend_url(frontend)
+
+
+async def until_served(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> None:
+    """Retry until the request succeeds (every card and instance is known)."""
+    with trio.fail_after(15):
+        while (await http.post(path, json=body)).status_code != 200:  # noqa: ASYNC110
+            await trio.sleep(0.05)  # polls another process
+
+
+def chat(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+async def test_each_model_is_answered_only_by_its_own_workers(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    """Three mockers on one endpoint (``dynamo/mocker/generate``): alpha, beta, gamma; the
+    gamma worker also serves ``alpha`` as an embeddings model (a name clash between types)."""
+    alpha = await start_mocker(spawn, env, "--model-name", "alpha", name="alpha")
+    beta = await start_mocker(spawn, env, "--model-name", "beta", name="beta")
+    gamma = await start_mocker(
+        spawn,
+        env,
+        "--model-name",
+        "gamma",
+        "--embedding-model-name",
+        "alpha",
+        name="gamma + alpha embeddings",
+    )
+    url = await start_frontend(spawn, env)
+    await wait_for_models(url, {"alpha", "beta", "gamma"}, within=15)
+    embed = {"model": "alpha", "input": "hi"}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        for model in ("alpha", "beta", "gamma"):
+            await until_served(http, "/v1/chat/completions", chat(model))
+        await until_served(http, "/v1/embeddings", embed)
+        workers = {"alpha": alpha, "beta": beta, "gamma": gamma}
+        before = {name: await worker.requests() for name, worker in workers.items()}
+        embeds_before = await gamma.requests("embed")
+
+        for model in ("alpha", "beta"):
+            for _ in range(20):
+                response = await http.post("/v1/chat/completions", json=chat(model))
+                assert response.status_code == 200, response.text
+                assert response.json()["model"] == model
+        for _ in range(10):
+            response = await http.post("/v1/embeddings", json=embed)
+            assert response.status_code == 200, response.text
+            assert response.json()["object"] == "list"
+        completions = {"model": "alpha", "prompt": "hi", "max_tokens": 2}
+        response = await http.post("/v1/completions", json=completions)
+        assert response.status_code == 200, response.text
+
+        after = {name: await worker.requests() for name, worker in workers.items()}
+        served = {name: after[name] - before[name] for name in workers}
+        assert served == {"alpha": 21, "beta": 20, "gamma": 0}, served
+        assert await gamma.requests("embed") - embeds_before == 10
+        # Asked for a type its workers do not serve, a model is a clear 404.
+        response = await http.post("/v1/embeddings", json={"model": "beta", "input": "hi"})
+        assert response.status_code == 404, response.text
+        assert "serves chat, completions" in response.json()["error"]["message"]
+
+
+async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    """One model on two components, one worker each; SIGKILL one worker mid-run."""
+    first = await start_mocker(spawn, env, "--model-name", "omega", "--component", "c1", name="c1")
+    second = await start_mocker(spawn, env, "--model-name", "omega", "--component", "c2", name="c2")
+    url = await start_frontend(spawn, env)
+    await wait_for_models(url, {"omega"}, within=15)
+    results: list[tuple[float, float, int, str]] = []
+    body = chat("omega")
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        await until_served(http, "/v1/chat/completions", body)
+        with trio.fail_after(15):  # both components listed, both take requests
+            while not (await first.requests() and await second.requests()):
+                await http.post("/v1/chat/completions", json=body)
+
+        async def loop(stop_at: float) -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                while time.monotonic() < stop_at:
+                    started = time.monotonic()
+                    response = await client.post("/v1/chat/completions", json=body)
+                    results.append((started, time.monotonic(), response.status_code, response.text))
+
+        async with trio.open_nursery() as nursery:
+            stop_at = time.monotonic() + 3.0
+            for _ in range(4):
+                nursery.start_soon(loop, stop_at)
+            await trio.sleep(1.0)
+            first.proc.signal(signal.SIGKILL)
+            killed = time.monotonic()
+        assert await first.proc.wait_exit() == -signal.SIGKILL
+        survivor = await second.requests()
+
+    failed = [
+        (s - killed, e - killed, status, text) for s, e, status, text in results if status != 200
+    ]
+    assert not [f for f in failed if f[2] == 503], failed
+    # Only a request already streaming from the killed worker may fail (its worker died
+    # mid-generation: 500); everything sent after the kill is answered by the other component.
+    assert all(start < 0 < end for start, end, _, _ in failed), failed
+    assert all(status == 500 for _, _, status, _ in failed), failed
+    after_kill = [r for r in results if r[0] > killed]
+    assert len(after_kill) > 20, len(after_kill)
+    assert survivor > 0
