@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import MODEL_WORKER
+from tests.e2e.conftest import MODEL_WORKER, scrape as metric
 
 from .conftest import CHAT_BODY, MODELS, raw_post, wait_for_models
 
@@ -36,17 +35,6 @@ def children_of(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return sorted(found)
-
-
-async def metric(url: str, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{url}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 async def start(
