@@ -50,6 +50,7 @@ frontend.body_timeout              ``DYN_HTTP_BODY_TIMEOUT_SECS``        30
 frontend.max_header_size           ``DYN_HTTP_MAX_HEADER_SIZE``          16 KiB
 frontend.max_json_depth            ``DYN_HTTP_MAX_JSON_DEPTH``           64 (at most 256)
 frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
+frontend.http_workers              ``DYN_HTTP_WORKERS``                  1 (processes on the port)
 log_level                          ``DYN_LOG``                           ``info``
 =================================  ====================================  ===============
 """
@@ -191,6 +192,9 @@ class FrontendConfig:
     max_json_depth: int = 64
     """How deeply a JSON request body may nest arrays and objects (at most 256)."""
     router_mode: RouterMode = "round-robin"
+    http_workers: int = 1
+    """Frontend processes serving the port (``SO_REUSEPORT``); raise it when the
+    frontend, not the engine, is the bottleneck, up to the core count."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
@@ -326,6 +330,7 @@ class Config:
                     "DYN_HTTP_MAX_JSON_DEPTH", _json_depth, frontend.max_json_depth
                 ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
+                http_workers=env.get("DYN_HTTP_WORKERS", _positive_int, frontend.http_workers),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
         )

@@ -16,16 +16,25 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._config import Config
+from .edge import listen_sockets
 from .frontend import serve_frontend
+from .frontend._workers import (
+    WORKER_INDEX_ENV,
+    WORKERS_DIR_ENV,
+    WorkerView,
+    run_frontend_workers,
+)
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -76,6 +85,12 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         choices=["round-robin", "random"],
         help="how requests spread over a model's instances (DYN_ROUTER_MODE)",
     )
+    parser.add_argument(
+        "--http-workers",
+        type=int,
+        help="frontend processes serving the port (DYN_HTTP_WORKERS; default 1): raise it, "
+        "up to the core count, when the frontend process is the bottleneck",
+    )
 
 
 def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
@@ -118,6 +133,7 @@ def _config(args: argparse.Namespace) -> Config:
         "stop_grace": getattr(args, "stop_grace", None),
         "keepalive_interval": getattr(args, "sse_keepalive", None),
         "router_mode": getattr(args, "router_mode", None),
+        "http_workers": getattr(args, "http_workers", None),
     }
     frontend = dataclasses.replace(
         frontend, **{key: value for key, value in overrides.items() if value is not None}
@@ -150,25 +166,73 @@ async def _watch_signals(stop: trio.Event, scope: trio.CancelScope) -> None:
             stop.set()
 
 
-async def run_frontend(config: Config, *, stop: trio.Event | None = None) -> None:
-    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return."""
+async def run_frontend(
+    config: Config, *, stop: trio.Event | None = None, view: WorkerView | None = None
+) -> None:
+    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return.
+
+    ``view``: this process is one of ``--http-workers``' (see
+    :mod:`dynamo_trio.frontend._workers`): it shares the port, answers its own
+    requests on a private socket, and serves the view of all of them.
+    """
     if stop is None:
         stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, stop, nursery.cancel_scope)
         async with trio.open_nursery() as serving:
+            frontend = config.frontend
+            host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
+            sockets = listen_sockets([f"{host}:{frontend.port}"], reuse_port=view is not None)
+            shared: dict[str, Any] = {}
+            if view is not None:
+                await serving.start(_serve_private, view, runtime, stop)
+
+                async def inflight() -> list[dict[str, Any]]:
+                    return await view.inflight(runtime.inflight())
+
+                shared = {"metrics": view.metrics, "inflight": inflight}
             url: str = await serving.start(
                 partial(
                     serve_frontend,
                     runtime,
-                    config.frontend,
+                    frontend,
                     shutdown_trigger=stop.wait,
                     graceful_timeout=config.worker.shutdown_grace,
+                    sockets=sockets,
+                    **shared,
                 )
             )
             print(f"dynamo-trio frontend listening on {url}", flush=True)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
+
+
+async def _serve_private(
+    view: WorkerView,
+    runtime: DistributedRuntime,
+    stop: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """This process's own requests, for its siblings, on a Unix socket only they know."""
+    from hypercorn.config import Config as HypercornConfig
+
+    from .edge import Edge, serve_http, status_routes
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(view.socket_path)
+    sock.setblocking(False)
+    config = HypercornConfig()
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    edge = Edge(
+        status_routes(
+            health=lambda: (200, {"status": "live"}),
+            metrics=runtime.registry,
+            inflight=runtime.inflight,
+        )
+    )
+    await serve_http(edge, config, stop.wait, sockets=[sock], task_status=task_status)
 
 
 def frontend_main(argv: Sequence[str] | None = None) -> None:
@@ -178,9 +242,25 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     )
     _discovery_flags(parser)
     _frontend_flags(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
     config = _config(parser.parse_args(argv))
     configure_logging(config.log_level)
-    trio.run(run_frontend, config)
+    index = os.environ.get(WORKER_INDEX_ENV)
+    if index is not None:  # one of --http-workers' processes
+        view = WorkerView(
+            int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])
+        )
+        trio.run(partial(run_frontend, config, view=view))
+    elif config.frontend.http_workers > 1:
+        trio.run(_run_workers, config, argv)
+    else:
+        trio.run(run_frontend, config)
+
+
+async def _run_workers(config: Config, argv: list[str]) -> None:
+    async with trio.open_nursery() as nursery:
+        url: str = await nursery.start(partial(run_frontend_workers, config, argv))
+        print(f"dynamo-trio frontend listening on {url}", flush=True)
 
 
 # ---------------------------------------------------------------------------- mocker

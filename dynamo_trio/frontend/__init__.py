@@ -5,7 +5,11 @@ embed it with :func:`serve_frontend` inside an open
 :class:`~dynamo_trio.runtime.DistributedRuntime`.
 """
 
-from ._app import build_app as build_app, serve_frontend as serve_frontend
+from ._app import (
+    build_app as build_app,
+    build_edge as build_edge,
+    serve_frontend as serve_frontend,
+)
 from ._pipeline import Pipeline as Pipeline
 
-__all__ = ["Pipeline", "build_app", "serve_frontend"]
+__all__ = ["Pipeline", "build_app", "build_edge", "serve_frontend"]

@@ -89,6 +89,8 @@ class TextApi:
     open_stream: Callable[[Any, str], Any]
     encode: Callable[[list[dict[str, object]]], bytes]
     """SSE bytes for a batch of events."""
+    encode_items: Callable[[Any, list[object]], bytes]
+    """SSE bytes for a batch of engine items fed to the stream: ``(stream, items)``."""
     fail_stream: Callable[[Any, int, str], bytes]
     """SSE bytes that end a failed stream: ``(stream, status, message)``."""
     done: bytes
@@ -104,6 +106,14 @@ def _data_events(events: list[dict[str, object]]) -> bytes:
 
 def _typed_events(events: list[dict[str, object]]) -> bytes:
     return b"".join(llm.encode_event(event, event=str(event["type"])) for event in events)
+
+
+def _openai_items(stream: Any, items: list[object]) -> bytes:
+    return stream.feed_sse(items)  # type: ignore[no-any-return]
+
+
+def _typed_items(stream: Any, items: list[object]) -> bytes:
+    return _typed_events([event for item in items for event in stream.feed(item)])
 
 
 def _openai_failure(stream: Any, status: int, message: str) -> bytes:
@@ -134,6 +144,7 @@ CHAT: Final = TextApi(
     unary=llm.chat_completion,
     open_stream=llm.ChatCompletionStream,
     encode=_data_events,
+    encode_items=_openai_items,
     fail_stream=_openai_failure,
     done=llm.DONE,
     error_body=_refined(_openai_error, llm.RequestError.openai_body, "messages"),
@@ -147,6 +158,7 @@ COMPLETIONS: Final = TextApi(
     unary=llm.completion,
     open_stream=llm.CompletionStream,
     encode=_data_events,
+    encode_items=_openai_items,
     fail_stream=_openai_failure,
     done=llm.DONE,
     error_body=_refined(_openai_error, llm.RequestError.openai_body, "prompt"),
@@ -160,6 +172,7 @@ RESPONSES: Final = TextApi(
     unary=llm.response_object,
     open_stream=llm.ResponseStream,
     encode=_typed_events,
+    encode_items=_typed_items,
     fail_stream=_responses_failure,
     done=b"",
     error_body=_refined(_openai_error, llm.RequestError.openai_body, "input"),
@@ -173,6 +186,7 @@ ANTHROPIC_MESSAGES: Final = TextApi(
     unary=llm.message_object,
     open_stream=llm.MessagesStream,
     encode=_typed_events,
+    encode_items=_typed_items,
     fail_stream=_anthropic_failure,
     done=b"",
     error_body=_refined(_anthropic_error, llm.RequestError.anthropic_body, "messages"),

@@ -1,8 +1,12 @@
-"""The OpenAI-compatible HTTP frontend: a quart-trio app served by hypercorn's trio worker.
+"""The OpenAI-compatible HTTP frontend: a quart-trio app on the HTTP edge, over hypercorn.
 
-Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/responses``, ``/v1/messages`` (Anthropic); ``GET /v1/models``,
-``/health``, ``/live``, ``/metrics``, ``/debug/requests``.
+How a request reaches its view::
+
+    hypercorn (h11/h2) -> Edge (refusals; /health /live /metrics /debug/requests)
+        -> HangUpGuard (the one owner of hang-up detection) -> quart (the route table)
+
+The API routes are a table (:mod:`._routes`); the status routes are the
+edge's (:mod:`dynamo_trio.edge`), shared with a worker's status server.
 
 Everything a client can send is answered with an API-shaped JSON error and
 the right status, never a traceback: malformed JSON and invalid fields 400
@@ -11,54 +15,46 @@ depth-limited, no repeated keys), an unknown model 404, a body not finished
 within ``body_timeout`` 408, a body over the size limit 413, a request target
 or headers over ``max_header_size`` 414/431, a body that is not JSON (or not
 UTF-8) 415, no live instance 503, a request cancelled on the worker 499,
-anything else 500.  WebSocket handshakes are refused with a 404 (see
-:mod:`._gate`).
+anything else 500.  WebSocket handshakes are refused with a 404.
 Each response carries ``x-request-id``: the client's own if it sent one (it is
 the request's context id, end to end), a fresh UUID otherwise.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
-import uuid
-from typing import TYPE_CHECKING, Final
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from prometheus_client.exposition import choose_encoder
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..llm import RequestError, decode_json_body, model_list, reason_phrase
-from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
-from ._gate import Gate, shown
-from ._guard import HangUpGuard
-from ._http_server import serve_http
-from ._pipeline import JsonReply, Pipeline, StreamReply
+from ..edge import Edge, listen_sockets, serve_http, shown, status_routes
+from ..llm import reason_phrase
+from ._apis import ANTHROPIC_MESSAGES, CHAT
+from ._hangup import HangUpGuard
+from ._pipeline import Pipeline
+from ._routes import ROUTES, json_response, reply_id
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Awaitable, Callable
 
     from .._config import FrontendConfig
+    from ..edge import MetricsSource
     from ..runtime import DistributedRuntime
-    from ._apis import EmbeddingsApi, TextApi
 
-__all__ = ["build_app", "serve_frontend"]
+__all__ = ["build_app", "build_edge", "serve_frontend"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
-_REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
-_JSON_TYPES: Final = ("application/json", "application/x-ndjson")
-_UTF8: Final = ("utf-8", "utf8")
-_SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 def build_app(pipeline: Pipeline) -> QuartTrio:
-    """The quart-trio app for ``pipeline``'s frontend."""
+    """The quart-trio app serving ``pipeline``'s API routes (:data:`~._routes.ROUTES`)."""
     config = pipeline.config
     app = QuartTrio("dynamo_trio.frontend")
     app.config.update(
@@ -67,177 +63,86 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
         BODY_TIMEOUT=config.body_timeout,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
+    for route in ROUTES:
+        app.add_url_rule(route.path, route.name, route.view(pipeline), methods=[route.method])
+    app.register_error_handler(HTTPException, partial(_http_error, config))
+    app.register_error_handler(Exception, _internal_error)
+    return app
+
+
+def build_edge(
+    pipeline: Pipeline,
+    app: QuartTrio,
+    *,
+    metrics: MetricsSource | None = None,
+    inflight: Callable[[], Any] | None = None,
+) -> Edge:
+    """The frontend's outermost ASGI app: the edge's routes over the guarded quart app.
+
+    ``metrics`` and ``inflight`` default to this process's registry and
+    requests (``--http-workers`` passes views merged across its processes).
+    """
     started = time.monotonic()
 
-    def json_response(
-        payload: object, status: int = 200, request_id: str | None = None
-    ) -> Response:
-        response = app.response_class(
-            json.dumps(payload, separators=(",", ":")),
-            status=status,
-            content_type="application/json",
-        )
-        if request_id is not None:
-            response.headers["x-request-id"] = request_id
-        return response
-
-    def reply(result: JsonReply | StreamReply, request_id: str) -> Response:
-        if isinstance(result, JsonReply):
-            return json_response(result.payload, result.status, request_id)
-        response = app.response_class(
-            result.body, content_type="text/event-stream", headers=_SSE_HEADERS
-        )
-        response.timeout = None
-        response.headers["x-request-id"] = request_id
-        return response
-
-    def decode_json(body: bytes) -> object:
-        content_type = request.mimetype
-        if content_type and content_type not in _JSON_TYPES:
-            raise RequestError(
-                415,
-                f"Content-Type must be application/json, not {shown(content_type)!r}.",
-                code="unsupported_media_type",
-            )
-        charset = request.mimetype_params.get("charset")
-        if charset is not None and charset.lower() not in _UTF8:
-            raise RequestError(
-                415,
-                f"A JSON body must be UTF-8, not {shown(charset)!r} (RFC 8259).",
-                code="unsupported_media_type",
-            )
-        return decode_json_body(body, max_depth=config.max_json_depth)
-
-    def request_id_from_headers() -> str:
-        given = request.headers.get("x-request-id")
-        if given is None:
-            return str(uuid.uuid4())
-        if not _REQUEST_ID.fullmatch(given):
-            raise RequestError(
-                400,
-                "x-request-id must be 1 to 256 printable ASCII characters without spaces.",
-                param="x-request-id",
-            )
-        return given
-
-    def reply_id() -> str:
-        """The id an error reply carries: the client's if valid (never echo an invalid one)."""
-        given = request.headers.get("x-request-id")
-        if given is not None and _REQUEST_ID.fullmatch(given):
-            return given
-        return str(uuid.uuid4())
-
-    async def generate(api: TextApi | EmbeddingsApi) -> Response:
-        # The body is read before anything can refuse the request: see keep_alive_safe.
-        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        try:
-            request_id = request_id_from_headers()
-            payload = decode_json(body)
-            if api is EMBEDDINGS:
-                result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
-            else:
-                result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
-        except RequestError as exc:
-            return json_response(api.request_error_body(exc), exc.status, reply_id())
-        return reply(result, request_id)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions() -> Response:
-        return await generate(CHAT)
-
-    @app.post("/v1/completions")
-    async def completions() -> Response:
-        return await generate(COMPLETIONS)
-
-    @app.post("/v1/embeddings")
-    async def embeddings() -> Response:
-        return await generate(EMBEDDINGS)
-
-    @app.post("/v1/responses")
-    async def responses() -> Response:
-        return await generate(RESPONSES)
-
-    @app.post("/v1/messages")
-    async def anthropic_messages() -> Response:
-        return await generate(ANTHROPIC_MESSAGES)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        models = pipeline.models.models()
-        payload = model_list([name for name, _ in models])
-        created = dict(models)
-        for entry in payload["data"]:  # type: ignore[attr-defined]
-            entry["created"] = created[entry["id"]]
-        return json_response(payload)
-
-    @app.get("/health")
-    async def health() -> Response:
+    def health() -> tuple[int, dict[str, Any]]:
         ready = not pipeline.shutting_down
         payload = {
             "status": "healthy" if ready else "shutting down",
             "uptime": round(time.monotonic() - started, 3),
             "models": [name for name, _ in pipeline.models.models()],
         }
-        return json_response(payload, 200 if ready else 503)
+        return (200 if ready else 503), payload
 
-    @app.get("/live")
-    async def live() -> Response:
-        return json_response({"status": "live"})
+    routes = status_routes(
+        health=health,
+        live=lambda: (200, {"status": "live"}),
+        metrics=metrics if metrics is not None else pipeline.runtime.registry,
+        inflight=inflight if inflight is not None else pipeline.runtime.inflight,
+    )
+    return Edge(routes, HangUpGuard(app), max_header_size=pipeline.config.max_header_size)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return app.response_class(encode(pipeline.runtime.registry), content_type=content_type)
 
-    @app.get("/debug/requests")
-    async def debug_requests() -> Response:
-        return json_response(pipeline.runtime.inflight())
+async def _keep_alive_safe(response: Response) -> Response:
+    """Consume the rest of the request body before answering, or close the connection.
 
-    async def keep_alive_safe(response: Response) -> Response:
-        """Consume the rest of the request body before answering, or close the connection.
-
-        Hypercorn recycles a keep-alive connection only once the request body
-        has been read; otherwise it closes the connection from inside the
-        response's send, where quart-trio's end-of-request cancellation
-        interrupts it, leaving the socket open but dead: the client's next
-        request on it would hang.  A body that cannot be read (over the size
-        limit) gets ``Connection: close`` instead, so the client does not reuse it.
-        """
-        if response.status_code in (408, 413):
-            # The body was too slow or too big: reading it again would wait a
-            # second body_timeout, or read what the limit refused.
-            response.headers["Connection"] = "close"
-            return response
-        try:
-            await request.get_data(cache=False)
-        except Exception:
-            response.headers["Connection"] = "close"
+    Hypercorn recycles a keep-alive connection only once the request body has
+    been read; otherwise it closes the connection from inside the response's
+    send, where quart-trio's end-of-request cancellation interrupts it, leaving
+    the socket open but dead: the client's next request on it would hang.  A
+    body that cannot be read (too slow: 408, too big: 413) gets
+    ``Connection: close`` instead, so the client does not reuse it.
+    """
+    if response.status_code in (408, 413):
+        response.headers["Connection"] = "close"
         return response
+    try:
+        await request.get_data(cache=False)
+    except Exception:
+        response.headers["Connection"] = "close"
+    return response
 
-    @app.errorhandler(HTTPException)
-    async def http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        method, path = shown(request.method), shown(request.path)
-        message = {
-            404: f"No route {method} {path}.",
-            405: f"Method {method} is not allowed on {path}.",
-            408: f"The request body did not arrive within {config.body_timeout:g} seconds.",
-            413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
-        }.get(status, error.description or reason_phrase(status))
-        api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        response = json_response(api.error_body(status, message), status, reply_id())
-        if isinstance(error, MethodNotAllowed) and error.valid_methods:
-            response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
-        return await keep_alive_safe(response)
 
-    @app.errorhandler(Exception)
-    async def internal_error(error: Exception) -> Response:
-        _log.exception("unhandled error on %s %s", request.method, request.path)
-        api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        response = json_response(api.error_body(500, "Internal server error."), 500, reply_id())
-        return await keep_alive_safe(response)
+async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
+    status = error.code or 500
+    method, path = shown(request.method), shown(request.path)
+    message = {
+        404: f"No route {method} {path}.",
+        405: f"Method {method} is not allowed on {path}.",
+        408: f"The request body did not arrive within {config.body_timeout:g} seconds.",
+        413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
+    }.get(status, error.description or reason_phrase(status))
+    api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
+    response = json_response(api.error_body(status, message), status, reply_id())
+    if isinstance(error, MethodNotAllowed) and error.valid_methods:
+        response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
+    return await _keep_alive_safe(response)
 
-    return app
+
+async def _internal_error(error: Exception) -> Response:
+    _log.exception("unhandled error on %s %s", request.method, request.path)
+    api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
+    response = json_response(api.error_body(500, "Internal server error."), 500, reply_id())
+    return await _keep_alive_safe(response)
 
 
 async def serve_frontend(
@@ -246,6 +151,9 @@ async def serve_frontend(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_timeout: float = 5.0,
+    sockets: list[socket.socket] | None = None,
+    metrics: MetricsSource | None = None,
+    inflight: Callable[[], Any] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns.
@@ -254,6 +162,11 @@ async def serve_frontend(
     shutdown, the requests in flight are stopped (they drain, and their scopes
     kill them after ``stop_grace``), and hypercorn gives them
     ``graceful_timeout`` seconds before closing the connections.
+
+    ``sockets`` are bound listening sockets to serve on (default: one bound to
+    ``config.host:config.port``); ``metrics`` and ``inflight`` replace this
+    process's ``/metrics`` and ``/debug/requests`` (the ``--http-workers``
+    processes pass views merged across all of them).
     """
     async with trio.open_nursery() as nursery:
         pipeline = Pipeline(runtime, config, nursery)
@@ -273,9 +186,18 @@ async def serve_frontend(
             _log.info("frontend shutting down: draining %d request(s)", pipeline.in_flight)
             pipeline.shutdown()
 
-        edge = Gate(HangUpGuard(app), max_header_size=config.max_header_size)
+        edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
+        if sockets is None:
+            host = f"[{config.host}]" if ":" in config.host else config.host
+            sockets = listen_sockets([f"{host}:{config.port}"])
         binds: list[str] = await nursery.start(
-            serve_http, edge, _hypercorn_config(config, graceful_timeout), shutdown
+            partial(
+                serve_http,
+                edge,
+                _hypercorn_config(config, graceful_timeout),
+                shutdown,
+                sockets=sockets,
+            )
         )
         _log.info("frontend listening on %s", binds[0])
         task_status.started(binds[0])

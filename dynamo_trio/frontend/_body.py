@@ -1,19 +1,18 @@
-"""The SSE response body: reads a channel, sends keep-alives, notices a hang-up.
+"""The SSE response body: reads a channel, gathers what waits, sends keep-alives.
 
-quart sends a body as ``async with body: async for chunk in body: send(chunk)``
-and, when the client goes away mid-stream, quart-trio cancels that loop:
-``__aexit__`` then runs with the cancellation.  :class:`StreamBody` uses that
-to tell a finished stream (the channel ran dry) from an abandoned one (it did
-not), and reports the latter to the request's lifecycle at once, in
-``__aexit__``, without a checkpoint.
-
-During long silences (a slow prefill) it sends an SSE comment every
-``keepalive`` seconds, so proxies keep the connection open and a client that
-vanished without a FIN is found out by the failed write.
+quart sends a body as ``async with body: async for chunk in body: send(chunk)``.
+:class:`StreamBody` reads the producer's chunks from a memory channel; when
+the client goes away mid-stream, quart-trio cancels that loop and
+``__aexit__`` closes the channel, so the producer learns nobody is listening
+(what that does to the request is :mod:`._hangup`'s business, not the body's).
 
 Chunks that are already waiting when the body asks for one are sent
 together: under load that is one write instead of dozens, and it never
 delays a chunk (only what is already there is taken).
+
+During long silences (a slow prefill) it sends an SSE comment every
+``keepalive`` seconds, so proxies keep the connection open and a client that
+vanished without a FIN is found out by the failed write.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from ..llm import keepalive_comment
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from ._lifecycle import RequestLifecycle
 
 __all__ = ["StreamBody"]
 
@@ -42,7 +40,6 @@ class StreamBody(ResponseBody):
     Args:
         first: The chunk that was ready before the response started.
         chunks: The rest; the producer closes its end when the stream is over.
-        lifecycle: Told when the client leaves before the end.
         keepalive: Seconds of silence before a keep-alive comment; 0 for never.
     """
 
@@ -50,15 +47,12 @@ class StreamBody(ResponseBody):
         self,
         first: bytes,
         chunks: trio.MemoryReceiveChannel[bytes],
-        lifecycle: RequestLifecycle,
         *,
         keepalive: float,
     ) -> None:
         self._first: bytes | None = first
         self._chunks = chunks
-        self._lifecycle = lifecycle
         self._keepalive = keepalive
-        self._complete = False
         self._ended = False  # the channel ran dry while gathering: end at the next call
 
     async def __aenter__(self) -> Self:
@@ -71,8 +65,6 @@ class StreamBody(ResponseBody):
         tb: TracebackType | None,
     ) -> None:
         # Synchronous on purpose: this may run under quart-trio's cancellation.
-        if not self._complete:
-            self._lifecycle.client_gone()
         self._chunks.close()
 
     def __aiter__(self) -> Self:
@@ -83,8 +75,6 @@ class StreamBody(ResponseBody):
             first, self._first = self._first, None
             return self._gather(first)
         if self._ended:
-            self._complete = True
-            self._lifecycle.delivered()
             raise StopAsyncIteration
         try:
             if self._keepalive <= 0:
@@ -93,8 +83,6 @@ class StreamBody(ResponseBody):
                 return self._gather(await self._chunks.receive())
             return keepalive_comment()
         except trio.EndOfChannel:
-            self._complete = True
-            self._lifecycle.delivered()
             raise StopAsyncIteration from None
 
     def _gather(self, chunk: bytes) -> bytes:

@@ -50,21 +50,23 @@ import math
 import random
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
 
 import trio
 
 from .._errors import CannotConnect, Disconnected, DynamoError, EngineShutdown, NoInstances
 from ..discovery import ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
+from ..runtime import ResponseStream
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream
+    from ..runtime import Annotated, Client, DistributedRuntime
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream"]
 
@@ -78,6 +80,7 @@ _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
 """Failures before the first item after which another instance may take the request."""
 
 Target = tuple[str, int]
+_T = TypeVar("_T")
 """``(endpoint path, instance id)``: one place a model's request can go."""
 
 
@@ -163,9 +166,22 @@ class ModelStream:
     async def __anext__(self) -> Annotated:
         if self._started:
             return await self._stream.__anext__()
+        item: Annotated = await self._first(ResponseStream.__anext__)
+        return item
+
+    async def receive_batch(self) -> list[Any]:
+        """The data of every item that has arrived, at least one; ``[]`` at the end
+        (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
+        if self._started:
+            return await self._stream.receive_batch()
+        batch: list[Any] = await self._first(ResponseStream.receive_batch)
+        return batch
+
+    async def _first(self, receive: Callable[[ResponseStream], Awaitable[_T]]) -> _T:
+        """The first receive: a failure of the instance moves the request elsewhere."""
         while True:
             try:
-                item = await self._stream.__anext__()
+                got = await receive(self._stream)
             except _RETRYABLE as exc:
                 registry = self._route._registry
                 registry._failed(self._target)
@@ -174,7 +190,7 @@ class ModelStream:
                 )
                 continue
             self._started = True
-            return item
+            return got
 
     async def aclose(self) -> None:
         """Close the stream; if the worker is still producing, kill its work now."""

@@ -50,15 +50,13 @@ from ..llm import (
 )
 from ..metrics import FrontendMetrics
 from ._body import StreamBody
-from ._guard import bind_to_request
-from ._lifecycle import RequestLifecycle
+from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._config import FrontendConfig
-    from ..metrics import FrontendRequestTracker
     from ..runtime import DistributedRuntime
     from ._apis import EmbeddingsApi, ErrorBody, TextApi
     from ._models import ModelRoute
@@ -216,17 +214,16 @@ class Pipeline:
             # Nothing was produced: the request was cancelled on our side.
             return JsonReply(503, error_body(503, "the frontend is shutting down"))
         except BaseException:
-            # The view was cancelled: the client left before the first byte (phase 1).
-            lifecycle.client_gone()
+            # The view was cancelled (the client left before the first byte: the
+            # HangUpGuard has already applied the hang-up rule), or failed.
             receive.close()
             raise
         if isinstance(first, bytes):
             # Once a stream has started, its producer only ever sends bytes.
             chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
             keepalive = self.config.keepalive_interval
-            return StreamReply(StreamBody(first, chunks, lifecycle, keepalive=keepalive))
+            return StreamReply(StreamBody(first, chunks, keepalive=keepalive))
         receive.close()
-        lifecycle.delivered()  # the work is over: what remains is sending one JSON body
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
         return first
@@ -288,7 +285,7 @@ class Pipeline:
         if isinstance(exc, DynamoError):
             if not context.is_stopped():
                 _log.warning("request %s failed: %s", context.id(), exc)
-            await self._fail(emit, status_for_error(exc), exc.message or str(exc), exc)
+            await self._fail(emit, lifecycle, status_for_error(exc), exc.message or str(exc), exc)
             return "error", exc.error_type
         if is_cancellation(exc) and context.is_stopped():
             return "error", "cancelled"  # cancelled as asked, in its own words
@@ -306,12 +303,19 @@ class Pipeline:
                 context.id(),
                 exc_info=(type(exc), exc, exc.__traceback__),
             )
-        await self._fail(emit, 500, "Internal server error.", exc)
+        await self._fail(emit, lifecycle, 500, "Internal server error.", exc)
         return "error", "internal"
 
     @staticmethod
-    async def _fail(emit: _Emitter, status: int, message: str, exc: BaseException) -> None:
+    async def _fail(
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        status: int,
+        message: str,
+        exc: BaseException,
+    ) -> None:
         """Tell the client: an HTTP error if nothing was sent yet, else the stream's error event."""
+        lifecycle.completed()  # a failed request is over: a hang-up now cancels nothing
         if emit.sent_any and emit.stream_failure is not None:
             await emit(emit.stream_failure(status, message))
         else:
@@ -327,11 +331,13 @@ class Pipeline:
         route: ModelRoute,
     ) -> None:
         generation = Generation()
+        tracker = lifecycle.tracker
         async with await route.call(request.to_engine(), lifecycle.context) as stream:
-            async for item in stream:
-                data = item.data()
-                _count_tokens(lifecycle.tracker, data)
-                generation.feed(data)
+            while batch := await stream.receive_batch():
+                tracker.tokens(_count_tokens(batch))
+                for data in batch:
+                    generation.feed(data)
+        lifecycle.completed()
         await emit(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
 
     async def _stream_text(
@@ -344,14 +350,18 @@ class Pipeline:
     ) -> None:
         events = api.open_stream(request, lifecycle.context.id())
         emit.stream_failure = lambda status, message: api.fail_stream(events, status, message)
+        tracker = lifecycle.tracker
         async with await route.call(request.to_engine(), lifecycle.context) as stream:
-            async for item in stream:
-                data = item.data()
-                _count_tokens(lifecycle.tracker, data)
-                chunks = events.feed(data)
-                if chunks:
-                    await emit(api.encode(chunks))
-        await emit(api.encode(events.finish()) + api.done)
+            # Everything that arrived while we were busy is one batch: one encode and
+            # one write for all of it (under load, dozens of tokens per write).
+            while batch := await stream.receive_batch():
+                tracker.tokens(_count_tokens(batch))
+                sse = api.encode_items(events, batch)
+                if sse:
+                    await emit(sse)
+        last = api.encode(events.finish()) + api.done
+        lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
+        await emit(last)
 
     async def _embed(
         self,
@@ -364,12 +374,19 @@ class Pipeline:
         async with await route.call(request.to_engine(), lifecycle.context) as stream:
             async for item in stream:
                 output = item.data()
-        await emit(JsonReply(200, embedding_response(request, output)))
+        reply = JsonReply(200, embedding_response(request, output))
+        lifecycle.completed()
+        await emit(reply)
 
 
-def _count_tokens(tracker: FrontendRequestTracker, data: object) -> None:
-    if not isinstance(data, dict):
-        return
-    token_ids = data.get("token_ids")
-    count = len(token_ids) if isinstance(token_ids, list) else (1 if data.get("text") else 0)
-    tracker.tokens(count)
+def _count_tokens(batch: list[Any]) -> int:
+    """Output tokens in a batch of engine items: their token ids, else one per text piece."""
+    count = 0
+    for data in batch:
+        if isinstance(data, dict):
+            token_ids = data.get("token_ids")
+            if isinstance(token_ids, list):
+                count += len(token_ids)
+            elif data.get("text"):
+                count += 1
+    return count

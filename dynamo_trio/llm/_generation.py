@@ -89,6 +89,15 @@ class Generation:
             self._stop_sequence = output.get("stop_sequence")
         return text
 
+    def feed_plain(self, text: str, token_count: int) -> None:
+        """Fold in an item already known to carry only text and token ids (the
+        common case, checked by the caller): :meth:`feed` without the parsing."""
+        if self._finish_reason is not None:
+            return
+        self._counted_tokens += token_count
+        if text:
+            self._pieces.append(text)
+
     @property
     def text(self) -> str:
         """The text generated so far."""

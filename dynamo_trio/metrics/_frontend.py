@@ -120,6 +120,7 @@ class FrontendMetrics:
             "Requests being served",
             (LABEL_MODEL,),
             registry=registry,
+            multiprocess_mode="livesum",  # with --http-workers: the live processes' sum
         )
         self._duration = Histogram(
             FRONTEND_REQUEST_DURATION_SECONDS,
@@ -171,6 +172,7 @@ class FrontendMetrics:
             FRONTEND_DISCONNECTED_CLIENTS,
             "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
             registry=registry,
+            multiprocess_mode="sum",  # with --http-workers: every process's, dead ones too
         )
         self._routes: dict[tuple[str, str, str], _Route] = {}
 

@@ -108,6 +108,7 @@ class WorkerMetrics:
             "Requests whose handler work has not ended yet",
             _LABELS,
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self._duration = Histogram(
             COMPONENT_REQUEST_DURATION_SECONDS,
@@ -146,6 +147,7 @@ class WorkerMetrics:
             "Requests told to cancel whose handler work has not ended yet",
             _LABELS,
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self._endpoints: dict[tuple[str, str, str], EndpointMetrics] = {}
 

@@ -167,26 +167,60 @@ class ClientStream:
                     self._took_item()
                     await self._fair_checkpoint()
                     return frame
-                self._done = True
-                await trio.lowlevel.checkpoint()
-                if isinstance(frame, End):
-                    self.outcome = frame.outcome
-                    self.end_reason = frame.reason
-                    return None
-                raise error_from_wire(frame.code, frame.message, frame.caused_by)
-            if self._killed or self._done:
-                self._done = True
-                await trio.lowlevel.checkpoint()
+                await self._terminal(frame)
                 return None
-            if self._lost is not None:
-                self._done = True
-                await trio.lowlevel.checkpoint()
-                raise Disconnected(
-                    f"stream ended before generation completed: {self._lost}",
-                )
-            self._wakeup = wakeup = trio.Event()
-            await wakeup.wait()
-            self._since_checkpoint = 0
+            if await self._ended_or_wait():
+                return None
+
+    async def receive_many(self) -> list[Item] | None:
+        """Every item already queued, at least one (waiting for it), in order; ``None``
+        once the stream has ended.  A consumer that takes items in batches pays the
+        per-wakeup costs once per batch instead of once per item.
+
+        Raises:
+            DynamoError: the worker ended the stream with an error (its type).
+            Disconnected: the connection was lost before the terminal frame.
+        """
+        queue = self._queue
+        while True:
+            if queue and not self._killed:
+                if not isinstance(queue[0], Item):
+                    await self._terminal(queue.popleft())
+                    return None
+                items: list[Item] = []
+                while queue and isinstance(queue[0], Item):
+                    items.append(queue.popleft())  # type: ignore[arg-type]
+                self._took_items(len(items))
+                await self._fair_checkpoint()
+                return items
+            if await self._ended_or_wait():
+                return None
+
+    async def _terminal(self, frame: Item | End | Error) -> None:
+        self._done = True
+        await trio.lowlevel.checkpoint()
+        if isinstance(frame, End):
+            self.outcome = frame.outcome
+            self.end_reason = frame.reason
+            return
+        assert isinstance(frame, Error)
+        raise error_from_wire(frame.code, frame.message, frame.caused_by)
+
+    async def _ended_or_wait(self) -> bool:
+        """``True`` if the stream is over (killed, done); raise if it was lost;
+        otherwise wait for the next frame and return ``False``."""
+        if self._killed or self._done:
+            self._done = True
+            await trio.lowlevel.checkpoint()
+            return True
+        if self._lost is not None:
+            self._done = True
+            await trio.lowlevel.checkpoint()
+            raise Disconnected(f"stream ended before generation completed: {self._lost}")
+        self._wakeup = wakeup = trio.Event()
+        await wakeup.wait()
+        self._since_checkpoint = 0
+        return False
 
     async def _fair_checkpoint(self) -> None:
         self._since_checkpoint += 1
@@ -197,7 +231,10 @@ class ClientStream:
             await trio.lowlevel.checkpoint_if_cancelled()
 
     def _took_item(self) -> None:
-        self._consumed += 1
+        self._took_items(1)
+
+    def _took_items(self, count: int) -> None:
+        self._consumed += count
         if self._consumed >= self._refill_at:
             credit, self._consumed = self._consumed, 0
             self._connection._send_quietly(Credit(self.sid, credit))

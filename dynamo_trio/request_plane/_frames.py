@@ -107,7 +107,7 @@ import msgspec
 from .._errors import InvalidArgument, ProtocolError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Generator
 
 __all__ = [
     "HANDSHAKE_MAX_FRAME_SIZE",
@@ -348,7 +348,7 @@ class FrameDecoder:
         """
         return list(self.frames(data))
 
-    def frames(self, data: bytes | bytearray | memoryview) -> Iterator[WireFrame]:
+    def frames(self, data: bytes | bytearray | memoryview) -> Generator[WireFrame]:
         """Add received bytes; iterate over the frames they complete, in order.
 
         Frames are decoded one at a time as the iteration asks for them, so a
@@ -358,34 +358,40 @@ class FrameDecoder:
         self._buffer += data
         return self._next_frames()
 
-    def _next_frames(self) -> Iterator[WireFrame]:
+    def _next_frames(self) -> Generator[WireFrame]:
         buffer = self._buffer
-        while True:
-            position = self._position
-            available = len(buffer) - position
-            if available < _HEADER.size:
-                break
-            (size,) = _HEADER.unpack_from(buffer, position)
-            if size > self.max_frame_size:
-                hint = ""
-                if _is_tls(buffer, position):
-                    hint = " (a TLS handshake? this end does not use TLS)"
-                raise ProtocolError(
-                    f"peer announced a frame of {size} bytes; "
-                    f"the limit is {self.max_frame_size} bytes{hint}"
-                )
-            start = position + _HEADER.size
-            if len(buffer) - start < size:
-                break
-            self._position = start + size
-            try:
-                with memoryview(buffer) as view:
-                    frame: WireFrame = self._decoder.decode(view[start : start + size])
-            except msgspec.DecodeError as exc:
-                raise ProtocolError(f"malformed frame: {exc}") from None
-            except RecursionError:
-                raise ProtocolError("malformed frame: values nested too deeply") from None
-            yield frame
+        decode = self._decoder.decode
+        # One view for the whole batch (the buffer is not resized until the batch is
+        # over), released before the consumed bytes are dropped.
+        view = memoryview(buffer)
+        try:
+            while True:
+                position = self._position
+                available = len(buffer) - position
+                if available < _HEADER.size:
+                    break
+                (size,) = _HEADER.unpack_from(buffer, position)
+                if size > self.max_frame_size:
+                    hint = ""
+                    if _is_tls(buffer, position):
+                        hint = " (a TLS handshake? this end does not use TLS)"
+                    raise ProtocolError(
+                        f"peer announced a frame of {size} bytes; "
+                        f"the limit is {self.max_frame_size} bytes{hint}"
+                    )
+                start = position + _HEADER.size
+                if len(buffer) - start < size:
+                    break
+                self._position = start + size
+                try:
+                    frame: WireFrame = decode(view[start : start + size])
+                except msgspec.DecodeError as exc:
+                    raise ProtocolError(f"malformed frame: {exc}") from None
+                except RecursionError:
+                    raise ProtocolError("malformed frame: values nested too deeply") from None
+                yield frame
+        finally:
+            view.release()
         # Everything whole has been taken: drop it, once per batch.
         del buffer[: self._position]
         self._position = 0

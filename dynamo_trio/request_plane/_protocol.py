@@ -78,7 +78,7 @@ import enum
 import hashlib
 import hmac
 import secrets
-from contextlib import suppress
+from contextlib import closing, suppress
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from .._errors import (
@@ -300,6 +300,11 @@ RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
 }
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
+# The same table regrouped for the receive path: one lookup by frame type per frame.
+_RECEIVE_BY_STATE: Final[dict[tuple[Role, ConnectionState], dict[type, _Transition]]] = {}
+for (_role, _state, _type), _rule in RECEIVE.items():
+    _RECEIVE_BY_STATE.setdefault((_role, _state), {})[_type] = _rule
+
 _SendRule = tuple[Send, ConnectionState | None]
 _BUG: Final[_SendRule] = (Send.BUG, None)
 _GONE: Final[_SendRule] = (Send.DROP, None)
@@ -420,6 +425,7 @@ class ProtocolConnection:
         nonce: bytes | None = None,
     ) -> None:
         self.role: Final = role
+        self._actions: dict[type, _Transition] = {}
         self.state = _S.AWAIT_HELLO if role is Role.SERVER else _S.AWAIT_CHALLENGE
         self.peer_name = ""
         """The other end's name, from its handshake frame."""
@@ -448,6 +454,16 @@ class ProtocolConnection:
         self._send_table: Final = _SERVER_SENDS if role is Role.SERVER else _CLIENT_SENDS
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def state(self) -> ConnectionState:
+        """Where the connection is in its life (see the module docstring)."""
+        return self._state
+
+    @state.setter
+    def state(self, state: ConnectionState) -> None:
+        self._state = state
+        self._actions = _RECEIVE_BY_STATE[self.role, state]
 
     @property
     def closed(self) -> bool:
@@ -580,12 +596,13 @@ class ProtocolConnection:
             return []
         accepted: list[Frame] = []
         try:
-            for wire_frame in self._decoder.frames(data):
-                frame = self._receive(wire_frame)
-                if frame is not None:
-                    accepted.append(frame)
-                if self.closed:
-                    break  # nothing after a close counts, however TCP split the bytes
+            with closing(self._decoder.frames(data)) as frames:  # its buffer view, released
+                for wire_frame in frames:
+                    frame = self._receive(wire_frame)
+                    if frame is not None:
+                        accepted.append(frame)
+                    if self.closed:
+                        break  # nothing after a close counts, however TCP split the bytes
             if self.state is _S.AUTHENTICATING and self._decoder.buffered:
                 raise ProtocolError("bytes after 'auth', before the server's verdict")
         except ProtocolError as exc:
@@ -594,7 +611,11 @@ class ProtocolConnection:
         return accepted
 
     def _receive(self, frame: WireFrame) -> Frame | None:
-        action, next_state = self._table[self.role, self.state, type(frame)]
+        action, next_state = self._actions[type(frame)]
+        if action is Receive.STREAM_RESPONSE and next_state is None:
+            # The hot path, checked first: an item or terminal frame mid-stream.
+            self.frames_received += 1
+            return self._on_stream_response(frame)  # type: ignore[arg-type]
         if action is Receive.DROP:
             return None
         if action is Receive.VIOLATION:

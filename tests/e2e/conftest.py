@@ -171,20 +171,22 @@ class Stack:
 
     async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
         """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
-        import httpx
-        from prometheus_client.parser import text_string_to_metric_families
+        return await scrape(self.worker_status if worker else self.url, name, **labels)
 
-        base = self.worker_status if worker else self.url
-        async with httpx.AsyncClient() as http:
-            text = (await http.get(f"{base}/metrics")).text
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    total += sample.value
-        return total
+
+async def scrape(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 @pytest.fixture

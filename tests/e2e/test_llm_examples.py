@@ -20,12 +20,11 @@ import httpx
 import openai
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio import Context
 from dynamo_trio.llm import SamplingParams, validate_generate_request
 
-from .conftest import ROOT
+from .conftest import ROOT, scrape as metric
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -116,17 +115,6 @@ async def status_url(proc: Proc, who: str) -> str:
     """The worker's status server (``DYN_SYSTEM_PORT=0`` in the tests' environment)."""
     line = await wait_for_line(proc, f"{who}: metrics at ")
     return line.rsplit(" ", 1)[1].removesuffix("/metrics")
-
-
-async def metric(url: str, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{url}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 async def open_raw(url: str, path: str, body: dict[str, Any], request_id: str) -> Any:

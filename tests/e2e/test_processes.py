@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio import CannotConnect, Context, Disconnected
 from dynamo_trio.request_plane import parse_address
 from dynamo_trio.runtime import DistributedRuntime
 
-from .conftest import PROCS, e2e_environment, start_worker
+from .conftest import PROCS, e2e_environment, scrape, start_worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,17 +23,6 @@ if TYPE_CHECKING:
     from dynamo_trio import Config
 
 pytestmark = pytest.mark.slow
-
-
-async def scrape(status_url: str, name: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{status_url}/metrics")).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                total += sample.value
-    return total
 
 
 async def client_for(runtime: DistributedRuntime) -> Any:

@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio import Context, EngineShutdown
 from dynamo_trio.runtime import DistributedRuntime
+
+from .conftest import scrape as metric
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,17 +39,6 @@ PROCS = Path(__file__).with_name("_structured_procs.py")
 # only separates "at once" from "when the garbage collector gets to it" (never,
 # here: the callers keep their stream objects referenced).
 AT_ONCE = 0.5
-
-
-async def metric(status_url: str, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{status_url}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 async def settled(status_url: str) -> None:

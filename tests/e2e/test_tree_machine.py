@@ -120,7 +120,9 @@ def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
     try:
         assert process.stdout is not None
         ready = json.loads(process.stdout.readline())
-        with httpx.Client() as http:
+        # Connection: close: a pooled keep-alive connection would open and close between
+        # examples and upset their file-descriptor accounting.
+        with httpx.Client(headers={"Connection": "close"}) as http:
             yield WorkerProcess(process, ready["status_url"], events, env, http)
     finally:
         process.kill()

@@ -1,4 +1,7 @@
-"""Serving the frontend's ASGI app over HTTP with hypercorn, with a shutdown that always ends.
+"""Serving an ASGI app over HTTP with hypercorn, with a shutdown that always ends.
+
+Both HTTP servers of dynamo-trio (the frontend and a worker's status server)
+run on :func:`serve_http`.
 
 hypercorn's own ``serve`` ends a graceful shutdown by cancelling its
 connections ``graceful_timeout`` seconds after the trigger.  But it writes to
@@ -16,6 +19,11 @@ sockets of the connections still open: a blocked write then fails with
 every task of the connection ends.  A connection that finished its work in
 time is never touched.
 
+It listens on the sockets :func:`listen_sockets` makes from the bind
+addresses: with ``reuse_port``, each gets ``SO_REUSEPORT``, so several
+processes can serve one port and the kernel spreads connections between them
+(``dynamo-trio frontend --http-workers N``).
+
 Each connection's stream is also wrapped (:class:`_OrderedSends`) to close a
 race in hypercorn's ``TCPServer``: it serializes ``send_all`` with a lock but
 calls ``send_eof`` (when a connection ends) without it.  When a response goes
@@ -28,6 +36,7 @@ response's ``send_all`` met the EOF in trio's conflict detector and raised
 from __future__ import annotations
 
 import logging
+import socket
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,9 +54,38 @@ if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["serve_http"]
+__all__ = ["listen_sockets", "serve_http"]
 
-_log = logging.getLogger("dynamo_trio.frontend.http")
+_log = logging.getLogger("dynamo_trio.http")
+
+
+def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket.socket]:
+    """Bound (not yet listening) TCP sockets for ``host:port`` strings (``[v6]:port``).
+
+    With ``reuse_port`` each gets ``SO_REUSEPORT`` before binding, so that other
+    processes may bind the same port and share its connections.
+
+    Raises:
+        OSError: if an address cannot be bound (the sockets made so far are closed).
+    """
+    sockets: list[socket.socket] = []
+    try:
+        for bind in binds:
+            host, _, port = bind.rpartition(":")
+            host = host.strip("[]")
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, int(port)))
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 async def serve_http(
@@ -55,14 +93,16 @@ async def serve_http(
     config: HypercornConfig,
     shutdown_trigger: Callable[[], Awaitable[None]],
     *,
+    sockets: list[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``config.bind`` (plain HTTP) until ``shutdown_trigger`` returns.
+    """Serve ``app`` over plain HTTP until ``shutdown_trigger`` returns.
 
-    Reports the bound URLs (``http://host:port``) through ``task_status``.  On
-    shutdown: stop accepting, let open connections finish for
-    ``config.graceful_timeout`` seconds, then cancel them and close their
-    sockets, however they are blocked.
+    Listens on ``sockets`` (bound sockets, see :func:`listen_sockets`; they are
+    closed when it returns) or else on ``config.bind``.  Reports the bound URLs
+    (``http://host:port``) through ``task_status``.  On shutdown: stop
+    accepting, let open connections finish for ``config.graceful_timeout``
+    seconds, then cancel them and close their sockets, however they are blocked.
     """
     wrapped = ASGIWrapper(app)
     context = WorkerContext(None)
@@ -84,15 +124,16 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        sockets = config.create_sockets()
+        if sockets is None:
+            sockets = config.create_sockets().insecure_sockets
         listeners = []
         binds = []
-        for sock in sockets.insecure_sockets:
+        for sock in sockets:
             sock.listen(config.backlog)
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             bind = repr_socket_addr(sock.family, sock.getsockname())
             binds.append(f"http://{bind}")
-            _log.info("Running on http://%s (CTRL + C to quit)", bind)
+            _log.debug("listening on http://%s", bind)
         async with trio.open_nursery() as closer:
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accepting:

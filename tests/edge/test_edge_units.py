@@ -1,4 +1,4 @@
-"""The edge's small parts, without a server: the Gate as an ASGI app, ordered sends on a socket.
+"""The edge's small parts, without a server: the Edge as an ASGI app, ordered sends on a socket.
 
 The same behaviour is tested end to end in ``test_hostile_http.py``; here each
 rule is pinned at its boundary, fast.
@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from dynamo_trio.discovery import ModelCard, decode_model_card, encode_record
-from dynamo_trio.frontend._gate import Gate
-from dynamo_trio.frontend._http_server import _OrderedSends
+from dynamo_trio.edge import Edge
+from dynamo_trio.edge._server import _OrderedSends
 
 LIMIT = 100
 
@@ -34,12 +34,12 @@ async def call(scope: dict[str, Any]) -> tuple[Recorder, list[dict[str, Any]]]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
-        raise AssertionError("the gate never reads the request")
+        raise AssertionError("the edge never reads a refused request")
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await Gate(app, max_header_size=LIMIT)(scope, receive, send)  # type: ignore[arg-type]
+    await Edge([], app, max_header_size=LIMIT)(scope, receive, send)  # type: ignore[arg-type]
     return app, sent
 
 

@@ -1,0 +1,43 @@
+"""The HTTP edge: what every HTTP server of dynamo-trio stands on.
+
+:func:`serve_http` runs an ASGI app on hypercorn's protocol code under an
+accept loop whose shutdown always ends; :class:`Edge` is the outermost ASGI
+layer (refusals, fixed routes, the hand-off to the app); :func:`status_routes`
+are the ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` routes
+both the frontend and a worker's status server answer.
+"""
+
+from ._edge import (
+    LAST_SEND_SHIELD as LAST_SEND_SHIELD,
+    Edge as Edge,
+    EdgeRequest as EdgeRequest,
+    EdgeResponse as EdgeResponse,
+    Route as Route,
+    error_json as error_json,
+    json_bytes as json_bytes,
+    shown as shown,
+)
+from ._server import listen_sockets as listen_sockets, serve_http as serve_http
+from ._status import (
+    Health as Health,
+    InflightListing as InflightListing,
+    MetricsSource as MetricsSource,
+    status_routes as status_routes,
+)
+
+__all__ = [
+    "LAST_SEND_SHIELD",
+    "Edge",
+    "EdgeRequest",
+    "EdgeResponse",
+    "Health",
+    "InflightListing",
+    "MetricsSource",
+    "Route",
+    "error_json",
+    "json_bytes",
+    "listen_sockets",
+    "serve_http",
+    "shown",
+    "status_routes",
+]

@@ -1,0 +1,342 @@
+"""The edge: the one ASGI layer every HTTP server of dynamo-trio stands on.
+
+:class:`Edge` is the outermost ASGI app of the frontend *and* of a worker's
+status server.  It does, for both, what is the same everywhere:
+
+* **Refusals**, in the API's own JSON error shape and without a traceback:
+  WebSocket handshakes on any path (404 through the ASGI
+  ``websocket.http.response`` extension, else a close before accept), a
+  request target over ``max_header_size`` bytes (414) and headers over it
+  (431), each with ``Connection: close`` and the body never read.  hypercorn's
+  parser enforces the same limit only on a head still incomplete in its
+  buffer; one that arrives whole in one read would reach the app.
+* **Fixed routes**, answered here from a table (:class:`Route`): ``/health``,
+  ``/live``, ``/metrics``, ``/debug/requests`` (:mod:`._status`).  They are
+  the routes probes and scrapers hit every few seconds: answered at the edge,
+  they cost about what a bare ASGI app costs, and never wait behind the app.
+* **Everything else** goes to the wrapped app (the frontend's quart app), or
+  is a 404 when there is none (the status server).  The last ``send`` of each
+  HTTP/1.x response of the app is shielded (see :meth:`Edge._shielded_send`).
+
+Why the last send is shielded
+-----------------------------
+hypercorn's h11 protocol restarts a keep-alive connection's idle timer from
+inside the last send of a response, and quart-trio cancels its request tasks
+as soon as the response is out; unshielded, the restart is cancelled with
+them, and an idle keep-alive connection then stays open for ever (one file
+descriptor per idle client, and a shutdown that waits the whole graceful
+timeout).  Over h11 the send only queues bytes (hypercorn shields its socket
+writes), so shielding it delays nothing; the shield still gives up after
+:data:`LAST_SEND_SHIELD` seconds, so it can never hold a task for ever.
+HTTP/2 is never shielded: there the last send waits for hypercorn to drain
+the stream to the socket, which never completes once the client has gone (a
+shielded wait for it kept the frontend from exiting on SIGTERM).  Routes
+answered at the edge run outside quart-trio's request nursery, so nothing
+cancels their sends in the first place.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, final
+
+import trio
+
+from ..llm import anthropic_error_body, openai_error_body
+
+if TYPE_CHECKING:
+    from hypercorn.typing import (
+        ASGIFramework,
+        ASGIReceiveCallable,
+        ASGIReceiveEvent,
+        ASGISendCallable,
+        ASGISendEvent,
+        HTTPScope,
+        Scope,
+        WebsocketScope,
+    )
+
+__all__ = [
+    "LAST_SEND_SHIELD",
+    "Edge",
+    "EdgeRequest",
+    "EdgeResponse",
+    "Route",
+    "error_json",
+    "json_bytes",
+    "shown",
+]
+
+LAST_SEND_SHIELD: Final = 5.0
+"""The longest the last send of an HTTP/1.x response is shielded from cancellation."""
+
+_WEBSOCKET_RESPONSE: Final = "websocket.http.response"
+# A close code for "policy violation", used when the denial response extension is absent.
+_POLICY_VIOLATION: Final = 1008
+_ECHO_LIMIT: Final = 200
+_JSON: Final = b"application/json"
+
+
+def json_bytes(payload: object) -> bytes:
+    """``payload`` as compact JSON bytes (non-JSON values as their ``str``)."""
+    return json.dumps(payload, separators=(",", ":"), default=str).encode()
+
+
+def error_json(path: str, status: int, message: str, code: str | None = None) -> bytes:
+    """The JSON error body for ``path``'s API: Anthropic's for ``/v1/messages``, else OpenAI's."""
+    if path == "/v1/messages":
+        body = anthropic_error_body(status, message)
+    else:
+        body = openai_error_body(status, message, code=code)
+    return json_bytes(body)
+
+
+def shown(text: str) -> str:
+    """``text`` (a path, a method) as an error message may quote it: at most 200 characters."""
+    return text if len(text) <= _ECHO_LIMIT else f"{text[:_ECHO_LIMIT]}..."
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRequest:
+    """What a fixed route is given: the request head (its body, if any, was read)."""
+
+    method: str
+    path: str
+    query: bytes
+    headers: Mapping[bytes, bytes]
+    """Header names lower-cased; the last value wins."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeResponse:
+    """What a fixed route answers."""
+
+    status: int
+    body: bytes
+    content_type: bytes = _JSON
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    @classmethod
+    def json(cls, payload: object, status: int = 200) -> EdgeResponse:
+        return cls(status, json_bytes(payload))
+
+
+Handler = Callable[[EdgeRequest], EdgeResponse | Awaitable[EdgeResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A route answered at the edge: a path, its methods, and a handler.
+
+    The handler is a plain function (or a coroutine function) of the
+    :class:`EdgeRequest`; it must be quick (it runs in the connection's task).
+    ``HEAD`` is answered wherever ``GET`` is, without the body.
+    """
+
+    path: str
+    handler: Handler
+    methods: frozenset[str] = field(default=frozenset({"GET"}))
+
+
+@final
+class Edge:
+    """The outermost ASGI app of an HTTP server (see the module docstring).
+
+    Args:
+        routes: The fixed routes answered here.
+        app: Where every other request goes; ``None`` answers them 404.
+        max_header_size: The most bytes a request's path and query, and
+            separately its headers (names and values), may take.
+    """
+
+    def __init__(
+        self,
+        routes: list[Route],
+        app: ASGIFramework | None = None,
+        *,
+        max_header_size: int = 16 * 1024,
+    ) -> None:
+        self.app: Final = app
+        self.max_header_size: Final = max_header_size
+        self._routes: Final[dict[str, Route]] = {route.path: route for route in routes}
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._refuse_websocket(scope, send)
+        elif self.app is not None:
+            await self.app(scope, receive, send)
+        else:
+            await _lifespan(receive, send)
+
+    async def _http(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        refusal = self._head_refusal(scope)
+        if refusal is not None:
+            status, message = refusal
+            body = error_json(scope["path"], status, message)
+            await _respond(send, EdgeResponse(status, body), close=True)
+            return
+        route = self._routes.get(scope["path"])
+        if route is not None:
+            if scope.get("http_version", "1.1") in ("1.0", "1.1"):
+                await self._answer(route, scope, receive, send)
+            else:
+                await _until_disconnect(self._answer, route, scope, receive, send)
+        elif self.app is not None:
+            shielded = scope.get("http_version", "1.1") in ("1.0", "1.1")
+            await self.app(scope, receive, _shielded_send(send) if shielded else send)
+        else:
+            path, method = shown(scope["path"]), shown(scope["method"])
+            body = error_json(scope["path"], 404, f"No route {method} {path}.")
+            await _drain(receive)
+            await _respond(send, EdgeResponse(404, body))
+
+    def _head_refusal(self, scope: HTTPScope) -> tuple[int, str] | None:
+        limit = self.max_header_size
+        target = len(scope["raw_path"]) + len(scope["query_string"])
+        if target > limit:
+            return 414, f"The request target is {target} bytes long; the limit is {limit} bytes."
+        size = sum(len(name) + len(value) for name, value in scope["headers"])
+        if size > limit:
+            return 431, f"The request headers take {size} bytes; the limit is {limit} bytes."
+        return None
+
+    @staticmethod
+    async def _answer(
+        route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        method = scope["method"]
+        allowed = route.methods | ({"HEAD"} if "GET" in route.methods else set())
+        await _drain(receive)  # a keep-alive connection is reused only once the body is read
+        if method not in allowed:
+            message = f"Method {shown(method)} is not allowed on {shown(route.path)}."
+            allow = ", ".join(sorted(allowed)).encode()
+            response = EdgeResponse(
+                405, error_json(route.path, 405, message), headers=((b"allow", allow),)
+            )
+        else:
+            request = EdgeRequest(
+                method, scope["path"], scope["query_string"], dict(scope["headers"])
+            )
+            answer = route.handler(request)
+            response = answer if isinstance(answer, EdgeResponse) else await answer
+        await _respond(send, response, head_only=method == "HEAD")
+
+    @staticmethod
+    async def _refuse_websocket(scope: WebsocketScope, send: ASGISendCallable) -> None:
+        if _WEBSOCKET_RESPONSE not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": ""})
+            return
+        path = scope["path"]
+        body = error_json(
+            path,
+            404,
+            f"This server does not accept WebSocket connections (no WebSocket route at "
+            f"{shown(path)}); its API is plain HTTP.",
+            code="websocket_not_supported",
+        )
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 404,
+                "headers": [
+                    (b"content-type", _JSON),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", str(uuid.uuid4()).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+
+
+async def _until_disconnect(
+    answer: Callable[[Route, HTTPScope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]],
+    route: Route,
+    scope: HTTPScope,
+    receive: ASGIReceiveCallable,
+    send: ASGISendCallable,
+) -> None:
+    """``answer``, cancelled if the client goes away first (HTTP/2 only).
+
+    Over HTTP/2 the last send waits until hypercorn has drained the stream to
+    the socket, which never happens once the client has gone; over HTTP/1.x a
+    send only queues bytes, so the watcher (a task per request) is not needed.
+    """
+    messages: trio.MemorySendChannel[ASGIReceiveEvent]
+    messages, inbox = trio.open_memory_channel(1)
+
+    async def watch() -> None:
+        async with messages:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    nursery.cancel_scope.cancel()
+                    return
+                await messages.send(message)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        await answer(route, scope, inbox.receive, send)
+        nursery.cancel_scope.cancel()
+
+
+def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
+    async def send_last_shielded(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.move_on_after(LAST_SEND_SHIELD, shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return send_last_shielded
+
+
+async def _drain(receive: ASGIReceiveCallable) -> None:
+    """Read the request body to its end (routes answered here take none)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+async def _respond(
+    send: ASGISendCallable, response: EdgeResponse, *, close: bool = False, head_only: bool = False
+) -> None:
+    headers = [
+        (b"content-type", response.content_type),
+        (b"content-length", str(len(response.body)).encode()),
+        *response.headers,
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+        headers.append((b"x-request-id", str(uuid.uuid4()).encode()))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": headers,
+            "trailers": False,
+        }
+    )
+    body = b"" if head_only else response.body
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The ASGI lifespan of an edge with no app: nothing to start or stop."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,108 @@
+"""The status routes both HTTP servers answer at the edge.
+
+``GET /metrics``
+    Prometheus text format, or OpenMetrics if the scraper's ``Accept`` header
+    asks for it (``prometheus_client.exposition.choose_encoder``).
+``GET /health``, ``GET /live``
+    Whatever the server's health (and liveness, if it has its own) callback
+    reports, with its status code (the frontend and a worker say different
+    things; see their modules).
+``GET /debug/requests``
+    The in-flight request trees (:meth:`dynamo_trio.Context.snapshot` shaped:
+    id, state, reason, age_s, attributes, children), oldest first.
+    ``?min_age=5`` keeps the ones older than five seconds: the stuck ones.
+
+The callbacks run in the connection's task for every request: they must be
+quick and must not block.  One that raises is answered as a 500 with the
+error logged once per request, never as a crashed connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from ._edge import EdgeRequest, EdgeResponse, Route, json_bytes
+
+__all__ = ["Health", "InflightListing", "MetricsSource", "status_routes"]
+
+_log = logging.getLogger("dynamo_trio.http")
+
+Health = Callable[[], tuple[int, Mapping[str, Any]]]
+"""``() -> (status code, JSON payload)`` for ``/health`` and ``/live``."""
+InflightListing = Callable[[], Iterable[Mapping[str, Any]] | Awaitable[Iterable[Mapping[str, Any]]]]
+"""One ``Context.snapshot()`` tree per in-flight request (perhaps gathered from processes)."""
+MetricsSource = CollectorRegistry | Callable[[bytes], Awaitable[tuple[bytes, bytes]]]
+"""A registry to expose, or ``accept header -> (body, content type)`` (a merged view)."""
+
+_INTERNAL: Final = EdgeResponse(500, json_bytes({"error": "the status callback failed"}))
+
+
+def status_routes(
+    *,
+    health: Health,
+    metrics: MetricsSource,
+    inflight: InflightListing,
+    live: Health | None = None,
+) -> list[Route]:
+    """The four status routes over the server's callbacks (``live`` defaults to ``health``)."""
+
+    def answer(callback: Health) -> EdgeResponse:
+        try:
+            status, payload = callback()
+        except Exception:
+            _log.exception("the health callback failed")
+            return _INTERNAL
+        return EdgeResponse(status, json_bytes(payload))
+
+    def health_route(request: EdgeRequest) -> EdgeResponse:
+        return answer(health)
+
+    def live_route(request: EdgeRequest) -> EdgeResponse:
+        return answer(live or health)
+
+    async def metrics_route(request: EdgeRequest) -> EdgeResponse:
+        accept = request.headers.get(b"accept", b"")
+        if isinstance(metrics, CollectorRegistry):
+            encode, content_type = choose_encoder(accept.decode("latin-1"))
+            return EdgeResponse(200, encode(metrics), content_type.encode())
+        body, content_type_bytes = await metrics(accept)
+        return EdgeResponse(200, body, content_type_bytes)
+
+    async def debug_route(request: EdgeRequest) -> EdgeResponse:
+        try:
+            min_age = _min_age(request.query)
+        except ValueError:
+            return EdgeResponse(400, json_bytes({"error": "min_age must be a number of seconds"}))
+        listed = inflight()
+        trees = list(listed if not isinstance(listed, Awaitable) else await listed)
+        kept = [tree for tree in trees if _age(tree) >= min_age]
+        kept.sort(key=_age, reverse=True)
+        return EdgeResponse(200, json_bytes(kept))
+
+    return [
+        Route("/health", health_route),
+        Route("/live", live_route),
+        Route("/metrics", metrics_route),
+        Route("/debug/requests", debug_route),
+    ]
+
+
+def _min_age(query: bytes) -> float:
+    values = parse_qs(query.decode("latin-1")).get("min_age")
+    if not values:
+        return 0.0
+    value = float(values[-1])
+    if value != value:  # NaN
+        raise ValueError("NaN")
+    return value
+
+
+def _age(tree: Mapping[str, Any]) -> float:
+    age = tree.get("age_s")
+    return float(age) if isinstance(age, int | float) else 0.0

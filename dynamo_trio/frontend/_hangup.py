@@ -1,0 +1,170 @@
+"""Hang-up detection: one owner, one rule.
+
+The rule
+========
+
+**A request counts as cancelled by its client if, and only if, the client's
+connection ends before the request's work is complete.**  The work is
+complete once the engine's stream has ended and the last of the response has
+been produced (:meth:`RequestLifecycle.completed`, called by the pipeline
+*before* it hands those last bytes on).  So:
+
+* a client that hangs up before the response starts (every unary request, a
+  streaming one before its first byte) or mid-stream cancels the request;
+* a client that reads ``data: [DONE]`` and closes before the chunked
+  terminator (the official ``openai`` client does exactly this), or leaves
+  while the last bytes are in flight, does **not**: the work was complete;
+* a request that failed (4xx, 5xx, an error event) is not a cancellation
+  either, whatever the client does afterwards.
+
+A cancelled request's context is killed (or, with ``--on-disconnect stop``,
+stopped) with reason ``client disconnect``, which reaches the worker at
+once, and it is counted once in ``dynamo_frontend_model_cancellation_total``.
+
+The owner
+=========
+
+:class:`HangUpGuard` wraps the frontend's ASGI app; every HTTP request passes
+through it, and it is the only place that declares a client gone.  The
+pipeline binds the request's :class:`RequestLifecycle` to the HTTP request
+(:func:`bind_to_request`, a context-variable slot that quart-trio's request
+tasks inherit).  The guard then calls :meth:`RequestLifecycle.client_gone`:
+
+* the moment the app receives ``http.disconnect`` from hypercorn (the guard
+  watches the app's ``receive``): before quart-trio cancels the view or the
+  SSE body, so the kill is sent first and its reason is the client's;
+* in its ``finally``, however the HTTP exchange ended: a backstop for every
+  other way a response can go undelivered (a send that failed, the window
+  quart leaves between a streaming view's return and its body).
+
+Both are no-ops for a request whose work was complete: the rule decides,
+not the place.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Final, final
+
+from .._context import CancelReason
+
+if TYPE_CHECKING:
+    from hypercorn.typing import (
+        ASGIFramework,
+        ASGIReceiveCallable,
+        ASGIReceiveEvent,
+        ASGISendCallable,
+        Scope,
+    )
+
+    from .._config import DisconnectPolicy
+    from .._context import Context
+    from ..metrics import FrontendRequestTracker
+
+__all__ = ["HangUpGuard", "RequestLifecycle", "bind_to_request"]
+
+_log = logging.getLogger("dynamo_trio.frontend")
+
+
+@final
+class RequestLifecycle:
+    """One request's context, its metrics, and what a hang-up does to them."""
+
+    __slots__ = ("_completed", "_gone", "_policy", "context", "request_kind", "tracker")
+
+    def __init__(
+        self,
+        context: Context,
+        tracker: FrontendRequestTracker,
+        *,
+        policy: DisconnectPolicy,
+        request_kind: str,
+    ) -> None:
+        self.context: Final = context
+        self.tracker: Final = tracker
+        self.request_kind: Final = request_kind
+        self._policy: Final = policy
+        self._gone = False
+        self._completed = False
+
+    @property
+    def client_is_gone(self) -> bool:
+        """Whether the request was cancelled by its client (see the rule)."""
+        return self._gone
+
+    def completed(self) -> None:
+        """The work is complete: what remains is handing the last bytes on."""
+        self._completed = True
+
+    def client_gone(self) -> None:
+        """The client's connection ended; apply the rule (idempotent, synchronous).
+
+        Only :class:`HangUpGuard` calls it.  A no-op once the work was complete
+        or the request had ended (failed, or finished with nobody to tell).
+        """
+        if self._gone or self._completed or self.tracker.finished:
+            return
+        self._gone = True
+        context = self.context
+        _log.info(
+            "request %s: the client went away (%s); %s the request",
+            context.id(),
+            self.request_kind,
+            "stopping" if self._policy == "stop" else "killing",
+        )
+        self.tracker.cancelled(CancelReason.CLIENT_DISCONNECT.value)
+        if self._policy == "stop":
+            context.stop(CancelReason.CLIENT_DISCONNECT)
+        else:
+            context.kill(CancelReason.CLIENT_DISCONNECT)
+
+
+class _Slot:
+    __slots__ = ("lifecycle",)
+
+    def __init__(self) -> None:
+        self.lifecycle: RequestLifecycle | None = None
+
+    def client_gone(self) -> None:
+        if self.lifecycle is not None:
+            self.lifecycle.client_gone()
+
+
+_SLOT: Final[ContextVar[_Slot | None]] = ContextVar("dynamo_trio_request_slot", default=None)
+
+
+def bind_to_request(lifecycle: RequestLifecycle) -> None:
+    """Tie ``lifecycle`` to the HTTP request being handled (no-op outside the guard)."""
+    slot = _SLOT.get()
+    if slot is not None:
+        slot.lifecycle = lifecycle
+
+
+@final
+class HangUpGuard:
+    """ASGI middleware: the one owner of hang-up detection (see the module docstring)."""
+
+    def __init__(self, app: ASGIFramework) -> None:
+        self.app: Final = app
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        slot = _Slot()
+        token = _SLOT.set(slot)
+
+        async def watched_receive() -> ASGIReceiveEvent:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                slot.client_gone()
+            return message
+
+        try:
+            await self.app(scope, watched_receive, send)
+        finally:
+            _SLOT.reset(token)
+            slot.client_gone()

@@ -1,0 +1,180 @@
+"""The frontend's API routes, as a table, and the views that serve them.
+
+=======  ==========================  ==============================================
+method   path                        view
+=======  ==========================  ==============================================
+POST     ``/v1/chat/completions``    :func:`generate_view` with :data:`~._apis.CHAT`
+POST     ``/v1/completions``         :func:`generate_view` with ``COMPLETIONS``
+POST     ``/v1/responses``           :func:`generate_view` with ``RESPONSES``
+POST     ``/v1/messages``            :func:`generate_view` with ``ANTHROPIC_MESSAGES``
+POST     ``/v1/embeddings``          :func:`embeddings_view`
+GET      ``/v1/models``              :func:`models_view`
+=======  ==========================  ==============================================
+
+``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` are answered at the
+edge, below quart (:mod:`dynamo_trio.edge`).  Views are module-level
+functions of the :class:`~._pipeline.Pipeline` (bound when the app is built)
+and the API they serve; quart does the routing, the body limits and the
+error pages.  A view reads the whole body before anything can refuse the
+request, so that hypercorn can reuse the keep-alive connection.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from quart import Response, current_app, request
+
+from ..edge import json_bytes, shown
+from ..llm import RequestError, decode_json_body, model_list
+from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from ._pipeline import JsonReply, StreamReply
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._apis import EmbeddingsApi, TextApi
+    from ._pipeline import Pipeline
+
+__all__ = ["ROUTES", "ApiRoute", "json_response", "reply_id"]
+
+_REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
+_JSON_TYPES: Final = ("application/json", "application/x-ndjson")
+_UTF8: Final = ("utf-8", "utf8")
+_SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def json_response(payload: object, status: int = 200, request_id: str | None = None) -> Response:
+    """A compact JSON response, with ``x-request-id`` when given."""
+    response: Response = current_app.response_class(
+        json_bytes(payload), status=status, content_type="application/json"
+    )
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+def reply_id() -> str:
+    """The id an error reply carries: the client's if valid (never echo an invalid one)."""
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return str(uuid.uuid4())
+
+
+def _request_id() -> str:
+    given = request.headers.get("x-request-id")
+    if given is None:
+        return str(uuid.uuid4())
+    if not _REQUEST_ID.fullmatch(given):
+        raise RequestError(
+            400,
+            "x-request-id must be 1 to 256 printable ASCII characters without spaces.",
+            param="x-request-id",
+        )
+    return given
+
+
+def _decode_json(body: bytes, max_depth: int) -> object:
+    content_type = request.mimetype
+    if content_type and content_type not in _JSON_TYPES:
+        raise RequestError(
+            415,
+            f"Content-Type must be application/json, not {shown(content_type)!r}.",
+            code="unsupported_media_type",
+        )
+    charset = request.mimetype_params.get("charset")
+    if charset is not None and charset.lower() not in _UTF8:
+        raise RequestError(
+            415,
+            f"A JSON body must be UTF-8, not {shown(charset)!r} (RFC 8259).",
+            code="unsupported_media_type",
+        )
+    return decode_json_body(body, max_depth=max_depth)
+
+
+def _reply(result: JsonReply | StreamReply, request_id: str) -> Response:
+    if isinstance(result, JsonReply):
+        return json_response(result.payload, result.status, request_id)
+    response: Response = current_app.response_class(
+        result.body, content_type="text/event-stream", headers=_SSE_HEADERS
+    )
+    response.timeout = None
+    response.headers["x-request-id"] = request_id
+    return response
+
+
+async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Response:
+    """``POST`` to a generating route: parse, route, run, answer (JSON or SSE)."""
+    body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    try:
+        request_id = _request_id()
+        payload = _decode_json(body, pipeline.config.max_json_depth)
+        if api is EMBEDDINGS:
+            result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
+        else:
+            result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
+    except RequestError as exc:
+        return json_response(api.request_error_body(exc), exc.status, reply_id())
+    return _reply(result, request_id)
+
+
+async def embeddings_view(pipeline: Pipeline) -> Response:
+    """``POST /v1/embeddings``."""
+    return await generate_view(pipeline, EMBEDDINGS)
+
+
+async def models_view(pipeline: Pipeline) -> Response:
+    """``GET /v1/models``: every model with a live instance."""
+    models = pipeline.models.models()
+    payload = model_list([name for name, _ in models])
+    created = dict(models)
+    for entry in payload["data"]:  # type: ignore[attr-defined]
+        entry["created"] = created[entry["id"]]
+    return json_response(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRoute:
+    """One row of the route table: how to make its view for a pipeline."""
+
+    method: str
+    path: str
+    name: str
+    view: Callable[[Pipeline], Callable[[], Awaitable[Response]]]
+
+
+def _generate(api: TextApi) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
+    def bind(pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
+        async def view() -> Response:
+            return await generate_view(pipeline, api)
+
+        return view
+
+    return bind
+
+
+def _bound(
+    view: Callable[[Pipeline], Awaitable[Response]],
+) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
+    def bind(pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
+        async def bound() -> Response:
+            return await view(pipeline)
+
+        return bound
+
+    return bind
+
+
+ROUTES: Final = (
+    ApiRoute("POST", "/v1/chat/completions", "chat_completions", _generate(CHAT)),
+    ApiRoute("POST", "/v1/completions", "completions", _generate(COMPLETIONS)),
+    ApiRoute("POST", "/v1/responses", "responses", _generate(RESPONSES)),
+    ApiRoute("POST", "/v1/messages", "anthropic_messages", _generate(ANTHROPIC_MESSAGES)),
+    ApiRoute("POST", "/v1/embeddings", "embeddings", _bound(embeddings_view)),
+    ApiRoute("GET", "/v1/models", "models", _bound(models_view)),
+)
+"""The API routes, registered on the app in this order."""

@@ -1,0 +1,336 @@
+"""``--http-workers N``: one port, N frontend processes, one truthful view of them.
+
+One trio process drives about one core; a frontend that must use every core
+runs N processes on one port.  The process started with ``--http-workers N``
+is a *supervisor*; it serves no HTTP itself:
+
+1. It binds the port (resolving ``--http-port 0`` to a real port) with
+   ``SO_REUSEPORT``, and starts N frontend processes that bind the same port
+   the same way: the kernel spreads new connections over them.  Each has its
+   own runtime: its own discovery watch and request-plane connection pool.
+2. It prints ``dynamo-trio frontend listening on URL`` once all N are.
+3. A process that dies (a crash, an OOM kill) is restarted, after a pause
+   that doubles while it keeps dying (up to :data:`_MAX_BACKOFF`).
+4. SIGINT/SIGTERM is passed on to every process: each drains as a single
+   frontend would; the supervisor waits, then exits 0.
+
+Raise N on a machine with spare cores when the frontend, not the engine, is
+the bottleneck (its process near 100% of a core).  Each process costs a
+runtime's memory and connections, so do not raise it past the core count.
+
+One view across processes
+-------------------------
+``/metrics`` on any process is the sum over all of them:
+prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by
+the supervisor in a directory of its own, removed when it exits), so the
+cancellation counters stay exact whichever process served a request, and a
+restarted process's counts are kept.  ``/debug/requests`` on any process
+lists every process's requests: each process also answers its own list on a
+private Unix socket (in Linux's abstract namespace: no file, no path-length
+limit, gone with the process), and the one asked gathers them (each tree's
+``attributes`` say which ``http_worker`` holds it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from ..edge import listen_sockets
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._config import Config
+
+__all__ = [
+    "WORKERS_DIR_ENV",
+    "WORKERS_ENV",
+    "WORKER_INDEX_ENV",
+    "WorkerView",
+    "run_frontend_workers",
+]
+
+_log = logging.getLogger("dynamo_trio.frontend")
+
+WORKER_INDEX_ENV: Final = "DYN_HTTP_WORKER_INDEX"
+"""Set by the supervisor: which of its processes this one is (0-based)."""
+WORKERS_DIR_ENV: Final = "DYN_HTTP_WORKERS_DIR"
+"""Set by the supervisor: the directory its processes share (their metrics)."""
+WORKERS_ENV: Final = "DYN_HTTP_WORKERS"
+"""The number of processes (the supervisor passes its own count on)."""
+
+_MAX_BACKOFF: Final = 10.0
+_STARTUP_TIMEOUT: Final = 60.0
+_GATHER_TIMEOUT: Final = 2.0
+
+
+async def run_frontend_workers(
+    config: Config,
+    argv: Sequence[str],
+    *,
+    stop: trio.Event | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``config.frontend.http_workers`` frontend processes on one port until stopped.
+
+    Args:
+        config: The settings (the port, the worker count, the graces).
+        argv: The frontend's command-line arguments, passed on to each
+            process (with the resolved port).
+        stop: Set to stop (SIGINT/SIGTERM do it too).
+        task_status: Receives the URL once every process listens.
+    """
+    frontend = config.frontend
+    count = frontend.http_workers
+    host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
+    # Held (bound, not listening) for our whole life: the port stays ours between restarts.
+    [holder] = listen_sockets([f"{host}:{frontend.port}"], reuse_port=True)
+    port = holder.getsockname()[1]
+    url = f"http://{host}:{port}"
+    shared = Path(tempfile.mkdtemp(prefix="dynamo-trio-frontend-"))
+    (shared / "metrics").mkdir()
+    stop = stop or trio.Event()
+    children = [_Child(index, count, argv, port, shared) for index in range(count)]
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signals, stop)
+            with trio.fail_after(_STARTUP_TIMEOUT):
+                for child in children:
+                    await nursery.start(child.supervise, stop)
+            if not stop.is_set():
+                _log.info("%d frontend processes listening on %s", count, url)
+                task_status.started(url)
+            await stop.wait()
+            for child in children:
+                child.terminate()
+            with trio.move_on_after(config.worker.shutdown_grace + 5):
+                for child in children:
+                    await child.exited.wait()
+            for child in children:
+                child.kill()
+            nursery.cancel_scope.cancel()
+    finally:
+        holder.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+async def _stop_on_signals(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            _log.info("%s: stopping the frontend processes", signal.Signals(signum).name)
+            stop.set()
+
+
+class _Child:
+    """One frontend process, restarted when it dies before the supervisor stops."""
+
+    def __init__(
+        self, index: int, count: int, argv: Sequence[str], port: int, shared: Path
+    ) -> None:
+        self.index = index
+        self._argv = [
+            sys.executable,
+            "-m",
+            "dynamo_trio.frontend",
+            *_without_workers(argv),
+            "--http-port",
+            str(port),
+        ]
+        self._env = {
+            **os.environ,
+            WORKER_INDEX_ENV: str(index),
+            WORKERS_ENV: str(count),
+            WORKERS_DIR_ENV: str(shared),
+            "PROMETHEUS_MULTIPROC_DIR": str(shared / "metrics"),
+        }
+        self._metrics = shared / "metrics"
+        self._process: trio.Process | None = None
+        self._stopping = False
+        self.exited = trio.Event()
+
+    async def supervise(self, stop: trio.Event, *, task_status: trio.TaskStatus[None]) -> None:
+        backoff = 0.5
+        started = False
+        try:
+            while True:
+                process = await trio.lowlevel.open_process(
+                    self._argv, env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+                )
+                self._process = process
+                assert process.stdout is not None
+                listening = await _read_until_listening(process.stdout)
+                if not started and listening:
+                    started = True
+                    task_status.started()
+                async with trio.open_nursery() as output:
+                    output.start_soon(_discard, process.stdout)
+                    code = await process.wait()
+                _mark_dead(process.pid, self._metrics)
+                if self._stopping or stop.is_set():
+                    return
+                if not started:
+                    raise RuntimeError(f"frontend process {self.index} failed to start ({code})")
+                _log.error(
+                    "frontend process %d (pid %d) exited with %s; restarting in %.1fs",
+                    self.index,
+                    process.pid,
+                    code,
+                    backoff,
+                )
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+        finally:
+            self.exited.set()
+
+    def terminate(self) -> None:
+        self._stopping = True
+        if self._process is not None and self._process.returncode is None:
+            self._process.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+
+
+def _without_workers(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--http-workers`` (and its value) or ``--http-port``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--http-workers", "--http-port"):
+            skip = True
+            continue
+        if arg.startswith(("--http-workers=", "--http-port=")):
+            continue
+        out.append(arg)
+    return out
+
+
+async def _read_until_listening(stdout: trio.abc.ReceiveStream) -> bool:
+    """Read a child's output until it says it listens (``True``) or ends (``False``)."""
+    buffer = b""
+    async for chunk in stdout:
+        buffer += chunk
+        if b"listening on" in buffer:
+            return True
+    return False
+
+
+async def _discard(stdout: trio.abc.ReceiveStream) -> None:
+    async for _ in stdout:
+        pass
+
+
+def _mark_dead(pid: int, metrics: Path) -> None:
+    """Drop a dead process's live gauges (its counters are kept)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, str(metrics))  # type: ignore[no-untyped-call]
+
+
+class WorkerView:
+    """In one of the supervisor's processes: ``/metrics`` and ``/debug/requests`` for all.
+
+    Args:
+        index: This process's index.
+        count: How many processes the supervisor runs.
+        shared: The supervisor's directory (its name also names the private sockets).
+    """
+
+    def __init__(self, index: int, count: int, shared: Path) -> None:
+        self.index: Final = index
+        self.count: Final = count
+        self.shared: Final = shared
+        self.socket_path: Final = self.socket_of(index)
+
+    def socket_of(self, index: int) -> str:
+        """The private socket of process ``index`` (an abstract Unix socket name)."""
+        return f"\0dynamo-trio-{self.shared.name}-{index}"
+
+    async def metrics(self, accept: bytes) -> tuple[bytes, bytes]:
+        """Every process's metrics, summed (prometheus-client's multiprocess mode)."""
+
+        def collect() -> tuple[bytes, bytes]:
+            from prometheus_client import CollectorRegistry
+            from prometheus_client.exposition import choose_encoder
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(self.shared / "metrics"))  # type: ignore[no-untyped-call]
+            encode, content_type = choose_encoder(accept.decode("latin-1"))
+            return encode(registry), content_type.encode()
+
+        return await trio.to_thread.run_sync(collect)
+
+    async def inflight(self, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """This process's requests and its siblings', each tree saying which process holds it."""
+        trees = [_tagged(tree, self.index) for tree in local]
+        gathered: list[list[dict[str, Any]]] = []
+
+        async def ask(index: int) -> None:
+            with trio.move_on_after(_GATHER_TIMEOUT):
+                try:
+                    listed = await _get_json_over_unix(self.socket_of(index), "/debug/requests")
+                except (OSError, ValueError, trio.BrokenResourceError) as exc:
+                    # Restarting, say: its requests are listed again once it is back.
+                    _log.warning("cannot list the requests of frontend process %d: %s", index, exc)
+                    return
+                gathered.append([_tagged(tree, index) for tree in listed])
+
+        async with trio.open_nursery() as nursery:
+            for index in range(self.count):
+                if index != self.index:
+                    nursery.start_soon(ask, index)
+        for listed in gathered:
+            trees.extend(listed)
+        return trees
+
+
+def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
+    attributes = dict(tree.get("attributes") or {})
+    attributes["http_worker"] = str(index)
+    return {**tree, "attributes": attributes}
+
+
+async def _get_json_over_unix(path: str, target: str) -> Any:
+    """``GET target`` on an HTTP/1.1 server listening on the Unix socket ``path``."""
+    stream = await trio.open_unix_socket(path)
+    async with stream:
+        await stream.send_all(
+            f"GET {target} HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n".encode()
+        )
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise ValueError(f"unexpected answer: {head[:100]!r}")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunk(body)
+    return json.loads(body)
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = b""
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2 :]
+    return out

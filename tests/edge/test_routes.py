@@ -1,0 +1,164 @@
+"""The edge's fixed routes and its hand-off, as an ASGI app and over real HTTP."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from prometheus_client import CollectorRegistry, Counter
+
+from dynamo_trio.edge import (
+    Edge,
+    EdgeRequest,
+    EdgeResponse,
+    Route,
+    listen_sockets,
+    serve_http,
+    status_routes,
+)
+
+
+class Messages:
+    """An ASGI receive that yields a request body in parts, then blocks."""
+
+    def __init__(self, *parts: bytes) -> None:
+        self.parts = list(parts)
+        self.reads = 0
+
+    async def __call__(self) -> dict[str, Any]:
+        self.reads += 1
+        if not self.parts:
+            await trio.sleep_forever()
+        body = self.parts.pop(0)
+        return {"type": "http.request", "body": body, "more_body": bool(self.parts)}
+
+
+def scope(path: str, method: str = "GET", query: bytes = b"") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "headers": [(b"accept", b"*/*")],
+        "http_version": "1.1",
+        "method": method,
+    }
+
+
+async def call(
+    edge: Edge, path: str, method: str = "GET", *body: bytes, drained: bool = True
+) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    receive = Messages(*(body or (b"",)))
+    await edge(scope(path, method), receive, send)  # type: ignore[arg-type]
+    if drained:
+        assert not receive.parts, "the body was read to its end before answering"
+    return sent
+
+
+def hello(request: EdgeRequest) -> EdgeResponse:
+    return EdgeResponse.json({"path": request.path, "method": request.method})
+
+
+async def test_a_fixed_route_is_answered_at_the_edge_without_the_app() -> None:
+    def app(*args: Any) -> None:
+        raise AssertionError("a fixed route must not reach the app")
+
+    edge = Edge([Route("/hello", hello)], app)  # type: ignore[arg-type]
+    sent = await call(edge, "/hello", "GET", b"ignored ", b"body")
+    start, body = sent
+    assert start["status"] == 200
+    assert dict(start["headers"])[b"content-length"] == str(len(body["body"])).encode()
+    assert body["body"] == b'{"path":"/hello","method":"GET"}'
+
+
+async def test_head_is_answered_where_get_is_without_a_body() -> None:
+    start, body = await call(Edge([Route("/hello", hello)]), "/hello", "HEAD")
+    assert start["status"] == 200
+    assert body["body"] == b""
+    assert dict(start["headers"])[b"content-length"] != b"0"
+
+
+async def test_other_methods_are_405_with_allow() -> None:
+    start, body = await call(Edge([Route("/hello", hello)]), "/hello", "POST", b"{}")
+    assert start["status"] == 405
+    assert dict(start["headers"])[b"allow"] == b"GET, HEAD"
+    assert b"not allowed" in body["body"]
+
+
+async def test_without_an_app_other_paths_are_404() -> None:
+    start, body = await call(Edge([Route("/hello", hello)]), "/elsewhere")
+    assert start["status"] == 404
+    assert b"No route GET /elsewhere" in body["body"]
+
+
+async def test_other_paths_go_to_the_app() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+
+    await call(Edge([Route("/hello", hello)], app), "/v1/models", "GET", b"x", b"y", drained=False)
+    assert seen == ["/v1/models"]
+
+
+async def _serve(edge: Edge, *, task_status: trio.TaskStatus[list[str]]) -> None:
+    config = HypercornConfig()
+    config.accesslog = None
+    await serve_http(
+        edge,
+        config,
+        trio.sleep_forever,
+        sockets=listen_sockets(["127.0.0.1:0"]),
+        task_status=task_status,
+    )
+
+
+async def served(nursery: trio.Nursery, edge: Edge) -> str:
+    binds: list[str] = await nursery.start(partial(_serve, edge))
+    return binds[0]
+
+
+async def test_status_routes_over_real_http_with_keep_alive(nursery: trio.Nursery) -> None:
+    registry = CollectorRegistry()
+    Counter("edge_test", "a counter", registry=registry).inc(3)
+    trees = [{"id": "old", "age_s": 9.0}, {"id": "new", "age_s": 0.5}]
+    edge = Edge(
+        status_routes(
+            health=lambda: (200, {"status": "ok"}), metrics=registry, inflight=lambda: trees
+        )
+    )
+    url = await served(nursery, edge)
+    async with httpx.AsyncClient(base_url=url) as client:
+        for path in ("/health", "/live"):
+            response = await client.get(path)
+            assert (response.status_code, response.json()) == (200, {"status": "ok"})
+        assert "edge_test_total 3.0" in (await client.get("/metrics")).text
+        listed = (await client.get("/debug/requests")).json()
+        assert [tree["id"] for tree in listed] == ["old", "new"]
+        stuck = (await client.get("/debug/requests", params={"min_age": "5"})).json()
+        assert [tree["id"] for tree in stuck] == ["old"]
+        assert (await client.get("/debug/requests", params={"min_age": "x"})).status_code == 400
+        assert (await client.get("/nowhere")).status_code == 404
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_health_callback_is_a_500_not_a_dead_connection(
+    nursery: trio.Nursery,
+) -> None:
+    def broken() -> tuple[int, dict[str, Any]]:
+        raise RuntimeError("boom")
+
+    registry = CollectorRegistry()
+    url = await served(nursery, Edge(status_routes(health=broken, metrics=registry, inflight=list)))
+    async with httpx.AsyncClient(base_url=url) as client:
+        assert (await client.get("/health")).status_code == 500
+        assert (await client.get("/metrics")).status_code == 200  # same connection, still fine
+    nursery.cancel_scope.cancel()

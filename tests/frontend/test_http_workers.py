@@ -1,0 +1,140 @@
+"""``--http-workers N``: one port served by N frontend processes, counted as one (issue 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import MODEL_WORKER, scrape as metric
+
+from .conftest import CHAT_BODY, MODELS, raw_post, wait_for_models
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.e2e.conftest import Proc
+
+pytestmark = pytest.mark.slow
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+async def start(
+    spawn: Callable[..., Any], env: dict[str, str], tmp: Path | None = None
+) -> tuple[Proc, str]:
+    worker = await spawn(
+        str(MODEL_WORKER), "--inter-token-latency-ms", "5", env=env, name="model worker"
+    )
+    frontend = await spawn(
+        "-m",
+        "dynamo_trio.frontend",
+        "--http-port",
+        "0",
+        "--http-workers",
+        "2",
+        env={**env, "TMPDIR": str(tmp)} if tmp is not None else env,
+        name="frontend supervisor",
+    )
+    await worker.wait_for("ready", within=15)
+    with trio.fail_after(60):
+        while not any("listening on" in line for line in frontend.stdout_lines):
+            if frontend.stdout_closed:
+                raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])
+            await frontend._changed.wait()
+    url = next(line for line in frontend.stdout_lines if "listening on" in line).rsplit(" ", 1)[1]
+    await wait_for_models(url, MODELS, within=15)
+    return frontend, url
+
+
+async def open_stream(url: str, tokens: int) -> trio.SocketStream:
+    """A streaming chat on its own connection (the kernel picks the process), first event read."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    body = json.dumps({**CHAT_BODY, "max_tokens": tokens, "stream": True}).encode()
+    await stream.send_all(raw_post("/v1/chat/completions", body))
+    received = b""
+    with trio.fail_after(10):
+        while b"data: " not in received:
+            received += await stream.receive_some(4096)
+    return stream
+
+
+async def test_two_processes_share_the_port_and_count_as_one(
+    spawn: Callable[..., Any], env: dict[str, str], tmp_path: Path
+) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    supervisor, url = await start(spawn, env, tmp)
+    assert [path.name[:21] for path in tmp.iterdir()] == ["dynamo-trio-frontend-"]
+    assert len(children_of(supervisor.process.pid)) == 2
+
+    # Long streams on 12 connections: the kernel spreads them over both processes,
+    # and /debug/requests on either one lists them all.
+    streams = [await open_stream(url, 5000) for _ in range(12)]
+    async with httpx.AsyncClient(base_url=url) as http:
+        for _ in range(3):  # ask whichever process the kernel picks, several times
+            listed = (await http.get("/debug/requests")).json()
+            assert len(listed) == 12
+            assert {tree["attributes"]["http_worker"] for tree in listed} == {"0", "1"}
+    for stream in streams:  # 12 hang-ups, wherever they were served
+        await stream.aclose()
+
+    # 20 unary requests on fresh connections too.
+    for _ in range(20):
+        async with httpx.AsyncClient(base_url=url) as http:
+            response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
+            assert response.status_code == 200
+    with trio.fail_after(10):
+        while await metric(url, "dynamo_frontend_requests_total") < 32:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    for _ in range(4):  # the same sums from whichever process answers
+        assert await metric(url, "dynamo_frontend_model_cancellation_total") == 12
+        assert await metric(url, "dynamo_frontend_requests_total", status="success") == 20
+        assert await metric(url, "dynamo_frontend_inflight_requests") == 0
+
+    supervisor.signal(signal.SIGTERM)
+    assert await supervisor.wait_exit(within=20) == 0
+    assert list(tmp.iterdir()) == []  # the shared metrics and sockets are gone
+
+
+async def test_a_crashed_process_is_restarted_and_its_counts_are_kept(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    supervisor, url = await start(spawn, env)
+    for _ in range(6):
+        async with httpx.AsyncClient(base_url=url) as http:
+            response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1})
+            assert response.status_code == 200
+    [first, second] = children_of(supervisor.process.pid)
+    os.kill(first, signal.SIGKILL)
+    with trio.fail_after(30):
+        while first in (children := children_of(supervisor.process.pid)) or len(children) < 2:  # noqa: ASYNC110 - other processes
+            await trio.sleep(0.1)
+    assert second in children
+    await wait_for_models(url, MODELS, within=30)
+    for _ in range(6):
+        async with httpx.AsyncClient(base_url=url) as http:
+            response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1})
+            assert response.status_code == 200
+    assert await metric(url, "dynamo_frontend_requests_total", status="success") == 12
+    assert b"restarting" in supervisor.stderr
+    supervisor.signal(signal.SIGTERM)
+    assert await supervisor.wait_exit(within=20) == 0
