@@ -284,12 +284,15 @@ class Deployment:
 
     async def _registered(self, worker: Worker) -> int:
         prefix = f"v1/instances/{self.namespace}/mocker/generate/"
+        earlier = {f"{w.instance_id:x}" for w in self.workers() if w is not worker}
         with trio.fail_after(30):
             while True:
                 if not worker.alive:
                     raise AssertionError(f"{worker.proc.name} exited:\n{worker.log_tail()}")
                 keys = await trio.to_thread.run_sync(self.bed.etcd_keys, prefix)
                 for key, value in keys.items():
+                    if key.rsplit("/", 1)[1] in earlier:
+                        continue  # an earlier process on the same host
                     if json.loads(value).get("address", "").startswith(f"{worker.address}:"):
                         models = await trio.to_thread.run_sync(
                             self.bed.etcd_keys, f"v1/models/{self.namespace}/"
@@ -313,6 +316,11 @@ class Deployment:
                     if status == 200 and MODEL in {m["id"] for m in json.loads(text)["data"]}:
                         return frontend
                 await trio.sleep(0.1)
+
+    async def stop_worker(self, worker: Worker) -> int:
+        """SIGTERM ``worker`` (a graceful shutdown: it deregisters) and return its exit code."""
+        worker.proc.signal(signal.SIGTERM)
+        return await worker.proc.wait_exit(within=15)
 
     def workers(self) -> list[Worker]:
         return [m for m in self.members if isinstance(m, Worker)]

@@ -372,7 +372,7 @@ class Network:
         time.sleep(max(self._delayed.values(), default=0) * 2 / 1000 + 0.01)
         process.terminate()
         try:
-            process.wait(timeout=5)
+            process.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            process.communicate()
