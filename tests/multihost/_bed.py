@@ -39,8 +39,6 @@ from ..e2e.conftest import Proc
 from ._netns import in_netns
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from ._etcd_cluster import EtcdCluster
     from ._netns import Network
 
@@ -104,17 +102,17 @@ class Bed:
         )
         return env
 
-    def _get_inside(self, host: str, url: str, timeout: float) -> tuple[int, str]:
+    def _get_inside(self, host: str, url: str) -> tuple[int, str]:
         with (
             in_netns(self.network.host(host).namespace),
-            httpx.Client(trust_env=False, timeout=timeout) as client,
+            httpx.Client(trust_env=False, timeout=5.0) as client,
         ):
             response = client.get(url)
             return response.status_code, response.text
 
-    async def inside(self, host: str, url: str, *, timeout: float = 5.0) -> tuple[int, str]:
-        """``GET url`` from inside ``host``: ``(status, body)``."""
-        return await trio.to_thread.run_sync(self._get_inside, host, url, timeout)
+    async def inside(self, host: str, url: str) -> tuple[int, str]:
+        """``GET url`` from inside ``host``: ``(status, body)`` (5 s at most)."""
+        return await trio.to_thread.run_sync(self._get_inside, host, url)
 
     def etcd_keys(self, prefix: str) -> dict[str, bytes]:
         """Every key under ``prefix``, read from the first member that answers."""
@@ -258,7 +256,8 @@ class Deployment:
 
     async def _spawn(self, host: str, role: str, argv: list[str]) -> tuple[Proc, Path]:
         log = self.bed.scratch / f"{self.namespace}-{role}-{host}.log"
-        with open(log, "ab") as stderr:  # the child keeps its own copy of the descriptor
+        stderr = await trio.to_thread.run_sync(log.open, "ab")
+        with stderr:  # the child keeps its own copy of the descriptor
             process = await trio.lowlevel.open_process(
                 self.bed.network.exec_argv(
                     host, [sys.executable, "-m", "dynamo_trio", role, *argv]
@@ -376,14 +375,6 @@ class StreamResult:
     """If given, the client waits for it after ``hang_up_after`` tokens, then hangs up."""
 
 
-@contextlib.asynccontextmanager
-async def http_client(timeout: float = 60.0) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        trust_env=False, timeout=httpx.Timeout(timeout, connect=5.0)
-    ) as client:
-        yield client
-
-
 class _HttpStream:
     """A minimal HTTP/1.1 client for one streaming request over a raw trio stream.
 
@@ -456,7 +447,7 @@ async def stream_chat(
     request_id: str,
     hang_up_after: int | None = None,
     result: StreamResult | None = None,
-    timeout: float = 60.0,
+    give_up_after: float = 60.0,
 ) -> StreamResult:
     """Stream one chat completion from the client host; hang up after ``hang_up_after`` tokens.
 
@@ -472,7 +463,7 @@ async def stream_chat(
         f"x-request-id: {request_id}\r\nConnection: close\r\n\r\n"
     ).encode() + body
     try:
-        with trio.fail_after(timeout):
+        with trio.fail_after(give_up_after):
             stream = await trio.open_tcp_stream(frontend.address, HTTP_PORT)
             async with stream:
                 await stream.send_all(request)

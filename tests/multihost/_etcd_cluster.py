@@ -111,9 +111,10 @@ class EtcdCluster:
         url = f"{self.url(host)}/health"
         deadline = time.monotonic() + timeout
         # From inside the member's own host: its health, whatever the links do.
-        with in_netns(self.network.host(host).namespace), httpx.Client(
-            trust_env=False, timeout=1.0
-        ) as client:
+        with (
+            in_netns(self.network.host(host).namespace),
+            httpx.Client(trust_env=False, timeout=1.0) as client,
+        ):
             while time.monotonic() < deadline:
                 process = self._processes.get(host)
                 if process is None or process.poll() is not None:

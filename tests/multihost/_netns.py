@@ -92,7 +92,7 @@ def in_netns(namespace: str) -> Iterator[None]:
     made inside the block stay in ``namespace`` after it.  The thread's own
     namespace is restored on exit, whatever happens.
     """
-    own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         target = os.open(_NETNS_DIR / namespace, os.O_RDONLY)
         try:
@@ -234,9 +234,7 @@ class Network:
         router = self.router
         _run("ip", "netns", "add", router)
         _run("ip", "-n", router, "link", "set", "lo", "up")
-        _run(
-            "ip", "netns", "exec", router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"
-        )
+        _run("ip", "netns", "exec", router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
         for host in self.hosts.values():
             ns = host.namespace
             _run("ip", "netns", "add", ns)

@@ -63,7 +63,7 @@ class Traffic:
                 self.tokens,
                 request_id=f"traffic-{frontend.host}-{next(self._serial)}",
                 result=sent.result,
-                timeout=30,
+                give_up_after=30,
             )
             await trio.sleep(self.pause)
 

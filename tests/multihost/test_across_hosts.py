@@ -16,7 +16,6 @@ import trio
 from ._bed import (
     MODEL,
     StreamResult,
-    http_client,
     metric_sum,
     stream_chat,
     until,
@@ -74,9 +73,7 @@ async def test_either_frontend_reaches_every_host_and_hang_ups_cancel_remotely(
         for frontend in frontends:
             before = [await w.requests() for w in workers]
             for n in range(6):
-                result = await stream_chat(
-                    frontend, 5, request_id=f"{frontend.host}-complete-{n}"
-                )
+                result = await stream_chat(frontend, 5, request_id=f"{frontend.host}-complete-{n}")
                 assert result.done and result.tokens == 5, result
             after = [await w.requests() for w in workers]
             assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2, 2], (
@@ -107,7 +104,9 @@ async def test_either_frontend_reaches_every_host_and_hang_ups_cancel_remotely(
                 hang_ups[worker.host] += 1
                 assert progress.ended_at is not None and progress.tokens == 3
 
-                async def counted(worker: Worker = worker, expected: int = cancelled_before + 1) -> bool:
+                async def counted(
+                    worker: Worker = worker, expected: int = cancelled_before + 1
+                ) -> bool:
                     return await worker.cancelled("client disconnect") >= expected
 
                 latencies.append(

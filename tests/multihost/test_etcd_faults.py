@@ -79,7 +79,7 @@ async def replace_worker(deploy: Deployment, old: Worker, frontends: list[Fronte
 
         async def reaches(frontend: Frontend = frontend, before: float = before) -> bool:
             for n in range(3):
-                result = await stream_chat(frontend, 3, request_id=f"probe-{n}", timeout=10)
+                result = await stream_chat(frontend, 3, request_id=f"probe-{n}", give_up_after=10)
                 assert result.done, result
             return await new.requests() > before
 
