@@ -29,13 +29,20 @@ is shutting down), it leaves rotation and the request is sent at once to
 another candidate it has not tried, so a model served by a live instance
 anywhere is answered even while a dead one's cards wait for its lease to
 expire, or while a split keeps this frontend from an instance others reach.
-If no candidate is live but some are only out of rotation, the request tries
-those, soonest due first, rather than failing.  Once an item has arrived the
+If no candidate is live but some are out of rotation with their rest over
+(a probe is trying them), the request tries those rather than failing.  Once an item has arrived the
 request belongs to that instance: a later failure is the request's error.
 
 A card can be seen a moment before the instance record it names (they are
 separate watches): a request that finds no live candidate but some not yet
 listed waits up to ``_INSTANCE_WAIT`` for one to appear.
+
+The instance watch of each endpoint a card names is opened in the background
+as soon as the card is seen (retried while etcd is unavailable), not by the
+first request for the model: a request never waits for discovery, and an
+etcd outage (a member lost, a leader election) costs no request anything,
+since the request plane does not need etcd.  A request that still finds an
+endpoint's watch unopened while discovery is down is a 503, not a 500.
 
 Name clashes between model types
 ================================
@@ -50,6 +57,7 @@ no worker serves the model as is a 404 that says which types it is served as.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -59,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, final
 import trio
 
 from .._errors import CannotConnect, Disconnected, DynamoError, EngineShutdown, NoInstances
-from ..discovery import ModelCard, decode_model_card, model_prefix
+from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
 
 if TYPE_CHECKING:
@@ -72,8 +80,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream"]
 
+_log = logging.getLogger("dynamo_trio.frontend")
+
 _INSTANCE_WAIT: Final = 2.0
 """How long a request for a known model waits for one of its instances to be listed."""
+
+_PREPARE_RETRY: Final = (0.1, 2.0)
+"""Backoff (first, longest) between attempts to open an endpoint's instance watch."""
 
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
 """Failures before the first item after which another instance may take the request."""
@@ -209,10 +222,41 @@ class ModelRegistry:
         self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
 
     async def start(self) -> None:
-        """Begin watching discovery (the watch lives as long as the runtime)."""
+        """Begin watching discovery (the watches live as long as the runtime)."""
         self._cards = await self._runtime.watch_prefix(
             model_prefix(self._namespace), decode_model_card
         )
+        self._runtime._require_nursery().start_soon(self._prepare_clients)
+
+    async def _prepare_clients(self) -> None:
+        """Open the client (the instance watch) of every endpoint a card names, as the
+        cards appear, retrying while discovery is unavailable (see the module docstring)."""
+        view = self._view()
+        version = view.version
+        delay = _PREPARE_RETRY[0]
+        while True:
+            missing = {_path(card): card for card in view.items().values()}
+            for path in self._clients:
+                missing.pop(path, None)
+            failed = False
+            for card in missing.values():
+                try:
+                    await self._client(card)
+                except DiscoveryError as exc:
+                    _log.warning("cannot watch the instances of %s yet: %s", _path(card), exc)
+                    failed = True
+                except RuntimeError:
+                    return  # the runtime is closing
+            if failed:
+                await trio.sleep(delay)
+                delay = min(delay * 2, _PREPARE_RETRY[1])
+                continue
+            delay = _PREPARE_RETRY[0]
+            try:
+                version = await view.wait_changed(version)
+            except DiscoveryError as exc:  # the cards' watch ended: requests see it too
+                _log.warning("model cards no longer watched: %s", exc)
+                return
 
     def _view(self) -> PrefixView[ModelCard]:
         if self._cards is None:
@@ -293,7 +337,7 @@ class ModelRegistry:
         self, route: ModelRoute, tried: set[Target]
     ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
         """The model's untried targets: live ones, ones not listed yet, and listed ones
-        out of rotation (the soonest due for a retry first)."""
+        out of rotation whose rest is over (the longest due first)."""
         live: list[tuple[Target, Client]] = []
         unlisted: list[tuple[int, Client]] = []
         resting: list[tuple[int, Target, Client]] = []
@@ -302,9 +346,14 @@ class ModelRegistry:
             target = (_path(card), card.instance_id)
             if target in tried:
                 continue
-            client = await self._client(card)
+            try:
+                client = await self._client(card)
+            except DiscoveryError as exc:
+                raise NoInstances(
+                    f"cannot look up the instances of {target[0]} (discovery unavailable: {exc})"
+                ) from None
             if target[0] not in seen:
-                order = {i: n for n, i in enumerate(client.resting_instance_ids())}
+                order = {i: n for n, i in enumerate(client.due_instance_ids())}
                 seen[target[0]] = (
                     set(client.live_instance_ids()),
                     set(client.instance_ids()),
@@ -352,7 +401,7 @@ class ModelRegistry:
             if live:
                 target, client = self._pick(route, live)
             elif resting:
-                target, client = resting[0]  # every one is out of rotation: try it anyway
+                target, client = resting[0]  # none in rotation: one whose rest is over
             else:
                 if last_error is not None:
                     raise last_error

@@ -44,9 +44,10 @@ other processes reach it) costs requests nothing after it was first found
 out, and comes back within ``_MAX_DOWN_FOR`` of the split healing.  Several
 failures at once (every stream of a lost connection) count as one.
 
-If every listed instance is out of rotation, a call tries them anyway,
-soonest due first, rather than failing: after this process's own network
-blip, for one, every instance is out, and all are reachable again.  An
+If no listed instance is in rotation, a call tries those whose rest is over
+(their probe is under way: the call shares its connection attempt) rather
+than failing; one that failed a moment ago is not tried again, so a model
+whose only instance is unreachable answers a fast, clear error.  An
 instance that leaves discovery is forgotten.
 """
 
@@ -316,11 +317,13 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    def resting_instance_ids(self) -> list[int]:
-        """Ids of the listed instances out of rotation, the soonest due for a retry first."""
+    def due_instance_ids(self) -> list[int]:
+        """Ids of the listed instances out of rotation whose rest is over (a probe is
+        trying them), the longest due first: worth a try when none is in rotation."""
+        now = time.monotonic()
         instances = self._instances()
-        resting = [(r.until, i) for i, r in self._resting.items() if i in instances]
-        return [instance_id for _, instance_id in sorted(resting)]
+        due = [(r.until, i) for i, r in self._resting.items() if i in instances and r.until <= now]
+        return [instance_id for _, instance_id in sorted(due)]
 
     def _live(self) -> list[Instance]:
         """The listed instances in rotation; starts the probes that are due."""
@@ -442,12 +445,12 @@ class Client:
             if live:
                 instance: Instance = pick(live)
             else:
-                # Every instance is out of rotation: try them anyway, soonest due first.
+                # None in rotation: try one whose rest is over (see the module docstring).
                 instances = self._instances()
-                resting = [i for i in self.resting_instance_ids() if i not in tried]
-                if not resting:
+                due = [i for i in self.due_instance_ids() if i not in tried]
+                if not due:
                     break
-                instance = instances[resting[0]]
+                instance = instances[due[0]]
             tried.add(instance.instance_id)
             try:
                 return await self._send(request, child, instance, finish_on_error=False)

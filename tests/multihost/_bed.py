@@ -127,16 +127,20 @@ class Bed:
         }
         errors = []
         for host in self.etcd.hosts:
-            if not self.etcd.running(host):
-                continue
+            if not self.etcd.running(host) or self.network.cut_off(host):
+                continue  # (an isolated member has no leader: it would not answer)
             try:
                 with (
                     in_netns(self.network.host(host).namespace),
                     httpx.Client(trust_env=False, timeout=3.0) as client,
                 ):
-                    reply = client.post(f"{self.etcd.url(host)}/v3/kv/range", json=body).json()
-            except httpx.HTTPError as exc:
+                    response = client.post(f"{self.etcd.url(host)}/v3/kv/range", json=body)
+                reply = response.json()
+            except (httpx.HTTPError, ValueError) as exc:
                 errors.append(f"{host}: {exc}")
+                continue
+            if response.status_code != 200 or "header" not in reply:
+                errors.append(f"{host}: {response.status_code} {reply}")  # no leader, say
                 continue
             return {
                 base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))

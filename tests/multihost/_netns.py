@@ -196,6 +196,8 @@ class Network:
     hosts: dict[str, Host] = field(init=False, default_factory=dict)
     faults: dict[str, LinkFaults] = field(init=False, default_factory=dict)
     partitions: set[frozenset[str]] = field(init=False, default_factory=set)
+    down: set[str] = field(init=False, default_factory=set)
+    """Hosts whose link is down."""
     _delayer: subprocess.Popen[bytes] | None = field(init=False, default=None)
     _delayed: dict[str, float] = field(init=False, default_factory=dict)
 
@@ -272,9 +274,15 @@ class Network:
 
     def link_down(self, host: str) -> None:
         _run("ip", "-n", self.router, "link", "set", self.hosts[host].port, "down")
+        self.down.add(host)
 
     def link_up(self, host: str) -> None:
         _run("ip", "-n", self.router, "link", "set", self.hosts[host].port, "up")
+        self.down.discard(host)
+
+    def cut_off(self, host: str) -> bool:
+        """Whether ``host`` is cut off from every other host (link down or blackholed)."""
+        return host in self.down or self.faults[host].blackhole
 
     def set_faults(
         self,
