@@ -209,3 +209,17 @@ async def test_etcd_member_host_cut_off(deploy: Deployment) -> None:
     assert all(gap <= ttl for gap in measured.values()), gaps
     assert not presence.duplicates, presence.duplicates
     assert all(w.alive for w in workers) and all(f.alive for f in frontends)
+
+
+async def test_first_requests_need_no_etcd(deploy: Deployment) -> None:
+    """A frontend that has seen the models serves its very first request for them with
+    etcd entirely down: the request plane does not need etcd, and neither does routing."""
+    workers, frontends = await start_all(deploy)
+    await trio.sleep(0.5)  # the frontends have opened their instance watches
+    for host in deploy.bed.etcd.hosts:
+        deploy.bed.etcd.kill_member(host)
+    for frontend in frontends:
+        for n in range(3):
+            result = await stream_chat(frontend, 3, request_id=f"{frontend.host}-first-{n}")
+            assert result.done and result.tokens == 3, result
+    assert [await w.requests() for w in workers] == [2, 2, 2]
