@@ -41,8 +41,10 @@ async def test_slow_lossy_links(deploy: Deployment) -> None:
             )
     for result in results:
         assert result.done and result.error is None and result.tokens == 40, result
+    # Each served exactly once (a connection that takes longer than the connect
+    # timeout to set up over these links sends its request to another worker).
     per_worker = [await w.requests() for w in workers]
-    assert per_worker == [3, 3, 3], per_worker
+    assert sum(per_worker) == len(results), per_worker
 
     # Hang-ups still arrive: the worker counts each one, with its reason.
     latencies = []
