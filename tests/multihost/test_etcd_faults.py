@@ -136,7 +136,7 @@ async def test_etcd_member_killed_then_whole_cluster_restarted(deploy: Deploymen
             await trio.sleep(2 * ttl)
             down_for = 2 * ttl
             await trio.to_thread.run_sync(etcd.start)
-            await trio.sleep(2 * ttl)
+            await trio.sleep(ttl)
             traffic_2.stop()
         presence.forget(workers[1])
         workers[1] = await replace_worker(deploy, workers[1], frontends)

@@ -41,7 +41,7 @@ async def test_frontend_routes_around_workers_it_cannot_reach(deploy: Deployment
             served_before = await unreachable.requests()
             network.partition(split_frontend.host, unreachable.host)
             # Long enough for several rounds of whatever brings an instance back into rotation.
-            await trio.sleep(timings.heartbeat_bound + 6 * timings.connect_timeout)
+            await trio.sleep(timings.heartbeat_bound + 4 * timings.connect_timeout)
             other_traffic.stop()
         served_during_split = await unreachable.requests()
         # The other frontend kept using the worker all along.
