@@ -19,19 +19,30 @@ candidates are the *(endpoint, instance)* pairs of the model's cards, never
 the endpoint's other instances.
 
 Each request picks among the candidates that are *live*: listed by discovery
-and not taken out of rotation by a recent failure (a refused connection, a
-connection lost, a worker going away).  ``round-robin`` (the default) takes
+and in the rotation of the endpoint's :class:`~dynamo_trio.runtime.Client`
+(out of it after a refused or timed-out connection, a connection lost, a
+worker going away; back once a background probe reconnects, see
+:mod:`dynamo_trio.runtime._client`).  ``round-robin`` (the default) takes
 them in turn per model, ``random`` at random.  If the chosen instance cannot
 be reached, or its stream fails before its first item (the worker died or
-is shutting down), the request is sent at once to another candidate it has
-not tried, so a model served by a live instance anywhere is answered even
-while a dead one's cards wait for its lease to expire.  Once an item has
-arrived the request belongs to that instance: a later failure is the
-request's error.
+is shutting down), it leaves rotation and the request is sent at once to
+another candidate it has not tried, so a model served by a live instance
+anywhere is answered even while a dead one's cards wait for its lease to
+expire, or while a split keeps this frontend from an instance others reach.
+If no candidate is live but some are out of rotation with their rest over
+(a probe is trying them), the request tries those rather than failing.  Once an item has arrived the
+request belongs to that instance: a later failure is the request's error.
 
 A card can be seen a moment before the instance record it names (they are
 separate watches): a request that finds no live candidate but some not yet
 listed waits up to ``_INSTANCE_WAIT`` for one to appear.
+
+The instance watch of each endpoint a card names is opened in the background
+as soon as the card is seen (retried while etcd is unavailable), not by the
+first request for the model: a request never waits for discovery, and an
+etcd outage (a member lost, a leader election) costs no request anything,
+since the request plane does not need etcd.  A request that still finds an
+endpoint's watch unopened while discovery is down is a 503, not a 500.
 
 Name clashes between model types
 ================================
@@ -46,6 +57,7 @@ no worker serves the model as is a 404 that says which types it is served as.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -55,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
 import trio
 
 from .._errors import CannotConnect, Disconnected, DynamoError, EngineShutdown, NoInstances
-from ..discovery import ModelCard, decode_model_card, model_prefix
+from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
 from ..runtime import ResponseStream
 
@@ -70,11 +82,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream"]
 
+_log = logging.getLogger("dynamo_trio.frontend")
+
 _INSTANCE_WAIT: Final = 2.0
 """How long a request for a known model waits for one of its instances to be listed."""
 
-_DOWN_FOR: Final = 2.0
-"""How long an instance a request failed on stays out of this model's rotation."""
+_PREPARE_RETRY: Final = (0.1, 2.0)
+"""Backoff (first, longest) between attempts to open an endpoint's instance watch."""
 
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
 """Failures before the first item after which another instance may take the request."""
@@ -184,7 +198,7 @@ class ModelStream:
                 got = await receive(self._stream)
             except _RETRYABLE as exc:
                 registry = self._route._registry
-                registry._failed(self._target)
+                registry._failed(self._target, exc)
                 self._target, self._stream = await registry._send(
                     self._route, self._request, self._context, self._tried, last_error=exc
                 )
@@ -222,13 +236,43 @@ class ModelRegistry:
         self._types: dict[str, set[ModelType]] = {}
         self._clients: dict[str, Client] = {}
         self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
-        self._down_until: dict[Target, float] = {}
 
     async def start(self) -> None:
-        """Begin watching discovery (the watch lives as long as the runtime)."""
+        """Begin watching discovery (the watches live as long as the runtime)."""
         self._cards = await self._runtime.watch_prefix(
             model_prefix(self._namespace), decode_model_card
         )
+        self._runtime._require_nursery().start_soon(self._prepare_clients)
+
+    async def _prepare_clients(self) -> None:
+        """Open the client (the instance watch) of every endpoint a card names, as the
+        cards appear, retrying while discovery is unavailable (see the module docstring)."""
+        view = self._view()
+        version = view.version
+        delay = _PREPARE_RETRY[0]
+        while True:
+            missing = {_path(card): card for card in view.items().values()}
+            for path in self._clients:
+                missing.pop(path, None)
+            failed = False
+            for card in missing.values():
+                try:
+                    await self._client(card)
+                except DiscoveryError as exc:
+                    _log.warning("cannot watch the instances of %s yet: %s", _path(card), exc)
+                    failed = True
+                except RuntimeError:
+                    return  # the runtime is closing
+            if failed:
+                await trio.sleep(delay)
+                delay = min(delay * 2, _PREPARE_RETRY[1])
+                continue
+            delay = _PREPARE_RETRY[0]
+            try:
+                version = await view.wait_changed(version)
+            except DiscoveryError as exc:  # the cards' watch ended: requests see it too
+                _log.warning("model cards no longer watched: %s", exc)
+                return
 
     def _view(self) -> PrefixView[ModelCard]:
         if self._cards is None:
@@ -307,25 +351,39 @@ class ModelRegistry:
 
     async def _candidates(
         self, route: ModelRoute, tried: set[Target]
-    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]]]:
-        """The live, untried targets of the model, and its instances not listed yet."""
-        now = time.monotonic()
+    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
+        """The model's untried targets: live ones, ones not listed yet, and listed ones
+        out of rotation whose rest is over (the longest due first)."""
         live: list[tuple[Target, Client]] = []
         unlisted: list[tuple[int, Client]] = []
-        seen: dict[str, tuple[set[int], set[int]]] = {}
+        resting: list[tuple[int, Target, Client]] = []
+        seen: dict[str, tuple[set[int], set[int], dict[int, int]]] = {}
         for card in self.cards(route.name, route.model_type):
             target = (_path(card), card.instance_id)
-            if target in tried or self._down_until.get(target, 0.0) > now:
+            if target in tried:
                 continue
-            client = await self._client(card)
+            try:
+                client = await self._client(card)
+            except DiscoveryError as exc:
+                raise NoInstances(
+                    f"cannot look up the instances of {target[0]} (discovery unavailable: {exc})"
+                ) from None
             if target[0] not in seen:
-                seen[target[0]] = (set(client.live_instance_ids()), set(client.instance_ids()))
-            in_rotation, listed = seen[target[0]]
+                order = {i: n for n, i in enumerate(client.due_instance_ids())}
+                seen[target[0]] = (
+                    set(client.live_instance_ids()),
+                    set(client.instance_ids()),
+                    order,
+                )
+            in_rotation, listed, resting_order = seen[target[0]]
             if card.instance_id in in_rotation:
                 live.append((target, client))
             elif card.instance_id not in listed:
                 unlisted.append((card.instance_id, client))
-        return live, unlisted
+            elif card.instance_id in resting_order:
+                resting.append((resting_order[card.instance_id], target, client))
+        resting.sort(key=lambda entry: entry[0])
+        return live, unlisted, [(target, client) for _, target, client in resting]
 
     def _pick(self, route: ModelRoute, live: list[tuple[Target, Client]]) -> tuple[Target, Client]:
         if self._router_mode == "random":
@@ -352,25 +410,27 @@ class ModelRegistry:
         """
         wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
         while True:
-            live, unlisted = await self._candidates(route, tried)
+            live, unlisted, resting = await self._candidates(route, tried)
             if not live and unlisted and trio.current_time() < wait_until:
                 await self._wait_for_any(unlisted, wait_until)
                 continue
-            if not live:
+            if live:
+                target, client = self._pick(route, live)
+            elif resting:
+                target, client = resting[0]  # none in rotation: one whose rest is over
+            else:
                 if last_error is not None:
                     raise last_error
                 raise NoInstances(
                     f"no live instance serves the {route.model_type} model `{route.name}`"
                 )
-            target, client = self._pick(route, live)
             tried.add(target)
             try:
                 return target, await client.direct(request, target[1], context=context)
             except NoInstances as exc:
                 last_error = exc  # it left discovery a moment ago
             except CannotConnect as exc:
-                self._failed(target)
-                last_error = exc
+                last_error = exc  # the client took it out of rotation
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
@@ -387,11 +447,14 @@ class ModelRegistry:
                 for instance_id, client in unlisted:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
 
-    def _failed(self, target: Target | None) -> None:
-        """Keep ``target`` out of this registry's rotation for a while."""
+    def _failed(self, target: Target | None, error: DynamoError) -> None:
+        """Take ``target`` out of its endpoint's rotation (a no-op if already out)."""
         if target is None:
             return
-        now = time.monotonic()
-        for stale in [t for t, until in self._down_until.items() if until <= now]:
-            del self._down_until[stale]
-        self._down_until[target] = now + _DOWN_FOR
+        client = self._clients.get(target[0])
+        if client is not None:
+            client._instance_failed(
+                target[1],
+                f"{type(error).__name__}: {error}",
+                expected=isinstance(error, EngineShutdown),  # it is draining
+            )

@@ -7,7 +7,7 @@ A call ``client.round_robin(request, context=ctx)``:
 2. makes a child context with the same request id and links it under ``ctx``
    (so the child inherits ``ctx``'s deadline, and stopping or killing ``ctx``
    reaches it);
-3. picks a live instance (skipping ones whose connection recently failed),
+3. picks a live instance (skipping ones out of rotation, see below),
    connects through the runtime's pool if needed, and sends the request;
 4. returns a :class:`ResponseStream` wired to the child context: ``stop`` on
    the child sends a ``stop`` control frame and the stream drains to its
@@ -28,6 +28,27 @@ dropped).  Either way the worker is told at once, whether or not it is
 producing.  A worker that vanishes mid-stream raises
 :class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
 caller had itself cancelled, in which case the stream just ends.
+
+Rotation
+========
+
+An instance leaves rotation when a connection to it cannot be made or is
+lost (refused, timed out, heartbeats missed, the worker going away), and
+stays out for ``_DOWN_FOR`` seconds.  It does not come back on a user's
+request: when its time is up, a *probe* (a connection attempt in the
+runtime's nursery) decides.  If the probe connects, the instance is back at
+once, with that connection ready; if not, it rests twice as long (up to
+``_MAX_DOWN_FOR``) before the next probe.  So an instance discovery still
+lists but this process cannot reach (a network split: its lease is alive,
+other processes reach it) costs requests nothing after it was first found
+out, and comes back within ``_MAX_DOWN_FOR`` of the split healing.  Several
+failures at once (every stream of a lost connection) count as one.
+
+If no listed instance is in rotation, a call tries those whose rest is over
+(their probe is under way: the call shares its connection attempt) rather
+than failing; one that failed a moment ago is not tried again, so a model
+whose only instance is unreachable answers a fast, clear error.  An
+instance that leaves discovery is forgotten.
 """
 
 from __future__ import annotations
@@ -37,6 +58,7 @@ import math
 import random
 import time
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import trio
@@ -72,9 +94,11 @@ _log = logging.getLogger("dynamo_trio.runtime")
 
 _R = TypeVar("_R")
 
-# How long an instance whose connection failed stays out of rotation before it is
-# tried again (discovery removes it for good if its process is gone).
+# How long an instance whose connection failed stays out of rotation before a probe
+# tries it again; each failed probe doubles it, up to _MAX_DOWN_FOR (discovery
+# removes the instance for good if its process is gone).
 _DOWN_FOR: Final = 2.0
+_MAX_DOWN_FOR: Final = 8.0
 # Distinct instances a routed call tries before giving up on CannotConnect.
 _CONNECT_ATTEMPTS: Final = 3
 
@@ -264,6 +288,17 @@ def _abandon_reason(exc: BaseException) -> CancelReason:
     return CancelReason.STREAM_CLOSED if cancelled is None else reason_for_cancelled(cancelled)
 
 
+@dataclass(slots=True)
+class _Resting:
+    """An instance out of rotation (see the module docstring)."""
+
+    until: float
+    """When (``time.monotonic()``) a probe may try it again."""
+    failures: int = 1
+    """Failures in a row (the first, then each failed probe)."""
+    probing: bool = False
+
+
 class Client:
     """Calls one endpoint's instances, as Dynamo's ``Client``."""
 
@@ -274,7 +309,7 @@ class Client:
         self._endpoint = endpoint
         self._view = view
         self._next = 0
-        self._down_until: dict[int, float] = {}
+        self._resting: dict[int, _Resting] = {}
 
     @property
     def endpoint(self) -> Endpoint:
@@ -303,23 +338,75 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    def _live(self) -> list[Instance]:
+    def due_instance_ids(self) -> list[int]:
+        """Ids of the listed instances out of rotation whose rest is over (a probe is
+        trying them), the longest due first: worth a try when none is in rotation."""
         now = time.monotonic()
         instances = self._instances()
-        return [
-            instance
-            for instance_id, instance in sorted(instances.items())
-            if self._down_until.get(instance_id, 0.0) <= now
-        ]
+        due = [(r.until, i) for i, r in self._resting.items() if i in instances and r.until <= now]
+        return [instance_id for _, instance_id in sorted(due)]
+
+    def _live(self) -> list[Instance]:
+        """The listed instances in rotation; starts the probes that are due."""
+        now = time.monotonic()
+        instances = self._instances()
+        for gone in [i for i in self._resting if i not in instances]:
+            del self._resting[gone]
+        live = []
+        for instance_id, instance in sorted(instances.items()):
+            resting = self._resting.get(instance_id)
+            if resting is None:
+                live.append(instance)
+            elif resting.until <= now and not resting.probing:
+                self._start_probe(instance, resting)
+        return live
+
+    def _start_probe(self, instance: Instance, resting: _Resting) -> None:
+        try:
+            nursery = self._runtime._require_nursery()
+            nursery.start_soon(self._probe, instance, name=f"probe {instance.address}")
+        except RuntimeError:
+            return  # the runtime is closing
+        resting.probing = True
+
+    async def _probe(self, instance: Instance) -> None:
+        """Try to connect to a resting instance: back in rotation, or rest longer."""
+        try:
+            await self._runtime._pool().connect(instance.address)
+        except CannotConnect as exc:
+            resting = self._resting.get(instance.instance_id)
+            if resting is None:
+                return  # it came back (or left discovery) meanwhile
+            resting.failures += 1
+            resting.until = time.monotonic() + _rest_for(resting.failures)
+            resting.probing = False
+            _log.info(
+                "instance %x of %s still unreachable (%s); next try in %.0fs",
+                instance.instance_id,
+                self._endpoint.path,
+                exc,
+                resting.until - time.monotonic(),
+            )
+        else:
+            self._back_in_rotation(instance.instance_id)
+
+    def _back_in_rotation(self, instance_id: int) -> None:
+        if self._resting.pop(instance_id, None) is not None:
+            _log.info("instance %x of %s back in rotation", instance_id, self._endpoint.path)
 
     def _instance_failed(
         self, instance_id: int | None, reason: str, *, expected: bool = False
     ) -> None:
         if instance_id is None:
             return
+        now = time.monotonic()
+        resting = self._resting.get(instance_id)
+        if resting is not None and (resting.probing or resting.until > now):
+            return  # already out: one event (every stream of a lost connection) counts once
+        failures = 1 if resting is None else resting.failures + 1
         log = _log.info if expected else _log.warning
         log("instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason)
-        self._down_until[instance_id] = time.monotonic() + _DOWN_FOR
+        self._resting[instance_id] = _Resting(now + _rest_for(failures), failures)
 
     def _address_lost(self, address: str, reason: str, *, drained: bool) -> None:
         if drained:
@@ -376,15 +463,20 @@ class Client:
         last_error: CannotConnect | None = None
         for _ in range(_CONNECT_ATTEMPTS):
             live = [i for i in self._live() if i.instance_id not in tried]
-            if not live:
-                break
-            instance: Instance = pick(live)
+            if live:
+                instance: Instance = pick(live)
+            else:
+                # None in rotation: try one whose rest is over (see the module docstring).
+                instances = self._instances()
+                due = [i for i in self.due_instance_ids() if i not in tried]
+                if not due:
+                    break
+                instance = instances[due[0]]
             tried.add(instance.instance_id)
             try:
                 return await self._send(request, child, instance, finish_on_error=False)
             except CannotConnect as exc:
                 last_error = exc
-                self._instance_failed(instance.instance_id, str(exc))
         child.finish()
         if last_error is not None:
             raise last_error
@@ -415,10 +507,13 @@ class Client:
     ) -> ResponseStream:
         try:
             connection = await self._runtime._pool().connect(instance.address)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, CannotConnect):
+                self._instance_failed(instance.instance_id, str(exc))
             if finish_on_error:
                 child.finish()
             raise
+        self._back_in_rotation(instance.instance_id)
         if child.is_stopped():
             return ResponseStream(child, None, instance_id=None, client=None)
         child.attributes["endpoint"] = self._endpoint.path
@@ -433,6 +528,7 @@ class Client:
                 timeout=None if remaining is None or math.isinf(remaining) else remaining,
             )
         except (Disconnected, EngineShutdown) as exc:
+            self._instance_failed(instance.instance_id, str(exc))
             if finish_on_error:
                 child.finish()
             raise CannotConnect(str(exc)) from None
@@ -440,3 +536,9 @@ class Client:
             child.finish()
             raise
         return ResponseStream(child, stream, instance_id=instance.instance_id, client=self)
+
+
+def _rest_for(failures: int) -> float:
+    """How long an instance rests out of rotation after ``failures`` failures in a row."""
+    doubled: float = _DOWN_FOR * 2.0 ** min(failures - 1, 16)
+    return min(doubled, _MAX_DOWN_FOR)
