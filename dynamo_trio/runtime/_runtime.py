@@ -548,6 +548,9 @@ def configure_logging(level: str) -> None:
             level=level.upper(),
             format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         )
+        if level not in ("debug",):
+            # httpx logs every request at INFO: with etcd, a line per lease keepalive.
+            logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:
