@@ -26,6 +26,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
 CUTS = ["link down", "all packets dropped"]
 
+# What the measurement itself adds to a bound: each poll scrapes every worker's
+# /metrics across the bed's router (hundreds of ms on a loaded two-core machine).
+MEASURING = 1.5
+
 
 def cut(deploy: Deployment, host: str, how: str) -> None:
     if how == "link down":
@@ -152,13 +156,19 @@ async def test_worker_host_cut_off_and_back(deploy: Deployment, how: str) -> Non
     keys = await trio.to_thread.run_sync(instance_keys, deploy, target)
     assert keys == [f"v1/instances/{deploy.namespace}/mocker/generate/{target.instance_id:x}"]
     assert target.alive and frontend.alive
-    # No request was lost silently: every one completed (a live instance always remained).
+    # No request was lost silently: every one completed (a live instance always remained),
+    # but for one that was streaming from the cut host when it went: that one ended with
+    # an error its client saw (moving it elsewhere is request migration, off by default).
     assert traffic.finished(), "no traffic"
-    assert not traffic.failures(), [s.result for s in traffic.failures()]
+    for failed in traffic.failures():
+        assert failed.result.error is not None, failed.result
+        assert failed.started <= cut_at + timings.heartbeat_bound, failed.result
+        assert failed.result.tokens >= 1, failed.result  # it was streaming, not refused
+    assert len(traffic.failures()) <= 1, [s.result for s in traffic.failures()]
     figures["slowest request during the cut"] = traffic.slowest(after=cut_at)
     figures["slowest request after the return"] = traffic.slowest(after=restored_at)
     print(f"worker host cut ({how}):", {k: round(v, 2) for k, v in figures.items()})
-    assert figures["streams failed"] <= timings.heartbeat_bound + 1.0
+    assert figures["streams failed"] <= timings.heartbeat_bound + MEASURING
     # The frontend counted a cancellation for each stream the test itself hung up
     # (the survivors, at the end), none for the cut ones, and holds nothing.
     samples = await frontend.metrics()
@@ -201,7 +211,7 @@ async def test_frontend_host_cut_off(deploy: Deployment, how: str) -> None:
                 == expected[worker.host]
             )
         print(f"frontend host cut ({how}): workers killed its streams after {elapsed:.2f}s")
-        assert elapsed <= timings.heartbeat_bound + 1.0
+        assert elapsed <= timings.heartbeat_bound + MEASURING
         # The other frontend's streams are untouched.
         for result, _ in survivors.values():
             assert result.ended_at is None and result.error is None, result
