@@ -13,17 +13,19 @@ or headers over ``max_header_size`` 414/431, a body that is not JSON (or not
 UTF-8) 415, no live instance 503, a request cancelled on the worker 499,
 anything else 500.  WebSocket handshakes are refused with a 404 (see
 :mod:`._gate`).
-Each response carries ``x-request-id``: the client's own if it sent one (it is
-the request's context id, end to end), a fresh UUID otherwise.
+Each response carries ``x-request-id`` (the client's own if it sent one, else
+the request's id) and ``x-dynamo-request-id`` (the request's id): the
+request's id is ``x-dynamo-request-id`` if sent, else ``x-request-id``, else a
+fresh UUID, and it is the request's context id end to end (see
+:func:`~dynamo_trio._tracing.request_ids`).  A ``traceparent`` header makes the
+request part of the client's W3C trace; without one it starts a new trace.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-import uuid
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -33,6 +35,17 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from .._errors import InvalidRequestId
+from .._tracing import (
+    TRACEPARENT,
+    TRACESTATE,
+    X_DYNAMO_REQUEST_ID,
+    X_REQUEST_ID,
+    RequestIds,
+    TraceContext,
+    is_valid_request_id,
+    request_ids,
+)
 from ..llm import RequestError, decode_json_body, model_list, reason_phrase
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from ._gate import Gate, shown
@@ -51,7 +64,6 @@ __all__ = ["build_app", "serve_frontend"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
-_REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -70,25 +82,25 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     started = time.monotonic()
 
     def json_response(
-        payload: object, status: int = 200, request_id: str | None = None
+        payload: object, status: int = 200, ids: RequestIds | None = None
     ) -> Response:
         response = app.response_class(
             json.dumps(payload, separators=(",", ":")),
             status=status,
             content_type="application/json",
         )
-        if request_id is not None:
-            response.headers["x-request-id"] = request_id
+        if ids is not None:
+            response.headers.update(ids.response_headers())
         return response
 
-    def reply(result: JsonReply | StreamReply, request_id: str) -> Response:
+    def reply(result: JsonReply | StreamReply, ids: RequestIds) -> Response:
         if isinstance(result, JsonReply):
-            return json_response(result.payload, result.status, request_id)
+            return json_response(result.payload, result.status, ids)
         response = app.response_class(
             result.body, content_type="text/event-stream", headers=_SSE_HEADERS
         )
         response.timeout = None
-        response.headers["x-request-id"] = request_id
+        response.headers.update(ids.response_headers())
         return response
 
     def decode_json(body: bytes) -> object:
@@ -108,38 +120,38 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
             )
         return decode_json_body(body, max_depth=config.max_json_depth)
 
-    def request_id_from_headers() -> str:
-        given = request.headers.get("x-request-id")
-        if given is None:
-            return str(uuid.uuid4())
-        if not _REQUEST_ID.fullmatch(given):
-            raise RequestError(
-                400,
-                "x-request-id must be 1 to 256 printable ASCII characters without spaces.",
-                param="x-request-id",
-            )
-        return given
+    def request_identity() -> tuple[RequestIds, TraceContext]:
+        """The request's id (x-dynamo-request-id, x-request-id, or a fresh UUID) and
+        its trace (a span under the client's ``traceparent``, or a new trace)."""
+        headers = request.headers
+        try:
+            ids = request_ids(headers.get(X_REQUEST_ID), headers.get(X_DYNAMO_REQUEST_ID))
+        except InvalidRequestId as exc:
+            raise RequestError(400, exc.message, param=exc.header) from None
+        trace = TraceContext.continued(
+            headers.get(TRACEPARENT), headers.get(TRACESTATE), x_request_id=ids.x_request_id
+        )
+        return ids, trace
 
-    def reply_id() -> str:
-        """The id an error reply carries: the client's if valid (never echo an invalid one)."""
-        given = request.headers.get("x-request-id")
-        if given is not None and _REQUEST_ID.fullmatch(given):
-            return given
-        return str(uuid.uuid4())
+    def reply_ids() -> RequestIds:
+        """The ids an error reply carries: the client's if valid (never echo an invalid one)."""
+        given = [request.headers.get(name) for name in (X_REQUEST_ID, X_DYNAMO_REQUEST_ID)]
+        plain, dynamo = (value if value and is_valid_request_id(value) else None for value in given)
+        return request_ids(plain, dynamo)
 
     async def generate(api: TextApi | EmbeddingsApi) -> Response:
         # The body is read before anything can refuse the request: see keep_alive_safe.
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         try:
-            request_id = request_id_from_headers()
+            ids, trace = request_identity()
             payload = decode_json(body)
             if api is EMBEDDINGS:
-                result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
+                result = await pipeline.embeddings(EMBEDDINGS, payload, ids.request_id, trace)
             else:
-                result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
+                result = await pipeline.text(api, payload, ids.request_id, trace)  # type: ignore[arg-type]
         except RequestError as exc:
-            return json_response(api.request_error_body(exc), exc.status, reply_id())
-        return reply(result, request_id)
+            return json_response(api.request_error_body(exc), exc.status, reply_ids())
+        return reply(result, ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
@@ -225,7 +237,7 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
             413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
         }.get(status, error.description or reason_phrase(status))
         api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        response = json_response(api.error_body(status, message), status, reply_id())
+        response = json_response(api.error_body(status, message), status, reply_ids())
         if isinstance(error, MethodNotAllowed) and error.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
         return await keep_alive_safe(response)
@@ -234,7 +246,7 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     async def internal_error(error: Exception) -> Response:
         _log.exception("unhandled error on %s %s", request.method, request.path)
         api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-        response = json_response(api.error_body(500, "Internal server error."), 500, reply_id())
+        response = json_response(api.error_body(500, "Internal server error."), 500, reply_ids())
         return await keep_alive_safe(response)
 
     return app

@@ -1,7 +1,11 @@
 """The distributed runtime: serving endpoints, calling them, and the response streams between."""
 
 from ._annotated import Annotated as Annotated
-from ._client import Client as Client, ResponseStream as ResponseStream
+from ._client import (
+    Client as Client,
+    DataStream as DataStream,
+    ResponseStream as ResponseStream,
+)
 from ._runtime import (
     Component as Component,
     DistributedRuntime as DistributedRuntime,
@@ -14,6 +18,7 @@ __all__ = [
     "Annotated",
     "Client",
     "Component",
+    "DataStream",
     "DistributedRuntime",
     "Endpoint",
     "Namespace",
