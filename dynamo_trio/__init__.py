@@ -45,6 +45,7 @@ from .runtime import (
     Endpoint as Endpoint,
     Namespace as Namespace,
     ResponseStream as ResponseStream,
+    configure_dynamo_logging as configure_dynamo_logging,
     dynamo_worker as dynamo_worker,
 )
 
@@ -86,5 +87,6 @@ __all__ = [
     "TransportError",
     "Unknown",
     "WorkerConfig",
+    "configure_dynamo_logging",
     "dynamo_worker",
 ]

@@ -289,3 +289,27 @@ def test_metadata_that_cannot_travel_is_refused(
 ) -> None:
     with pytest.raises(InvalidArgument, match=message):
         check_metadata(metadata)
+
+
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.sampled_from(["traceparent", "tracestate", "x-request-id", "meta:", "meta:k"]),
+            st.text(min_size=1, max_size=20),
+        ),
+        st.one_of(st.just(VALID), st.text(max_size=80)),
+        max_size=70,
+    )
+)
+def test_a_peers_headers_never_break_the_worker_side(headers: dict[str, str]) -> None:
+    trace, metadata = read_request_headers(headers)
+    assert HEX.fullmatch(trace.trace_id) and len(trace.trace_id) == 32
+    assert HEX.fullmatch(trace.span_id) and len(trace.span_id) == 16
+    assert trace.parent_span_id is None or len(trace.parent_span_id) == 16
+    assert metadata == {
+        name.removeprefix(METADATA_PREFIX): value
+        for name, value in headers.items()
+        if name.startswith(METADATA_PREFIX)
+    }
+    # What a worker passes on is always a valid traceparent.
+    assert parse_traceparent(trace.traceparent()) is not None

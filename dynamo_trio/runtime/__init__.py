@@ -11,6 +11,7 @@ from ._runtime import (
     DistributedRuntime as DistributedRuntime,
     Endpoint as Endpoint,
     Namespace as Namespace,
+    configure_dynamo_logging as configure_dynamo_logging,
     dynamo_worker as dynamo_worker,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "Endpoint",
     "Namespace",
     "ResponseStream",
+    "configure_dynamo_logging",
     "dynamo_worker",
 ]

@@ -57,7 +57,14 @@ if TYPE_CHECKING:
     from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
     from ..request_plane import ServerStream
 
-__all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace", "dynamo_worker"]
+__all__ = [
+    "Component",
+    "DistributedRuntime",
+    "Endpoint",
+    "Namespace",
+    "configure_dynamo_logging",
+    "dynamo_worker",
+]
 
 _log = logging.getLogger("dynamo_trio.runtime")
 
@@ -623,6 +630,35 @@ def configure_logging(level: str) -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
         root.setLevel(level.upper())
+
+
+def configure_dynamo_logging(service_name: str | None = None, worker_id: int | None = None) -> None:
+    """Dynamo's ``dynamo.runtime.logging.configure_dynamo_logging``: one place to set logging up.
+
+    Replaces the root logger's handlers with one to stderr at the ``DYN_LOG``
+    level, whose lines name the request and trace they are about (see
+    :class:`~dynamo_trio.RequestLogFilter`), prefixed with
+    ``[service_name:worker_id]`` when given, as Dynamo's are.  Call it before
+    ``trio.run`` (``@dynamo_worker()`` then leaves logging as it is).
+
+    Raises:
+        ValueError: ``DYN_LOG`` is not a log level.
+    """
+    level = Config.from_env().log_level
+    prefix = "" if service_name is None else service_name
+    if worker_id is not None:
+        prefix += f":{worker_id}"
+    text = (
+        LOG_FORMAT if not prefix else LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s")
+    )
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestLogFilter())
+    handler.setFormatter(logging.Formatter(text))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
 
 
 async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:
