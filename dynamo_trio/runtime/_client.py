@@ -360,7 +360,7 @@ class Client:
         self, request: Any, annotated: bool | None = True, context: Context | None = None
     ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
-        return await self._routed(request, bool(annotated), context, random.choice)
+        return await self._routed(request, _annotated(annotated), context, random.choice)
 
     @overload
     async def round_robin(
@@ -379,7 +379,7 @@ class Client:
             self._next = (self._next + 1) % (1 << 62)
             return live[self._next % len(live)]
 
-        return await self._routed(request, bool(annotated), context, pick)
+        return await self._routed(request, _annotated(annotated), context, pick)
 
     @overload
     async def direct(
@@ -412,14 +412,15 @@ class Client:
             InvalidArgument: the context's metadata cannot travel (too many or
                 too long entries); nothing is sent.
         """
+        annotated = _annotated(annotated)
         child = self._child_context(context)
         if child is None:
-            return self._empty(context, bool(annotated))
+            return self._empty(context, annotated)
         instance = self._instances().get(instance_id)
         if instance is None:
             child.finish()
             raise NoInstances(f"no instance {instance_id:x} serves {self._endpoint.path}")
-        return await self._send(request, bool(annotated), child, instance)
+        return await self._send(request, annotated, child, instance)
 
     async def _routed(
         self,
@@ -510,6 +511,16 @@ class Client:
             child.finish()
             raise
         return stream_type(child, stream, instance_id=instance.instance_id, client=self)
+
+
+def _annotated(value: object) -> bool:
+    """Dynamo's ``annotated``: ``True``, ``False``, or ``None`` (which means ``False``)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise TypeError(
+        f"annotated must be a bool or None, not {type(value).__name__}"
+        + (": pass the context as context=..." if isinstance(value, Context) else "")
+    )
 
 
 def _current_trace() -> TraceContext | None:

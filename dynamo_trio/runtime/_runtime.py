@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import warnings
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -592,13 +593,28 @@ def _split_endpoint_path(path: str) -> tuple[str, str, str]:
 
 
 def dynamo_worker(
-    config: Config | None = None, *, handle_signals: bool = True
+    config: Config | None = None,
+    *,
+    handle_signals: bool = True,
+    enable_nats: bool | None = None,
 ) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
     """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
 
+    This is how a Dynamo program's entry point maps to trio: Dynamo's
+    ``asyncio.run(main())`` / ``uvloop.run(main())`` becomes ``trio.run(main)``.
+
     With ``handle_signals`` (the default), SIGINT and SIGTERM start a graceful
-    shutdown; a second signal cancels everything at once.
+    shutdown; a second signal cancels everything at once.  ``enable_nats`` is
+    accepted, and ignored with a ``DeprecationWarning``, as Dynamo 1.6.1 does
+    (there is no NATS here).
     """
+    if enable_nats is not None:
+        warnings.warn(
+            "dynamo_worker(enable_nats=...) is deprecated (as in Dynamo 1.6.1) and ignored: "
+            "dynamo-trio has no NATS",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     def decorate(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         @functools.wraps(fn)

@@ -251,3 +251,27 @@ async def test_graceful_shutdown_false_kills_in_flight_requests_at_once(
     assert trio.current_time() - start < TEST_CONFIG.worker.shutdown_grace
     assert [item.data() async for item in streams["graceful"]] == ["drained"]
     assert events == {"graceful": ["STOPPED", "ended"], "abrupt": ["KILLED", "killed"]}
+
+
+def test_dynamo_worker_accepts_dynamos_deprecated_enable_nats() -> None:
+    from dynamo_trio import dynamo_worker
+
+    with pytest.warns(DeprecationWarning, match="enable_nats"):
+        decorate = dynamo_worker(enable_nats=False)
+    assert callable(decorate)
+
+
+async def test_a_context_passed_where_annotated_goes_is_refused(cluster: Cluster) -> None:
+    async def handler(request: Any) -> AsyncIterator[Any]:
+        yield request
+
+    client = await cluster.serve(handler)
+    ctx = Context()
+    for call in (
+        lambda: client.generate({}, ctx),  # type: ignore[call-overload]
+        lambda: client.round_robin({}, ctx),  # type: ignore[call-overload]
+        lambda: client.direct({}, cluster.worker.instance_id, ctx),  # type: ignore[call-overload]
+    ):
+        with pytest.raises(TypeError, match="context="):
+            await call()
+    assert ctx.children == ()
