@@ -41,6 +41,7 @@ import trio
 from .._contain import is_cancellation, split_live_cancellation
 from .._context import CancelReason, Context
 from .._errors import DynamoError
+from .._tracing import TraceContext
 from ..llm import (
     EmbeddingRequest,
     Generation,
@@ -158,7 +159,9 @@ class Pipeline:
 
     # ------------------------------------------------------------------ entry points
 
-    async def text(self, api: TextApi, payload: object, request_id: str) -> JsonReply | StreamReply:
+    async def text(
+        self, api: TextApi, payload: object, request_id: str, trace: TraceContext | None = None
+    ) -> JsonReply | StreamReply:
         """Serve one text-generating request.
 
         Raises:
@@ -168,23 +171,32 @@ class Pipeline:
         route = self.models.route(request.model, api.model_type)
         request.check_limits(route.card)
         request_type = "stream" if request.stream else "unary"
-        lifecycle = self._lifecycle(request.model, api.label, request_type, request_id)
+        lifecycle = self._lifecycle(request.model, api.label, request_type, request_id, trace)
         produce = self._stream_text if request.stream else self._unary_text
         return await self._run(lifecycle, api.error_body, produce, api, request, route)
 
     async def embeddings(
-        self, api: EmbeddingsApi, payload: object, request_id: str
+        self,
+        api: EmbeddingsApi,
+        payload: object,
+        request_id: str,
+        trace: TraceContext | None = None,
     ) -> JsonReply | StreamReply:
         """Serve one embeddings request (always unary)."""
         request = parse_embedding_request(payload)
         route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id)
+        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace)
         return await self._run(lifecycle, api.error_body, self._embed, request, route)
 
     def _lifecycle(
-        self, model: str, label: Any, request_type: Any, request_id: str
+        self,
+        model: str,
+        label: Any,
+        request_type: Any,
+        request_id: str,
+        trace: TraceContext | None = None,
     ) -> RequestLifecycle:
-        context = Context(request_id)
+        context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
         context.attributes.update(model=model, route=label, kind=request_type)
         tracker = self.metrics.start_request(model, label, request_type)
         lifecycle = RequestLifecycle(

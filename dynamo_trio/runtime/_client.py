@@ -59,7 +59,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import trio
 
@@ -78,6 +78,8 @@ from .._errors import (
     EngineShutdown,
     NoInstances,
 )
+from .._logcontext import current_request
+from .._tracing import check_metadata, request_headers
 from ..request_plane import ClientStream
 from ._annotated import Annotated
 
@@ -85,10 +87,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
+    from .._tracing import TraceContext
     from ..discovery import Instance, PrefixView
     from ._runtime import DistributedRuntime, Endpoint
 
-__all__ = ["Client", "ResponseStream"]
+__all__ = ["Client", "DataStream", "ResponseStream"]
 
 _log = logging.getLogger("dynamo_trio.runtime")
 
@@ -164,6 +167,9 @@ class ResponseStream:
         return self
 
     async def __anext__(self) -> Annotated:
+        return await self._next_item()
+
+    async def _next_item(self) -> Annotated:
         frame = await self._next(ClientStream.receive)
         if frame is None:
             raise StopAsyncIteration
@@ -267,6 +273,23 @@ class ResponseStream:
                 self._stream.discard()
             else:
                 self._context.kill(CancelReason.STREAM_CLOSED)
+
+
+class DataStream(ResponseStream):
+    """The items of one call made with ``annotated=False``: each item's data alone.
+
+    As in Dynamo, items that carry only annotations (an ``event``, an ``id``
+    or comments, and no data) are skipped.  Everything else (closing,
+    cancellation, errors) is as for :class:`ResponseStream`.
+    """
+
+    async def __anext__(self) -> Any:
+        while True:
+            item = await self._next_item()
+            data = item.data()
+            if data is None and (item.id is not None or item.event is not None or item.comment):
+                continue
+            return data
 
 
 def _weak_callback(
@@ -415,50 +438,108 @@ class Client:
             if instance.address == address:
                 self._instance_failed(instance.instance_id, reason, expected=drained)
 
-    async def generate(self, request: Any, context: Context | None = None) -> ResponseStream:
+    # The calls take Dynamo 1.6.1's arguments, in its order: (request, [instance_id,]
+    # annotated=True, context=None).  With annotated=False (or None, as in Dynamo)
+    # the stream yields each item's data instead of an Annotated.
+
+    @overload
+    async def generate(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def generate(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def generate(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Same as :meth:`random` (Dynamo's default)."""
-        return await self.random(request, context=context)
+        return await self.random(request, annotated, context)
 
-    async def random(self, request: Any, context: Context | None = None) -> ResponseStream:
+    @overload
+    async def random(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def random(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def random(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
-        return await self._routed(request, context, lambda live: random.choice(live))
+        return await self._routed(request, _annotated(annotated), context, random.choice)
 
-    async def round_robin(self, request: Any, context: Context | None = None) -> ResponseStream:
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def round_robin(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to the next live instance in turn."""
 
         def pick(live: list[Instance]) -> Instance:
             self._next = (self._next + 1) % (1 << 62)
             return live[self._next % len(live)]
 
-        return await self._routed(request, context, pick)
+        return await self._routed(request, _annotated(annotated), context, pick)
 
+    @overload
     async def direct(
-        self, request: Any, instance_id: int, context: Context | None = None
-    ) -> ResponseStream:
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: Literal[True] = True,
+        context: Context | None = None,
+    ) -> ResponseStream: ...
+    @overload
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: bool | None,
+        context: Context | None = None,
+    ) -> ResponseStream | DataStream: ...
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: bool | None = True,
+        context: Context | None = None,
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to one instance.
 
         Raises:
             NoInstances: discovery lists no instance with that id.
             CannotConnect: the instance cannot be reached.
+            InvalidArgument: the context's metadata cannot travel (too many or
+                too long entries); nothing is sent.
         """
+        annotated = _annotated(annotated)
         child = self._child_context(context)
         if child is None:
-            return self._empty(context)
+            return self._empty(context, annotated)
         instance = self._instances().get(instance_id)
         if instance is None:
             child.finish()
             raise NoInstances(f"no instance {instance_id:x} serves {self._endpoint.path}")
-        return await self._send(request, child, instance)
+        return await self._send(request, annotated, child, instance)
 
     async def _routed(
         self,
         request: Any,
+        annotated: bool,
         context: Context | None,
-        pick: Any,
-    ) -> ResponseStream:
+        pick: Callable[[list[Instance]], Instance],
+    ) -> ResponseStream | DataStream:
         child = self._child_context(context)
         if child is None:
-            return self._empty(context)
+            return self._empty(context, annotated)
         tried: set[int] = set()
         last_error: CannotConnect | None = None
         for _ in range(_CONNECT_ATTEMPTS):
@@ -474,7 +555,7 @@ class Client:
                 instance = instances[due[0]]
             tried.add(instance.instance_id)
             try:
-                return await self._send(request, child, instance, finish_on_error=False)
+                return await self._send(request, annotated, child, instance, finish_on_error=False)
             except CannotConnect as exc:
                 last_error = exc
         child.finish()
@@ -483,28 +564,38 @@ class Client:
         raise NoInstances(f"no live instance serves {self._endpoint.path}")
 
     def _child_context(self, parent: Context | None) -> Context | None:
-        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled."""
+        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled.
+
+        It carries ``parent``'s id, metadata and trace.  A call made without a
+        context, or with one that has no trace, inside a request's handler
+        continues that request's trace (as an implicit current span does).
+        """
         if parent is None:
-            return Context()
+            return Context(trace=_current_trace())
         if parent.is_stopped():
             return None
-        child = Context(parent.id())
+        metadata = parent.metadata.copy()
+        check_metadata(metadata)
+        child = Context(parent.id(), metadata, trace=parent.trace or _current_trace())
         parent.link_child(child)
         return child
 
-    def _empty(self, context: Context | None) -> ResponseStream:
-        return ResponseStream(
+    def _empty(self, context: Context | None, annotated: bool) -> ResponseStream | DataStream:
+        stream_type = ResponseStream if annotated else DataStream
+        return stream_type(
             Context(context.id() if context else None), None, instance_id=None, client=None
         )
 
     async def _send(
         self,
         request: Any,
+        annotated: bool,
         child: Context,
         instance: Instance,
         *,
         finish_on_error: bool = True,
-    ) -> ResponseStream:
+    ) -> ResponseStream | DataStream:
+        stream_type = ResponseStream if annotated else DataStream
         try:
             connection = await self._runtime._pool().connect(instance.address)
         except BaseException as exc:
@@ -515,7 +606,7 @@ class Client:
             raise
         self._back_in_rotation(instance.instance_id)
         if child.is_stopped():
-            return ResponseStream(child, None, instance_id=None, client=None)
+            return stream_type(child, None, instance_id=None, client=None)
         child.attributes["endpoint"] = self._endpoint.path
         child.attributes["instance"] = f"{instance.instance_id:x}"
         remaining = child.time_remaining()
@@ -526,6 +617,7 @@ class Client:
                 request_id=child.id(),
                 payload=request,
                 timeout=None if remaining is None or math.isinf(remaining) else remaining,
+                headers=request_headers(child.trace, child.metadata.copy()),
             )
         except (Disconnected, EngineShutdown) as exc:
             self._instance_failed(instance.instance_id, str(exc))
@@ -535,7 +627,23 @@ class Client:
         except BaseException:
             child.finish()
             raise
-        return ResponseStream(child, stream, instance_id=instance.instance_id, client=self)
+        return stream_type(child, stream, instance_id=instance.instance_id, client=self)
+
+
+def _annotated(value: object) -> bool:
+    """Dynamo's ``annotated``: ``True``, ``False``, or ``None`` (which means ``False``)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise TypeError(
+        f"annotated must be a bool or None, not {type(value).__name__}"
+        + (": pass the context as context=..." if isinstance(value, Context) else "")
+    )
+
+
+def _current_trace() -> TraceContext | None:
+    """The trace of the request the current task works for, if any."""
+    request = current_request()
+    return None if request is None else request.trace
 
 
 def _rest_for(failures: int) -> float:

@@ -7,8 +7,9 @@ Registers, in namespace ``dynamo``:
 * ``prefill`` (chat, completions): a "prefill" that never ends: no token, ever;
 * ``slow-embed`` (embeddings): an embedding that never comes.
 
-Every handler reports ``start`` and ``exit`` (with the context's final state and
-reason, and how the generator ended) as JSON lines on stdout.
+Every handler reports ``start`` (with the context's trace fields) and ``exit``
+(with the context's final state and reason, and how the generator ended) as
+JSON lines on stdout.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ def report(event: str, **fields: Any) -> None:
 
 def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
     async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
-        report("start", id=context.id(), model=name)
+        report(
+            "start",
+            id=context.id(),
+            model=name,
+            trace_id=context.trace_id,
+            span_id=context.span_id,
+            parent_span_id=context.parent_span_id,
+        )
         how, items = "returned", 0
         last: Any = None
         try:
