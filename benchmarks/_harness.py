@@ -204,6 +204,13 @@ async def settle(pids: Sequence[int], below: float = 0.1, within: float = 10.0) 
                 return
 
 
+def machine_busy_seconds() -> float:
+    """CPU time all processes on the machine have used (every core), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
@@ -261,7 +268,13 @@ class Figure:
     higher_is_better: bool = True
     digits: int = 0
     target: Callable[[float | None, float | None], str] | None = None
-    """Given (dynamo-trio median, ratio to Dynamo), the target's verdict, e.g. "met (>= 2x)"."""
+    """Given (the primary system's median, its ratio to the baseline), the verdict."""
+    ratio: bool = True
+    """False for diagnostics (load generator, other processes): no ratio is shown."""
+
+
+Runs = dict[str, list[dict[str, float]]]
+"""``runs[system][k][label]``: the value one figure had in a system's run k."""
 
 
 def fmt(value: float | None, digits: int) -> str:
@@ -281,66 +294,65 @@ def spread(values: Sequence[float], digits: int) -> str:
     return f"{fmt(statistics.median(values), digits)} ({low}-{high})"
 
 
+def values(runs: Runs, system: str, label: str) -> list[float]:
+    return [run[label] for run in runs.get(system, []) if label in run]
+
+
+def ratio(runs: Runs, system: str, baseline: str, label: str) -> float | None:
+    """Median over k of ``system``'s run k / ``baseline``'s run k (minutes apart)."""
+    pairs = zip(runs.get(system, []), runs.get(baseline, []), strict=False)
+    ratios = [a[label] / b[label] for a, b in pairs if label in a and b.get(label)]
+    return statistics.median(ratios) if ratios else None
+
+
 def print_table(
     title: str,
     figures: Sequence[Figure],
-    results: dict[str, dict[str, list[float]]],
+    runs: Runs,
     systems: Sequence[str],
+    baseline: str | None = None,
     file: IO[str] | None = None,
 ) -> None:
-    """Medians (min-max) per system, and the median of the per-run ratios of the first two.
+    """Medians (min-max) per system; each other system's ratio to ``baseline``; targets.
 
-    ``results[system][label]`` is one value per run, in run order; the ratio of run k
-    pairs the two systems' run k (measured minutes apart on the same machine).
+    The ratio is the median of the per-run ratios: run k of a system is paired with run
+    k of the baseline, measured minutes apart on the same machine.  Targets are judged
+    for the first system that is not the baseline.
     """
     out = file or sys.stdout
-    header = ["figure", *systems]
-    ratio_wanted = len(systems) == 2
-    if ratio_wanted:
-        header += [f"{systems[0]} / {systems[1]}"]
-    if any(f.target is not None for f in figures):
-        header.append("target")
+    others = [s for s in systems if s != baseline] if baseline else []
+    header = ["figure", *systems, *(f"{s} / {baseline}" for s in others)]
+    targets = bool(others) and any(f.target is not None for f in figures)
+    if targets:
+        header.append(f"target ({others[0]})")
     rows = []
     for figure in figures:
-        label = figure.label + (f" ({figure.unit})" if figure.unit else "")
-        row = [label]
-        for system in systems:
-            row.append(spread(results.get(system, {}).get(figure.label, []), figure.digits))
-        ratio: float | None = None
-        if ratio_wanted:
-            a = results.get(systems[0], {}).get(figure.label, [])
-            b = results.get(systems[1], {}).get(figure.label, [])
-            ratios = [x / y for x, y in zip(a, b, strict=False) if y]
-            if ratios:
-                ratio = statistics.median(ratios)
-                sign = "" if figure.higher_is_better else " (lower better)"
-                row.append(f"{ratio:.2f}x{sign}")
-            else:
-                row.append("-")
-        if "target" in header:
-            mine = results.get(systems[0], {}).get(figure.label, [])
+        row = [figure.label + (f" ({figure.unit})" if figure.unit else "")]
+        row += [spread(values(runs, s, figure.label), figure.digits) for s in systems]
+        for system in others:
+            assert baseline is not None
+            r = ratio(runs, system, baseline, figure.label) if figure.ratio else None
+            lower = "" if figure.higher_is_better else " (lower better)"
+            row.append("" if not figure.ratio else "-" if r is None else f"{r:.2f}x{lower}")
+        if targets:
+            assert baseline is not None
+            mine = values(runs, others[0], figure.label)
             verdict = ""
             if figure.target is not None:
-                verdict = figure.target(statistics.median(mine) if mine else None, ratio)
+                verdict = figure.target(
+                    statistics.median(mine) if mine else None,
+                    ratio(runs, others[0], baseline, figure.label),
+                )
             row.append(verdict)
         rows.append(row)
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n{title}", file=out)
-    print(
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(header, widths, strict=True))
-        ),
-        file=out,
-    )
-    for row in rows:
-        print(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            ),
-            file=out,
-        )
+    for row in [header, *rows]:
+        cells = [
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip(), file=out)
 
 
 def now_stamp() -> str:

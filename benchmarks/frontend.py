@@ -49,6 +49,7 @@ import json
 import math
 import os
 import resource
+import shlex
 import statistics
 import sys
 import tempfile
@@ -70,12 +71,14 @@ from _harness import (  # noqa: E402
     REPO,
     Child,
     Figure,
+    Runs,
     dynamo_env,
     dynamo_model_dir,
     dynamo_python,
     free_port,
     git_describe,
     load_average,
+    machine_busy_seconds,
     now_stamp,
     percentile,
     print_table,
@@ -375,12 +378,15 @@ async def _sample_cpu(
     before = {name: tree_cpu_seconds(p) for name, p in pids.items()}
     usage = resource.getrusage(resource.RUSAGE_SELF)
     client_before = usage.ru_utime + usage.ru_stime
+    busy_before = machine_busy_seconds()
     window.t0 = time.perf_counter()
     await trio.sleep(duration)
     window.t1 = time.perf_counter()
+    busy = machine_busy_seconds() - busy_before
     usage = resource.getrusage(resource.RUSAGE_SELF)
     window.cpu = {name: tree_cpu_seconds(p) - before[name] for name, p in pids.items()}
     window.cpu["client"] = usage.ru_utime + usage.ru_stime - client_before
+    window.cpu["others"] = max(0.0, busy - sum(window.cpu.values()))
     window.closed.set()
     if window.awaiting_first == 0:
         window.drained.set()
@@ -574,17 +580,25 @@ async def hang_up_latencies(port: int, worker: Child, samples: int) -> tuple[lis
 class Deployment:
     port: int
     frontend: Child
-    worker: Child
+    workers: list[Child]
     slow: Child
-    python: str
-    env: dict[str, str]
 
     @property
     def children(self) -> list[Child]:
-        return [self.frontend, self.worker, self.slow]
+        return [self.frontend, *self.workers, self.slow]
+
+    def pids(self) -> dict[str, list[int]]:
+        """Whose CPU time is measured: each is a process tree."""
+        return {
+            "frontend": [self.frontend.pid],
+            "worker": [w.pid for w in self.workers],
+            "slow": [self.slow.pid],
+        }
 
 
 class System:
+    """One side of the comparison: how to start its frontend and workers."""
+
     name: str
 
     async def start(self, nursery: trio.Nursery, workdir: Path) -> Deployment:
@@ -592,10 +606,12 @@ class System:
 
 
 class TrioSystem(System):
-    name = TRIO
+    """``python -m dynamo_trio frontend`` + ``--mockers`` x ``python -m dynamo_trio mocker``."""
 
-    def __init__(self, frontend_args: Sequence[str]) -> None:
+    def __init__(self, name: str, frontend_args: Sequence[str], mockers: int) -> None:
+        self.name = name
         self.frontend_args = list(frontend_args)
+        self.mockers = mockers
 
     async def start(self, nursery: trio.Nursery, workdir: Path) -> Deployment:
         env = python_env()
@@ -618,17 +634,20 @@ class TrioSystem(System):
             name="trio-frontend",
             logdir=workdir,
         )
-        worker = await spawn(
-            nursery,
-            [
-                *(py, "-m", "dynamo_trio", "mocker", "--model-name", "bench"),
-                *("--ttft-ms", "0", "--inter-token-latency-ms", "0"),
-                *("--context-length", "32768", "--max-output-tokens", "16384"),
-            ],
-            env,
-            name="trio-mocker",
-            logdir=workdir,
-        )
+        workers = [
+            await spawn(
+                nursery,
+                [
+                    *(py, "-m", "dynamo_trio", "mocker", "--model-name", "bench"),
+                    *("--ttft-ms", "0", "--inter-token-latency-ms", "0"),
+                    *("--context-length", "32768", "--max-output-tokens", "16384"),
+                ],
+                env,
+                name=f"trio-mocker-{i}",
+                logdir=workdir,
+            )
+            for i in range(self.mockers)
+        ]
         slow = await spawn(
             nursery,
             [
@@ -639,10 +658,12 @@ class TrioSystem(System):
             name="trio-slow-worker",
             logdir=workdir,
         )
-        return Deployment(port, frontend, worker, slow, py, env)
+        return Deployment(port, frontend, workers, slow)
 
 
 class DynamoSystem(System):
+    """``python -m dynamo.frontend`` + ``_dynamo_worker.py`` (Dynamo's Python runtime)."""
+
     name = DYNAMO
 
     def __init__(self, python: Path, model_dir: Path, frontend_args: Sequence[str]) -> None:
@@ -679,7 +700,7 @@ class DynamoSystem(System):
             name="dynamo-slow-worker",
             logdir=workdir,
         )
-        return Deployment(port, frontend, worker, slow, self.python, env)
+        return Deployment(port, frontend, [worker], slow)
 
 
 async def wait_until_serving(deployment: Deployment, within: float = 90.0) -> None:
@@ -725,9 +746,7 @@ async def learn_shape(port: int, tokens: int) -> Shape:
     return Shape(tuple(token_flags(body, tokens)))
 
 
-async def bare_health_p50(
-    deployment: Deployment, body: bytes, workdir: Path, samples: int
-) -> float:
+async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
     body_file = workdir / "health-body.json"
     body_file.write_bytes(body)
     port = free_port()
@@ -762,6 +781,10 @@ def ttfc_label(n: int) -> str:
     return f"TTFC p50, {n} stream{'s' if n > 1 else ''}"
 
 
+def client_label(n: int) -> str:
+    return f"load generator CPU, {n} stream{'s' if n > 1 else ''}"
+
+
 def unary_label(n: int) -> str:
     return f"unary req/s, {n} concurrent"
 
@@ -770,7 +793,9 @@ CPU_CHUNK = "frontend CPU per SSE chunk, 32 streams"
 CPU_CORE = "frontend CPU, 32 streams"
 WORKER_CHUNK = "worker CPU per SSE chunk, 32 streams"
 WORKER_CORE = "worker CPU, 32 streams"
-CLIENT_CORE = "load generator CPU, {n} streams"
+OTHERS_CORE = "other processes' CPU, 32 streams"
+IDLE_OTHERS = "other processes' CPU before the run"
+ERRORS = "errors"
 HEALTH = "GET /health p50, keep-alive"
 BARE = "bare hypercorn, same bytes, p50"
 HEALTH_RATIO = "GET /health / bare hypercorn"
@@ -788,10 +813,8 @@ async def measure(
         try:
             await wait_until_serving(deployment)
             port = deployment.port
-            pids = {
-                "frontend": [deployment.frontend.pid],
-                "worker": [deployment.worker.pid],
-            }
+            pids = deployment.pids()
+            everyone = [pid for group in pids.values() for pid in group]
             shape = await learn_shape(port, args.stream_tokens)
             extra = shape.events - 1 - args.stream_tokens
             log(f"    a stream: {shape.events - 1} data events + [DONE] ({extra} without text)")
@@ -807,12 +830,12 @@ async def measure(
                 pids=pids,
             )
             rate = warm.tokens / warm.seconds if warm.tokens else 1000.0
-            await settle([p[0] for p in pids.values()])
+            await settle(everyone)
 
             p50, body = await health_p50(port, args.health_samples)
             results[HEALTH] = p50
             if not args.no_bare:
-                bare = await bare_health_p50(deployment, body, workdir, args.health_samples)
+                bare = await bare_health_p50(body, workdir, args.health_samples)
                 results[BARE] = bare
                 results[HEALTH_RATIO] = p50 / bare
 
@@ -833,12 +856,13 @@ async def measure(
                 results[sse_label(n)] = rate
                 if window.ttfc:
                     results[ttfc_label(n)] = statistics.median(window.ttfc) * 1000
-                results[CLIENT_CORE.format(n=n)] = window.cpu["client"] / window.seconds * 100
+                results[client_label(n)] = window.cpu["client"] / window.seconds * 100
                 if n == 32:
                     results[CPU_CHUNK] = window.cpu["frontend"] / window.tokens * 1e6
                     results[CPU_CORE] = window.cpu["frontend"] / window.seconds * 100
                     results[WORKER_CHUNK] = window.cpu["worker"] / window.tokens * 1e6
                     results[WORKER_CORE] = window.cpu["worker"] / window.seconds * 100
+                    results[OTHERS_CORE] = window.cpu["others"] / window.seconds * 100
                 errors += window.errors
                 log(
                     f"    {n:>3} streams: {rate:,.0f} chunks/s, TTFC p50 "
@@ -846,9 +870,10 @@ async def measure(
                     f"({len(window.ttfc)} streams sent in the window), frontend "
                     f"{window.cpu['frontend'] / window.seconds:.0%} of a core, worker "
                     f"{window.cpu['worker'] / window.seconds:.0%}, client "
-                    f"{window.cpu['client'] / window.seconds:.0%}"
+                    f"{window.cpu['client'] / window.seconds:.0%}, other processes "
+                    f"{window.cpu['others'] / window.seconds:.0%}"
                 )
-                await settle([p[0] for p in pids.values()])
+                await settle(everyone)
             for n in args.unary_levels:
                 window = await unary_level(
                     port,
@@ -861,7 +886,7 @@ async def measure(
                 results[unary_label(n)] = window.completed / window.seconds
                 errors += window.errors
                 log(f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s")
-                await settle([p[0] for p in pids.values()])
+                await settle(everyone)
             if args.hangups:
                 latencies, missed = await hang_up_latencies(port, deployment.slow, args.hangups)
                 if latencies:
@@ -871,7 +896,7 @@ async def measure(
                     errors.append(f"{missed} of {args.hangups} hang-ups never seen by the worker")
             if errors:
                 log(f"    ERRORS ({len(errors)}): " + "; ".join(sorted(set(errors))[:5]))
-                results["errors"] = len(errors)
+            results[ERRORS] = len(errors)
         except BaseException:
             for child in deployment.children:
                 tail = child.log_tail()
@@ -928,53 +953,64 @@ def figures(args: argparse.Namespace) -> list[Figure]:
         ]
     if args.hangups:
         rows += [Figure(HANG50, "ms", False, 2), Figure(HANG99, "ms", False, 2)]
-    rows += [Figure(CLIENT_CORE.format(n=n), "% of a core", False) for n in args.levels]
-    rows += [Figure("errors", higher_is_better=False)]
+    rows += [Figure(client_label(n), "% of a core", ratio=False) for n in args.levels]
+    if 32 in args.levels:
+        rows += [Figure(OTHERS_CORE, "% of a core", ratio=False)]
+    rows += [Figure(IDLE_OTHERS, "% of a core", ratio=False), Figure(ERRORS, ratio=False)]
     return rows
 
 
-async def main(args: argparse.Namespace) -> None:
+def choose_systems(args: argparse.Namespace) -> list[System]:
     systems: list[System] = []
     if args.systems in ("both", "trio"):
-        systems.append(TrioSystem(args.frontend_arg))
+        systems.append(TrioSystem(TRIO, args.frontend_arg, args.mockers))
+        for variant in args.variant:
+            label, _, argv = variant.partition("=")
+            systems.append(TrioSystem(f"{TRIO} {label}", shlex.split(argv), args.mockers))
     if args.systems in ("both", "dynamo"):
         python = dynamo_python(args.dynamo_venv)
         if python is not None:
-            systems.append(
-                DynamoSystem(python, dynamo_model_dir(args.dynamo_venv), args.dynamo_frontend_arg)
-            )
+            model = dynamo_model_dir(args.dynamo_venv)
+            systems.append(DynamoSystem(python, model, args.dynamo_frontend_arg))
         elif args.systems == "dynamo" or args.require_dynamo:
-            sys.exit(
-                f"no Dynamo {DYNAMO_VERSION} in {args.dynamo_venv}: run benchmarks/setup_dynamo.sh"
-            )
+            sys.exit(f"no Dynamo {DYNAMO_VERSION} in {args.dynamo_venv}: run setup_dynamo.sh")
         else:
             print(
                 f"(no Dynamo {DYNAMO_VERSION} in {args.dynamo_venv}: dynamo-trio only; "
                 "benchmarks/setup_dynamo.sh installs it)",
                 file=sys.stderr,
             )
+    return systems
+
+
+async def main(args: argparse.Namespace) -> None:
+    systems = choose_systems(args)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     started = now_stamp()
     log(f"frontend benchmark, {started}; {os.cpu_count()} cores; checkout: {git_describe()}")
-    results: dict[str, dict[str, list[float]]] = {s.name: {} for s in systems}
+    runs: Runs = {s.name: [] for s in systems}
     loads: dict[str, list[str]] = {s.name: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="dynamo-trio-bench-") as tmp:
         for run in range(args.runs):
             for system in systems:
-                workdir = Path(tmp) / f"run{run + 1}-{system.name.split()[0]}"
+                workdir = Path(tmp) / f"run{run + 1}-{system.name.replace(' ', '-')}"
                 workdir.mkdir()
+                idle = await others_while_idle(args.quiet_below, args.quiet_wait, log)
                 before = load_average()
-                log(f"run {run + 1}/{args.runs} {system.name}: load average {before}")
+                log(
+                    f"run {run + 1}/{args.runs} {system.name}: load average {before}; "
+                    f"other processes {idle:.0%} of a core before it"
+                )
                 t = time.monotonic()
                 figures_ = await measure(system, args, workdir, log)
+                figures_[IDLE_OTHERS] = idle * 100
                 after = load_average()
                 loads[system.name].append(f"{before.split()[0]}-{after.split()[0]}")
                 log(f"    done in {time.monotonic() - t:.0f} s; load average {after}")
-                for label, value in figures_.items():
-                    results[system.name].setdefault(label, []).append(value)
+                runs[system.name].append(figures_)
                 if args.keep_logs:
                     kept = Path(args.keep_logs) / workdir.name
                     kept.mkdir(parents=True, exist_ok=True)
@@ -982,14 +1018,15 @@ async def main(args: argparse.Namespace) -> None:
                         (kept / log_file.name).write_bytes(log_file.read_bytes())
 
     names = [s.name for s in systems]
-    for name in names:
-        results[name].setdefault("errors", [0.0] * args.runs)
+    baseline = DYNAMO if DYNAMO in names else (names[0] if len(names) > 1 else None)
     print_table(
-        f"frontend: {started}, {args.runs} run(s) per system, alternating "
-        f"{' / '.join(names)}; median (min-max) over runs; ratio = median of per-run ratios",
+        f"frontend, {started}: {args.runs} run(s) per system, alternating "
+        f"{' / '.join(names)}; median (min-max) over runs; a ratio is the median of the "
+        "per-run ratios",
         figures(args),
-        results,
+        runs,
         names,
+        baseline,
     )
     print(
         "load average (1 min) at the start-end of each run: "
@@ -1002,7 +1039,25 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.hangups} hang-ups after the 2nd SSE event; {os.cpu_count()} cores shared)"
     )
     if args.json:
-        write_json(Path(args.json), args, started, loads, results)
+        write_json(Path(args.json), args, started, loads, runs)
+
+
+async def others_while_idle(
+    below: float, within: float, log: Callable[[str], None], sample: float = 1.0
+) -> float:
+    """CPU (in cores) the machine's other processes use while no benchmark process runs.
+
+    With ``below`` > 0, waits (up to ``within`` seconds) for a sample under ``below``.
+    """
+    deadline = trio.current_time() + within
+    while True:
+        busy = machine_busy_seconds()
+        await trio.sleep(sample)
+        others = (machine_busy_seconds() - busy) / sample
+        if below <= 0 or others < below or trio.current_time() >= deadline:
+            return others
+        log(f"    other processes use {others:.0%} of a core: waiting for under {below:.0%}")
+        await trio.sleep(2.0)
 
 
 def write_json(
@@ -1010,14 +1065,14 @@ def write_json(
     args: argparse.Namespace,
     started: str,
     loads: dict[str, list[str]],
-    results: dict[str, dict[str, list[float]]],
+    runs: Runs,
 ) -> None:
     record = {
         "date": started,
         "checkout": git_describe(),
         "args": vars(args) | {"dynamo_venv": str(args.dynamo_venv)},
-        "load": loads,
-        "results": results,
+        "load_average": loads,
+        "runs": runs,
     }
     path.write_text(json.dumps(record, indent=2))
 
@@ -1051,6 +1106,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="ARG",
         help="an extra argument for `python -m dynamo_trio frontend` (repeatable)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="one more dynamo-trio system, its frontend started with ARGS, e.g. "
+        "--variant '2 procs=--http-workers 2' (repeatable)",
+    )
+    parser.add_argument(
+        "--mockers",
+        type=int,
+        default=1,
+        help="mocker processes behind each dynamo-trio frontend (1)",
     )
     parser.add_argument(
         "--dynamo-frontend-arg",
@@ -1095,13 +1164,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--hangups", type=int, default=50, help="hang-up samples per run (50; 0 skips)"
     )
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="before each run, wait until other processes use under CORES (e.g. 0.3) of the "
+        "machine's CPU (0: don't wait; the figure is printed either way)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="longest wait for --quiet-below, in seconds (120)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every run's figures as JSON")
     parser.add_argument(
         "--keep-logs", metavar="DIR", help="copy every process's stderr log into DIR"
     )
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.duration <= 0 or args.verify_every < 1:
-        parser.error("--runs, --duration and --verify-every must be positive")
+    if min(args.runs, args.verify_every, args.mockers) < 1 or args.duration <= 0:
+        parser.error("--runs, --duration, --verify-every and --mockers must be positive")
+    if any("=" not in v for v in args.variant):
+        parser.error("--variant takes LABEL=ARGS")
     return args
 
 

@@ -46,6 +46,7 @@ from _harness import (  # noqa: E402
     REPO,
     Child,
     Figure,
+    Runs,
     dynamo_env,
     dynamo_python,
     git_describe,
@@ -232,7 +233,7 @@ async def main(args: argparse.Namespace) -> None:
         f"request plane benchmark, {started}; {os.cpu_count()} cores; checkout: {git_describe()}",
         file=sys.stderr,
     )
-    results: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    runs: Runs = {name: [] for name in names}
     loads: dict[str, list[str]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="dynamo-trio-bench-") as tmp:
         for run in range(args.runs):
@@ -247,8 +248,7 @@ async def main(args: argparse.Namespace) -> None:
                     figures = await measure_dynamo(python, args, workdir)
                 after = load_average()
                 loads[name].append(f"{before.split()[0]}-{after.split()[0]}")
-                for label, value in figures.items():
-                    results[name].setdefault(label, []).append(value)
+                runs[name].append(figures)
                 print(
                     f"run {run + 1}/{args.runs} {name} (load average {before} -> {after}): "
                     + ", ".join(
@@ -265,7 +265,7 @@ async def main(args: argparse.Namespace) -> None:
                 kills = await kill_latencies(nursery, worker, env, args.kill_samples)
                 await stop_all([worker])
             for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-                results[TRIO][f"caller SIGKILL -> handler, {key}"] = [percentile(kills, q)]
+                runs[TRIO][-1][f"caller SIGKILL -> handler, {key}"] = percentile(kills, q)
 
     rows = [
         Figure(ITEMS.format(n=args.items)),
@@ -284,8 +284,9 @@ async def main(args: argparse.Namespace) -> None:
         + (f", alternating {' / '.join(names)}" if len(names) > 1 else "")
         + "; median (min-max) over runs; ratio = median of per-run ratios",
         rows,
-        results,
+        runs,
         names,
+        DYNAMO if DYNAMO in names else None,
     )
     print(
         "load average (1 min) at the start-end of each run: "

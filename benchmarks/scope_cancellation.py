@@ -53,7 +53,7 @@ async def one(client: Client, worker: Child, how: str, serial: int) -> float:
                 cause = time.monotonic() + _AHEAD
             await trio.sleep_forever()  # the caller's other work: the cancellation strikes here
     observed = await worker.wait_for("killed", id=parent.id())
-    return (observed["t"] - cause) * 1000
+    return float(observed["t"] - cause) * 1000
 
 
 async def main(args: argparse.Namespace) -> None:
