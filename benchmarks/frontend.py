@@ -97,6 +97,8 @@ if TYPE_CHECKING:
 TRIO = "dynamo-trio"
 DYNAMO = f"Dynamo {DYNAMO_VERSION}"
 PROMPT = [{"role": "user", "content": "benchmark"}]
+STEP_TIMEOUT = 60.0
+"""Seconds one request may take outside the load levels before the run is abandoned."""
 
 
 # ---------------------------------------------------------------------------- the client
@@ -541,7 +543,8 @@ async def health_p50(port: int, samples: int) -> tuple[float, bytes]:
     try:
         for i in range(samples + 20):
             start = time.perf_counter()
-            status, answer = await connection.exchange("GET", "/health")
+            with trio.fail_after(STEP_TIMEOUT):
+                status, answer = await connection.exchange("GET", "/health")
             elapsed = time.perf_counter() - start
             if status != 200:
                 raise RuntimeError(f"GET /health: HTTP {status}: {answer[:200]!r}")
@@ -733,12 +736,13 @@ async def wait_until_serving(deployment: Deployment, within: float = 90.0) -> No
             continue
         try:
             for model in sorted(pending):
-                status, _ = await connection.exchange(
-                    "POST", "/v1/chat/completions", chat_body(model, 2, stream=False)
-                )
+                with trio.fail_after(10):
+                    status, _ = await connection.exchange(
+                        "POST", "/v1/chat/completions", chat_body(model, 2, stream=False)
+                    )
                 if status == 200:
                     pending.discard(model)
-        except (ConnectionError, OSError, trio.BrokenResourceError):
+        except (ConnectionError, OSError, trio.BrokenResourceError, trio.TooSlowError):
             pass
         finally:
             await connection.aclose()
@@ -749,9 +753,10 @@ async def wait_until_serving(deployment: Deployment, within: float = 90.0) -> No
 async def learn_shape(port: int, tokens: int) -> Shape:
     connection = await Connection.open(port)
     try:
-        status, body = await connection.exchange(
-            "POST", "/v1/chat/completions", chat_body("bench", tokens, stream=True)
-        )
+        with trio.fail_after(STEP_TIMEOUT):
+            status, body = await connection.exchange(
+                "POST", "/v1/chat/completions", chat_body("bench", tokens, stream=True)
+            )
     finally:
         await connection.aclose()
     if status != 200:
@@ -854,7 +859,7 @@ async def measure(
 
             errors: list[str] = []
             for n in args.levels:
-                ramp = min(args.max_ramp, max(0.5, n * args.stream_tokens / rate))
+                ramp = min(args.max_ramp, max(0.5, n * args.stream_tokens / max(rate, 100.0)))
                 window = await sse_level(
                     port,
                     shape,
@@ -870,7 +875,9 @@ async def measure(
                 if window.ttfc:
                     results[ttfc_label(n)] = statistics.median(window.ttfc) * 1000
                 results[client_label(n)] = window.cpu["client"] / window.seconds * 100
-                if n == 32:
+                if not window.tokens:
+                    window.errors.append(f"no chunk arrived in the {n}-stream window")
+                elif n == 32:
                     results[CPU_CHUNK] = window.cpu["frontend"] / window.tokens * 1e6
                     results[CPU_CORE] = window.cpu["frontend"] / window.seconds * 100
                     results[WORKER_CHUNK] = window.cpu["worker"] / window.tokens * 1e6
