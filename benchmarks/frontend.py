@@ -1026,7 +1026,15 @@ async def main(args: argparse.Namespace) -> None:
                     f"other processes {idle:.0%} of a core before it"
                 )
                 t = time.monotonic()
-                figures_ = await measure(system, args, workdir, log)
+                try:
+                    figures_ = await measure(system, args, workdir, log)
+                except* (RuntimeError, OSError, trio.TooSlowError) as failure:
+                    kept = Path(tempfile.mkdtemp(prefix="dynamo-trio-bench-failed-"))
+                    for log_file in workdir.glob("*.log"):
+                        (kept / log_file.name).write_bytes(log_file.read_bytes())
+                    for error in leaves(failure):
+                        log(f"{system.name}: {type(error).__name__}: {error}")
+                    sys.exit(f"run {run + 1} of {system.name} failed; its logs are in {kept}")
                 figures_[IDLE_OTHERS] = idle * 100
                 after = load_average()
                 loads[system.name].append(f"{before.split()[0]}-{after.split()[0]}")
@@ -1062,6 +1070,17 @@ async def main(args: argparse.Namespace) -> None:
     )
     if args.json:
         write_json(Path(args.json), args, started, loads, runs)
+
+
+def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions in ``group`` and its nested groups."""
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found += leaves(error)
+        else:
+            found.append(error)
+    return found
 
 
 async def others_while_idle(
