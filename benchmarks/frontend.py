@@ -812,6 +812,7 @@ CPU_CORE = "frontend CPU, 32 streams"
 WORKER_CHUNK = "worker CPU per SSE chunk, 32 streams"
 WORKER_CORE = "worker CPU, 32 streams"
 OTHERS_CORE = "other processes' CPU, 32 streams"
+OTHERS_ALL = "other processes' CPU, all windows"
 IDLE_OTHERS = "other processes' CPU before the run"
 ERRORS = "errors"
 HEALTH = "GET /health p50, keep-alive"
@@ -858,6 +859,7 @@ async def measure(
                 results[HEALTH_RATIO] = p50 / bare
 
             errors: list[str] = []
+            others = seconds = 0.0
             for n in args.levels:
                 ramp = min(args.max_ramp, max(0.5, n * args.stream_tokens / max(rate, 100.0)))
                 window = await sse_level(
@@ -884,6 +886,8 @@ async def measure(
                     results[WORKER_CORE] = window.cpu["worker"] / window.seconds * 100
                     results[OTHERS_CORE] = window.cpu["others"] / window.seconds * 100
                 errors += window.errors
+                others += window.cpu["others"]
+                seconds += window.seconds
                 log(
                     f"    {n:>3} streams: {rate:,.0f} chunks/s, TTFC p50 "
                     f"{results.get(ttfc_label(n), math.nan):.1f} ms "
@@ -905,8 +909,11 @@ async def measure(
                 )
                 results[unary_label(n)] = window.completed / window.seconds
                 errors += window.errors
+                others += window.cpu["others"]
+                seconds += window.seconds
                 log(f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s")
                 await settle(everyone)
+            results[OTHERS_ALL] = others / seconds * 100 if seconds else 0.0
             if args.hangups:
                 latencies, missed = await hang_up_latencies(port, deployment.slow, args.hangups)
                 if latencies:
@@ -976,7 +983,11 @@ def figures(args: argparse.Namespace) -> list[Figure]:
     rows += [Figure(client_label(n), "% of a core", ratio=False) for n in args.levels]
     if 32 in args.levels:
         rows += [Figure(OTHERS_CORE, "% of a core", ratio=False)]
-    rows += [Figure(IDLE_OTHERS, "% of a core", ratio=False), Figure(ERRORS, ratio=False)]
+    rows += [
+        Figure(OTHERS_ALL, "% of a core", ratio=False),
+        Figure(IDLE_OTHERS, "% of a core", ratio=False),
+        Figure(ERRORS, ratio=False),
+    ]
     return rows
 
 
@@ -1017,34 +1028,34 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="dynamo-trio-bench-") as tmp:
         for run in range(args.runs):
             for system in systems:
-                workdir = Path(tmp) / f"run{run + 1}-{system.name.replace(' ', '-')}"
-                workdir.mkdir()
-                idle = await others_while_idle(args.quiet_below, args.quiet_wait, log)
-                before = load_average()
-                log(
-                    f"run {run + 1}/{args.runs} {system.name}: load average {before}; "
-                    f"other processes {idle:.0%} of a core before it"
-                )
-                t = time.monotonic()
-                try:
-                    figures_ = await measure(system, args, workdir, log)
-                except* (RuntimeError, OSError, trio.TooSlowError) as failure:
-                    kept = Path(tempfile.mkdtemp(prefix="dynamo-trio-bench-failed-"))
-                    for log_file in workdir.glob("*.log"):
-                        (kept / log_file.name).write_bytes(log_file.read_bytes())
-                    for error in leaves(failure):
-                        log(f"{system.name}: {type(error).__name__}: {error}")
-                    sys.exit(f"run {run + 1} of {system.name} failed; its logs are in {kept}")
-                figures_[IDLE_OTHERS] = idle * 100
-                after = load_average()
-                loads[system.name].append(f"{before.split()[0]}-{after.split()[0]}")
-                log(f"    done in {time.monotonic() - t:.0f} s; load average {after}")
-                runs[system.name].append(figures_)
-                if args.keep_logs:
-                    kept = Path(args.keep_logs) / workdir.name
-                    kept.mkdir(parents=True, exist_ok=True)
-                    for log_file in workdir.glob("*.log"):
-                        (kept / log_file.name).write_bytes(log_file.read_bytes())
+                for attempt in range(args.max_retries + 1):
+                    workdir = Path(tmp) / f"run{run + 1}.{attempt}-{system.name.replace(' ', '-')}"
+                    workdir.mkdir()
+                    idle = await others_while_idle(args.quiet_below, args.quiet_wait, log)
+                    before = load_average()
+                    log(
+                        f"run {run + 1}/{args.runs} {system.name}: load average {before}; "
+                        f"other processes {idle:.0%} of a core before it"
+                    )
+                    t = time.monotonic()
+                    figures_ = await measure_or_exit(system, args, workdir, log, run)
+                    figures_[IDLE_OTHERS] = idle * 100
+                    after = load_average()
+                    log(f"    done in {time.monotonic() - t:.0f} s; load average {after}")
+                    if args.keep_logs:
+                        copy_logs(workdir, Path(args.keep_logs) / workdir.name)
+                    noisy = args.discard_above > 0 and (
+                        figures_[OTHERS_ALL] > args.discard_above * 100
+                    )
+                    if noisy and attempt < args.max_retries:
+                        log(
+                            f"    discarded: other processes used {figures_[OTHERS_ALL]:.0f}% "
+                            "of a core during its windows; again"
+                        )
+                        continue
+                    loads[system.name].append(f"{before.split()[0]}-{after.split()[0]}")
+                    runs[system.name].append(figures_)
+                    break
 
     names = [s.name for s in systems]
     baseline = DYNAMO if DYNAMO in names else (names[0] if len(names) > 1 else None)
@@ -1070,6 +1081,27 @@ async def main(args: argparse.Namespace) -> None:
     )
     if args.json:
         write_json(Path(args.json), args, started, loads, runs)
+
+
+async def measure_or_exit(
+    system: System, args: argparse.Namespace, workdir: Path, log: Callable[[str], None], run: int
+) -> dict[str, float]:
+    """``measure``; a run that fails ends the benchmark, keeping the processes' logs."""
+    try:
+        return await measure(system, args, workdir, log)
+    except* (RuntimeError, OSError, trio.TooSlowError) as failure:
+        kept = Path(tempfile.mkdtemp(prefix="dynamo-trio-bench-failed-"))
+        copy_logs(workdir, kept)
+        for error in leaves(failure):
+            log(f"{system.name}: {type(error).__name__}: {error}")
+        sys.exit(f"run {run + 1} of {system.name} failed; its logs are in {kept}")
+    raise AssertionError("unreachable")
+
+
+def copy_logs(workdir: Path, destination: Path) -> None:
+    destination.mkdir(parents=True, exist_ok=True)
+    for log_file in workdir.glob("*.log"):
+        (destination / log_file.name).write_bytes(log_file.read_bytes())
 
 
 def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -1231,6 +1263,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the load generator sets TCP_QUICKACK around every read: no ~40 ms stalls from "
         "its delayed ACKs meeting a server's Nagle (Dynamo 1.6.1's first SSE chunk on a "
         "keep-alive connection); off by default, as in common HTTP clients",
+    )
+    parser.add_argument(
+        "--discard-above",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="measure a system's run again when other processes used more than CORES (e.g. "
+        "0.5) of the machine's CPU on average during its load windows (0: keep every run)",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="most times one run is measured again for --discard-above (3); the last is kept",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every run's figures as JSON")
     parser.add_argument(
