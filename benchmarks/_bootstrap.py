@@ -5,7 +5,7 @@ calls ``ensure_project_python()`` first.  It puts this checkout first on ``sys.p
 ``dynamo_trio`` is this worktree's, whatever an editable install points at), and when the
 running interpreter lacks the project's dependencies (``python3 benchmarks/x.py`` with a
 bare system Python), it re-executes the script under the checkout's own environment:
-``.venv/bin/python``, else a nox session's (``.nox/tests-3-11/bin/python``).
+``.venv/bin/python``, else a nox session's (``.nox/py3XX/tests/bin/python``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def ensure_project_python(needed: tuple[str, ...] = NEEDED) -> None:
         return
     if os.environ.get(_MARK):
         sys.exit(f"{sys.executable} still lacks {', '.join(missing)}")
-    candidates = [REPO / ".venv/bin/python", REPO / ".nox/tests-3-11/bin/python"]
-    candidates += sorted(REPO.glob(".nox/*/bin/python"))
+    candidates = [REPO / ".venv/bin/python"]
+    candidates += sorted(REPO.glob(".nox/py3*/tests/bin/python"), reverse=True)
+    candidates += sorted(REPO.glob(".nox/tests*/bin/python"), reverse=True)
     for candidate in candidates:
         if candidate.exists():
             print(

@@ -4,11 +4,15 @@ Run: ``python benchmarks/scope_cancellation.py [--samples 200]``
 
 The caller opens ``parent.scope()``, makes a call linked under ``parent`` to a
 worker process whose handler waits (a long prefill), and then cancels it one of
-two ways, alternating A B A B so that both see the same machine:
+three ways, alternating A B C A B C so that both see the same machine:
 
 A. an enclosing ``trio.move_on_at`` fires while the caller awaits something
    else (the scope's deadline is the cause);
-B. ``parent.kill()`` (the moment of the call is the cause).
+B. ``parent.kill()`` (the moment of the call is the cause);
+C. ``parent.kill()`` called by a task that sleeps until the same kind of
+   deadline as A (the deadline is the cause): A against C is the scope
+   mechanism alone, C against B is what waking from a timer costs (trio's
+   epoll waits in whole milliseconds, and an idle vCPU wakes slowly).
 
 Each sample is the time from the cause to the worker's handler observing its
 cancellation (``time.monotonic()`` on both sides: one clock for every process
@@ -38,22 +42,32 @@ _AHEAD = 0.02  # how far ahead the enclosing deadline is set
 
 
 async def one(client: Client, worker: Child, how: str, serial: int) -> float:
+    """One sample: open a linked call, cancel it by ``how``; ms from cause to handler."""
     parent = Context(f"{how}-{serial}")
     keep = []
-    deadline = trio.current_time() + 3600.0
-    with trio.move_on_at(deadline) as enclosing:
-        async with parent.scope():
-            keep.append(await client.generate({"mode": "parked"}, context=parent))
-            await worker.wait_for("parked", id=parent.id())
-            if how == "kill":
-                cause = time.monotonic()
-                parent.kill()
-            else:
-                enclosing.deadline = trio.current_time() + _AHEAD
-                cause = time.monotonic() + _AHEAD
-            await trio.sleep_forever()  # the caller's other work: the cancellation strikes here
+    cause = 0.0
+    async with trio.open_nursery() as timers:
+        with trio.move_on_at(trio.current_time() + 3600.0) as enclosing:
+            async with parent.scope():
+                keep.append(await client.generate({"mode": "parked"}, context=parent))
+                await worker.wait_for("parked", id=parent.id())
+                if how == "kill":
+                    cause = time.monotonic()
+                    parent.kill()
+                elif how == "timer":
+                    cause = time.monotonic() + _AHEAD
+                    timers.start_soon(_kill_at, parent, trio.current_time() + _AHEAD)
+                else:
+                    cause = time.monotonic() + _AHEAD
+                    enclosing.deadline = trio.current_time() + _AHEAD
+                await trio.sleep_forever()  # the caller's other work: the cancellation strikes here
     observed = await worker.wait_for("killed", id=parent.id())
     return float(observed["t"] - cause) * 1000
+
+
+async def _kill_at(parent: Context, when: float) -> None:
+    await trio.sleep_until(when)
+    parent.kill()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -64,7 +78,8 @@ async def main(args: argparse.Namespace) -> None:
         DYN_LOG="warning",
         PYTHONPATH=str(REPO),
     )
-    samples: dict[str, list[float]] = {"enclosing move_on_at": [], "parent.kill()": []}
+    causes = {"scope": "enclosing move_on_at", "kill": "parent.kill()", "timer": "kill() at a timer"}
+    samples: dict[str, list[float]] = {label: [] for label in causes.values()}
     async with trio.open_nursery() as nursery:
         worker = await spawn_script(nursery, "_worker.py", env)
         await worker.wait_for("ready")
@@ -72,12 +87,12 @@ async def main(args: argparse.Namespace) -> None:
             endpoint = runtime.namespace("bench").component("worker").endpoint("generate")
             client = await endpoint.client()
             await client.wait_for_instances()
-            for i in range(10):  # warm up the connection and both paths
-                await one(client, worker, "kill", -i)
-                await one(client, worker, "scope", -i)
+            for i in range(10):  # warm up the connection and every path
+                for how in causes:
+                    await one(client, worker, how, -i)
             for i in range(args.samples):
-                samples["enclosing move_on_at"].append(await one(client, worker, "scope", i))
-                samples["parent.kill()"].append(await one(client, worker, "kill", i))
+                for how, label in causes.items():
+                    samples[label].append(await one(client, worker, how, i))
         worker.process.send_signal(signal.SIGTERM)
         await worker.process.wait()
 
@@ -86,8 +101,9 @@ async def main(args: argparse.Namespace) -> None:
     for label, values in samples.items():
         row = [percentile(values, q) for q in (0.5, 0.9, 0.99)] + [max(values)]
         print(f"{label:<22} " + " ".join(f"{v:7.3f}" for v in row))
-    a, b = (statistics.median(v) for v in samples.values())
-    print(f"median ratio enclosing / kill: {a / b:.2f}")
+    enclosing, kill, timer = (statistics.median(v) for v in samples.values())
+    print(f"median ratio enclosing / kill(): {enclosing / kill:.2f}")
+    print(f"median ratio enclosing / kill() at a timer (the scope mechanism): {enclosing / timer:.2f}")
 
 
 if __name__ == "__main__":
