@@ -78,7 +78,11 @@ async def main(args: argparse.Namespace) -> None:
         DYN_LOG="warning",
         PYTHONPATH=str(REPO),
     )
-    causes = {"scope": "enclosing move_on_at", "kill": "parent.kill()", "timer": "kill() at a timer"}
+    causes = {
+        "scope": "enclosing move_on_at",
+        "kill": "parent.kill()",
+        "timer": "kill() at a timer",
+    }
     samples: dict[str, list[float]] = {label: [] for label in causes.values()}
     async with trio.open_nursery() as nursery:
         worker = await spawn_script(nursery, "_worker.py", env)
@@ -103,7 +107,9 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{label:<22} " + " ".join(f"{v:7.3f}" for v in row))
     enclosing, kill, timer = (statistics.median(v) for v in samples.values())
     print(f"median ratio enclosing / kill(): {enclosing / kill:.2f}")
-    print(f"median ratio enclosing / kill() at a timer (the scope mechanism): {enclosing / timer:.2f}")
+    print(
+        f"median ratio enclosing / kill() at a timer (the scope mechanism): {enclosing / timer:.2f}"
+    )
 
 
 if __name__ == "__main__":
