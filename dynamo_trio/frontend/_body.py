@@ -77,6 +77,15 @@ class StreamBody(ResponseBody):
         if self._ended:
             raise StopAsyncIteration
         try:
+            # A chunk already waiting (the usual case under load) needs no timer and
+            # no extra trip through the scheduler: quart's send right after this
+            # is the checkpoint.
+            return self._gather(self._chunks.receive_nowait())
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        try:
             if self._keepalive <= 0:
                 return self._gather(await self._chunks.receive())
             with trio.move_on_after(self._keepalive):

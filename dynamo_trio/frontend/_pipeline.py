@@ -113,7 +113,12 @@ class _Emitter:
         if self.broken:
             return
         try:
-            await self._send.send(event)
+            try:
+                # Room in the channel (the usual case): no trip through the scheduler;
+                # the producer's next receive is its checkpoint.
+                self._send.send_nowait(event)
+            except trio.WouldBlock:
+                await self._send.send(event)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.broken = True
         else:

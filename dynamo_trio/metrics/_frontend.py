@@ -39,6 +39,7 @@ one registry, which is why dynamo-trio does not add one.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Final, Self, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -87,7 +88,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-__all__ = ["FrontendMetrics", "FrontendRequestTracker"]
+__all__ = ["FrontendMetrics", "FrontendRequestTracker", "observe_many"]
 
 _ROUTE_LABELS: Final = (LABEL_MODEL, LABEL_FRONTEND_ENDPOINT, LABEL_REQUEST_TYPE)
 _STATUSES: Final = frozenset(get_args(FrontendStatus))
@@ -321,8 +322,7 @@ class FrontendRequestTracker:
         assert self._last_token_at is not None
         gap = (now - self._last_token_at) / count
         self._last_token_at = now
-        for _ in range(count):
-            self._route.itl.observe(gap)
+        observe_many(self._route.itl, gap, count)
 
     def cancelled(self, reason: str) -> None:
         """Count the request as cancelled, now; the first call wins.
@@ -409,3 +409,30 @@ class FrontendRequestTracker:
             self.finish(STATUS_ERROR)
         else:
             self.finish(STATUS_ERROR, ERROR_TYPE_CANCELLED)
+
+
+def observe_many(histogram: Histogram, amount: float, count: int) -> None:
+    """``histogram.observe(amount)``, ``count`` times, at the cost of one.
+
+    A batch of tokens observes one inter-token gap per token: done one by one,
+    that was a tenth of the frontend's CPU per streamed token.  prometheus-client
+    has no weighted observation, so this adds to the bucket and the sum that
+    ``observe`` would pick (the first bound ``>= amount``; ``+Inf`` is last), in
+    one increment each: the exposed samples are those of ``count`` calls (the sum
+    up to float rounding).
+    A prometheus-client without those attributes gets the calls.
+    """
+    try:
+        bounds: list[float] = histogram._upper_bounds
+        buckets = histogram._buckets
+        total = histogram._sum
+    except AttributeError:
+        for _ in range(count):
+            histogram.observe(amount)
+        return
+    if not amount <= bounds[-1]:  # NaN (the last bound is +Inf): observe counts it nowhere
+        for _ in range(count):
+            histogram.observe(amount)
+        return
+    total.inc(amount * count)
+    buckets[bisect_left(bounds, amount)].inc(count)
