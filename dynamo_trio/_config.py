@@ -51,6 +51,10 @@ frontend.max_header_size           ``DYN_HTTP_MAX_HEADER_SIZE``          16 KiB
 frontend.max_json_depth            ``DYN_HTTP_MAX_JSON_DEPTH``           64 (at most 256)
 frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
 frontend.http_workers              ``DYN_HTTP_WORKERS``                  1 (processes on the port)
+frontend.migration_limit           ``DYN_MIGRATION_LIMIT``               0 (no migration)
+frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
+frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
+frontend.dead_client_timeout       ``DYN_HTTP_DEAD_CLIENT_SECS``         10 (0 = off)
 log_level                          ``DYN_LOG``                           ``info``
 =================================  ====================================  ===============
 """
@@ -58,6 +62,7 @@ log_level                          ``DYN_LOG``                           ``info`
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -195,12 +200,32 @@ class FrontendConfig:
     http_workers: int = 1
     """Frontend processes serving the port (``SO_REUSEPORT``); raise it when the
     frontend, not the engine, is the bottleneck, up to the core count."""
+    migration_limit: int = 0
+    """How many times one request may move to another worker after its worker was
+    lost mid-stream (Dynamo's ``--migration-limit``); 0 turns migration off."""
+    backend_stream_timeout: float = 0.0
+    """Seconds a worker may send nothing (before its first item, or between two)
+    before its request is killed with reason ``inactivity`` and answered 504
+    (Dynamo's ``DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS``); 0 turns it off."""
+    max_request_timeout: float = 0.0
+    """The longest deadline a request may have: an ``x-request-timeout`` header
+    asking for more is cut to it, and a request without one gets it; 0 for none."""
+    dead_client_timeout: float = 10.0
+    """Seconds after which a client whose network went silent (no FIN, no RST) is
+    found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
+    accepted connections; 0 turns them off."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
             raise ValueError(
                 f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
             )
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be 0 or more, not {self.migration_limit}")
+        for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,6 +356,22 @@ class Config:
                 ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
                 http_workers=env.get("DYN_HTTP_WORKERS", _positive_int, frontend.http_workers),
+                migration_limit=env.get(
+                    "DYN_MIGRATION_LIMIT", _non_negative_int, frontend.migration_limit
+                ),
+                backend_stream_timeout=env.get(
+                    "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS",
+                    _seconds,
+                    frontend.backend_stream_timeout,
+                ),
+                max_request_timeout=env.get(
+                    "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS",
+                    _seconds,
+                    frontend.max_request_timeout,
+                ),
+                dead_client_timeout=env.get(
+                    "DYN_HTTP_DEAD_CLIENT_SECS", _seconds, frontend.dead_client_timeout
+                ),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
         )
@@ -375,6 +416,20 @@ def _non_negative(raw: str) -> float:
     value = float(raw)
     if not value >= 0:
         raise ValueError("must be zero or more")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < math.inf:
+        raise ValueError("must be a finite number of seconds, zero or more")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be zero or a positive integer")
     return value
 
 

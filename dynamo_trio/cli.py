@@ -91,6 +91,30 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         help="frontend processes serving the port (DYN_HTTP_WORKERS; default 1): raise it, "
         "up to the core count, when the frontend process is the bottleneck",
     )
+    parser.add_argument(
+        "--migration-limit",
+        type=_non_negative_int,
+        help="times a request may move to another worker when its own is lost mid-stream "
+        "(DYN_MIGRATION_LIMIT; default 0: a lost worker fails its requests)",
+    )
+    parser.add_argument(
+        "--backend-stream-timeout",
+        type=float,
+        help="seconds a worker may send nothing before its request fails with 504 "
+        "(DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS; default 0: no bound)",
+    )
+    parser.add_argument(
+        "--max-request-timeout",
+        type=float,
+        help="the longest deadline a request may have (x-request-timeout is cut to it; "
+        "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS; default 0: none)",
+    )
+    parser.add_argument(
+        "--dead-client-timeout",
+        type=float,
+        help="seconds within which a client whose network went silent is found out and its "
+        "request killed (DYN_HTTP_DEAD_CLIENT_SECS; default 10; 0 turns it off)",
+    )
 
 
 def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
@@ -134,11 +158,22 @@ def _config(args: argparse.Namespace) -> Config:
         "keepalive_interval": getattr(args, "sse_keepalive", None),
         "router_mode": getattr(args, "router_mode", None),
         "http_workers": getattr(args, "http_workers", None),
+        "migration_limit": getattr(args, "migration_limit", None),
+        "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
+        "max_request_timeout": getattr(args, "max_request_timeout", None),
+        "dead_client_timeout": getattr(args, "dead_client_timeout", None),
     }
     frontend = dataclasses.replace(
         frontend, **{key: value for key, value in overrides.items() if value is not None}
     )
     return config.replace(discovery=discovery, frontend=frontend)
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> MockerSettings:
@@ -197,7 +232,7 @@ async def run_frontend(
                     runtime,
                     frontend,
                     shutdown_trigger=stop.wait,
-                    graceful_timeout=config.worker.shutdown_grace,
+                    shutdown_grace=config.worker.shutdown_grace,
                     sockets=sockets,
                     **shared,
                 )
@@ -243,7 +278,10 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     _discovery_flags(parser)
     _frontend_flags(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = _config(parser.parse_args(argv))
+    try:
+        config = _config(parser.parse_args(argv))
+    except ValueError as exc:  # an invalid DYN_* value or flag combination
+        parser.error(str(exc))
     configure_logging(config.log_level)
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None:  # one of --http-workers' processes

@@ -19,6 +19,18 @@ sockets of the connections still open: a blocked write then fails with
 every task of the connection ends.  A connection that finished its work in
 time is never touched.
 
+Dead clients: with ``dead_peer_timeout``, every accepted connection gets TCP
+keepalive and ``TCP_USER_TIMEOUT`` set so that a client whose network went
+silent (no FIN, no RST: a cable pulled, a laptop closed, a NAT that forgot
+the flow) is found out within about that many seconds: while the server has
+nothing to send (a long prefill before the first token), keepalive probes go
+unanswered; while it has (tokens, SSE comments), its data goes unacknowledged.
+Either way the kernel errors the socket, hypercorn's read fails, and the app
+gets ``http.disconnect`` like for any hang-up.  Writing alone would not do:
+bytes sent to a silent peer sit in the send queue, retransmitted for many
+minutes, before any write fails.  A live client, however slow, acknowledges
+both probes and data, so it is never cut by this.
+
 It listens on the sockets :func:`listen_sockets` makes from the bind
 addresses: with ``reuse_port``, each gets ``SO_REUSEPORT``, so several
 processes can serve one port and the kernel spreads connections between them
@@ -36,6 +48,7 @@ response's ``send_all`` met the EOF in trio's conflict detector and raised
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -54,7 +67,7 @@ if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["listen_sockets", "serve_http"]
+__all__ = ["dead_peer_options", "listen_sockets", "serve_http"]
 
 _log = logging.getLogger("dynamo_trio.http")
 
@@ -88,12 +101,39 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
     return sockets
 
 
+def dead_peer_options(timeout: float) -> list[tuple[int, int, int]]:
+    """``(level, option, value)`` socket options that find a silent TCP peer in about
+    ``timeout`` seconds (Linux; options this platform lacks are left out).
+
+    Keepalive probes start after a third of the bound, one a sixth of it apart
+    (at least a second each), and ``TCP_USER_TIMEOUT`` gives up on a peer that
+    acknowledged nothing (probes or data) for the whole bound.  Without
+    ``TCP_USER_TIMEOUT``, the probe count ends the connection at about the
+    same time.
+    """
+    idle = max(1, int(timeout // 3))
+    interval = max(1, int(timeout // 6))
+    count = max(1, math.ceil((timeout - idle) / interval))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", max(1, round(timeout * 1000))),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    return options
+
+
 async def serve_http(
     app: ASGIFramework,
     config: HypercornConfig,
     shutdown_trigger: Callable[[], Awaitable[None]],
     *,
     sockets: list[socket.socket] | None = None,
+    dead_peer_timeout: float = 0.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` over plain HTTP until ``shutdown_trigger`` returns.
@@ -103,16 +143,25 @@ async def serve_http(
     (``http://host:port``) through ``task_status``.  On shutdown: stop
     accepting, let open connections finish for ``config.graceful_timeout``
     seconds, then cancel them and close their sockets, however they are blocked.
+    ``dead_peer_timeout`` (seconds, 0 for none): find silent clients (see the
+    module docstring) on TCP connections.
     """
     wrapped = ASGIWrapper(app)
     context = WorkerContext(None)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     open_streams: set[trio.SocketStream] = set()
+    peer_options = dead_peer_options(dead_peer_timeout) if dead_peer_timeout > 0 else []
 
     async def handle(stream: trio.SocketStream) -> None:
         open_streams.add(stream)
         try:
+            if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    for level, option, value in peer_options:
+                        stream.socket.setsockopt(level, option, value)
+                except OSError:  # already reset by the peer: hypercorn finds out at once
+                    pass
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
             tls_typed = cast("trio.SSLStream[trio.SocketStream]", _OrderedSends(stream))
             state = ConnectionState(lifespan_state.copy())

@@ -17,11 +17,21 @@ functions of the :class:`~._pipeline.Pipeline` (bound when the app is built)
 and the API they serve; quart does the routing, the body limits and the
 error pages.  A view reads the whole body before anything can refuse the
 request, so that hypercorn can reuse the keep-alive connection.
+
+A request may carry ``x-request-timeout: SECONDS`` (a positive number): its
+deadline, from when its body has arrived.  The deadline becomes the request
+context's, travels to every worker as time remaining, and, when it passes,
+ends the request with a 504 (or its stream's error event).  It cannot exceed
+the server's maximum (``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``), which is also
+the deadline of a request that names none.  While the frontend shuts down,
+every API response carries ``Connection: close``.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -45,6 +55,7 @@ _REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REQUEST_TIMEOUT_HEADER: Final = "x-request-timeout"
 
 
 def json_response(payload: object, status: int = 200, request_id: str | None = None) -> Response:
@@ -76,6 +87,26 @@ def _request_id() -> str:
             param="x-request-id",
         )
     return given
+
+
+def _deadline(max_timeout: float) -> float | None:
+    """The request's deadline in ``time.monotonic()`` seconds (see the module docstring)."""
+    raw = request.headers.get(REQUEST_TIMEOUT_HEADER)
+    timeout = max_timeout or None
+    if raw is not None:
+        try:
+            asked = float(raw)
+        except ValueError:
+            asked = math.nan
+        if not 0 < asked < math.inf:
+            raise RequestError(
+                400,
+                f"{REQUEST_TIMEOUT_HEADER} must be a positive number of seconds, "
+                f"not {shown(raw)!r}.",
+                param=REQUEST_TIMEOUT_HEADER,
+            )
+        timeout = asked if timeout is None else min(asked, timeout)
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _decode_json(body: bytes, max_depth: int) -> object:
@@ -112,14 +143,23 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Res
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     try:
         request_id = _request_id()
+        deadline = _deadline(pipeline.config.max_request_timeout)
         payload = _decode_json(body, pipeline.config.max_json_depth)
         if api is EMBEDDINGS:
-            result = await pipeline.embeddings(EMBEDDINGS, payload, request_id)
+            result = await pipeline.embeddings(EMBEDDINGS, payload, request_id, deadline=deadline)
         else:
-            result = await pipeline.text(api, payload, request_id)  # type: ignore[arg-type]
+            result = await pipeline.text(
+                api,  # type: ignore[arg-type]
+                payload,
+                request_id,
+                deadline=deadline,
+            )
+        response = _reply(result, request_id)
     except RequestError as exc:
-        return json_response(api.request_error_body(exc), exc.status, reply_id())
-    return _reply(result, request_id)
+        response = json_response(api.request_error_body(exc), exc.status, reply_id())
+    if pipeline.shutting_down:
+        response.headers["Connection"] = "close"  # so the client's next request goes elsewhere
+    return response
 
 
 async def embeddings_view(pipeline: Pipeline) -> Response:
