@@ -1,6 +1,16 @@
-"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``."""
+"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``.
+
+Every session runs on the interpreter that runs nox (any of Python 3.11, 3.12
+and 3.13: ``python3 -m nox`` on a machine that has only one of them just works),
+in a virtualenv of its own per Python version, ``.nox/py3XX/<session>``, so
+running the sessions under two interpreters in one checkout never mixes their
+packages.  ``.ci/run`` uses that to run the suite on 3.11 and on the newest
+Python it finds.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import nox
 
@@ -8,27 +18,42 @@ nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "typecheck", "tests"]
+# One environment directory per interpreter: nox does not notice on its own that
+# a reused virtualenv was made by another Python (its staleness check is opt-in).
+nox.options.envdir = f".nox/py{sys.version_info.major}{sys.version_info.minor}"
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
+SUPPORTED = (3, 11)
 
 
-@nox.session(python=["3.11"])
+def _check_interpreter(session: nox.Session) -> None:
+    if sys.version_info[:2] < SUPPORTED:
+        session.error(
+            f"dynamo-trio needs Python 3.11 or newer; nox is running on "
+            f"{sys.version.split()[0]} ({sys.executable})"
+        )
+
+
+@nox.session(python=None)
 def tests(session: nox.Session) -> None:
     """The whole test suite (real sockets, real processes, a real etcd when available)."""
+    _check_interpreter(session)
     session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "test"))
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=["3.11"])
+@nox.session(python=None)
 def lint(session: nox.Session) -> None:
     """ruff: lint rules (including flake8-async) and formatting."""
+    _check_interpreter(session)
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python=["3.11"])
+@nox.session(python=None)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the package."""
+    """mypy --strict on the package (for the Python version nox runs on)."""
+    _check_interpreter(session)
     session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "typecheck"))
     session.run("mypy")

@@ -27,9 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import trio
+from _bootstrap import ensure_project_python
 
-from dynamo_trio.request_plane._frames import (
+ensure_project_python()
+
+import trio  # noqa: E402
+
+from dynamo_trio.request_plane._frames import (  # noqa: E402
     NONCE_SIZE,
     PROTOCOL_VERSION,
     Auth,
@@ -39,7 +43,7 @@ from dynamo_trio.request_plane._frames import (
     Hello,
     encode_frame,
 )
-from dynamo_trio.request_plane._protocol import client_proof
+from dynamo_trio.request_plane._protocol import client_proof  # noqa: E402
 
 HERE = Path(__file__).parent
 TOKEN = "benchmark-token-0123456789"

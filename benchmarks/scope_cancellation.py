@@ -18,22 +18,21 @@ on Linux).  They should be the same: both are one ``ctl kill`` frame.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-import trio
+from _bootstrap import ensure_project_python
 
-from dynamo_trio import Config, Context
-from dynamo_trio.runtime import Client, DistributedRuntime
+ensure_project_python()
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from request_plane import Child, percentile, spawn  # noqa: E402
+import trio  # noqa: E402
+from _harness import REPO, Child, percentile, python_env  # noqa: E402
+from request_plane import spawn_script  # noqa: E402
+
+from dynamo_trio import Config, Context  # noqa: E402
+from dynamo_trio.runtime import Client, DistributedRuntime  # noqa: E402
 
 _AHEAD = 0.02  # how far ahead the enclosing deadline is set
 
@@ -54,20 +53,20 @@ async def one(client: Client, worker: Child, how: str, serial: int) -> float:
                 cause = time.monotonic() + _AHEAD
             await trio.sleep_forever()  # the caller's other work: the cancellation strikes here
     observed = await worker.wait_for("killed", id=parent.id())
-    return (observed["t"] - cause) * 1000
+    return float(observed["t"] - cause) * 1000
 
 
 async def main(args: argparse.Namespace) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("DYN_")}
+    env = python_env()
     env.update(
         DYN_DISCOVERY_BACKEND="file",
         DYN_FILE_KV=tempfile.mkdtemp(prefix="dynamo-bench-"),
         DYN_LOG="warning",
-        PYTHONPATH=str(HERE.parent),
+        PYTHONPATH=str(REPO),
     )
     samples: dict[str, list[float]] = {"enclosing move_on_at": [], "parent.kill()": []}
     async with trio.open_nursery() as nursery:
-        worker = await spawn(nursery, "_worker.py", env)
+        worker = await spawn_script(nursery, "_worker.py", env)
         await worker.wait_for("ready")
         async with DistributedRuntime(Config.from_env(env)) as runtime:
             endpoint = runtime.namespace("bench").component("worker").endpoint("generate")

@@ -14,6 +14,7 @@ from ._config import (
 from ._context import (
     CancelReason as CancelReason,
     Context as Context,
+    ContextMetadata as ContextMetadata,
     ContextState as ContextState,
 )
 from ._errors import (
@@ -24,6 +25,7 @@ from ._errors import (
     DynamoError as DynamoError,
     EngineShutdown as EngineShutdown,
     InvalidArgument as InvalidArgument,
+    InvalidRequestId as InvalidRequestId,
     NoInstances as NoInstances,
     ProtocolError as ProtocolError,
     ResourceExhausted as ResourceExhausted,
@@ -32,14 +34,18 @@ from ._errors import (
     TransportError as TransportError,
     Unknown as Unknown,
 )
+from ._logcontext import RequestLogFilter as RequestLogFilter
+from ._tracing import TraceContext as TraceContext
 from .runtime import (
     Annotated as Annotated,
     Client as Client,
     Component as Component,
+    DataStream as DataStream,
     DistributedRuntime as DistributedRuntime,
     Endpoint as Endpoint,
     Namespace as Namespace,
     ResponseStream as ResponseStream,
+    configure_dynamo_logging as configure_dynamo_logging,
     dynamo_worker as dynamo_worker,
 )
 
@@ -48,14 +54,16 @@ __version__ = "0.1.0"
 __all__ = [
     "Annotated",
     "CancelReason",
-    "CannotConnect",
     "Cancelled",
+    "CannotConnect",
     "Client",
     "Component",
     "Config",
     "ConnectionTimeout",
     "Context",
+    "ContextMetadata",
     "ContextState",
+    "DataStream",
     "Disconnected",
     "DiscoveryConfig",
     "DistributedRuntime",
@@ -64,17 +72,21 @@ __all__ = [
     "EngineShutdown",
     "FrontendConfig",
     "InvalidArgument",
+    "InvalidRequestId",
     "Namespace",
     "NoInstances",
     "ProtocolError",
+    "RequestLogFilter",
     "RequestPlaneConfig",
     "ResourceExhausted",
     "ResponseStream",
     "ResponseTimeout",
     "StreamIncomplete",
     "SystemConfig",
+    "TraceContext",
     "TransportError",
     "Unknown",
     "WorkerConfig",
+    "configure_dynamo_logging",
     "dynamo_worker",
 ]

@@ -109,11 +109,13 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import trio
+
+from ._tracing import REQUEST_ID, TraceContext
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -121,6 +123,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CancelReason",
     "Context",
+    "ContextMetadata",
     "ContextState",
     "find_cancelled",
     "reason_for_cancelled",
@@ -190,7 +193,13 @@ class Context:
     Args:
         id: The user request id.  Defaults to a fresh UUIDv4 string.  Sub-requests
             and worker-side contexts reuse it end to end.
+        metadata: Dynamo's propagated metadata: string keys to string values
+            that travel with every call made with this context (see
+            :attr:`metadata`).
         timeout: Optional time budget in seconds from now; see :meth:`set_deadline`.
+        trace: Where the request is in its W3C trace on this process (see
+            :attr:`trace_id`).  ``None`` for a context made by hand, as in
+            Dynamo; the frontend and the runtime set it for the contexts they make.
 
     ``stop_generating()``, ``stop()``, ``kill()``, ``is_stopped()`` and
     ``is_killed()`` are synchronous, never checkpoint, and are safe to call
@@ -206,6 +215,7 @@ class Context:
         "_exiting",
         "_finished",
         "_id",
+        "_metadata",
         "_nursery",
         "_parent",
         "_reason",
@@ -214,13 +224,23 @@ class Context:
         "_state",
         "_state_changed_at",
         "_token",
+        "_trace",
         "_wakeup",
         "attributes",
         "created_at",
     )
 
-    def __init__(self, id: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        trace: TraceContext | None = None,
+    ) -> None:
         self._id: Final = str(uuid.uuid4()) if id is None else id
+        self._metadata: dict[str, str] = _checked_metadata(metadata) if metadata else {}
+        self._trace = trace
         self._state = ContextState.LIVE
         self._reason: CancelReason | None = None
         self._state_changed_at: float | None = None
@@ -253,6 +273,68 @@ class Context:
     def id(self) -> str:
         """The user request id, shared by every context serving the same request."""
         return self._id
+
+    # ------------------------------------------------------------------ metadata and trace
+
+    @property
+    def metadata(self) -> ContextMetadata:
+        """Dynamo's propagated metadata: a live, mutable ``str -> str`` mapping.
+
+        Whatever it holds when a call is made with ``context=`` this context
+        travels with the request and arrives as the handler's
+        ``context.metadata`` (and onwards, if the handler passes its context
+        on).  Assigning a dict replaces the contents; views already taken see
+        the new contents, as in Dynamo.
+        """
+        return ContextMetadata(self._metadata)
+
+    @metadata.setter
+    def metadata(self, metadata: Mapping[str, str]) -> None:
+        checked = _checked_metadata(metadata)
+        self._metadata.clear()
+        self._metadata.update(checked)
+
+    @property
+    def trace(self) -> TraceContext | None:
+        """This context's place in its W3C trace, or ``None`` (a context made by hand)."""
+        return self._trace
+
+    @property
+    def trace_id(self) -> str | None:
+        """The W3C trace id (32 hex digits), the same on every hop; ``None`` without a trace."""
+        return None if self._trace is None else self._trace.trace_id
+
+    @property
+    def span_id(self) -> str | None:
+        """This hop's span id (16 hex digits); ``None`` without a trace."""
+        return None if self._trace is None else self._trace.span_id
+
+    @property
+    def parent_span_id(self) -> str | None:
+        """The calling hop's span id; ``None`` where the trace began or without a trace."""
+        return None if self._trace is None else self._trace.parent_span_id
+
+    def trace_headers(self) -> dict[str, str] | None:
+        """W3C trace headers to hand to a downstream engine, as Dynamo's ``trace_headers()``.
+
+        ``{"traceparent": "00-<trace id>-<span id>-<flags>"}`` plus
+        ``tracestate`` and ``x-request-id`` when the request carried them, and
+        ``request-id`` (this request's id); ``None`` without a trace.
+        """
+        if self._trace is None:
+            return None
+        headers = self._trace.headers()
+        headers[REQUEST_ID] = self._id
+        return headers
+
+    def detached(self, id: str) -> Context:
+        """A new, independent context with request id ``id``: same trace, a copy of the
+        metadata, its own cancellation (not linked to this one), as Dynamo's ``detached``."""
+        return Context(id, self._metadata, trace=self._trace)
+
+    def _set_trace(self, trace: TraceContext | None) -> None:
+        """Set where the request is in its trace (the runtime does, for contexts it makes)."""
+        self._trace = trace
 
     @property
     def state(self) -> ContextState:
@@ -659,6 +741,7 @@ class Context:
                 "state": ctx._state.name.lower(),
                 "reason": ctx._reason.value if ctx._reason else None,
                 "age_s": round(now - ctx.created_at, 6),
+                "trace_id": ctx.trace_id,
                 "attributes": dict(ctx.attributes),
                 "children": [],
             }
@@ -672,6 +755,99 @@ class Context:
                 node["children"].append(child_node)
                 stack.append((child, child_node))
         return root
+
+
+def _checked_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    checked = dict(metadata)
+    for key, value in checked.items():
+        _check_metadata_item(key, value)
+    return checked
+
+
+def _check_metadata_item(key: object, value: object) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"context metadata keys must be str, not {type(key).__name__}")
+    if not isinstance(value, str):
+        raise TypeError(
+            f"context metadata values must be str, not {type(value).__name__} (key {key!r})"
+        )
+
+
+_MISSING: Final[Any] = object()
+
+
+@final
+class ContextMetadata:
+    """A live view of a context's metadata (Dynamo's ``ContextMetadata``).
+
+    String keys to string values; reads and writes go to the context itself.
+    ``keys()``, ``values()`` and ``items()`` return lists (snapshots), as in
+    Dynamo; ``copy()`` a dict.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict[str, str]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        _check_metadata_item(key, value)
+        self._items[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._items[key]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._items))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ContextMetadata):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return self._items == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._items.get(key, default)
+
+    def pop(self, key: str, default: str | None = _MISSING) -> str | None:
+        """Remove ``key`` and return its value; ``default`` if absent (``KeyError`` without one)."""
+        if default is _MISSING:
+            return self._items.pop(key)
+        return self._items.pop(key, default)
+
+    def keys(self) -> list[str]:
+        return list(self._items)
+
+    def values(self) -> list[str]:
+        return list(self._items.values())
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._items.items())
+
+    def update(self, other: Mapping[str, str]) -> None:
+        checked = _checked_metadata(other)
+        self._items.update(checked)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def copy(self) -> dict[str, str]:
+        return dict(self._items)
+
+    def __repr__(self) -> str:
+        return repr(self._items)
 
 
 def _apply_effects(changed: list[Context]) -> None:

@@ -5,6 +5,7 @@ same on both systems::
 
     DynamoError
     ├── InvalidArgument        the request was malformed, or the handler raised ValueError/TypeError
+    │   └── InvalidRequestId   a request-id header (x-request-id, x-dynamo-request-id) is not an id
     ├── Cancelled              the work was cancelled on the remote side (not by this caller)
     ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
     ├── ResourceExhausted      a limit was hit (too many streams, queue full)
@@ -39,6 +40,7 @@ __all__ = [
     "DynamoError",
     "EngineShutdown",
     "InvalidArgument",
+    "InvalidRequestId",
     "NoInstances",
     "ProtocolError",
     "ResourceExhausted",
@@ -77,6 +79,20 @@ class InvalidArgument(DynamoError):
     """The request was malformed, or the handler rejected it (``ValueError``/``TypeError``)."""
 
     error_type = "InvalidArgument"
+
+
+class InvalidRequestId(InvalidArgument):
+    """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id.
+
+    Args:
+        header: The header's name, lower case (the HTTP layer reports it as the
+            offending parameter).
+        message: What is wrong, naming the header.
+    """
+
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(message)
+        self.header: Final = header
 
 
 class Cancelled(DynamoError):

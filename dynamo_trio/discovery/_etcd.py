@@ -40,6 +40,14 @@ re-puts a key deleted concurrently and never misses one just put.
 next on connection errors (see :mod:`._etcd_gateway`).  At startup, if no
 endpoint grants a lease, entering raises :class:`DiscoveryError`.  Later
 outages are logged and retried (keepalive every TTL/3, watches with backoff).
+
+*Timeouts follow the TTL.*  One attempt at one endpoint may take
+``ttl/3`` seconds (between 0.5 and 5): a member whose host vanished (no
+reset, every packet lost) costs a keepalive one attempt, and the next
+member still refreshes the lease before it expires: the keepalive is due
+``ttl/3`` after the last, fails over after ``ttl/3`` more, and lands well
+within ``ttl``.  With a fixed 5 s a lease shorter than that expired behind
+a dead member, and every instance vanished from discovery for a while.
 The HTTP client ignores proxy settings from the environment (etcd is reached
 directly) and is closed when the context is left.
 
@@ -79,13 +87,18 @@ __all__ = ["EtcdDiscovery"]
 logger = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT: Final = 5.0
-"""Seconds a unary request to one endpoint may take."""
+"""Seconds a unary request to one endpoint may take, at most (see "Timeouts follow the TTL")."""
 
-_CONNECT_TIMEOUT: Final = 2.0
-"""Seconds to connect to one endpoint before failing over."""
+_MIN_REQUEST_TIMEOUT: Final = 0.5
+"""... and at least, however short the TTL."""
 
 _WATCH_BUFFER: Final = 64
 """Events a watch may queue ahead of its reader before it stops reading etcd."""
+
+
+def attempt_timeout(ttl: float) -> float:
+    """Seconds one request may take at one endpoint, for a lease of ``ttl`` seconds."""
+    return min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, ttl / 3))
 
 
 @final
@@ -203,10 +216,10 @@ class EtcdDiscovery(Discovery):
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(_REQUEST_TIMEOUT, connect=_CONNECT_TIMEOUT)
-        client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        attempt = attempt_timeout(self._requested_ttl)
+        client = httpx.AsyncClient(timeout=attempt, trust_env=False)
         try:
-            gateway = EtcdGateway(client, self._endpoints, timeout=_REQUEST_TIMEOUT)
+            gateway = EtcdGateway(client, self._endpoints, timeout=attempt)
             try:
                 self._lease_id, self._ttl = await gateway.grant(self._requested_ttl)
             except DiscoveryError as exc:

@@ -18,7 +18,11 @@ types below spell out:
 :class:`EtcdGateway` sends each request to the current endpoint and moves to
 the next one on a connection-level failure (refused, reset, timed out) or an
 "unavailable" answer, trying each endpoint once per request before giving up
-with :class:`~dynamo_trio.discovery.DiscoveryError`.  Anything that does not
+with :class:`~dynamo_trio.discovery.DiscoveryError`.  The current endpoint is
+shared by every request of the process, and long-lived watch streams follow
+it (:meth:`EtcdGateway.wait_moved_from`): a member that stops answering
+without closing its connections (its host lost, partitioned away) is found
+out by the next unary request, and the watches leave it too.  Anything that does not
 parse as the expected message is reported the same way, never passed on.
 """
 
@@ -266,11 +270,22 @@ class EtcdGateway:
         self._endpoints = tuple(url.rstrip("/") for url in endpoints)
         self._current = 0
         self._timeout = timeout
+        self._moved = trio.Event()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         """The configured endpoints."""
         return self._endpoints
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to now (the one that last answered)."""
+        return self._endpoints[self._current]
+
+    async def wait_moved_from(self, endpoint: str) -> None:
+        """Return once requests no longer go to ``endpoint`` (some request failed over)."""
+        while self.endpoint == endpoint:
+            await self._moved.wait()
 
     # -- KV --------------------------------------------------------------------
 
@@ -343,11 +358,14 @@ class EtcdGateway:
     # -- watch -----------------------------------------------------------------
 
     @asynccontextmanager
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[AsyncIterator[str]]:
-        """Open a watch stream of ``prefix`` from ``start_revision``; yields its lines.
+    async def watch(
+        self, prefix: str, start_revision: int
+    ) -> AsyncIterator[tuple[str, AsyncIterator[str]]]:
+        """Open a watch stream of ``prefix`` from ``start_revision``.
 
-        The connection belongs to this context: leaving it (or cancelling the
-        reader) closes it.
+        Yields ``(endpoint, lines)``: the endpoint that serves the stream and
+        the stream's lines.  The connection belongs to this context: leaving
+        it (or cancelling the reader) closes it.
 
         Raises:
             DiscoveryError: if no endpoint accepted the stream.
@@ -358,12 +376,14 @@ class EtcdGateway:
         )
         http_timeout = httpx.Timeout(self._timeout, read=None)
         response = await self._send("/v3/watch", body, http_timeout=http_timeout, stream=True)
+        url = str(response.request.url)
+        endpoint = next((e for e in self._endpoints if url.startswith(f"{e}/")), self.endpoint)
         # aiter_lines() is an async generator (typed as a plain iterator):
         # close it here, not whenever the garbage collector gets to it.
         lines = cast("AsyncGenerator[str, None]", response.aiter_lines())
         try:
             async with aclosing(lines):
-                yield lines
+                yield endpoint, lines
         finally:
             with trio.move_on_after(self._timeout, shield=True):
                 await response.aclose()
@@ -433,6 +453,8 @@ class EtcdGateway:
     def _fail_over(self, endpoint: str, reason: str) -> None:
         if len(self._endpoints) > 1:
             self._current = (self._current + 1) % len(self._endpoints)
+            self._moved.set()
+            self._moved = trio.Event()
             logger.warning(
                 "discovery: etcd %s failed (%s); trying %s",
                 endpoint,

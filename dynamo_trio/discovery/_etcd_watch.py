@@ -49,10 +49,13 @@ deliverer sends the difference between what the consumer has seen and
 ``latest`` instead.  A consumer that falls far behind gets coalesced state
 changes, like the file backend's; one that keeps up gets every event.
 
-A half-open connection (the peer vanished without a reset) is not detected by
-the watch itself; the lease keepalive of the same process notices a dead
-endpoint within ``ttl/3`` and moves the shared endpoint cursor, and the next
-reconnect follows it.
+A half-open connection (the member's host vanished, or it was partitioned
+away, without a reset) is not detected by the watch itself: its stream just
+goes quiet.  The lease keepalive of the same process notices a dead member
+within ``ttl/3`` plus one request timeout and moves the shared endpoint
+cursor; a watch whose endpoint is no longer the cursor's drops its stream
+(a third task waits for that) and resumes on the new one, from
+``next_revision`` as always.
 """
 
 from __future__ import annotations
@@ -162,18 +165,30 @@ class WatchPump:
             DiscoveryError: if the stream cannot be opened, breaks, ends, or
                 was dropped on purpose (``_stop_reason``).
         """
-        async with self._gateway.watch(self._prefix, self.next_revision) as lines:
+        broke: BaseException | None = None
+        async with self._gateway.watch(self._prefix, self.next_revision) as (endpoint, lines):
             with trio.CancelScope() as own_scope:
-                try:
-                    async for line in lines:
-                        # No await and no raise in here (see the module docstring).
-                        if not own_scope.cancel_called:
-                            self._take(line, own_scope)
-                except (httpx.TransportError, httpx.StreamError) as exc:
-                    raise DiscoveryError(f"stream broke: {type(exc).__name__}: {exc}") from exc
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._leave_when_abandoned, endpoint, own_scope)
+                    try:
+                        async for line in lines:
+                            # No await and no raise in here (see the module docstring).
+                            if not own_scope.cancel_called:
+                                self._take(line, own_scope)
+                    except (httpx.TransportError, httpx.StreamError) as exc:
+                        broke = exc
+                    nursery.cancel_scope.cancel()
+            if broke is not None:
+                raise DiscoveryError(f"stream broke: {type(broke).__name__}: {broke}") from broke
             if own_scope.cancel_called:  # dropped on purpose (maybe just as it ended)
                 raise DiscoveryError(self._stop_reason)
         raise DiscoveryError("stream ended")
+
+    async def _leave_when_abandoned(self, endpoint: str, own_scope: trio.CancelScope) -> None:
+        """Drop the stream once the process's requests have failed over from its endpoint."""
+        await self._gateway.wait_moved_from(endpoint)
+        self._stop_reason = f"requests failed over from {endpoint} to {self._gateway.endpoint}"
+        own_scope.cancel(reason=self._stop_reason)
 
     def _take(self, line: str, own_scope: trio.CancelScope) -> None:
         """Handle one line of the stream; cancel ``own_scope`` to drop the stream."""

@@ -16,8 +16,10 @@ within ``body_timeout`` 408, a body over the size limit 413, a request target
 or headers over ``max_header_size`` 414/431, a body that is not JSON (or not
 UTF-8) 415, no live instance 503, a request cancelled on the worker 499,
 anything else 500.  WebSocket handshakes are refused with a 404.
-Each response carries ``x-request-id``: the client's own if it sent one (it is
-the request's context id, end to end), a fresh UUID otherwise.
+Each response carries ``x-request-id`` and ``x-dynamo-request-id``: the request's
+id (from ``x-dynamo-request-id``, else ``x-request-id``, else a fresh UUID; it
+is the request's context id end to end), and a ``traceparent`` joins the
+client's trace (see :mod:`dynamo_trio._tracing`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..llm import reason_phrase
 from ._apis import ANTHROPIC_MESSAGES, CHAT
 from ._hangup import HangUpGuard
 from ._pipeline import Pipeline
-from ._routes import ROUTES, json_response, reply_id
+from ._routes import ROUTES, json_response, reply_ids
 
 if TYPE_CHECKING:
     import socket
@@ -132,7 +134,7 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
         413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
     }.get(status, error.description or reason_phrase(status))
     api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-    response = json_response(api.error_body(status, message), status, reply_id())
+    response = json_response(api.error_body(status, message), status, reply_ids())
     if isinstance(error, MethodNotAllowed) and error.valid_methods:
         response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
     return await _keep_alive_safe(response)
@@ -141,7 +143,7 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
 async def _internal_error(error: Exception) -> Response:
     _log.exception("unhandled error on %s %s", request.method, request.path)
     api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-    response = json_response(api.error_body(500, "Internal server error."), 500, reply_id())
+    response = json_response(api.error_body(500, "Internal server error."), 500, reply_ids())
     return await _keep_alive_safe(response)
 
 

@@ -19,48 +19,62 @@ candidates are the *(endpoint, instance)* pairs of the model's cards, never
 the endpoint's other instances.
 
 Each request picks among the candidates that are *live*: listed by discovery
-and not taken out of rotation by a recent failure (a refused connection, a
-connection lost, a worker going away).  ``round-robin`` (the default) takes
+and in the rotation of the endpoint's :class:`~dynamo_trio.runtime.Client`
+(out of it after a refused or timed-out connection, a connection lost, a
+worker going away; back once a background probe reconnects, see
+:mod:`dynamo_trio.runtime._client`).  ``round-robin`` (the default) takes
 them in turn per model, ``random`` at random.  If the chosen instance cannot
 be reached, or its stream fails before its first item (the worker died or
-is shutting down), the request is sent at once to another candidate it has
-not tried, so a model served by a live instance anywhere is answered even
-while a dead one's cards wait for its lease to expire.
+is shutting down), it leaves rotation and the request is sent at once to
+another candidate it has not tried, so a model served by a live instance
+anywhere is answered even while a dead one's cards wait for its lease to
+expire, or while a split keeps this frontend from an instance others reach.
+If no candidate is live but some are out of rotation with their rest over
+(a probe is trying them), the request tries those rather than failing.
 
 Faults after the first item: migration
 ======================================
 
-Once items have arrived, a lost worker (its connection gone: ``Disconnected``;
-it abandoned the request to shut down: ``EngineShutdown``, or it stopped the
-request to shut down, ending it early) is handled by the request's
-:class:`StreamFaults`:
+Once items have arrived, a lost worker (its connection gone:
+``Disconnected``; it abandoned the request to shut down: ``EngineShutdown``;
+or it stopped the request to shut down, ending it early) is handled as the
+request's :class:`StreamFaults` say:
 
 * with ``migration_limit`` N > 0, the request is sent again, at most N times,
   to a live instance whose card accepts continuations, carrying what was
   generated so far as its ``continuation`` (see :mod:`dynamo_trio.llm`): the
   new worker goes on from there, so the consumer reads one uninterrupted
-  stream (Dynamo's request migration);
+  stream, no item repeated or missing (Dynamo's request migration);
 * otherwise, or once no instance can take it, the failure is the request's
   error: the lost connection, or :class:`~dynamo_trio.StreamIncomplete` for a
   worker that stopped the request to shut down (its partial output must not
-  read as a complete answer).
+  read as a complete answer; OpenAI has no finish reason that says so).
 
 A request whose context is stopped or killed is never moved: it was
-cancelled, and a cancellation during a migration reaches the new attempt
-(its call is linked under the request's context like the first one).  A
-generation whose last item had arrived before the connection was lost is
-complete: the stream just ends.  Each move is counted in
+cancelled (its calls then end quietly instead of failing), and a cancellation
+during a migration reaches the new attempt, whose call is linked under the
+request's context like the first one.  A generation whose last item had
+arrived before the connection was lost is complete: the stream just ends.
+Each move to another instance after one failed the request is counted in
 ``dynamo_frontend_model_migration_total{model, migration_type, reason}``
-(``new_request`` before the first item, ``ongoing_request`` after it).
+(``new_request`` before the first item, ``ongoing_request`` after it), once
+the request has reached the new instance.
 
 With ``idle_timeout``, a worker that sends nothing for that long (before its
 first item, or between two) has its call killed with reason ``inactivity``
-and leaves this registry's rotation for a while;
-:class:`~dynamo_trio.ResponseTimeout` is the request's error.
+and leaves rotation; :class:`~dynamo_trio.ResponseTimeout` is the request's
+error.
 
 A card can be seen a moment before the instance record it names (they are
 separate watches): a request that finds no live candidate but some not yet
 listed waits up to ``_INSTANCE_WAIT`` for one to appear.
+
+The instance watch of each endpoint a card names is opened in the background
+as soon as the card is seen (retried while etcd is unavailable), not by the
+first request for the model: a request never waits for discovery, and an
+etcd outage (a member lost, a leader election) costs no request anything,
+since the request plane does not need etcd.  A request that still finds an
+endpoint's watch unopened while discovery is down is a 503, not a 500.
 
 Name clashes between model types
 ================================
@@ -75,12 +89,13 @@ no worker serves the model as is a 404 that says which types it is served as.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
 
 import trio
 
@@ -94,11 +109,11 @@ from .._errors import (
     ResponseTimeout,
     StreamIncomplete,
 )
-from ..discovery import ModelCard, decode_model_card, model_prefix
+from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from .._config import RouterMode
@@ -108,19 +123,24 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
 
+_log = logging.getLogger("dynamo_trio.frontend")
+
 _INSTANCE_WAIT: Final = 2.0
 """How long a request for a known model waits for one of its instances to be listed."""
 
-_DOWN_FOR: Final = 2.0
-"""How long an instance a request failed on stays out of this model's rotation."""
+_PREPARE_RETRY: Final = (0.1, 2.0)
+"""Backoff (first, longest) between attempts to open an endpoint's instance watch."""
 
-_RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomplete)
+_RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
 """Failures of the instance after which another instance may take the request."""
 
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
+"""Engine ``request_type``s whose streams can be continued elsewhere."""
 
 Target = tuple[str, int]
 """``(endpoint path, instance id)``: one place a model's request can go."""
+
+_T = TypeVar("_T")
 
 Moved = tuple[str, str]
 """``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
@@ -148,6 +168,23 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, Disconnected):
         return "disconnected"
     return "cannot_connect"
+
+
+async def _one_item(stream: ResponseStream, idle_timeout: float | None) -> list[Annotated]:
+    item = await stream.receive(idle_timeout=idle_timeout)
+    return [] if item is None else [item]
+
+
+async def _batch(stream: ResponseStream, idle_timeout: float | None) -> list[Any]:
+    return await stream.receive_batch(idle_timeout=idle_timeout)
+
+
+def _annotated_data(item: Annotated) -> Any:
+    return item.data()
+
+
+def _same(data: Any) -> Any:
+    return data
 
 
 def _path(card: ModelCard) -> str:
@@ -224,13 +261,15 @@ class ModelStream:
         self._target = target
         self._stream = stream
         self._faults = faults
-        self._started = False
-        self._is_text = isinstance(request, dict) and request.get("request_type") in _TEXT_REQUESTS
+        self._started = False  # an item has arrived
+        self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
         self._migrations_left = faults.migration_limit if self._is_text else 0
+        self._migrated = 0
+        # What the consumer has been given, for a continuation (only while it may move).
         self._text: list[str] = []
         self._token_ids: list[int] = []
-        self._finished = False  # the item with the finish reason has arrived
-        self._held: Any = None  # a "cancelled" last item the worker chose to end with
+        self._finished = False  # the item with the finish reason has been given out
+        self._held: Any = None  # a "cancelled" last item the worker ended with on its own
 
     @property
     def instance_id(self) -> int | None:
@@ -244,123 +283,115 @@ class ModelStream:
 
     @property
     def migrations(self) -> int:
-        """How many times the request moved after its first item."""
-        return self._faults.migration_limit - self._migrations_left if self._is_text else 0
+        """How many times the request moved to another instance after its first item."""
+        return self._migrated
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Annotated:
+        items = await self._receive(_one_item, _annotated_data)
+        if not items:
+            raise StopAsyncIteration
+        item: Annotated = items[0]
+        return item
+
+    async def receive_batch(self) -> list[Any]:
+        """The data of every item that has arrived, at least one; ``[]`` at the end
+        (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
+        return await self._receive(_batch, _same)
+
+    async def _receive(
+        self,
+        receive: Callable[[ResponseStream, float | None], Awaitable[list[_T]]],
+        data: Callable[[_T], Any],
+    ) -> list[_T]:
+        """The next items (``[]`` at the end), moving the request when its instance fails."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
                 if held is None:
                     continue  # moved to another instance
-                item: Annotated = held[0]
-                return item
+                return [held]
             try:
-                got = await self._stream.receive(idle_timeout=self._faults.idle_timeout)
-            except _RETRYABLE as exc:
-                if self._finished:
-                    raise StopAsyncIteration from None
-                await self._recover(exc)
-                continue
-            except ResponseTimeout:
-                self._route._registry._failed(self._target)
-                raise
-            self._started = True
-            if got is None:
-                await self._ended()
-                raise StopAsyncIteration
-            if self._is_text and not self._seen([got.data()]):
-                self._held = got  # decided on the next call
-                continue
-            return got
-
-    async def receive_batch(self) -> list[Any]:
-        """The data of every item that has arrived, at least one; ``[]`` at the end
-        (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
-        while True:
-            if self._held is not None:
-                batch = await self._worker_ended_early()
-                if batch is None:
-                    continue  # moved to another instance
-                return batch
-            try:
-                batch = await self._stream.receive_batch(idle_timeout=self._faults.idle_timeout)
+                items = await receive(self._stream, self._faults.idle_timeout)
             except _RETRYABLE as exc:
                 if self._finished:
                     return []  # the generation was complete; only its end was lost
                 await self._recover(exc)
                 continue
-            except ResponseTimeout:
-                self._route._registry._failed(self._target)
+            except ResponseTimeout as exc:
+                self._route._registry._failed(self._target, exc)
                 raise
-            self._started = True
-            if not batch:
+            if not items:
                 await self._ended()
-                return batch
-            if not self._is_text:
-                return batch
-            batch = self._seen(batch)
-            if batch:
-                return batch
+                return items
+            self._started = True
+            if self._is_text:
+                self._note(items, data)
+                if not items:
+                    continue  # only the held item: decided on the next round
+            return items
 
     async def _ended(self) -> None:
-        """At the end of the stream: if it ended because the request was killed (its
+        """At the end of a stream: if it ended because the request was killed (its
         deadline may have reached the call first), let that cancellation land now,
-        so the end is never mistaken for a complete generation."""
+        so that the end is never taken for a complete generation."""
         if self._context.is_killed():  # reading the state enforces the deadline
             await trio.lowlevel.checkpoint()
 
-    def _seen(self, batch: list[Any]) -> list[Any]:
-        """Note what a text generation's items carry; hold back a last item that says
-        the worker ended the generation early on its own (see :meth:`_worker_ended_early`)."""
-        track = self._migrations_left > 0
-        for data in batch:
-            if type(data) is not dict:
-                continue
-            if track:
-                text = data.get("text")
+    def _note(self, items: list[_T], data: Callable[[_T], Any]) -> None:
+        """Note what a text generation's items carry, and hold back a last item that
+        says the worker ended the generation early on its own
+        (:meth:`_worker_ended_early` decides what it means)."""
+        last = data(items[-1])  # a finish reason is only ever on a stream's last item
+        if type(last) is dict:
+            finish = last.get("finish_reason")
+            if finish == "cancelled" and not self._context.is_stopped():
+                self._held = items.pop()  # not our stop: the worker's
+            elif finish is not None:
+                self._finished = True
+        if self._migrations_left > 0:
+            for item in items:
+                value = data(item)
+                if type(value) is not dict:
+                    continue
+                text = value.get("text")
                 if type(text) is str and text:
                     self._text.append(text)
-                token_ids = data.get("token_ids")
+                token_ids = value.get("token_ids")
                 if type(token_ids) is list:
                     self._token_ids.extend(token_ids)
-            finish = data.get("finish_reason")
-            if finish is not None:
-                self._finished = True
-                if finish == "cancelled" and data is batch[-1] and not self._context.is_stopped():
-                    # Not our stop: the worker's.  Why it stopped decides what we do.
-                    self._held = batch.pop()
-                    self._finished = False
-        return batch
 
-    async def _worker_ended_early(self) -> list[Any] | None:
+    async def _worker_ended_early(self) -> Any:
         """The worker stopped the generation on its own: read its end and see why.
 
-        A worker that stopped it to shut down left it incomplete: the request
-        moves to another instance (``None``), or fails with
-        :class:`~dynamo_trio.StreamIncomplete`.  Any other reason is the
-        worker's own clean end: its last item is delivered as it is.
+        A worker that stopped it to shut down (or whose connection was lost right
+        after) left it incomplete: the request moves to another instance
+        (``None``) or fails with :class:`~dynamo_trio.StreamIncomplete`.  Any
+        other reason is the worker's own clean end: its last item is given out.
         """
         held, self._held = self._held, None
-        idle = self._faults.idle_timeout
-        while await self._stream.receive_batch(idle_timeout=idle):
-            pass  # nothing follows a finish reason but the end (later items are ignored)
         stream = self._stream
-        if stream.outcome != "stopped" or stream.end_reason != CancelReason.SHUTDOWN:
+        try:
+            while await stream.receive_batch(idle_timeout=self._faults.idle_timeout):
+                pass  # nothing follows a finish reason but the end
+        except _RETRYABLE:
+            incomplete = True
+        else:
+            incomplete = stream.outcome == "stopped" and stream.end_reason == CancelReason.SHUTDOWN
+        if not incomplete or self._context.is_stopped():
             self._finished = True
-            return [held]
+            return held
         await self._recover(
-            StreamIncomplete("the worker shut down before the generation completed")
+            StreamIncomplete("the worker shut down before the generation was complete")
         )
         return None
 
     async def _recover(self, exc: DynamoError) -> None:
         """Send the request to another instance after ``exc``, or raise ``exc``."""
         registry = self._route._registry
-        registry._failed(self._target)
+        registry._failed(self._target, exc)
         if not self._started:
             self._target, self._stream = await registry._send(
                 self._route,
@@ -378,17 +409,22 @@ class ModelStream:
         self._migrations_left -= 1
         request = dict(self._request)
         request["continuation"] = {"text": "".join(self._text), "token_ids": list(self._token_ids)}
-        self._target, self._stream = await registry._send(
-            self._route,
-            request,
-            self._context,
-            self._tried,
-            wait=True,
-            last_error=exc,
-            faults=self._faults,
-            moved=("ongoing_request", _reason(exc)),
-            continuing=True,
-        )
+        try:
+            self._target, self._stream = await registry._send(
+                self._route,
+                request,
+                self._context,
+                self._tried,
+                wait=True,
+                faults=self._faults,
+                moved=("ongoing_request", _reason(exc)),
+                continuing=True,
+            )
+        except CannotConnect as lost:  # NoInstances is one
+            raise type(exc)(
+                f"{exc.message}; no other instance could take the request over ({lost.message})"
+            ) from lost
+        self._migrated += 1
 
     async def aclose(self) -> None:
         """Close the stream; if the worker is still producing, kill its work now."""
@@ -420,13 +456,43 @@ class ModelRegistry:
         self._types: dict[str, set[ModelType]] = {}
         self._clients: dict[str, Client] = {}
         self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
-        self._down_until: dict[Target, float] = {}
 
     async def start(self) -> None:
-        """Begin watching discovery (the watch lives as long as the runtime)."""
+        """Begin watching discovery (the watches live as long as the runtime)."""
         self._cards = await self._runtime.watch_prefix(
             model_prefix(self._namespace), decode_model_card
         )
+        self._runtime._require_nursery().start_soon(self._prepare_clients)
+
+    async def _prepare_clients(self) -> None:
+        """Open the client (the instance watch) of every endpoint a card names, as the
+        cards appear, retrying while discovery is unavailable (see the module docstring)."""
+        view = self._view()
+        version = view.version
+        delay = _PREPARE_RETRY[0]
+        while True:
+            missing = {_path(card): card for card in view.items().values()}
+            for path in self._clients:
+                missing.pop(path, None)
+            failed = False
+            for card in missing.values():
+                try:
+                    await self._client(card)
+                except DiscoveryError as exc:
+                    _log.warning("cannot watch the instances of %s yet: %s", _path(card), exc)
+                    failed = True
+                except RuntimeError:
+                    return  # the runtime is closing
+            if failed:
+                await trio.sleep(delay)
+                delay = min(delay * 2, _PREPARE_RETRY[1])
+                continue
+            delay = _PREPARE_RETRY[0]
+            try:
+                version = await view.wait_changed(version)
+            except DiscoveryError as exc:  # the cards' watch ended: requests see it too
+                _log.warning("model cards no longer watched: %s", exc)
+                return
 
     def _view(self) -> PrefixView[ModelCard]:
         if self._cards is None:
@@ -505,28 +571,40 @@ class ModelRegistry:
 
     async def _candidates(
         self, route: ModelRoute, tried: set[Target], *, continuing: bool = False
-    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]]]:
-        """The live, untried targets of the model (only those that accept continuations,
-        if ``continuing``), and its instances not listed yet."""
-        now = time.monotonic()
+    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
+        """The model's untried targets (only those whose card accepts continuations, if
+        ``continuing``): live ones, ones not listed yet, and listed ones out of rotation
+        whose rest is over (the longest due first)."""
         live: list[tuple[Target, Client]] = []
         unlisted: list[tuple[int, Client]] = []
-        seen: dict[str, tuple[set[int], set[int]]] = {}
+        resting: list[tuple[int, Target, Client]] = []
+        seen: dict[str, tuple[set[int], set[int], dict[int, int]]] = {}
         for card in self.cards(route.name, route.model_type):
             target = (_path(card), card.instance_id)
-            if target in tried or self._down_until.get(target, 0.0) > now:
+            if target in tried or (continuing and not card.accepts_continuation):
                 continue
-            if continuing and not card.accepts_continuation:
-                continue
-            client = await self._client(card)
+            try:
+                client = await self._client(card)
+            except DiscoveryError as exc:
+                raise NoInstances(
+                    f"cannot look up the instances of {target[0]} (discovery unavailable: {exc})"
+                ) from None
             if target[0] not in seen:
-                seen[target[0]] = (set(client.live_instance_ids()), set(client.instance_ids()))
-            in_rotation, listed = seen[target[0]]
+                order = {i: n for n, i in enumerate(client.due_instance_ids())}
+                seen[target[0]] = (
+                    set(client.live_instance_ids()),
+                    set(client.instance_ids()),
+                    order,
+                )
+            in_rotation, listed, resting_order = seen[target[0]]
             if card.instance_id in in_rotation:
                 live.append((target, client))
             elif card.instance_id not in listed:
                 unlisted.append((card.instance_id, client))
-        return live, unlisted
+            elif card.instance_id in resting_order:
+                resting.append((resting_order[card.instance_id], target, client))
+        resting.sort(key=lambda entry: entry[0])
+        return live, unlisted, [(target, client) for _, target, client in resting]
 
     def _pick(self, route: ModelRoute, live: list[tuple[Target, Client]]) -> tuple[Target, Client]:
         if self._router_mode == "random":
@@ -560,17 +638,20 @@ class ModelRegistry:
         """
         wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
         while True:
-            live, unlisted = await self._candidates(route, tried, continuing=continuing)
+            live, unlisted, resting = await self._candidates(route, tried, continuing=continuing)
             if not live and unlisted and trio.current_time() < wait_until:
                 await self._wait_for_any(unlisted, wait_until)
                 continue
-            if not live:
+            if live:
+                target, client = self._pick(route, live)
+            elif resting:
+                target, client = resting[0]  # none in rotation: one whose rest is over
+            else:
                 if last_error is not None:
                     raise last_error
                 raise NoInstances(
                     f"no live instance serves the {route.model_type} model `{route.name}`"
                 )
-            target, client = self._pick(route, live)
             tried.add(target)
             try:
                 stream = await client.direct(request, target[1], context=context)
@@ -578,8 +659,7 @@ class ModelRegistry:
                 last_error = exc  # it left discovery a moment ago
                 continue
             except CannotConnect as exc:
-                self._failed(target)
-                last_error = exc
+                last_error = exc  # the client took it out of rotation
                 moved = moved or ("new_request", "cannot_connect")
                 continue
             if moved is not None and faults.on_migration is not None and stream.instance_id:
@@ -601,11 +681,14 @@ class ModelRegistry:
                 for instance_id, client in unlisted:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
 
-    def _failed(self, target: Target | None) -> None:
-        """Keep ``target`` out of this registry's rotation for a while."""
+    def _failed(self, target: Target | None, error: DynamoError) -> None:
+        """Take ``target`` out of its endpoint's rotation (a no-op if already out)."""
         if target is None:
             return
-        now = time.monotonic()
-        for stale in [t for t, until in self._down_until.items() if until <= now]:
-            del self._down_until[stale]
-        self._down_until[target] = now + _DOWN_FOR
+        client = self._clients.get(target[0])
+        if client is not None:
+            client._instance_failed(
+                target[1],
+                f"{type(error).__name__}: {error}",
+                expected=isinstance(error, EngineShutdown | StreamIncomplete),  # it is draining
+            )

@@ -73,6 +73,7 @@ import trio
 from .._contain import is_cancellation, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import DynamoError, EngineShutdown, ResponseTimeout
+from .._tracing import TraceContext
 from ..llm import (
     EmbeddingRequest,
     Generation,
@@ -226,7 +227,13 @@ class Pipeline:
     # ------------------------------------------------------------------ entry points
 
     async def text(
-        self, api: TextApi, payload: object, request_id: str, *, deadline: float | None = None
+        self,
+        api: TextApi,
+        payload: object,
+        request_id: str,
+        trace: TraceContext | None = None,
+        *,
+        deadline: float | None = None,
     ) -> JsonReply | StreamReply:
         """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds.
 
@@ -239,7 +246,9 @@ class Pipeline:
         route = self.models.route(request.model, api.model_type)
         request.check_limits(route.card)
         request_type = "stream" if request.stream else "unary"
-        lifecycle = self._lifecycle(request.model, api.label, request_type, request_id, deadline)
+        lifecycle = self._lifecycle(
+            request.model, api.label, request_type, request_id, trace, deadline
+        )
         produce = self._stream_text if request.stream else self._unary_text
         return await self._run(lifecycle, api.error_body, produce, api, request, route)
 
@@ -248,6 +257,7 @@ class Pipeline:
         api: EmbeddingsApi,
         payload: object,
         request_id: str,
+        trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
     ) -> JsonReply | StreamReply:
@@ -255,7 +265,7 @@ class Pipeline:
         self._check_open()
         request = parse_embedding_request(payload)
         route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, deadline)
+        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace, deadline)
         return await self._run(lifecycle, api.error_body, self._embed, request, route)
 
     def _check_open(self) -> None:
@@ -267,9 +277,15 @@ class Pipeline:
             )
 
     def _lifecycle(
-        self, model: str, label: Any, request_type: Any, request_id: str, deadline: float | None
+        self,
+        model: str,
+        label: Any,
+        request_type: Any,
+        request_id: str,
+        trace: TraceContext | None = None,
+        deadline: float | None = None,
     ) -> RequestLifecycle:
-        context = Context(request_id)
+        context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
         if deadline is not None:
             context.set_deadline(deadline)
         context.attributes.update(model=model, route=label, kind=request_type)

@@ -30,14 +30,23 @@ every API response carries ``Connection: close``.
 from __future__ import annotations
 
 import math
-import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from quart import Response, current_app, request
 
+from .._errors import InvalidRequestId
+from .._tracing import (
+    TRACEPARENT,
+    TRACESTATE,
+    X_DYNAMO_REQUEST_ID,
+    X_REQUEST_ID,
+    RequestIds,
+    TraceContext,
+    is_valid_request_id,
+    request_ids,
+)
 from ..edge import json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
@@ -49,44 +58,43 @@ if TYPE_CHECKING:
     from ._apis import EmbeddingsApi, TextApi
     from ._pipeline import Pipeline
 
-__all__ = ["ROUTES", "ApiRoute", "json_response", "reply_id"]
+__all__ = ["ROUTES", "ApiRoute", "json_response", "reply_ids"]
 
-_REQUEST_ID: Final = re.compile(r"[\x21-\x7e]{1,256}")
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 REQUEST_TIMEOUT_HEADER: Final = "x-request-timeout"
 
 
-def json_response(payload: object, status: int = 200, request_id: str | None = None) -> Response:
-    """A compact JSON response, with ``x-request-id`` when given."""
+def json_response(payload: object, status: int = 200, ids: RequestIds | None = None) -> Response:
+    """A compact JSON response, with the request's id headers when given."""
     response: Response = current_app.response_class(
         json_bytes(payload), status=status, content_type="application/json"
     )
-    if request_id is not None:
-        response.headers["x-request-id"] = request_id
+    if ids is not None:
+        response.headers.update(ids.response_headers())
     return response
 
 
-def reply_id() -> str:
-    """The id an error reply carries: the client's if valid (never echo an invalid one)."""
-    given = request.headers.get("x-request-id")
-    if given is not None and _REQUEST_ID.fullmatch(given):
-        return given
-    return str(uuid.uuid4())
+def reply_ids() -> RequestIds:
+    """The ids an error reply carries: the client's if valid (never echo an invalid one)."""
+    given = [request.headers.get(name) for name in (X_REQUEST_ID, X_DYNAMO_REQUEST_ID)]
+    plain, dynamo = (value if value and is_valid_request_id(value) else None for value in given)
+    return request_ids(plain, dynamo)
 
 
-def _request_id() -> str:
-    given = request.headers.get("x-request-id")
-    if given is None:
-        return str(uuid.uuid4())
-    if not _REQUEST_ID.fullmatch(given):
-        raise RequestError(
-            400,
-            "x-request-id must be 1 to 256 printable ASCII characters without spaces.",
-            param="x-request-id",
-        )
-    return given
+def _identity() -> tuple[RequestIds, TraceContext]:
+    """The request's id (``x-dynamo-request-id``, ``x-request-id``, or a fresh UUID) and
+    its trace (a span under the client's ``traceparent``, or a new trace)."""
+    headers = request.headers
+    try:
+        ids = request_ids(headers.get(X_REQUEST_ID), headers.get(X_DYNAMO_REQUEST_ID))
+    except InvalidRequestId as exc:
+        raise RequestError(400, exc.message, param=exc.header) from None
+    trace = TraceContext.continued(
+        headers.get(TRACEPARENT), headers.get(TRACESTATE), x_request_id=ids.x_request_id
+    )
+    return ids, trace
 
 
 def _deadline(max_timeout: float) -> float | None:
@@ -127,14 +135,14 @@ def _decode_json(body: bytes, max_depth: int) -> object:
     return decode_json_body(body, max_depth=max_depth)
 
 
-def _reply(result: JsonReply | StreamReply, request_id: str) -> Response:
+def _reply(result: JsonReply | StreamReply, ids: RequestIds) -> Response:
     if isinstance(result, JsonReply):
-        return json_response(result.payload, result.status, request_id)
+        return json_response(result.payload, result.status, ids)
     response: Response = current_app.response_class(
         result.body, content_type="text/event-stream", headers=_SSE_HEADERS
     )
     response.timeout = None
-    response.headers["x-request-id"] = request_id
+    response.headers.update(ids.response_headers())
     return response
 
 
@@ -142,21 +150,24 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Res
     """``POST`` to a generating route: parse, route, run, answer (JSON or SSE)."""
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     try:
-        request_id = _request_id()
+        ids, trace = _identity()
         deadline = _deadline(pipeline.config.max_request_timeout)
         payload = _decode_json(body, pipeline.config.max_json_depth)
         if api is EMBEDDINGS:
-            result = await pipeline.embeddings(EMBEDDINGS, payload, request_id, deadline=deadline)
+            result = await pipeline.embeddings(
+                EMBEDDINGS, payload, ids.request_id, trace, deadline=deadline
+            )
         else:
             result = await pipeline.text(
                 api,  # type: ignore[arg-type]
                 payload,
-                request_id,
+                ids.request_id,
+                trace,
                 deadline=deadline,
             )
-        response = _reply(result, request_id)
+        response = _reply(result, ids)
     except RequestError as exc:
-        response = json_response(api.request_error_body(exc), exc.status, reply_id())
+        response = json_response(api.request_error_body(exc), exc.status, reply_ids())
     if pipeline.shutting_down:
         response.headers["Connection"] = "close"  # so the client's next request goes elsewhere
     return response

@@ -56,6 +56,7 @@ __all__ = [
     "LABEL_REASON",
     "LABEL_REQUEST_TYPE",
     "LABEL_STATUS",
+    "LABEL_WORKER_ID",
     "MIGRATION_TYPES",
     "REQUEST_TYPES",
     "STATUS_ERROR",
@@ -83,6 +84,8 @@ LABEL_REQUEST_TYPE: Final = "request_type"
 LABEL_STATUS: Final = "status"
 LABEL_REASON: Final = "reason"
 """dynamo-trio: the :class:`~dynamo_trio.CancelReason` value of a cancellation."""
+LABEL_WORKER_ID: Final = "worker_id"
+"""The worker's instance id in hex (Dynamo's ``labels::WORKER_ID``, its ``connection_id``)."""
 
 # The frontend's ``endpoint`` label is not Dynamo's ``dynamo_endpoint``: it names the API route.
 LABEL_FRONTEND_ENDPOINT: Final = "endpoint"

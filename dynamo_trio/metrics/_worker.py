@@ -38,10 +38,12 @@ ended stopped or killed, plus those that failed after being told to cancel.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Final, Literal, Self, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from ._buckets import CANCELLATION_LATENCY_BUCKETS, REQUEST_DURATION_BUCKETS
 from ._lifecycle import CancelSignal, _Lifecycle
@@ -60,14 +62,16 @@ from ._names import (
     LABEL_ERROR_TYPE,
     LABEL_NAMESPACE,
     LABEL_REASON,
+    LABEL_WORKER_ID,
     UNKNOWN_REASON,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
     from types import TracebackType
 
     from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import MetricWrapperBase
 
 __all__ = ["EndpointMetrics", "RequestTracker", "WorkerMetrics", "WorkerOutcome"]
 
@@ -77,6 +81,95 @@ WorkerOutcome = Literal["complete", "stopped", "killed", "error"]
 _OUTCOMES: Final = frozenset(get_args(WorkerOutcome))
 _CUT_SHORT: Final = frozenset({"stopped", "killed"})
 _LABELS: Final = (LABEL_NAMESPACE, LABEL_COMPONENT, LABEL_ENDPOINT)
+_LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_RESERVED_LABELS: Final = frozenset(
+    {*_LABELS, LABEL_WORKER_ID, LABEL_ERROR_TYPE, LABEL_REASON, "le", "quantile"}
+)
+
+_Kind = Literal["counter", "gauge", "histogram"]
+# (name, type, help, the family's own label after the endpoint's, histogram buckets)
+_FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
+    (COMPONENT_REQUESTS_TOTAL, "counter", "Requests received by the endpoint's handler", None, ()),
+    (
+        COMPONENT_INFLIGHT_REQUESTS,
+        "gauge",
+        "Requests whose handler work has not ended yet",
+        None,
+        (),
+    ),
+    (
+        COMPONENT_REQUEST_DURATION_SECONDS,
+        "histogram",
+        "Seconds from receiving a request to its handler work having ended",
+        None,
+        REQUEST_DURATION_BUCKETS,
+    ),
+    (
+        COMPONENT_ERRORS_TOTAL,
+        "counter",
+        "Requests whose handler failed, by error type",
+        LABEL_ERROR_TYPE,
+        (),
+    ),
+    (
+        COMPONENT_CANCELLATION_TOTAL,
+        "counter",
+        "Requests cancelled (stop, kill or caller gone), each counted once",
+        None,
+        (),
+    ),
+    (
+        COMPONENT_CANCELLED_REQUESTS_TOTAL,
+        "counter",
+        "Requests cancelled, each counted once, by the first cancellation reason",
+        LABEL_REASON,
+        (),
+    ),
+    (
+        COMPONENT_CANCELLATION_LATENCY_SECONDS,
+        "histogram",
+        "Seconds from the cancel signal reaching the worker to the handler work having ended",
+        LABEL_REASON,
+        CANCELLATION_LATENCY_BUCKETS,
+    ),
+    (
+        COMPONENT_CANCELLING_REQUESTS,
+        "gauge",
+        "Requests told to cancel whose handler work has not ended yet",
+        None,
+        (),
+    ),
+)
+
+
+def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]:
+    """Dynamo's ``metrics_labels``: extra ``(name, value)`` labels, checked.
+
+    Raises:
+        ValueError: a name that is not a Prometheus label name, is reserved
+            (the labels dynamo-trio sets itself, as Dynamo refuses them), or
+            is given twice; a name or value that is not a string.
+    """
+    checked: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for entry in labels:
+        if not isinstance(entry, tuple | list) or len(entry) != 2:
+            raise ValueError(f"metrics labels are (name, value) pairs, not {entry!r}")
+        name, value = entry
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"a metrics label's name and value are strings, not {entry!r}")
+        if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ValueError(f"{name!r} is not a Prometheus label name")
+        if name in _RESERVED_LABELS:
+            raise ValueError(
+                f"the label {name!r} is set by dynamo-trio itself and cannot be given "
+                "in metrics_labels"
+            )
+        if name in seen:
+            raise ValueError(f"the label {name!r} is given twice in metrics_labels")
+        seen.add(name)
+        checked.append((name, value))
+    return tuple(checked)
 
 
 @final
@@ -88,6 +181,12 @@ class WorkerMetrics:
     endpoints.  Nothing here is global, so two registries in one process (two
     workers in one test) never see each other's counts.
 
+    Each endpoint's series carry ``dynamo_namespace``, ``dynamo_component`` and
+    ``dynamo_endpoint``; an endpoint served by a runtime also carries
+    ``worker_id`` (the instance id in hex, as Dynamo's) and the extra labels
+    its ``serve_endpoint(metrics_labels=...)`` gave, so the label set of a
+    family may differ between endpoints, as it does in Dynamo.
+
     Args:
         registry: The process's registry; the status server exposes it.
         clock: Seconds, monotonic; injectable so tests can control latencies.
@@ -97,90 +196,133 @@ class WorkerMetrics:
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-        self._requests = Counter(
-            COMPONENT_REQUESTS_TOTAL,
-            "Requests received by the endpoint's handler",
-            _LABELS,
-            registry=registry,
-        )
-        self._inflight = Gauge(
-            COMPONENT_INFLIGHT_REQUESTS,
-            "Requests whose handler work has not ended yet",
-            _LABELS,
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self._duration = Histogram(
-            COMPONENT_REQUEST_DURATION_SECONDS,
-            "Seconds from receiving a request to its handler work having ended",
-            _LABELS,
-            registry=registry,
-            buckets=REQUEST_DURATION_BUCKETS,
-        )
-        self._errors = Counter(
-            COMPONENT_ERRORS_TOTAL,
-            "Requests whose handler failed, by error type",
-            (*_LABELS, LABEL_ERROR_TYPE),
-            registry=registry,
-        )
-        self._cancellations = Counter(
-            COMPONENT_CANCELLATION_TOTAL,
-            "Requests cancelled (stop, kill or caller gone), each counted once",
-            _LABELS,
-            registry=registry,
-        )
-        self._cancelled_by_reason = Counter(
-            COMPONENT_CANCELLED_REQUESTS_TOTAL,
-            "Requests cancelled, each counted once, by the first cancellation reason",
-            (*_LABELS, LABEL_REASON),
-            registry=registry,
-        )
-        self._cancellation_latency = Histogram(
-            COMPONENT_CANCELLATION_LATENCY_SECONDS,
-            "Seconds from the cancel signal reaching the worker to the handler work having ended",
-            (*_LABELS, LABEL_REASON),
-            registry=registry,
-            buckets=CANCELLATION_LATENCY_BUCKETS,
-        )
-        self._cancelling = Gauge(
-            COMPONENT_CANCELLING_REQUESTS,
-            "Requests told to cancel whose handler work has not ended yet",
-            _LABELS,
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self._endpoints: dict[tuple[str, str, str], EndpointMetrics] = {}
+        self._endpoints: dict[
+            tuple[str, str, str, str | None, tuple[tuple[str, str], ...]], EndpointMetrics
+        ] = {}
+        registry.register(self)
 
-    def endpoint(self, namespace: str, component: str, endpoint: str) -> EndpointMetrics:
+    def endpoint(
+        self,
+        namespace: str,
+        component: str,
+        endpoint: str,
+        *,
+        worker_id: str | None = None,
+        labels: Iterable[tuple[str, str]] = (),
+    ) -> EndpointMetrics:
         """The metrics of one served endpoint, created on first use and cached.
 
         Creating it makes the endpoint's series visible at zero (so
         ``increase()`` works from the first request and a scrape shows
         ``cancellation_total 0`` rather than nothing).
+
+        Args:
+            worker_id: Adds the ``worker_id`` label (Dynamo's: the worker's
+                instance id, in hex).
+            labels: Extra ``(name, value)`` labels on every series of the
+                endpoint (Dynamo's ``metrics_labels``).
+
+        Raises:
+            ValueError: an extra label is invalid or reserved (see
+                :func:`_check_extra_labels`).
         """
-        key = (namespace, component, endpoint)
+        extra = _check_extra_labels(labels)
+        key = (namespace, component, endpoint, worker_id, extra)
         metrics = self._endpoints.get(key)
         if metrics is None:
             metrics = self._endpoints[key] = EndpointMetrics(self, key)
         return metrics
 
+    # The registry's collector interface: one family per name, merging every
+    # endpoint's series (their label sets may differ).
+
+    def describe(self) -> list[Metric]:
+        return [Metric(_family_name(name, kind), doc, kind) for name, kind, doc, _, _ in _FAMILIES]
+
+    def collect(self) -> Iterator[Metric]:
+        endpoints = tuple(self._endpoints.values())
+        for index, (name, kind, doc, _, _) in enumerate(_FAMILIES):
+            family = Metric(_family_name(name, kind), doc, kind)
+            for endpoint in endpoints:
+                for metric in endpoint._metrics[index].collect():
+                    family.samples.extend(metric.samples)
+            yield family
+
+
+def _family_name(name: str, kind: _Kind) -> str:
+    return name.removesuffix("_total") if kind == "counter" else name
+
+
+def _counter(index: int, labelnames: list[str]) -> Counter:
+    name, _, doc, own, _ = _FAMILIES[index]
+    return Counter(name, doc, (*labelnames, *((own,) if own else ())), registry=None)
+
+
+def _gauge(index: int, labelnames: list[str]) -> Gauge:
+    name, _, doc, own, _ = _FAMILIES[index]
+    return Gauge(name, doc, (*labelnames, *((own,) if own else ())), registry=None)
+
+
+def _histogram(index: int, labelnames: list[str]) -> Histogram:
+    name, _, doc, own, buckets = _FAMILIES[index]
+    labels = (*labelnames, *((own,) if own else ()))
+    return Histogram(name, doc, labels, registry=None, buckets=buckets)
+
 
 @final
 class EndpointMetrics:
-    """Label-bound metrics of one ``(namespace, component, endpoint)``; see :meth:`start_request`.
+    """Label-bound metrics of one served endpoint; see :meth:`start_request`.
 
     Obtained from :meth:`WorkerMetrics.endpoint`, not built directly.
     """
 
-    def __init__(self, families: WorkerMetrics, key: tuple[str, str, str]) -> None:
+    def __init__(
+        self,
+        families: WorkerMetrics,
+        key: tuple[str, str, str, str | None, tuple[tuple[str, str], ...]],
+    ) -> None:
+        namespace, component, endpoint, worker_id, extra = key
         self._families = families
-        self._key = key
+        self._key: Final = (namespace, component, endpoint)
+        self.worker_id: Final = worker_id
+        """The ``worker_id`` label's value, if the endpoint has one."""
+        self.extra_labels: Final = dict(extra)
+        """The endpoint's extra labels (``metrics_labels``)."""
+        names = list(_LABELS)
+        values = [namespace, component, endpoint]
+        if worker_id is not None:
+            names.append(LABEL_WORKER_ID)
+            values.append(worker_id)
+        names += [name for name, _ in extra]
+        values += [value for _, value in extra]
+        self._values: Final = tuple(values)
+        # Not registered anywhere: WorkerMetrics collects them, in _FAMILIES order.
+        requests, inflight, duration = _counter(0, names), _gauge(1, names), _histogram(2, names)
+        errors, cancellations, by_reason = (
+            _counter(3, names),
+            _counter(4, names),
+            _counter(5, names),
+        )
+        latency, cancelling = _histogram(6, names), _gauge(7, names)
+        self._metrics: Final[tuple[MetricWrapperBase, ...]] = (
+            requests,
+            inflight,
+            duration,
+            errors,
+            cancellations,
+            by_reason,
+            latency,
+            cancelling,
+        )
         self._clock = families._clock
-        self._requests = families._requests.labels(*key)
-        self._inflight = families._inflight.labels(*key)
-        self._duration = families._duration.labels(*key)
-        self._cancellations = families._cancellations.labels(*key)
-        self._cancelling = families._cancelling.labels(*key)
+        self._requests: Final = requests.labels(*self._values)
+        self._inflight: Final = inflight.labels(*self._values)
+        self._duration: Final = duration.labels(*self._values)
+        self._cancellations: Final = cancellations.labels(*self._values)
+        self._cancelling: Final = cancelling.labels(*self._values)
+        self._errors_family: Final = errors
+        self._by_reason_family: Final = by_reason
+        self._latency_family: Final = latency
         self._errors: dict[str, Counter] = {}
         self._by_reason: dict[str, tuple[Counter, Histogram]] = {}
 
@@ -224,15 +366,15 @@ class EndpointMetrics:
     def _error(self, error_type: str) -> Counter:
         child = self._errors.get(error_type)
         if child is None:
-            child = self._errors[error_type] = self._families._errors.labels(*self._key, error_type)
+            child = self._errors[error_type] = self._errors_family.labels(*self._values, error_type)
         return child
 
     def _reason(self, reason: str) -> tuple[Counter, Histogram]:
         children = self._by_reason.get(reason)
         if children is None:
             children = self._by_reason[reason] = (
-                self._families._cancelled_by_reason.labels(*self._key, reason),
-                self._families._cancellation_latency.labels(*self._key, reason),
+                self._by_reason_family.labels(*self._values, reason),
+                self._latency_family.labels(*self._values, reason),
             )
         return children
 

@@ -1,12 +1,17 @@
 """The distributed runtime: serving endpoints, calling them, and the response streams between."""
 
 from ._annotated import Annotated as Annotated
-from ._client import Client as Client, ResponseStream as ResponseStream
+from ._client import (
+    Client as Client,
+    DataStream as DataStream,
+    ResponseStream as ResponseStream,
+)
 from ._runtime import (
     Component as Component,
     DistributedRuntime as DistributedRuntime,
     Endpoint as Endpoint,
     Namespace as Namespace,
+    configure_dynamo_logging as configure_dynamo_logging,
     dynamo_worker as dynamo_worker,
 )
 
@@ -14,9 +19,11 @@ __all__ = [
     "Annotated",
     "Client",
     "Component",
+    "DataStream",
     "DistributedRuntime",
     "Endpoint",
     "Namespace",
     "ResponseStream",
+    "configure_dynamo_logging",
     "dynamo_worker",
 ]

@@ -39,6 +39,15 @@ class Annotated:
         """The item's value (a method, as in Dynamo's Python bindings)."""
         return self._data
 
+    def comments(self) -> list[str] | None:
+        """The comment lines (Dynamo's method name; also the :attr:`comment` attribute)."""
+        return self.comment
+
+    def is_error(self) -> bool:
+        """Always false: an error ends a stream by raising, never as an item (as in Dynamo,
+        whose ``__anext__`` raises on an error item rather than returning it)."""
+        return False
+
     def __repr__(self) -> str:
         extras = "".join(
             f", {name}={value!r}"

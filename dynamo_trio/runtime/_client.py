@@ -7,7 +7,7 @@ A call ``client.round_robin(request, context=ctx)``:
 2. makes a child context with the same request id and links it under ``ctx``
    (so the child inherits ``ctx``'s deadline, and stopping or killing ``ctx``
    reaches it);
-3. picks a live instance (skipping ones whose connection recently failed),
+3. picks a live instance (skipping ones out of rotation, see below),
    connects through the runtime's pool if needed, and sends the request;
 4. returns a :class:`ResponseStream` wired to the child context: ``stop`` on
    the child sends a ``stop`` control frame and the stream drains to its
@@ -28,6 +28,27 @@ dropped).  Either way the worker is told at once, whether or not it is
 producing.  A worker that vanishes mid-stream raises
 :class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
 caller had itself cancelled, in which case the stream just ends.
+
+Rotation
+========
+
+An instance leaves rotation when a connection to it cannot be made or is
+lost (refused, timed out, heartbeats missed, the worker going away), and
+stays out for ``_DOWN_FOR`` seconds.  It does not come back on a user's
+request: when its time is up, a *probe* (a connection attempt in the
+runtime's nursery) decides.  If the probe connects, the instance is back at
+once, with that connection ready; if not, it rests twice as long (up to
+``_MAX_DOWN_FOR``) before the next probe.  So an instance discovery still
+lists but this process cannot reach (a network split: its lease is alive,
+other processes reach it) costs requests nothing after it was first found
+out, and comes back within ``_MAX_DOWN_FOR`` of the split healing.  Several
+failures at once (every stream of a lost connection) count as one.
+
+If no listed instance is in rotation, a call tries those whose rest is over
+(their probe is under way: the call shares its connection attempt) rather
+than failing; one that failed a moment ago is not tried again, so a model
+whose only instance is unreachable answers a fast, clear error.  An
+instance that leaves discovery is forgotten.
 """
 
 from __future__ import annotations
@@ -37,7 +58,8 @@ import math
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import trio
 
@@ -57,6 +79,8 @@ from .._errors import (
     NoInstances,
     ResponseTimeout,
 )
+from .._logcontext import current_request
+from .._tracing import check_metadata, request_headers
 from ..request_plane import ClientStream
 from ._annotated import Annotated
 
@@ -64,18 +88,21 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
+    from .._tracing import TraceContext
     from ..discovery import Instance, PrefixView
     from ._runtime import DistributedRuntime, Endpoint
 
-__all__ = ["Client", "ResponseStream"]
+__all__ = ["Client", "DataStream", "ResponseStream"]
 
 _log = logging.getLogger("dynamo_trio.runtime")
 
 _R = TypeVar("_R")
 
-# How long an instance whose connection failed stays out of rotation before it is
-# tried again (discovery removes it for good if its process is gone).
+# How long an instance whose connection failed stays out of rotation before a probe
+# tries it again; each failed probe doubles it, up to _MAX_DOWN_FOR (discovery
+# removes the instance for good if its process is gone).
 _DOWN_FOR: Final = 2.0
+_MAX_DOWN_FOR: Final = 8.0
 # Distinct instances a routed call tries before giving up on CannotConnect.
 _CONNECT_ATTEMPTS: Final = 3
 
@@ -147,6 +174,9 @@ class ResponseStream:
         return self
 
     async def __anext__(self) -> Annotated:
+        return await self._next_item()
+
+    async def _next_item(self) -> Annotated:
         frame = await self._next(ClientStream.receive)
         if frame is None:
             raise StopAsyncIteration
@@ -279,6 +309,23 @@ class ResponseStream:
                 self._context.kill(CancelReason.STREAM_CLOSED)
 
 
+class DataStream(ResponseStream):
+    """The items of one call made with ``annotated=False``: each item's data alone.
+
+    As in Dynamo, items that carry only annotations (an ``event``, an ``id``
+    or comments, and no data) are skipped.  Everything else (closing,
+    cancellation, errors) is as for :class:`ResponseStream`.
+    """
+
+    async def __anext__(self) -> Any:
+        while True:
+            item = await self._next_item()
+            data = item.data()
+            if data is None and (item.id is not None or item.event is not None or item.comment):
+                continue
+            return data
+
+
 def _weak_callback(
     stream: ResponseStream,
 ) -> Callable[[Context, ContextState, CancelReason], None]:
@@ -298,6 +345,17 @@ def _abandon_reason(exc: BaseException) -> CancelReason:
     return CancelReason.STREAM_CLOSED if cancelled is None else reason_for_cancelled(cancelled)
 
 
+@dataclass(slots=True)
+class _Resting:
+    """An instance out of rotation (see the module docstring)."""
+
+    until: float
+    """When (``time.monotonic()``) a probe may try it again."""
+    failures: int = 1
+    """Failures in a row (the first, then each failed probe)."""
+    probing: bool = False
+
+
 class Client:
     """Calls one endpoint's instances, as Dynamo's ``Client``."""
 
@@ -308,7 +366,7 @@ class Client:
         self._endpoint = endpoint
         self._view = view
         self._next = 0
-        self._down_until: dict[int, float] = {}
+        self._resting: dict[int, _Resting] = {}
 
     @property
     def endpoint(self) -> Endpoint:
@@ -337,23 +395,75 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    def _live(self) -> list[Instance]:
+    def due_instance_ids(self) -> list[int]:
+        """Ids of the listed instances out of rotation whose rest is over (a probe is
+        trying them), the longest due first: worth a try when none is in rotation."""
         now = time.monotonic()
         instances = self._instances()
-        return [
-            instance
-            for instance_id, instance in sorted(instances.items())
-            if self._down_until.get(instance_id, 0.0) <= now
-        ]
+        due = [(r.until, i) for i, r in self._resting.items() if i in instances and r.until <= now]
+        return [instance_id for _, instance_id in sorted(due)]
+
+    def _live(self) -> list[Instance]:
+        """The listed instances in rotation; starts the probes that are due."""
+        now = time.monotonic()
+        instances = self._instances()
+        for gone in [i for i in self._resting if i not in instances]:
+            del self._resting[gone]
+        live = []
+        for instance_id, instance in sorted(instances.items()):
+            resting = self._resting.get(instance_id)
+            if resting is None:
+                live.append(instance)
+            elif resting.until <= now and not resting.probing:
+                self._start_probe(instance, resting)
+        return live
+
+    def _start_probe(self, instance: Instance, resting: _Resting) -> None:
+        try:
+            nursery = self._runtime._require_nursery()
+            nursery.start_soon(self._probe, instance, name=f"probe {instance.address}")
+        except RuntimeError:
+            return  # the runtime is closing
+        resting.probing = True
+
+    async def _probe(self, instance: Instance) -> None:
+        """Try to connect to a resting instance: back in rotation, or rest longer."""
+        try:
+            await self._runtime._pool().connect(instance.address)
+        except CannotConnect as exc:
+            resting = self._resting.get(instance.instance_id)
+            if resting is None:
+                return  # it came back (or left discovery) meanwhile
+            resting.failures += 1
+            resting.until = time.monotonic() + _rest_for(resting.failures)
+            resting.probing = False
+            _log.info(
+                "instance %x of %s still unreachable (%s); next try in %.0fs",
+                instance.instance_id,
+                self._endpoint.path,
+                exc,
+                resting.until - time.monotonic(),
+            )
+        else:
+            self._back_in_rotation(instance.instance_id)
+
+    def _back_in_rotation(self, instance_id: int) -> None:
+        if self._resting.pop(instance_id, None) is not None:
+            _log.info("instance %x of %s back in rotation", instance_id, self._endpoint.path)
 
     def _instance_failed(
         self, instance_id: int | None, reason: str, *, expected: bool = False
     ) -> None:
         if instance_id is None:
             return
+        now = time.monotonic()
+        resting = self._resting.get(instance_id)
+        if resting is not None and (resting.probing or resting.until > now):
+            return  # already out: one event (every stream of a lost connection) counts once
+        failures = 1 if resting is None else resting.failures + 1
         log = _log.info if expected else _log.warning
         log("instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason)
-        self._down_until[instance_id] = time.monotonic() + _DOWN_FOR
+        self._resting[instance_id] = _Resting(now + _rest_for(failures), failures)
 
     def _address_lost(self, address: str, reason: str, *, drained: bool) -> None:
         if drained:
@@ -362,99 +472,175 @@ class Client:
             if instance.address == address:
                 self._instance_failed(instance.instance_id, reason, expected=drained)
 
-    async def generate(self, request: Any, context: Context | None = None) -> ResponseStream:
+    # The calls take Dynamo 1.6.1's arguments, in its order: (request, [instance_id,]
+    # annotated=True, context=None).  With annotated=False (or None, as in Dynamo)
+    # the stream yields each item's data instead of an Annotated.
+
+    @overload
+    async def generate(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def generate(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def generate(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Same as :meth:`random` (Dynamo's default)."""
-        return await self.random(request, context=context)
+        return await self.random(request, annotated, context)
 
-    async def random(self, request: Any, context: Context | None = None) -> ResponseStream:
+    @overload
+    async def random(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def random(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def random(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
-        return await self._routed(request, context, lambda live: random.choice(live))
+        return await self._routed(request, _annotated(annotated), context, random.choice)
 
-    async def round_robin(self, request: Any, context: Context | None = None) -> ResponseStream:
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
+    async def round_robin(
+        self, request: Any, annotated: bool | None = True, context: Context | None = None
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to the next live instance in turn."""
 
         def pick(live: list[Instance]) -> Instance:
             self._next = (self._next + 1) % (1 << 62)
             return live[self._next % len(live)]
 
-        return await self._routed(request, context, pick)
+        return await self._routed(request, _annotated(annotated), context, pick)
 
+    @overload
     async def direct(
-        self, request: Any, instance_id: int, context: Context | None = None
-    ) -> ResponseStream:
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: Literal[True] = True,
+        context: Context | None = None,
+    ) -> ResponseStream: ...
+    @overload
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: bool | None,
+        context: Context | None = None,
+    ) -> ResponseStream | DataStream: ...
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: bool | None = True,
+        context: Context | None = None,
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to one instance.
 
         Raises:
             NoInstances: discovery lists no instance with that id.
             CannotConnect: the instance cannot be reached.
+            InvalidArgument: the context's metadata cannot travel (too many or
+                too long entries); nothing is sent.
         """
+        annotated = _annotated(annotated)
         child = self._child_context(context)
         if child is None:
-            return self._empty(context)
+            return self._empty(context, annotated)
         instance = self._instances().get(instance_id)
         if instance is None:
             child.finish()
             raise NoInstances(f"no instance {instance_id:x} serves {self._endpoint.path}")
-        return await self._send(request, child, instance)
+        return await self._send(request, annotated, child, instance)
 
     async def _routed(
         self,
         request: Any,
+        annotated: bool,
         context: Context | None,
-        pick: Any,
-    ) -> ResponseStream:
+        pick: Callable[[list[Instance]], Instance],
+    ) -> ResponseStream | DataStream:
         child = self._child_context(context)
         if child is None:
-            return self._empty(context)
+            return self._empty(context, annotated)
         tried: set[int] = set()
         last_error: CannotConnect | None = None
         for _ in range(_CONNECT_ATTEMPTS):
             live = [i for i in self._live() if i.instance_id not in tried]
-            if not live:
-                break
-            instance: Instance = pick(live)
+            if live:
+                instance: Instance = pick(live)
+            else:
+                # None in rotation: try one whose rest is over (see the module docstring).
+                instances = self._instances()
+                due = [i for i in self.due_instance_ids() if i not in tried]
+                if not due:
+                    break
+                instance = instances[due[0]]
             tried.add(instance.instance_id)
             try:
-                return await self._send(request, child, instance, finish_on_error=False)
+                return await self._send(request, annotated, child, instance, finish_on_error=False)
             except CannotConnect as exc:
                 last_error = exc
-                self._instance_failed(instance.instance_id, str(exc))
         child.finish()
         if last_error is not None:
             raise last_error
         raise NoInstances(f"no live instance serves {self._endpoint.path}")
 
     def _child_context(self, parent: Context | None) -> Context | None:
-        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled."""
+        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled.
+
+        It carries ``parent``'s id, metadata and trace.  A call made without a
+        context, or with one that has no trace, inside a request's handler
+        continues that request's trace (as an implicit current span does).
+        """
         if parent is None:
-            return Context()
+            return Context(trace=_current_trace())
         if parent.is_stopped():
             return None
-        child = Context(parent.id())
+        metadata = parent.metadata.copy()
+        check_metadata(metadata)
+        child = Context(parent.id(), metadata, trace=parent.trace or _current_trace())
         parent.link_child(child)
         return child
 
-    def _empty(self, context: Context | None) -> ResponseStream:
-        return ResponseStream(
+    def _empty(self, context: Context | None, annotated: bool) -> ResponseStream | DataStream:
+        stream_type = ResponseStream if annotated else DataStream
+        return stream_type(
             Context(context.id() if context else None), None, instance_id=None, client=None
         )
 
     async def _send(
         self,
         request: Any,
+        annotated: bool,
         child: Context,
         instance: Instance,
         *,
         finish_on_error: bool = True,
-    ) -> ResponseStream:
+    ) -> ResponseStream | DataStream:
+        stream_type = ResponseStream if annotated else DataStream
         try:
             connection = await self._runtime._pool().connect(instance.address)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, CannotConnect):
+                self._instance_failed(instance.instance_id, str(exc))
             if finish_on_error:
                 child.finish()
             raise
+        self._back_in_rotation(instance.instance_id)
         if child.is_stopped():
-            return ResponseStream(child, None, instance_id=None, client=None)
+            return stream_type(child, None, instance_id=None, client=None)
         child.attributes["endpoint"] = self._endpoint.path
         child.attributes["instance"] = f"{instance.instance_id:x}"
         remaining = child.time_remaining()
@@ -465,12 +651,36 @@ class Client:
                 request_id=child.id(),
                 payload=request,
                 timeout=None if remaining is None or math.isinf(remaining) else remaining,
+                headers=request_headers(child.trace, child.metadata.copy()),
             )
         except (Disconnected, EngineShutdown) as exc:
+            self._instance_failed(instance.instance_id, str(exc))
             if finish_on_error:
                 child.finish()
             raise CannotConnect(str(exc)) from None
         except BaseException:
             child.finish()
             raise
-        return ResponseStream(child, stream, instance_id=instance.instance_id, client=self)
+        return stream_type(child, stream, instance_id=instance.instance_id, client=self)
+
+
+def _annotated(value: object) -> bool:
+    """Dynamo's ``annotated``: ``True``, ``False``, or ``None`` (which means ``False``)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise TypeError(
+        f"annotated must be a bool or None, not {type(value).__name__}"
+        + (": pass the context as context=..." if isinstance(value, Context) else "")
+    )
+
+
+def _current_trace() -> TraceContext | None:
+    """The trace of the request the current task works for, if any."""
+    request = current_request()
+    return None if request is None else request.trace
+
+
+def _rest_for(failures: int) -> float:
+    """How long an instance rests out of rotation after ``failures`` failures in a row."""
+    doubled: float = _DOWN_FOR * 2.0 ** min(failures - 1, 16)
+    return min(doubled, _MAX_DOWN_FOR)

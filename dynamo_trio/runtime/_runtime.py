@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import warnings
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
+from .._logcontext import LOG_FORMAT, RequestLogFilter
 from ..discovery import (
     Instance,
     ModelCard,
@@ -49,14 +51,21 @@ from ._inflight import InflightRequests
 from ._serve import ServedEndpoint, serve_stream
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterable
     from contextlib import AbstractContextManager
     from types import TracebackType
 
     from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
     from ..request_plane import ServerStream
 
-__all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace", "dynamo_worker"]
+__all__ = [
+    "Component",
+    "DistributedRuntime",
+    "Endpoint",
+    "Namespace",
+    "configure_dynamo_logging",
+    "dynamo_worker",
+]
 
 _log = logging.getLogger("dynamo_trio.runtime")
 
@@ -185,6 +194,19 @@ class DistributedRuntime:
         """``runtime.namespace("dynamo").component("backend").endpoint("generate")``."""
         return Namespace(self, name)
 
+    def endpoint(self, path: str) -> Endpoint:
+        """Dynamo 1.6.1's way to name an endpoint: ``runtime.endpoint("dynamo.backend.generate")``.
+
+        ``path`` is ``namespace.component.endpoint``, optionally prefixed with
+        ``dyn://``; the same endpoint as the ``namespace().component().endpoint()``
+        chain.
+
+        Raises:
+            ValueError: ``path`` is not three non-empty names separated by dots.
+        """
+        namespace, component, endpoint = _split_endpoint_path(path)
+        return self.namespace(namespace).component(component).endpoint(endpoint)
+
     # ------------------------------------------------------------------ serving
 
     async def _ensure_server(self) -> str:
@@ -224,15 +246,23 @@ class DistributedRuntime:
         endpoint: Endpoint,
         handler: Callable[..., Any],
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        *,
+        graceful_shutdown: bool = True,
+        metrics_labels: Iterable[tuple[str, str]] | None = None,
     ) -> None:
         if self.shutting_down:
             raise RuntimeError("the runtime is shutting down")
         if endpoint.path in self._endpoints:
             raise RuntimeError(f"{endpoint.path} is already served by this process")
+        metrics = self.metrics.endpoint(
+            endpoint.namespace,
+            endpoint.component,
+            endpoint.name,
+            worker_id=f"{self.instance_id:x}",
+            labels=metrics_labels or (),
+        )
         served = ServedEndpoint(
-            endpoint.path,
-            handler,
-            self.metrics.endpoint(endpoint.namespace, endpoint.component, endpoint.name),
+            endpoint.path, handler, metrics, graceful_shutdown=graceful_shutdown
         )
         address = await self._ensure_server()
         self._endpoints[endpoint.path] = served
@@ -325,7 +355,11 @@ class DistributedRuntime:
             server.go_away()
             server.stop_accepting()
         for context in tuple(self._inflight):
-            context.stop(CancelReason.SHUTDOWN)
+            served = self._endpoints.get(context.attributes.get("endpoint", ""))
+            if served is not None and not served.graceful_shutdown:
+                context.kill(CancelReason.SHUTDOWN)  # serve_endpoint(graceful_shutdown=False)
+            else:
+                context.stop(CancelReason.SHUTDOWN)
         with trio.move_on_after(grace):
             await self._inflight.wait_empty()
         if self._inflight:
@@ -478,6 +512,8 @@ class Endpoint:
     async def serve_endpoint(
         self,
         handler: Callable[..., Any],
+        graceful_shutdown: bool = True,
+        metrics_labels: Iterable[tuple[str, str]] | None = None,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -488,8 +524,33 @@ class Endpoint:
         iterator of JSON-like items (or :class:`Annotated`).  With
         ``await nursery.start(endpoint.serve_endpoint, handler)`` the call
         returns once the instance is registered in discovery.
+
+        Args:
+            graceful_shutdown: As in Dynamo, whether a graceful shutdown waits
+                for this endpoint's requests in flight: if true (the default)
+                they are stopped and drain within the shutdown grace; if
+                false they are killed at once (their callers get
+                ``EngineShutdown``).
+            metrics_labels: Extra ``(name, value)`` labels on every
+                ``dynamo_component_*`` series of this endpoint, beside
+                ``dynamo_namespace``, ``dynamo_component``, ``dynamo_endpoint``
+                and ``worker_id``, as in Dynamo (which refuses those four
+                names here; so does this).
+
+        Raises:
+            ValueError: ``metrics_labels`` holds an invalid or reserved label.
         """
-        await self.runtime._serve(self, handler, task_status)
+        await self.runtime._serve(
+            self,
+            handler,
+            task_status,
+            graceful_shutdown=graceful_shutdown,
+            metrics_labels=metrics_labels,
+        )
+
+    def connection_id(self) -> int:
+        """This worker's instance id (Dynamo's name; ``worker_id`` labels show it in hex)."""
+        return self.runtime.instance_id
 
     async def client(self) -> Client:
         """A client for this endpoint's instances (shared within the runtime)."""
@@ -522,14 +583,45 @@ def _check_name(what: str, name: str) -> None:
         raise ValueError(f"invalid {what} name {name!r}: non-empty, no '/' or surrounding spaces")
 
 
+_DYN_SCHEME: Final = "dyn://"
+
+
+def _split_endpoint_path(path: str) -> tuple[str, str, str]:
+    """``namespace.component.endpoint`` (or ``dyn://namespace.component.endpoint``)."""
+    if not isinstance(path, str):
+        raise TypeError(f"an endpoint path is a str, not {type(path).__name__}")
+    parts = path.removeprefix(_DYN_SCHEME).split(".")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(
+            f"invalid endpoint path {path!r}: expected 'namespace.component.endpoint' "
+            "or 'dyn://namespace.component.endpoint'"
+        )
+    return parts[0], parts[1], parts[2]
+
+
 def dynamo_worker(
-    config: Config | None = None, *, handle_signals: bool = True
+    config: Config | None = None,
+    *,
+    handle_signals: bool = True,
+    enable_nats: bool | None = None,
 ) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
     """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
 
+    This is how a Dynamo program's entry point maps to trio: Dynamo's
+    ``asyncio.run(main())`` / ``uvloop.run(main())`` becomes ``trio.run(main)``.
+
     With ``handle_signals`` (the default), SIGINT and SIGTERM start a graceful
-    shutdown; a second signal cancels everything at once.
+    shutdown; a second signal cancels everything at once.  ``enable_nats`` is
+    accepted, and ignored with a ``DeprecationWarning``, as Dynamo 1.6.1 does
+    (there is no NATS here).
     """
+    if enable_nats is not None:
+        warnings.warn(
+            "dynamo_worker(enable_nats=...) is deprecated (as in Dynamo 1.6.1) and ignored: "
+            "dynamo-trio has no NATS",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     def decorate(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         @functools.wraps(fn)
@@ -548,13 +640,56 @@ def dynamo_worker(
 
 
 def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up."""
+    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up.
+
+    Each line logged while a request is being served names it:
+    ``... dynamo_trio.runtime [request_id=<id> trace_id=<trace>]: ...``
+    (see :class:`~dynamo_trio.RequestLogFilter`).
+    """
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        )
+        handler = logging.StreamHandler()
+        handler.addFilter(RequestLogFilter())
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(level.upper())
+        _quiet_httpx(level)
+
+
+def _quiet_httpx(level: str) -> None:
+    if level != "debug":
+        # httpx logs every request at INFO: with etcd, a line per lease keepalive.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def configure_dynamo_logging(service_name: str | None = None, worker_id: int | None = None) -> None:
+    """Dynamo's ``dynamo.runtime.logging.configure_dynamo_logging``: one place to set logging up.
+
+    Replaces the root logger's handlers with one to stderr at the ``DYN_LOG``
+    level, whose lines name the request and trace they are about (see
+    :class:`~dynamo_trio.RequestLogFilter`), prefixed with
+    ``[service_name:worker_id]`` when given, as Dynamo's are.  Call it before
+    ``trio.run`` (``@dynamo_worker()`` then leaves logging as it is).
+
+    Raises:
+        ValueError: ``DYN_LOG`` is not a log level.
+    """
+    level = Config.from_env().log_level
+    prefix = "" if service_name is None else service_name
+    if worker_id is not None:
+        prefix += f":{worker_id}"
+    text = (
+        LOG_FORMAT if not prefix else LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s")
+    )
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestLogFilter())
+    handler.setFormatter(logging.Formatter(text))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    _quiet_httpx(level)
 
 
 async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:

@@ -3,7 +3,10 @@
 The walk of a request on a worker:
 
 1. The request plane made a :class:`~dynamo_trio.request_plane.ServerStream`
-   whose context carries the caller's request id and remaining time.
+   whose context carries the caller's request id and remaining time; its
+   ``headers`` give the context the caller's metadata and a span of the
+   caller's trace (a new trace if it sent none), and while the request is
+   served every log line names its request id and trace id.
 2. :func:`serve_stream` enters ``context.scope(drain_grace=...)`` and drives the
    handler's async generator inside it.  Each yielded value is sent as one
    item, after waiting for a flow-control credit.
@@ -73,6 +76,8 @@ from .._errors import (
     InvalidArgument,
     error_from_exception,
 )
+from .._logcontext import bind_request
+from .._tracing import read_request_headers
 from ._annotated import Annotated
 
 if TYPE_CHECKING:
@@ -104,6 +109,8 @@ class ServedEndpoint:
         path: str,
         handler: Callable[..., Any],
         metrics: EndpointMetrics,
+        *,
+        graceful_shutdown: bool = True,
     ) -> None:
         if not callable(handler):
             raise TypeError(f"the handler for {path} is not callable: {handler!r}")
@@ -111,6 +118,8 @@ class ServedEndpoint:
         self.handler: Final = handler
         self.metrics: Final = metrics
         self.wants_context: Final = _wants_context(handler)
+        self.graceful_shutdown: Final = graceful_shutdown
+        """Whether a graceful shutdown lets this endpoint's requests drain (else kills them)."""
 
     def open(self, request: Any, context: Context) -> AsyncIterator[Any]:
         """Call the handler and check it gave back an async iterator."""
@@ -144,6 +153,10 @@ async def serve_stream(
     shutdown).
     """
     context = stream.context
+    trace, metadata = read_request_headers(stream.headers)
+    context._set_trace(trace)
+    if metadata:
+        context.metadata = metadata
     context.attributes["endpoint"] = endpoint.path
     context.attributes["peer"] = stream.peer
     tracker = endpoint.metrics.start_request()
@@ -153,15 +166,16 @@ async def serve_stream(
     inflight.add(context)
     error: DynamoError | None = None
     live_cancellation: BaseException | None = None
-    try:
-        await _drive(stream, endpoint, context, drain_grace)
-    except BaseException as exc:
-        live_cancellation, failure = split_live_cancellation(exc)
-        if failure is not None:
-            error = _outcome_of(failure, context, endpoint.path, on_exit_request)
-    finally:
-        inflight.discard(context)
-        _finish(stream, context, tracker, error)
+    with bind_request(context):  # every log line about this request names it and its trace
+        try:
+            await _drive(stream, endpoint, context, drain_grace)
+        except BaseException as exc:
+            live_cancellation, failure = split_live_cancellation(exc)
+            if failure is not None:
+                error = _outcome_of(failure, context, endpoint.path, on_exit_request)
+        finally:
+            inflight.discard(context)
+            _finish(stream, context, tracker, error)
     if live_cancellation is not None:
         raise live_cancellation
 

@@ -9,9 +9,10 @@ Registers, in namespace ``dynamo``:
 * ``stall`` (chat, completions): three tokens, then silence for ever (a stuck engine);
 * ``slow-embed`` (embeddings): an embedding that never comes.
 
-Every handler reports ``start`` (with the length of a continuation it was given,
-and the seconds left before the request's deadline) and ``exit`` (with the context's final state and reason, and how the generator
-ended) as JSON lines on stdout.
+Every handler reports ``start`` (with the context's trace fields, the length of
+a continuation it was given, and the seconds left before the request's
+deadline) and ``exit`` (with the context's final state and reason, and how the
+generator ended) as JSON lines on stdout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable
             "start",
             id=context.id(),
             model=name,
+            trace_id=context.trace_id,
+            span_id=context.span_id,
+            parent_span_id=context.parent_span_id,
             continued=continued,
             remaining=context.time_remaining(),
         )

@@ -348,3 +348,58 @@ async def test_signals_racing_the_end_from_threads_count_at_most_once(
     assert sum(scrape.value(BY_REASON, **EP, reason=r) or 0 for r in reasons) == 200
     assert scrape.value(INFLIGHT, **EP) == 0
     assert scrape.value(CANCELLING, **EP) == 0
+
+
+# ---------------------------------------------------------------------------- worker_id, labels
+
+
+def test_worker_id_and_extra_labels_label_every_series(registry: CollectorRegistry) -> None:
+    metrics = WorkerMetrics(registry)
+    served = metrics.endpoint(
+        "dynamo", "backend", "generate", worker_id="1a2b", labels=[("model", "llama")]
+    )
+    plain = metrics.endpoint("dynamo", "prefill", "generate")
+    assert (
+        metrics.endpoint(
+            "dynamo", "backend", "generate", worker_id="1a2b", labels=[("model", "llama")]
+        )
+        is served
+    )
+    assert (served.worker_id, served.extra_labels) == ("1a2b", {"model": "llama"})
+    tracker = served.start_request()
+    tracker.cancelled(CancelReason.CLIENT_DISCONNECT)
+    tracker.finish("error", "generate")
+    plain.start_request().finish()
+
+    scrape = Scrape.of(registry)
+    labels = {**EP, "worker_id": "1a2b", "model": "llama"}
+    plain_labels = {**EP, "dynamo_component": "prefill"}
+    # One family per name, whose series carry different label sets (as Dynamo's do).
+    assert scrape.series(CANCELLATIONS) == [labels, plain_labels]
+    assert scrape.value(CANCELLATIONS, **labels) == 1
+    assert scrape.value(REQUESTS, **plain_labels) == 1
+    assert scrape.value(ERRORS, **labels, error_type="generate") == 1
+    assert scrape.value(BY_REASON, **labels, reason="client disconnect") == 1
+    assert scrape.value(f"{LATENCY}_count", **labels, reason="client disconnect") == 1
+    assert scrape.value(f"{DURATION}_count", **labels) == 1
+    assert scrape.value(INFLIGHT, **labels) == 0 and scrape.value(CANCELLING, **labels) == 0
+    assert scrape.text.count("# TYPE dynamo_component_cancellation_total counter") == 1
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [("worker_id", "x")],
+        [("dynamo_endpoint", "x")],
+        [("error_type", "x")],
+        [("le", "x")],
+        [("a", "1"), ("a", "2")],
+        [("a-b", "1")],
+        [("__a", "1")],
+        [("a", 1)],
+        ["ab"],
+    ],
+)
+def test_extra_labels_are_checked(registry: CollectorRegistry, labels: list[object]) -> None:
+    with pytest.raises(ValueError, match="label"):
+        WorkerMetrics(registry).endpoint("dynamo", "backend", "generate", labels=labels)  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""The request a task works for, so that its log lines say which request and trace.
+
+While a worker runs a handler, the runtime binds the request's
+:class:`~dynamo_trio.Context` to a :class:`contextvars.ContextVar`
+(:func:`bind_request`).  trio gives each task a copy of the context variables
+of the task that started it, so the handler, the tasks it starts and the
+runtime's own lines about the request all see it, and nothing else does.
+
+:class:`RequestLogFilter` turns it into fields of each log record:
+
+=====================  =======================================================
+``request_id``         the request's id (``-`` outside a request)
+``trace_id``           its W3C trace id (``-`` outside a request)
+``span_id``            this process's span of the trace (``-`` likewise)
+``request_context``    `` [request_id=... trace_id=...]`` inside a request,
+                       empty outside one: for formats that read well both ways
+=====================  =======================================================
+
+``@dynamo_worker()`` (and the command line) installs the filter on the
+handler it sets up, with the format
+``%(asctime)s %(levelname)-7s %(name)s%(request_context)s: %(message)s``.  An
+application that configures logging itself adds ``RequestLogFilter()`` to its
+own handlers and uses the fields in its format.  Ids chosen by a peer are
+printed escaped (``repr``) when they hold anything but printable characters.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Final, final
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ._context import Context
+
+__all__ = ["LOG_FORMAT", "RequestLogFilter", "bind_request", "current_request"]
+
+LOG_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s%(request_context)s: %(message)s"
+
+_current: Final[ContextVar[Context | None]] = ContextVar("dynamo_trio_request", default=None)
+_MAX_SHOWN: Final = 256
+
+
+def current_request() -> Context | None:
+    """The context of the request the current task works for, if any."""
+    return _current.get()
+
+
+@contextmanager
+def bind_request(context: Context) -> Iterator[Context]:
+    """Make ``context`` the current request for the block (and the tasks started in it)."""
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)
+
+
+def _shown(value: str) -> str:
+    if len(value) <= _MAX_SHOWN and value.isprintable() and " " not in value:
+        return value
+    return repr(value[:_MAX_SHOWN])
+
+
+@final
+class RequestLogFilter(logging.Filter):
+    """Adds ``request_id``, ``trace_id``, ``span_id`` and ``request_context`` to records.
+
+    Attach it to a *handler* so that it sees the records of every logger
+    (the application's included).  It never drops a record.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if hasattr(record, "request_context"):
+            return True  # set already (by another filter, or by ``extra=``)
+        context = _current.get()
+        if context is None:
+            record.request_id = record.trace_id = record.span_id = "-"
+            record.request_context = ""
+            return True
+        request_id = _shown(context.id())
+        trace_id = context.trace_id or "-"
+        record.request_id = request_id
+        record.trace_id = trace_id
+        record.span_id = context.span_id or "-"
+        record.request_context = f" [request_id={request_id} trace_id={trace_id}]"
+        return True
