@@ -28,8 +28,12 @@ unanswered; while it has (tokens, SSE comments), its data goes unacknowledged.
 Either way the kernel errors the socket, hypercorn's read fails, and the app
 gets ``http.disconnect`` like for any hang-up.  Writing alone would not do:
 bytes sent to a silent peer sit in the send queue, retransmitted for many
-minutes, before any write fails.  A live client, however slow, acknowledges
-both probes and data, so it is never cut by this.
+minutes, before any write fails.  A live client acknowledges both probes and
+data, however slow its link, so it is not cut by this, with one exception
+Linux (5.11 and later) makes: a client that stops *reading* altogether, so
+that the server's data fills its receive window (about a thousand unread SSE
+tokens), and keeps it full for longer than the bound is cut like a dead one,
+since ``TCP_USER_TIMEOUT`` also bounds how long a window may stay closed.
 
 It listens on the sockets :func:`listen_sockets` makes from the bind
 addresses: with ``reuse_port``, each gets ``SO_REUSEPORT``, so several
@@ -147,14 +151,21 @@ async def serve_http(
     module docstring) on TCP connections.
     """
     wrapped = ASGIWrapper(app)
-    context = WorkerContext(None)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     open_streams: set[trio.SocketStream] = set()
+    # One hypercorn context per connection: its "terminated" closes the connection once
+    # idle.  The shutdown sets every one; the client's EOF sets its own, so that a
+    # keep-alive connection its client closed is closed now (hypercorn ignores an EOF
+    # on an idle connection until the keep-alive timeout: sockets piled up in CLOSE-WAIT).
+    contexts: set[WorkerContext] = set()
+    shutting_down = False
     peer_options = dead_peer_options(dead_peer_timeout) if dead_peer_timeout > 0 else []
 
     async def handle(stream: trio.SocketStream) -> None:
         open_streams.add(stream)
+        context = WorkerContext(None)
+        contexts.add(context)
         try:
             if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
                 try:
@@ -162,13 +173,17 @@ async def serve_http(
                         stream.socket.setsockopt(level, option, value)
                 except OSError:  # already reset by the peer: hypercorn finds out at once
                     pass
+            if shutting_down:
+                await context.terminated.set()
+            ordered = _OrderedSends(stream, on_eof=context.terminated.set)
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
-            tls_typed = cast("trio.SSLStream[trio.SocketStream]", _OrderedSends(stream))
+            tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
             state = ConnectionState(lifespan_state.copy())
             server = TCPServer(wrapped, config, context, state, tls_typed)
             await server.run()
         finally:
             open_streams.discard(stream)
+            contexts.discard(context)
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -194,7 +209,9 @@ async def serve_http(
                     task_status.started(binds)
                     await shutdown_trigger()
                     accepting.cancel_scope.cancel()  # closes the listeners
-                await context.terminated.set()  # idle keep-alive connections close now
+                shutting_down = True
+                for context in tuple(contexts):
+                    await context.terminated.set()  # idle keep-alive connections close now
                 deadline = trio.current_time() + config.graceful_timeout
                 connections.cancel_scope.deadline = deadline
                 closer.start_soon(_close_at, deadline, open_streams)
@@ -224,9 +241,12 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     the EOF is what unblocks it.
     """
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, *, on_eof: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._stream = stream
         self._sending = trio.StrictFIFOLock()
+        self._on_eof = on_eof
         self.socket = stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -244,7 +264,10 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
             await self._stream.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self._stream.receive_some(max_bytes)
+        data = await self._stream.receive_some(max_bytes)
+        if not data and self._on_eof is not None:
+            await self._on_eof()
+        return data
 
     async def aclose(self) -> None:
         await self._stream.aclose()
