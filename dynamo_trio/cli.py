@@ -30,6 +30,7 @@ from ._config import Config
 from .edge import listen_sockets
 from .frontend import serve_frontend
 from .frontend._workers import (
+    SUPERVISOR_ENV,
     WORKER_INDEX_ENV,
     WORKERS_DIR_ENV,
     WorkerView,
@@ -219,24 +220,33 @@ async def run_frontend(
             host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
             sockets = listen_sockets([f"{host}:{frontend.port}"], reuse_port=view is not None)
             shared: dict[str, Any] = {}
+            # The private socket outlives the drain: siblings list this process's
+            # requests in their /debug/requests until its last one has ended.
+            drained = trio.Event()
             if view is not None:
-                await serving.start(_serve_private, view, runtime, stop)
+                await serving.start(_serve_private, view, runtime, drained)
+                nursery.start_soon(view.stop_when_orphaned, stop)
 
                 async def inflight() -> list[dict[str, Any]]:
                     return await view.inflight(runtime.inflight())
 
                 shared = {"metrics": view.metrics, "inflight": inflight}
-            url: str = await serving.start(
-                partial(
-                    serve_frontend,
-                    runtime,
-                    frontend,
-                    shutdown_trigger=stop.wait,
-                    shutdown_grace=config.worker.shutdown_grace,
-                    sockets=sockets,
-                    **shared,
-                )
-            )
+
+            async def serve(*, task_status: trio.TaskStatus[str]) -> None:
+                try:
+                    await serve_frontend(
+                        runtime,
+                        frontend,
+                        shutdown_trigger=stop.wait,
+                        shutdown_grace=config.worker.shutdown_grace,
+                        sockets=sockets,
+                        task_status=task_status,
+                        **shared,
+                    )
+                finally:
+                    drained.set()
+
+            url: str = await serving.start(serve)
             print(f"dynamo-trio frontend listening on {url}", flush=True)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
@@ -245,7 +255,7 @@ async def run_frontend(
 async def _serve_private(
     view: WorkerView,
     runtime: DistributedRuntime,
-    stop: trio.Event,
+    drained: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
@@ -267,7 +277,7 @@ async def _serve_private(
             inflight=runtime.inflight,
         )
     )
-    await serve_http(edge, config, stop.wait, sockets=[sock], task_status=task_status)
+    await serve_http(edge, config, drained.wait, sockets=[sock], task_status=task_status)
 
 
 def frontend_main(argv: Sequence[str] | None = None) -> None:
@@ -285,8 +295,12 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     configure_logging(config.log_level)
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None:  # one of --http-workers' processes
+        supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
-            int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])
+            int(index),
+            config.frontend.http_workers,
+            Path(os.environ[WORKERS_DIR_ENV]),
+            int(supervisor) if supervisor else None,
         )
         trio.run(partial(run_frontend, config, view=view))
     elif config.frontend.http_workers > 1:

@@ -217,6 +217,9 @@ FLUSH_GRACE: Final = 2.0
 _END_SETTLE: Final = 2.0
 """Seconds requests ended at the end of the grace get to write their endings."""
 
+DRAIN_OVERHEAD: Final = _END_SETTLE + FLUSH_GRACE
+"""The most a frontend's shutdown takes beyond its grace."""
+
 
 async def _drain(pipeline: Pipeline, grace: float) -> None:
     """Refuse new requests, let those in flight finish for ``grace`` s, end the rest."""
