@@ -8,54 +8,54 @@ variant (tests shorten timeouts that way).
 =================================  ====================================  ===============
 setting                            environment variable                  default
 =================================  ====================================  ===============
-discovery.backend                  ``DYN_DISCOVERY_BACKEND``             ``file``
-discovery.file_kv                  ``DYN_FILE_KV``                       ``$TMPDIR/dynamo_store_kv``
-discovery.etcd_endpoints           ``ETCD_ENDPOINTS`` (comma separated)  ``http://127.0.0.1:2379``
-discovery.lease_ttl                ``DYN_LEASE_TTL_SECS``                10
-discovery.poll_interval            ``DYN_FILE_KV_POLL_SECS``             0.1
-discovery.max_record_size          ``DYN_DISCOVERY_MAX_RECORD_SIZE``     1 MiB
-request_plane.host                 ``DYN_TCP_RPC_HOST``                  ``127.0.0.1``
-request_plane.port                 ``DYN_TCP_RPC_PORT``                  0 (any free port)
-request_plane.advertise_host       ``DYN_TCP_RPC_ADVERTISE_HOST``        the bind host
-request_plane.auth_token           ``DYN_REQUEST_PLANE_TOKEN``           none
-request_plane.max_frame_size       ``DYN_TCP_MAX_MESSAGE_SIZE``          32 MiB
-request_plane.max_streams          ``DYN_TCP_MAX_STREAMS``               1024 per connection
-request_plane.stream_window        ``DYN_STREAM_WINDOW``                 64 items
-request_plane.max_write_buffer     ``DYN_TCP_MAX_WRITE_BUFFER``          64 MiB per connection
-request_plane.connect_timeout      ``DYN_TCP_CONNECT_TIMEOUT_SECS``      5
-request_plane.heartbeat_interval   ``DYN_HEARTBEAT_INTERVAL_SECS``       1
-request_plane.heartbeat_timeout    ``DYN_HEARTBEAT_TIMEOUT_SECS``        5
-request_plane.max_connections      ``DYN_TCP_MAX_CONNECTIONS``           512 per worker
-request_plane.max_handshakes       ``DYN_TCP_MAX_HANDSHAKES``            64 unauthenticated at once
-request_plane.handshake_timeout    ``DYN_TCP_HANDSHAKE_TIMEOUT_SECS``    5
-request_plane.auth_penalty         ``DYN_TCP_AUTH_PENALTY_SECS``         1 (per address)
-request_plane.tls                  ``DYN_TCP_TLS`` (1/0)                 on if a TLS file is set
-request_plane.tls_cert             ``DYN_TCP_TLS_CERT``                  none (PEM chain)
-request_plane.tls_key              ``DYN_TCP_TLS_KEY``                   none (PEM key)
-request_plane.tls_ca               ``DYN_TCP_TLS_CA``                    system trust store
-request_plane.tls_client_auth      ``DYN_TCP_TLS_CLIENT_AUTH`` (1/0)     0 (1 = mutual TLS)
-request_plane.tls_server_name      ``DYN_TCP_TLS_SERVER_NAME``           the host connected to
-worker.drain_grace                 ``DYN_DRAIN_GRACE_SECS``              5
-worker.shutdown_grace              ``DYN_SHUTDOWN_GRACE_SECS``           10
-system.port                        ``DYN_SYSTEM_PORT``                   -1 (off)
-system.host                        ``DYN_SYSTEM_HOST``                   ``127.0.0.1``
-frontend.host                      ``DYN_HTTP_HOST``                     ``127.0.0.1``
-frontend.port                      ``DYN_HTTP_PORT``                     8000
-frontend.on_disconnect             ``DYN_ON_DISCONNECT``                 ``kill``
-frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
-frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
-frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
-frontend.idle_timeout              ``DYN_HTTP_IDLE_TIMEOUT_SECS``        30
-frontend.body_timeout              ``DYN_HTTP_BODY_TIMEOUT_SECS``        30
-frontend.max_header_size           ``DYN_HTTP_MAX_HEADER_SIZE``          16 KiB
-frontend.max_json_depth            ``DYN_HTTP_MAX_JSON_DEPTH``           64 (at most 256)
-frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
-frontend.http_workers              ``DYN_HTTP_WORKERS``                  1 (processes on the port)
-frontend.migration_limit           ``DYN_MIGRATION_LIMIT``               0 (no migration)
+discovery.backend                  DYN_DISCOVERY_BACKEND                 ``file``
+discovery.file_kv                  DYN_FILE_KV                           ``$TMPDIR/dynamo_store_kv``
+discovery.etcd_endpoints           ETCD_ENDPOINTS (comma separated)      ``http://127.0.0.1:2379``
+discovery.lease_ttl                DYN_LEASE_TTL_SECS                    10
+discovery.poll_interval            DYN_FILE_KV_POLL_SECS                 0.1
+discovery.max_record_size          DYN_DISCOVERY_MAX_RECORD_SIZE         1 MiB
+request_plane.host                 DYN_TCP_RPC_HOST                      ``127.0.0.1``
+request_plane.port                 DYN_TCP_RPC_PORT                      0 (any free port)
+request_plane.advertise_host       DYN_TCP_RPC_ADVERTISE_HOST            the bind host
+request_plane.auth_token           DYN_REQUEST_PLANE_TOKEN               none
+request_plane.max_frame_size       DYN_TCP_MAX_MESSAGE_SIZE              32 MiB
+request_plane.max_streams          DYN_TCP_MAX_STREAMS                   1024 per connection
+request_plane.stream_window        DYN_STREAM_WINDOW                     64 items
+request_plane.max_write_buffer     DYN_TCP_MAX_WRITE_BUFFER              64 MiB per connection
+request_plane.connect_timeout      DYN_TCP_CONNECT_TIMEOUT_SECS          5
+request_plane.heartbeat_interval   DYN_HEARTBEAT_INTERVAL_SECS           1
+request_plane.heartbeat_timeout    DYN_HEARTBEAT_TIMEOUT_SECS            5
+request_plane.max_connections      DYN_TCP_MAX_CONNECTIONS               512 per worker
+request_plane.max_handshakes       DYN_TCP_MAX_HANDSHAKES                64 unauthenticated at once
+request_plane.handshake_timeout    DYN_TCP_HANDSHAKE_TIMEOUT_SECS        5
+request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (per address)
+request_plane.tls                  DYN_TCP_TLS (1/0)                     on if a TLS file is set
+request_plane.tls_cert             DYN_TCP_TLS_CERT                      none (PEM chain)
+request_plane.tls_key              DYN_TCP_TLS_KEY                       none (PEM key)
+request_plane.tls_ca               DYN_TCP_TLS_CA                        system trust store
+request_plane.tls_client_auth      DYN_TCP_TLS_CLIENT_AUTH (1/0)         0 (1 = mutual TLS)
+request_plane.tls_server_name      DYN_TCP_TLS_SERVER_NAME               the host connected to
+worker.drain_grace                 DYN_DRAIN_GRACE_SECS                  5
+worker.shutdown_grace              DYN_SHUTDOWN_GRACE_SECS               10
+system.port                        DYN_SYSTEM_PORT                       -1 (off)
+system.host                        DYN_SYSTEM_HOST                       ``127.0.0.1``
+frontend.host                      DYN_HTTP_HOST                         ``127.0.0.1``
+frontend.port                      DYN_HTTP_PORT                         8000
+frontend.on_disconnect             DYN_ON_DISCONNECT                     ``kill``
+frontend.stop_grace                DYN_STOP_GRACE_SECS                   5
+frontend.keepalive_interval        DYN_SSE_KEEPALIVE_SECS                15 (0 = off)
+frontend.max_body_size             DYN_HTTP_MAX_BODY_SIZE                16 MiB
+frontend.idle_timeout              DYN_HTTP_IDLE_TIMEOUT_SECS            30
+frontend.body_timeout              DYN_HTTP_BODY_TIMEOUT_SECS            30
+frontend.max_header_size           DYN_HTTP_MAX_HEADER_SIZE              16 KiB
+frontend.max_json_depth            DYN_HTTP_MAX_JSON_DEPTH               64 (at most 256)
+frontend.router_mode               DYN_ROUTER_MODE                       ``round-robin``
+frontend.http_workers              DYN_HTTP_WORKERS                      1 (processes on the port)
+frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no migration)
 frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
-frontend.dead_client_timeout       ``DYN_HTTP_DEAD_CLIENT_SECS``         10 (0 = off)
-log_level                          ``DYN_LOG``                           ``info``
+frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
+log_level                          DYN_LOG                               ``info``
 =================================  ====================================  ===============
 """
 

@@ -61,9 +61,11 @@ Each move to another instance after one failed the request is counted in
 the request has reached the new instance.
 
 With ``idle_timeout``, a worker that sends nothing for that long (before its
-first item, or between two) has its call killed with reason ``inactivity``
-and leaves rotation; :class:`~dynamo_trio.ResponseTimeout` is the request's
-error.
+first item, or between two) has its call killed with reason ``inactivity``;
+:class:`~dynamo_trio.ResponseTimeout` is the request's error.  The instance
+stays in rotation (unlike Dynamo, which quarantines it): one silent request
+says nothing about the worker's others, and its connection's heartbeats say
+whether it is alive.
 
 A card can be seen a moment before the instance record it names (they are
 separate watches): a request that finds no live candidate but some not yet
@@ -106,7 +108,6 @@ from .._errors import (
     DynamoError,
     EngineShutdown,
     NoInstances,
-    ResponseTimeout,
     StreamIncomplete,
 )
 from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_prefix
@@ -264,7 +265,6 @@ class ModelStream:
         self._started = False  # an item has arrived
         self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
         self._migrations_left = faults.migration_limit if self._is_text else 0
-        self._migrated = 0
         # What the consumer has been given, for a continuation (only while it may move).
         self._text: list[str] = []
         self._token_ids: list[int] = []
@@ -280,11 +280,6 @@ class ModelStream:
     def context(self) -> Context:
         """The current call's own context (a child of the request's)."""
         return self._stream.context
-
-    @property
-    def migrations(self) -> int:
-        """How many times the request moved to another instance after its first item."""
-        return self._migrated
 
     def __aiter__(self) -> Self:
         return self
@@ -320,9 +315,6 @@ class ModelStream:
                     return []  # the generation was complete; only its end was lost
                 await self._recover(exc)
                 continue
-            except ResponseTimeout as exc:
-                self._route._registry._failed(self._target, exc)
-                raise
             if not items:
                 await self._ended()
                 return items
@@ -424,7 +416,13 @@ class ModelStream:
             raise type(exc)(
                 f"{exc.message}; no other instance could take the request over ({lost.message})"
             ) from lost
-        self._migrated += 1
+        _log.info(
+            "request %s moved to instance %x after %d token(s): %s",
+            self._context.id(),
+            self._stream.instance_id or 0,
+            len(self._token_ids),
+            exc,
+        )
 
     async def aclose(self) -> None:
         """Close the stream; if the worker is still producing, kill its work now."""

@@ -58,7 +58,14 @@ if TYPE_CHECKING:
     from ._apis import EmbeddingsApi, TextApi
     from ._pipeline import Pipeline
 
-__all__ = ["ROUTES", "ApiRoute", "json_response", "reply_ids"]
+__all__ = [
+    "REQUEST_TIMEOUT_HEADER",
+    "ROUTES",
+    "ApiRoute",
+    "json_response",
+    "reply_ids",
+    "request_deadline",
+]
 
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
@@ -97,9 +104,13 @@ def _identity() -> tuple[RequestIds, TraceContext]:
     return ids, trace
 
 
-def _deadline(max_timeout: float) -> float | None:
-    """The request's deadline in ``time.monotonic()`` seconds (see the module docstring)."""
-    raw = request.headers.get(REQUEST_TIMEOUT_HEADER)
+def request_deadline(raw: str | None, max_timeout: float, now: float) -> float | None:
+    """The deadline (``now`` plus seconds) of a request whose ``x-request-timeout`` header
+    is ``raw`` (``None`` if absent), under the server's maximum (0: none).
+
+    Raises:
+        RequestError: 400 if the header is not a positive, finite number of seconds.
+    """
     timeout = max_timeout or None
     if raw is not None:
         try:
@@ -114,7 +125,7 @@ def _deadline(max_timeout: float) -> float | None:
                 param=REQUEST_TIMEOUT_HEADER,
             )
         timeout = asked if timeout is None else min(asked, timeout)
-    return None if timeout is None else time.monotonic() + timeout
+    return None if timeout is None else now + timeout
 
 
 def _decode_json(body: bytes, max_depth: int) -> object:
@@ -151,7 +162,11 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Res
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     try:
         ids, trace = _identity()
-        deadline = _deadline(pipeline.config.max_request_timeout)
+        deadline = request_deadline(
+            request.headers.get(REQUEST_TIMEOUT_HEADER),
+            pipeline.config.max_request_timeout,
+            time.monotonic(),
+        )
         payload = _decode_json(body, pipeline.config.max_json_depth)
         if api is EMBEDDINGS:
             result = await pipeline.embeddings(
