@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
 from dynamo_trio import Context, llm
@@ -18,6 +17,8 @@ from .conftest import MODELS, _frontend_url, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import httpx
 
 
 async def start_worker(
@@ -64,11 +65,14 @@ async def start_frontend(
 
 
 async def serving(workers: list[Proc], request_id: str) -> Proc:
-    """The worker whose handler started ``request_id`` last (its current one)."""
+    """The live worker whose handler started ``request_id`` (its current one: a request
+    moves only away from a worker that died)."""
     with trio.fail_after(10):
         while True:
-            for worker in reversed(workers):
-                if any(e.get("id") == request_id for e in worker.events if e["event"] == "start"):
+            for worker in workers:
+                if worker.process.returncode is None and any(
+                    e.get("id") == request_id for e in worker.events if e["event"] == "start"
+                ):
                     return worker
             await trio.sleep(0.01)
 
@@ -156,3 +160,18 @@ class LiveStream:
 
 async def migrations(url: str, **labels: str) -> float:
     return await scrape(url, "dynamo_frontend_model_migration_total", **labels)
+
+
+async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]

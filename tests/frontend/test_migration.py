@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import signal
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -27,6 +28,7 @@ from ._faults import (
     LiveStream,
     expected_output,
     migrations,
+    scrape_all,
     serving,
     start_frontend,
     start_worker,
@@ -40,9 +42,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 16
+ROUNDS = 10
 STREAMS = 24
-UNARY = 4
+UNARY = 6
 
 
 def _body(rng: random.Random, index: int, *, stream: bool, max_tokens: int) -> tuple[str, dict]:
@@ -66,6 +68,92 @@ def _body(rng: random.Random, index: int, *, stream: bool, max_tokens: int) -> t
     return path, body
 
 
+@dataclass
+class _Round:
+    """One round's requests: streams (each cut at its own token position) and unary ones."""
+
+    streams: list[LiveStream] = field(default_factory=list)
+    cuts: list[int] = field(default_factory=list)
+    unary: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    expected: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
+    responses: dict[str, httpx.Response] = field(default_factory=dict)
+
+    async def post(self, http: httpx.AsyncClient, request_id: str, path: str, body: Any) -> None:
+        self.responses[request_id] = await http.post(
+            path, json=body, headers={"x-request-id": request_id}
+        )
+
+
+async def _plan(
+    rng: random.Random, round_index: int, streams: int = STREAMS, unary: int = UNARY
+) -> _Round:
+    plan = _Round()
+    for index in range(streams + unary):
+        is_stream = index < streams
+        lengths = (40, 90) if is_stream else (80, 120)
+        path, body = _body(rng, index, stream=is_stream, max_tokens=rng.randrange(*lengths))
+        output = await expected_output(path, body)
+        if output[1]["completion_tokens"] < lengths[0] - 10:
+            del body["stop"]  # a stop sequence that comes early: no cut before it
+            output = await expected_output(path, body)
+        request_id = f"r{round_index}-{'s' if is_stream else 'u'}{index}"
+        plan.expected[request_id] = output
+        if is_stream:
+            plan.streams.append(LiveStream(path, body, request_id))
+            plan.cuts.append(rng.randrange(1, 25))
+        else:
+            plan.unary.append((request_id, path, body))
+    return plan
+
+
+async def _play(plan: _Round, http: httpx.AsyncClient, workers: list[Proc], victim: Proc) -> int:
+    """Run the round, SIGKILL ``victim`` once every stream has passed its cut; return how
+    many requests were still running on the victim then (a request that had finished
+    there needs no move: the victim reported its end before it died)."""
+    async with trio.open_nursery() as nursery:
+        for live in plan.streams:
+            nursery.start_soon(live.run, http)
+        for request_id, path, body in plan.unary:
+            nursery.start_soon(plan.post, http, request_id, path, body)
+        # Cut each stream at its own random position, all within their first 25
+        # tokens (at least 15 more to go at 10 ms each: none is finishing).
+        for live, cut in zip(plan.streams, plan.cuts, strict=True):
+            await live.wait_tokens(cut)
+        ids = [live.request_id for live in plan.streams] + [r for r, *_ in plan.unary]
+        current = [await serving(workers, request_id) for request_id in ids]
+        victim.signal(signal.SIGKILL)
+    await victim.wait_exit()
+    with trio.fail_after(5):
+        while not victim.stdout_closed:  # every event it wrote before it died
+            await victim._changed.wait()
+    finished = {e["id"] for e in victim.events if e["event"] == "exit"}
+    return sum(
+        worker is victim and request_id not in finished
+        for worker, request_id in zip(current, ids, strict=True)
+    )
+
+
+def _check(plan: _Round) -> int:
+    """Every request of the round got exactly the output it was owed; how many there were."""
+    for live in plan.streams:
+        text, usage = plan.expected[live.request_id]
+        assert live.error is None, (live.request_id, live.error)
+        assert live.done, live.request_id
+        assert live.text == text, live.request_id
+        assert live.usage is not None
+        assert live.usage["completion_tokens"] == usage["completion_tokens"]
+        assert live.usage["prompt_tokens"] == usage["prompt_tokens"]
+    for request_id, *_ in plan.unary:
+        response = plan.responses[request_id]
+        assert response.status_code == 200, response.text
+        text, usage = plan.expected[request_id]
+        choice = response.json()["choices"][0]
+        got = choice["message"]["content"] if "message" in choice else choice["text"]
+        assert got == text, request_id
+        assert response.json()["usage"]["completion_tokens"] == usage["completion_tokens"]
+    return len(plan.streams) + len(plan.unary)
+
+
 async def test_sigkill_at_random_token_positions_migrates_every_request(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
@@ -75,87 +163,47 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
         worker, _ = await start_worker(spawn, env, name=f"worker {index}")
         workers.append(worker)
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
+    everyone = list(workers)  # the dead too: their events stay
     moved_total = 0
+    on_victims = 0
     checked = 0
     restarting: trio.Event | None = None
+
+    async def restart(index: int, done: trio.Event, name: str) -> None:
+        worker, _ = await start_worker(spawn, env, name=name)
+        workers[index] = worker
+        everyone.append(worker)
+        done.set()
+
     async with (
         httpx.AsyncClient(base_url=url, timeout=30) as http,
         trio.open_nursery() as background,
     ):
         for round_index in range(ROUNDS):
+            plan = await _plan(rng, round_index)
             if restarting is not None:
                 await restarting.wait()  # two live workers besides the victim
             victim = workers[round_index % len(workers)]
-            streams: list[LiveStream] = []
-            cuts: list[int] = []
-            expected: dict[str, tuple[str, dict[str, int]]] = {}
-            unary: list[tuple[str, str, dict[str, Any]]] = []
-            for index in range(STREAMS + UNARY):
-                is_stream = index < STREAMS
-                lengths = (40, 90) if is_stream else (80, 120)
-                path, body = _body(rng, index, stream=is_stream, max_tokens=rng.randrange(*lengths))
-                output = await expected_output(path, body)
-                if output[1]["completion_tokens"] < lengths[0] - 10:
-                    del body["stop"]  # a stop sequence that comes early: no cut before it
-                    output = await expected_output(path, body)
-                request_id = f"r{round_index}-{'s' if is_stream else 'u'}{index}"
-                expected[request_id] = output
-                if is_stream:
-                    streams.append(LiveStream(path, body, request_id))
-                    cuts.append(rng.randrange(1, 25))
-                else:
-                    unary.append((request_id, path, body))
-            unary_results: dict[str, httpx.Response] = {}
-
-            async def post(request_id: str, path: str, body: dict[str, Any]) -> None:
-                unary_results[request_id] = await http.post(
-                    path, json=body, headers={"x-request-id": request_id}
-                )
-
-            async with trio.open_nursery() as nursery:
-                for live in streams:
-                    nursery.start_soon(live.run, http)
-                for request_id, path, body in unary:
-                    nursery.start_soon(post, request_id, path, body)
-                # Cut each stream at its own random position, all within their first
-                # 25 tokens (at least 15 more to go at 10 ms each: none is finishing).
-                for live, cut in zip(streams, cuts, strict=True):
-                    await live.wait_tokens(cut)
-                current = [await serving(workers, live.request_id) for live in streams]
-                current += [await serving(workers, request_id) for request_id, *_ in unary]
-                on_victim = sum(worker is victim for worker in current)
-                victim.signal(signal.SIGKILL)
-            moved_total += on_victim
-
-            for live in streams:
-                text, usage = expected[live.request_id]
-                assert live.error is None, (live.request_id, live.error)
-                assert live.done, live.request_id
-                assert live.text == text, live.request_id
-                assert live.usage is not None
-                assert live.usage["completion_tokens"] == usage["completion_tokens"]
-                assert live.usage["prompt_tokens"] == usage["prompt_tokens"]
-                checked += 1
-            for request_id, path, body in unary:
-                response = unary_results[request_id]
-                assert response.status_code == 200, response.text
-                text, usage = expected[request_id]
-                choice = response.json()["choices"][0]
-                got = choice["message"]["content"] if "message" in choice else choice["text"]
-                assert got == text, request_id
-                assert response.json()["usage"]["completion_tokens"] == usage["completion_tokens"]
-                checked += 1
-            assert await migrations(url, migration_type="ongoing_request") == moved_total
-
+            on_victim = await _play(plan, http, workers, victim)
+            checked += _check(plan)
+            # Every request on the victim that was not finishing moved once, and went on
+            # from what it had (a worker's "start" with a continuation, counted once).
+            moved = sum(
+                e["event"] == "start"
+                and e["continued"] is not None
+                and e["id"].startswith(f"r{round_index}-")
+                for worker in everyone
+                for e in worker.events
+            )
+            assert moved == on_victim, (on_victim, moved)
+            moved_total += moved
+            on_victims += on_victim
+            assert await migrations(url, migration_type="ongoing_request") == moved_total, (
+                await scrape_all(url, "dynamo_frontend_model_migration_total")
+            )
             # The victim comes back as a new instance, while the next round runs.
             restarting = trio.Event()
             replaced = workers.index(victim)
-
-            async def restart(index: int, done: trio.Event, name: str) -> None:
-                worker, _ = await start_worker(spawn, env, name=name)
-                workers[index] = worker
-                done.set()
-
             background.start_soon(restart, replaced, restarting, f"worker {replaced}.{round_index}")
         assert restarting is not None
         await restarting.wait()
@@ -168,15 +216,30 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
     assert await scrape(url, "dynamo_frontend_requests_total", status="error") == 0
     assert await scrape(url, "dynamo_frontend_model_cancellation_total") == 0
     assert await scrape(url, "dynamo_frontend_inflight_requests") == 0
-    print(f"migration: {moved_total} of {checked} requests moved mid-stream, all complete")
+    print(
+        f"migration: {moved_total} of {checked} requests moved mid-stream (as many as were "
+        f"running on the killed workers: {on_victims}), all complete"
+    )
+
+
+async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[str, str]) -> None:
+    """Each of ``--http-workers``' processes migrates its own requests; the counter is
+    the sum over them."""
+    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(3)]
+    _, url = await start_frontend(spawn, env, "--migration-limit", "2", "--http-workers", "2")
+    plan = await _plan(random.Random(5), 0, streams=12, unary=4)
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        moved = await _play(plan, http, workers, workers[0])
+    assert _check(plan) == 16
+    assert moved >= 3
+    assert await migrations(url, migration_type="ongoing_request") == moved
+    assert await scrape(url, "dynamo_frontend_requests_total", status="error") == 0
 
 
 async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    workers = [
-        (await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(3)
-    ]
+    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(3)]
     _, url = await start_frontend(spawn, env, "--migration-limit", "1")
     body = {**CHAT_BODY, "max_tokens": 400, "stream": True, "seed": 1}
     moved = LiveStream("/v1/chat/completions", body, "moves-once")
@@ -208,7 +271,8 @@ async def test_no_instance_left_is_a_retryable_503(
 ) -> None:
     worker, _ = await start_worker(spawn, env, name="only worker")
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
-    streamed = LiveStream("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 500, "stream": True}, "s")
+    body = {**CHAT_BODY, "max_tokens": 500, "stream": True}
+    streamed = LiveStream("/v1/chat/completions", body, "s")
     async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
         nursery.start_soon(streamed.run, http)
 
@@ -247,10 +311,8 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
             nursery.start_soon(live.run, http)
             await live.wait_tokens(5)
             # Only now a second worker, whose every request takes 30 s to its first token.
-            slow, slow_ready = await start_worker(
-                spawn, env, name="slow worker", ttft_ms=30_000
-            )
-            await _wait_listed(url, 2)
+            slow, slow_ready = await start_worker(spawn, env, name="slow worker", ttft_ms=30_000)
+            await _let_the_frontend_see_the_new_worker()
             fast.signal(signal.SIGKILL)
             started = await slow.wait_for("start", id="h", within=10)
             assert started["continued"] >= 5
@@ -310,13 +372,18 @@ async def test_a_worker_shutting_down_mid_stream(
     with an ending that reads as a complete answer."""
     first, _ = await start_worker(spawn, env, name="first worker")
     _, url = await start_frontend(spawn, env, "--migration-limit", str(limit))
-    body = {**CHAT_BODY, "max_tokens": 300, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        **CHAT_BODY,
+        "max_tokens": 300,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     live = LiveStream("/v1/chat/completions", body, "t")
     async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
         nursery.start_soon(live.run, http)
         await live.wait_tokens(5)
         second, _ = await start_worker(spawn, env, name="second worker")
-        await _wait_listed(url, 2)
+        await _let_the_frontend_see_the_new_worker()
         first.signal(signal.SIGTERM)
     exit_event = await first.wait_for("exit", id="t")
     assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "shutdown")
@@ -333,14 +400,14 @@ async def test_a_worker_shutting_down_mid_stream(
         assert not live.done
         assert live.error["error"]["type"] == "service_unavailable"
         assert "shut down" in live.error["error"]["message"]
-        assert await scrape(
-            url, "dynamo_frontend_requests_total", error_type="StreamIncomplete"
-        ) == 1
+        assert (
+            await scrape(url, "dynamo_frontend_requests_total", error_type="StreamIncomplete") == 1
+        )
     assert await first.wait_exit() == 0
 
 
-async def _wait_listed(url: str, instances: int) -> None:
-    """Give the frontend time to see a worker that just registered (the tests' file
-    discovery is polled every 50 ms; a migration also waits for a card's instance)."""
-    del url, instances
-    await trio.sleep(0.5)
+async def _let_the_frontend_see_the_new_worker() -> None:
+    """A worker that just registered is seen by the frontend within a poll of the tests'
+    file discovery (50 ms); wait twenty of them, so that the migration that follows
+    has a live instance to go to."""
+    await trio.sleep(1.0)

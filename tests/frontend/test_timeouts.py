@@ -151,9 +151,7 @@ async def test_a_request_deadline_travels_to_the_worker_and_ends_the_request(
                 json=CHAT_BODY,
                 headers={"x-request-timeout": bad, "x-request-id": "bad"},
             )
-            assert_openai_error(
-                response, 400, "invalid_request_error", param="x-request-timeout"
-            )
+            assert_openai_error(response, 400, "invalid_request_error", param="x-request-timeout")
 
     await _frontend_is_idle(url)
     assert await scrape(url, "dynamo_frontend_requests_total", error_type="ResponseTimeout") == 2
