@@ -8,56 +8,61 @@ variant (tests shorten timeouts that way).
 =================================  ====================================  ===============
 setting                            environment variable                  default
 =================================  ====================================  ===============
-discovery.backend                  ``DYN_DISCOVERY_BACKEND``             ``file``
-discovery.file_kv                  ``DYN_FILE_KV``                       ``$TMPDIR/dynamo_store_kv``
-discovery.etcd_endpoints           ``ETCD_ENDPOINTS`` (comma separated)  ``http://127.0.0.1:2379``
-discovery.lease_ttl                ``DYN_LEASE_TTL_SECS``                10
-discovery.poll_interval            ``DYN_FILE_KV_POLL_SECS``             0.1
-discovery.max_record_size          ``DYN_DISCOVERY_MAX_RECORD_SIZE``     1 MiB
-request_plane.host                 ``DYN_TCP_RPC_HOST``                  ``127.0.0.1``
-request_plane.port                 ``DYN_TCP_RPC_PORT``                  0 (any free port)
-request_plane.advertise_host       ``DYN_TCP_RPC_ADVERTISE_HOST``        the bind host
-request_plane.auth_token           ``DYN_REQUEST_PLANE_TOKEN``           none
-request_plane.max_frame_size       ``DYN_TCP_MAX_MESSAGE_SIZE``          32 MiB
-request_plane.max_streams          ``DYN_TCP_MAX_STREAMS``               1024 per connection
-request_plane.stream_window        ``DYN_STREAM_WINDOW``                 64 items
-request_plane.max_write_buffer     ``DYN_TCP_MAX_WRITE_BUFFER``          64 MiB per connection
-request_plane.connect_timeout      ``DYN_TCP_CONNECT_TIMEOUT_SECS``      5
-request_plane.heartbeat_interval   ``DYN_HEARTBEAT_INTERVAL_SECS``       1
-request_plane.heartbeat_timeout    ``DYN_HEARTBEAT_TIMEOUT_SECS``        5
-request_plane.max_connections      ``DYN_TCP_MAX_CONNECTIONS``           512 per worker
-request_plane.max_handshakes       ``DYN_TCP_MAX_HANDSHAKES``            64 unauthenticated at once
-request_plane.handshake_timeout    ``DYN_TCP_HANDSHAKE_TIMEOUT_SECS``    5
-request_plane.auth_penalty         ``DYN_TCP_AUTH_PENALTY_SECS``         1 (per address)
-request_plane.tls                  ``DYN_TCP_TLS`` (1/0)                 on if a TLS file is set
-request_plane.tls_cert             ``DYN_TCP_TLS_CERT``                  none (PEM chain)
-request_plane.tls_key              ``DYN_TCP_TLS_KEY``                   none (PEM key)
-request_plane.tls_ca               ``DYN_TCP_TLS_CA``                    system trust store
-request_plane.tls_client_auth      ``DYN_TCP_TLS_CLIENT_AUTH`` (1/0)     0 (1 = mutual TLS)
-request_plane.tls_server_name      ``DYN_TCP_TLS_SERVER_NAME``           the host connected to
-worker.drain_grace                 ``DYN_DRAIN_GRACE_SECS``              5
-worker.shutdown_grace              ``DYN_SHUTDOWN_GRACE_SECS``           10
-system.port                        ``DYN_SYSTEM_PORT``                   -1 (off)
-system.host                        ``DYN_SYSTEM_HOST``                   ``127.0.0.1``
-frontend.host                      ``DYN_HTTP_HOST``                     ``127.0.0.1``
-frontend.port                      ``DYN_HTTP_PORT``                     8000
-frontend.on_disconnect             ``DYN_ON_DISCONNECT``                 ``kill``
-frontend.stop_grace                ``DYN_STOP_GRACE_SECS``               5
-frontend.keepalive_interval        ``DYN_SSE_KEEPALIVE_SECS``            15 (0 = off)
-frontend.max_body_size             ``DYN_HTTP_MAX_BODY_SIZE``            16 MiB
-frontend.idle_timeout              ``DYN_HTTP_IDLE_TIMEOUT_SECS``        30
-frontend.body_timeout              ``DYN_HTTP_BODY_TIMEOUT_SECS``        30
-frontend.max_header_size           ``DYN_HTTP_MAX_HEADER_SIZE``          16 KiB
-frontend.max_json_depth            ``DYN_HTTP_MAX_JSON_DEPTH``           64 (at most 256)
-frontend.router_mode               ``DYN_ROUTER_MODE``                   ``round-robin``
-frontend.http_workers              ``DYN_HTTP_WORKERS``                  1 (processes on the port)
-log_level                          ``DYN_LOG``                           ``info``
+discovery.backend                  DYN_DISCOVERY_BACKEND                 ``file``
+discovery.file_kv                  DYN_FILE_KV                           ``$TMPDIR/dynamo_store_kv``
+discovery.etcd_endpoints           ETCD_ENDPOINTS (comma separated)      ``http://127.0.0.1:2379``
+discovery.lease_ttl                DYN_LEASE_TTL_SECS                    10
+discovery.poll_interval            DYN_FILE_KV_POLL_SECS                 0.1
+discovery.max_record_size          DYN_DISCOVERY_MAX_RECORD_SIZE         1 MiB
+request_plane.host                 DYN_TCP_RPC_HOST                      ``127.0.0.1``
+request_plane.port                 DYN_TCP_RPC_PORT                      0 (any free port)
+request_plane.advertise_host       DYN_TCP_RPC_ADVERTISE_HOST            the bind host
+request_plane.auth_token           DYN_REQUEST_PLANE_TOKEN               none
+request_plane.max_frame_size       DYN_TCP_MAX_MESSAGE_SIZE              32 MiB
+request_plane.max_streams          DYN_TCP_MAX_STREAMS                   1024 per connection
+request_plane.stream_window        DYN_STREAM_WINDOW                     64 items
+request_plane.max_write_buffer     DYN_TCP_MAX_WRITE_BUFFER              64 MiB per connection
+request_plane.connect_timeout      DYN_TCP_CONNECT_TIMEOUT_SECS          5
+request_plane.heartbeat_interval   DYN_HEARTBEAT_INTERVAL_SECS           1
+request_plane.heartbeat_timeout    DYN_HEARTBEAT_TIMEOUT_SECS            5
+request_plane.max_connections      DYN_TCP_MAX_CONNECTIONS               512 per worker
+request_plane.max_handshakes       DYN_TCP_MAX_HANDSHAKES                64 unauthenticated at once
+request_plane.handshake_timeout    DYN_TCP_HANDSHAKE_TIMEOUT_SECS        5
+request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (per address)
+request_plane.tls                  DYN_TCP_TLS (1/0)                     on if a TLS file is set
+request_plane.tls_cert             DYN_TCP_TLS_CERT                      none (PEM chain)
+request_plane.tls_key              DYN_TCP_TLS_KEY                       none (PEM key)
+request_plane.tls_ca               DYN_TCP_TLS_CA                        system trust store
+request_plane.tls_client_auth      DYN_TCP_TLS_CLIENT_AUTH (1/0)         0 (1 = mutual TLS)
+request_plane.tls_server_name      DYN_TCP_TLS_SERVER_NAME               the host connected to
+worker.drain_grace                 DYN_DRAIN_GRACE_SECS                  5
+worker.shutdown_grace              DYN_SHUTDOWN_GRACE_SECS               10
+system.port                        DYN_SYSTEM_PORT                       -1 (off)
+system.host                        DYN_SYSTEM_HOST                       ``127.0.0.1``
+frontend.host                      DYN_HTTP_HOST                         ``127.0.0.1``
+frontend.port                      DYN_HTTP_PORT                         8000
+frontend.on_disconnect             DYN_ON_DISCONNECT                     ``kill``
+frontend.stop_grace                DYN_STOP_GRACE_SECS                   5
+frontend.keepalive_interval        DYN_SSE_KEEPALIVE_SECS                15 (0 = off)
+frontend.max_body_size             DYN_HTTP_MAX_BODY_SIZE                16 MiB
+frontend.idle_timeout              DYN_HTTP_IDLE_TIMEOUT_SECS            30
+frontend.body_timeout              DYN_HTTP_BODY_TIMEOUT_SECS            30
+frontend.max_header_size           DYN_HTTP_MAX_HEADER_SIZE              16 KiB
+frontend.max_json_depth            DYN_HTTP_MAX_JSON_DEPTH               64 (at most 256)
+frontend.router_mode               DYN_ROUTER_MODE                       ``round-robin``
+frontend.http_workers              DYN_HTTP_WORKERS                      1 (processes on the port)
+frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no migration)
+frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
+frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
+frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
+log_level                          DYN_LOG                               ``info``
 =================================  ====================================  ===============
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -195,12 +200,32 @@ class FrontendConfig:
     http_workers: int = 1
     """Frontend processes serving the port (``SO_REUSEPORT``); raise it when the
     frontend, not the engine, is the bottleneck, up to the core count."""
+    migration_limit: int = 0
+    """How many times one request may move to another worker after its worker was
+    lost mid-stream (Dynamo's ``--migration-limit``); 0 turns migration off."""
+    backend_stream_timeout: float = 0.0
+    """Seconds a worker may send nothing (before its first item, or between two)
+    before its request is killed with reason ``inactivity`` and answered 504
+    (Dynamo's ``DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS``); 0 turns it off."""
+    max_request_timeout: float = 0.0
+    """The longest deadline a request may have: an ``x-request-timeout`` header
+    asking for more is cut to it, and a request without one gets it; 0 for none."""
+    dead_client_timeout: float = 10.0
+    """Seconds after which a client whose network went silent (no FIN, no RST) is
+    found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
+    accepted connections; 0 turns them off."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
             raise ValueError(
                 f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
             )
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be 0 or more, not {self.migration_limit}")
+        for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,6 +356,22 @@ class Config:
                 ),
                 router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
                 http_workers=env.get("DYN_HTTP_WORKERS", _positive_int, frontend.http_workers),
+                migration_limit=env.get(
+                    "DYN_MIGRATION_LIMIT", _non_negative_int, frontend.migration_limit
+                ),
+                backend_stream_timeout=env.get(
+                    "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS",
+                    _seconds,
+                    frontend.backend_stream_timeout,
+                ),
+                max_request_timeout=env.get(
+                    "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS",
+                    _seconds,
+                    frontend.max_request_timeout,
+                ),
+                dead_client_timeout=env.get(
+                    "DYN_HTTP_DEAD_CLIENT_SECS", _seconds, frontend.dead_client_timeout
+                ),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
         )
@@ -375,6 +416,20 @@ def _non_negative(raw: str) -> float:
     value = float(raw)
     if not value >= 0:
         raise ValueError("must be zero or more")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < math.inf:
+        raise ValueError("must be a finite number of seconds, zero or more")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be zero or a positive integer")
     return value
 
 

@@ -162,6 +162,8 @@ class CancelReason(enum.StrEnum):
     """The connection that carried the request was lost (EOF, reset, missed heartbeats)."""
     DEADLINE = "deadline"
     """The context's deadline passed."""
+    INACTIVITY = "inactivity"
+    """The worker sent nothing for longer than the caller's inactivity bound."""
     DRAIN_TIMEOUT = "drain timeout"
     """A stopped context's work did not finish within its drain grace, so it was killed."""
     SHUTDOWN = "shutdown"

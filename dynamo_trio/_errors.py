@@ -10,8 +10,10 @@ same on both systems::
     ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
     ├── ResourceExhausted      a limit was hit (too many streams, queue full)
     ├── ConnectionTimeout      the handler raised TimeoutError
-    ├── ResponseTimeout        no response within a configured bound
-    ├── StreamIncomplete       the stream ended without its terminal frame for a known reason
+    ├── ResponseTimeout        no response within a configured bound (an inactivity
+    │                          timeout, a request's deadline)
+    ├── StreamIncomplete       the worker ended the stream before the work was complete,
+    │                          for a reason it gave (its shutdown)
     ├── Unknown                anything else the handler raised
     └── TransportError         the request plane failed
         ├── CannotConnect      no connection could be made to the worker
@@ -118,13 +120,15 @@ class ConnectionTimeout(DynamoError):
 
 
 class ResponseTimeout(DynamoError):
-    """No response arrived within a configured bound."""
+    """No response arrived within a configured bound: the worker went silent for
+    longer than the caller's inactivity timeout, or the request's deadline passed."""
 
     error_type = "ResponseTimeout"
 
 
 class StreamIncomplete(DynamoError):
-    """The stream ended without a terminal frame, for a reason the peer explained."""
+    """The worker ended the stream before the work was complete, for a reason it gave:
+    it stopped the request to shut down.  The output so far is valid but partial."""
 
     error_type = "StreamIncomplete"
 

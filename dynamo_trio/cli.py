@@ -30,6 +30,7 @@ from ._config import Config
 from .edge import listen_sockets
 from .frontend import serve_frontend
 from .frontend._workers import (
+    SUPERVISOR_ENV,
     WORKER_INDEX_ENV,
     WORKERS_DIR_ENV,
     WorkerView,
@@ -91,6 +92,30 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         help="frontend processes serving the port (DYN_HTTP_WORKERS; default 1): raise it, "
         "up to the core count, when the frontend process is the bottleneck",
     )
+    parser.add_argument(
+        "--migration-limit",
+        type=_non_negative_int,
+        help="times a request may move to another worker when its own is lost mid-stream "
+        "(DYN_MIGRATION_LIMIT; default 0: a lost worker fails its requests)",
+    )
+    parser.add_argument(
+        "--backend-stream-timeout",
+        type=float,
+        help="seconds a worker may send nothing before its request fails with 504 "
+        "(DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS; default 0: no bound)",
+    )
+    parser.add_argument(
+        "--max-request-timeout",
+        type=float,
+        help="the longest deadline a request may have (x-request-timeout is cut to it; "
+        "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS; default 0: none)",
+    )
+    parser.add_argument(
+        "--dead-client-timeout",
+        type=float,
+        help="seconds within which a client whose network went silent is found out and its "
+        "request killed (DYN_HTTP_DEAD_CLIENT_SECS; default 10; 0 turns it off)",
+    )
 
 
 def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
@@ -134,11 +159,22 @@ def _config(args: argparse.Namespace) -> Config:
         "keepalive_interval": getattr(args, "sse_keepalive", None),
         "router_mode": getattr(args, "router_mode", None),
         "http_workers": getattr(args, "http_workers", None),
+        "migration_limit": getattr(args, "migration_limit", None),
+        "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
+        "max_request_timeout": getattr(args, "max_request_timeout", None),
+        "dead_client_timeout": getattr(args, "dead_client_timeout", None),
     }
     frontend = dataclasses.replace(
         frontend, **{key: value for key, value in overrides.items() if value is not None}
     )
     return config.replace(discovery=discovery, frontend=frontend)
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> MockerSettings:
@@ -184,24 +220,33 @@ async def run_frontend(
             host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
             sockets = listen_sockets([f"{host}:{frontend.port}"], reuse_port=view is not None)
             shared: dict[str, Any] = {}
+            # The private socket outlives the drain: siblings list this process's
+            # requests in their /debug/requests until its last one has ended.
+            drained = trio.Event()
             if view is not None:
-                await serving.start(_serve_private, view, runtime, stop)
+                await serving.start(_serve_private, view, runtime, drained)
+                nursery.start_soon(view.stop_when_orphaned, stop)
 
                 async def inflight() -> list[dict[str, Any]]:
                     return await view.inflight(runtime.inflight())
 
                 shared = {"metrics": view.metrics, "inflight": inflight}
-            url: str = await serving.start(
-                partial(
-                    serve_frontend,
-                    runtime,
-                    frontend,
-                    shutdown_trigger=stop.wait,
-                    graceful_timeout=config.worker.shutdown_grace,
-                    sockets=sockets,
-                    **shared,
-                )
-            )
+
+            async def serve(*, task_status: trio.TaskStatus[str]) -> None:
+                try:
+                    await serve_frontend(
+                        runtime,
+                        frontend,
+                        shutdown_trigger=stop.wait,
+                        shutdown_grace=config.worker.shutdown_grace,
+                        sockets=sockets,
+                        task_status=task_status,
+                        **shared,
+                    )
+                finally:
+                    drained.set()
+
+            url: str = await serving.start(serve)
             print(f"dynamo-trio frontend listening on {url}", flush=True)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
@@ -210,7 +255,7 @@ async def run_frontend(
 async def _serve_private(
     view: WorkerView,
     runtime: DistributedRuntime,
-    stop: trio.Event,
+    drained: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
@@ -232,7 +277,7 @@ async def _serve_private(
             inflight=runtime.inflight,
         )
     )
-    await serve_http(edge, config, stop.wait, sockets=[sock], task_status=task_status)
+    await serve_http(edge, config, drained.wait, sockets=[sock], task_status=task_status)
 
 
 def frontend_main(argv: Sequence[str] | None = None) -> None:
@@ -243,12 +288,19 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     _discovery_flags(parser)
     _frontend_flags(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = _config(parser.parse_args(argv))
+    try:
+        config = _config(parser.parse_args(argv))
+    except ValueError as exc:  # an invalid DYN_* value or flag combination
+        parser.error(str(exc))
     configure_logging(config.log_level)
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None:  # one of --http-workers' processes
+        supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
-            int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])
+            int(index),
+            config.frontend.http_workers,
+            Path(os.environ[WORKERS_DIR_ENV]),
+            int(supervisor) if supervisor else None,
         )
         trio.run(partial(run_frontend, config, view=view))
     elif config.frontend.http_workers > 1:

@@ -106,6 +106,9 @@ class ModelCard(msgspec.Struct, frozen=True):
         context_length: The model's context window in tokens (prompt plus
             output), if known.
         max_output_tokens: The most tokens one request may generate, if known.
+        accepts_continuation: The engine honours a generate request's
+            ``continuation`` (see :mod:`dynamo_trio.llm`), so the frontend may
+            migrate an interrupted request to it.
     """
 
     name: str
@@ -116,6 +119,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     instance_id: int
     context_length: int | None = None
     max_output_tokens: int | None = None
+    accepts_continuation: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -17,7 +17,11 @@ from ._edge import (
     json_bytes as json_bytes,
     shown as shown,
 )
-from ._server import listen_sockets as listen_sockets, serve_http as serve_http
+from ._server import (
+    dead_peer_options as dead_peer_options,
+    listen_sockets as listen_sockets,
+    serve_http as serve_http,
+)
 from ._status import (
     Health as Health,
     InflightListing as InflightListing,
@@ -34,6 +38,7 @@ __all__ = [
     "InflightListing",
     "MetricsSource",
     "Route",
+    "dead_peer_options",
     "error_json",
     "json_bytes",
     "listen_sockets",

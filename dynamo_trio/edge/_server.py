@@ -19,6 +19,22 @@ sockets of the connections still open: a blocked write then fails with
 every task of the connection ends.  A connection that finished its work in
 time is never touched.
 
+Dead clients: with ``dead_peer_timeout``, every accepted connection gets TCP
+keepalive and ``TCP_USER_TIMEOUT`` set so that a client whose network went
+silent (no FIN, no RST: a cable pulled, a laptop closed, a NAT that forgot
+the flow) is found out within about that many seconds: while the server has
+nothing to send (a long prefill before the first token), keepalive probes go
+unanswered; while it has (tokens, SSE comments), its data goes unacknowledged.
+Either way the kernel errors the socket, hypercorn's read fails, and the app
+gets ``http.disconnect`` like for any hang-up.  Writing alone would not do:
+bytes sent to a silent peer sit in the send queue, retransmitted for many
+minutes, before any write fails.  A live client acknowledges both probes and
+data, however slow its link, so it is not cut by this, with one exception
+Linux (5.11 and later) makes: a client that stops *reading* altogether, so
+that the server's data fills its receive window (about a thousand unread SSE
+tokens), and keeps it full for longer than the bound is cut like a dead one,
+since ``TCP_USER_TIMEOUT`` also bounds how long a window may stay closed.
+
 It listens on the sockets :func:`listen_sockets` makes from the bind
 addresses: with ``reuse_port``, each gets ``SO_REUSEPORT``, so several
 processes can serve one port and the kernel spreads connections between them
@@ -36,6 +52,7 @@ response's ``send_all`` met the EOF in trio's conflict detector and raised
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -54,7 +71,7 @@ if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["listen_sockets", "serve_http"]
+__all__ = ["dead_peer_options", "listen_sockets", "serve_http"]
 
 _log = logging.getLogger("dynamo_trio.http")
 
@@ -88,12 +105,39 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
     return sockets
 
 
+def dead_peer_options(timeout: float) -> list[tuple[int, int, int]]:
+    """``(level, option, value)`` socket options that find a silent TCP peer in about
+    ``timeout`` seconds (Linux; options this platform lacks are left out).
+
+    Keepalive probes start after a third of the bound, one a sixth of it apart
+    (at least a second each), and ``TCP_USER_TIMEOUT`` gives up on a peer that
+    acknowledged nothing (probes or data) for the whole bound.  Without
+    ``TCP_USER_TIMEOUT``, the probe count ends the connection at about the
+    same time.
+    """
+    idle = max(1, int(timeout // 3))
+    interval = max(1, int(timeout // 6))
+    count = max(1, math.ceil((timeout - idle) / interval))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", max(1, round(timeout * 1000))),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    return options
+
+
 async def serve_http(
     app: ASGIFramework,
     config: HypercornConfig,
     shutdown_trigger: Callable[[], Awaitable[None]],
     *,
     sockets: list[socket.socket] | None = None,
+    dead_peer_timeout: float = 0.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` over plain HTTP until ``shutdown_trigger`` returns.
@@ -103,23 +147,43 @@ async def serve_http(
     (``http://host:port``) through ``task_status``.  On shutdown: stop
     accepting, let open connections finish for ``config.graceful_timeout``
     seconds, then cancel them and close their sockets, however they are blocked.
+    ``dead_peer_timeout`` (seconds, 0 for none): find silent clients (see the
+    module docstring) on TCP connections.
     """
     wrapped = ASGIWrapper(app)
-    context = WorkerContext(None)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     open_streams: set[trio.SocketStream] = set()
+    # One hypercorn context per connection: its "terminated" closes the connection once
+    # idle.  The shutdown sets every one; the client's EOF sets its own, so that a
+    # keep-alive connection its client closed is closed now (hypercorn ignores an EOF
+    # on an idle connection until the keep-alive timeout: sockets piled up in CLOSE-WAIT).
+    contexts: set[WorkerContext] = set()
+    shutting_down = False
+    peer_options = dead_peer_options(dead_peer_timeout) if dead_peer_timeout > 0 else []
 
     async def handle(stream: trio.SocketStream) -> None:
         open_streams.add(stream)
+        context = WorkerContext(None)
+        contexts.add(context)
         try:
+            if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    for level, option, value in peer_options:
+                        stream.socket.setsockopt(level, option, value)
+                except OSError:  # already reset by the peer: hypercorn finds out at once
+                    pass
+            if shutting_down:
+                await context.terminated.set()
+            ordered = _OrderedSends(stream, on_eof=context.terminated.set)
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
-            tls_typed = cast("trio.SSLStream[trio.SocketStream]", _OrderedSends(stream))
+            tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
             state = ConnectionState(lifespan_state.copy())
             server = TCPServer(wrapped, config, context, state, tls_typed)
             await server.run()
         finally:
             open_streams.discard(stream)
+            contexts.discard(context)
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -145,7 +209,9 @@ async def serve_http(
                     task_status.started(binds)
                     await shutdown_trigger()
                     accepting.cancel_scope.cancel()  # closes the listeners
-                await context.terminated.set()  # idle keep-alive connections close now
+                shutting_down = True
+                for context in tuple(contexts):
+                    await context.terminated.set()  # idle keep-alive connections close now
                 deadline = trio.current_time() + config.graceful_timeout
                 connections.cancel_scope.deadline = deadline
                 closer.start_soon(_close_at, deadline, open_streams)
@@ -175,9 +241,12 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     the EOF is what unblocks it.
     """
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, *, on_eof: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._stream = stream
         self._sending = trio.StrictFIFOLock()
+        self._on_eof = on_eof
         self.socket = stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -195,7 +264,10 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
             await self._stream.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self._stream.receive_some(max_bytes)
+        data = await self._stream.receive_some(max_bytes)
+        if not data and self._on_eof is not None:
+            await self._on_eof()
+        return data
 
     async def aclose(self) -> None:
         await self._stream.aclose()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -152,18 +152,24 @@ async def serve_frontend(
     config: FrontendConfig,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
-    graceful_timeout: float = 5.0,
+    shutdown_grace: float = 5.0,
     sockets: list[socket.socket] | None = None,
     metrics: MetricsSource | None = None,
     inflight: Callable[[], Any] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns.
+    """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns, then drain.
 
-    Reports the bound URL (``http://host:port``) through ``task_status``.  On
-    shutdown, the requests in flight are stopped (they drain, and their scopes
-    kill them after ``stop_grace``), and hypercorn gives them
-    ``graceful_timeout`` seconds before closing the connections.
+    Reports the bound URL (``http://host:port``) through ``task_status``.
+
+    The drain, once ``shutdown_trigger`` returns (or a request asked the
+    process to exit): new API requests are refused with 503 and ``Connection:
+    close``, ``/health`` answers 503, and ``/metrics``, ``/live`` and
+    ``/debug/requests`` keep answering; the requests in flight may finish
+    for up to ``shutdown_grace`` seconds; those still running are then ended
+    with reason ``shutdown`` (503, or their stream's error event: never an
+    ending that reads as complete).  Connections get :data:`FLUSH_GRACE`
+    seconds more to deliver their last bytes before their sockets are closed.
 
     ``sockets`` are bound listening sockets to serve on (default: one bound to
     ``config.host:config.port``); ``metrics`` and ``inflight`` replace this
@@ -185,8 +191,7 @@ async def serve_frontend(
                 if shutdown_trigger is not None:
                     either.start_soon(then_cancel, shutdown_trigger)
                 either.start_soon(then_cancel, pipeline.exit_requested.wait)
-            _log.info("frontend shutting down: draining %d request(s)", pipeline.in_flight)
-            pipeline.shutdown()
+            await _drain(pipeline, shutdown_grace)
 
         edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
         if sockets is None:
@@ -196,13 +201,47 @@ async def serve_frontend(
             partial(
                 serve_http,
                 edge,
-                _hypercorn_config(config, graceful_timeout),
+                _hypercorn_config(config, FLUSH_GRACE),
                 shutdown,
                 sockets=sockets,
+                dead_peer_timeout=config.dead_client_timeout,
             )
         )
         _log.info("frontend listening on %s", binds[0])
         task_status.started(binds[0])
+
+
+FLUSH_GRACE: Final = 2.0
+"""Seconds connections get to deliver their last bytes once the drain is over."""
+
+_END_SETTLE: Final = 2.0
+"""Seconds requests ended at the end of the grace get to write their endings."""
+
+DRAIN_OVERHEAD: Final = _END_SETTLE + FLUSH_GRACE
+"""The most a frontend's shutdown takes beyond its grace."""
+
+
+async def _drain(pipeline: Pipeline, grace: float) -> None:
+    """Refuse new requests, let those in flight finish for ``grace`` s, end the rest."""
+    _log.info(
+        "frontend shutting down: refusing new requests, letting %d in flight finish "
+        "for up to %.1fs",
+        pipeline.in_flight,
+        grace,
+    )
+    pipeline.begin_drain()
+    with trio.move_on_after(grace):
+        await pipeline.wait_drained()
+    if pipeline.in_flight:
+        _log.warning(
+            "ending %d request(s) still running after the %.1fs shutdown grace",
+            pipeline.in_flight,
+            grace,
+        )
+        pipeline.end_all()
+        with trio.move_on_after(_END_SETTLE):
+            await pipeline.wait_drained()
+    _log.info("frontend drained")
 
 
 def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:

@@ -30,8 +30,42 @@ another candidate it has not tried, so a model served by a live instance
 anywhere is answered even while a dead one's cards wait for its lease to
 expire, or while a split keeps this frontend from an instance others reach.
 If no candidate is live but some are out of rotation with their rest over
-(a probe is trying them), the request tries those rather than failing.  Once an item has arrived the
-request belongs to that instance: a later failure is the request's error.
+(a probe is trying them), the request tries those rather than failing.
+
+Faults after the first item: migration
+======================================
+
+Once items have arrived, a lost worker (its connection gone:
+``Disconnected``; it abandoned the request to shut down: ``EngineShutdown``;
+or it stopped the request to shut down, ending it early) is handled as the
+request's :class:`StreamFaults` say:
+
+* with ``migration_limit`` N > 0, the request is sent again, at most N times,
+  to a live instance whose card accepts continuations, carrying what was
+  generated so far as its ``continuation`` (see :mod:`dynamo_trio.llm`): the
+  new worker goes on from there, so the consumer reads one uninterrupted
+  stream, no item repeated or missing (Dynamo's request migration);
+* otherwise, or once no instance can take it, the failure is the request's
+  error: the lost connection, or :class:`~dynamo_trio.StreamIncomplete` for a
+  worker that stopped the request to shut down (its partial output must not
+  read as a complete answer; OpenAI has no finish reason that says so).
+
+A request whose context is stopped or killed is never moved: it was
+cancelled (its calls then end quietly instead of failing), and a cancellation
+during a migration reaches the new attempt, whose call is linked under the
+request's context like the first one.  A generation whose last item had
+arrived before the connection was lost is complete: the stream just ends.
+Each move to another instance after one failed the request is counted in
+``dynamo_frontend_model_migration_total{model, migration_type, reason}``
+(``new_request`` before the first item, ``ongoing_request`` after it), once
+the request has reached the new instance.
+
+With ``idle_timeout``, a worker that sends nothing for that long (before its
+first item, or between two) has its call killed with reason ``inactivity``;
+:class:`~dynamo_trio.ResponseTimeout` is the request's error.  The instance
+stays in rotation (unlike Dynamo, which quarantines it): one silent request
+says nothing about the worker's others, and its connection's heartbeats say
+whether it is alive.
 
 A card can be seen a moment before the instance record it names (they are
 separate watches): a request that finds no live candidate but some not yet
@@ -62,14 +96,22 @@ import math
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
 
 import trio
 
-from .._errors import CannotConnect, Disconnected, DynamoError, EngineShutdown, NoInstances
+from .._context import CancelReason
+from .._errors import (
+    CannotConnect,
+    Disconnected,
+    DynamoError,
+    EngineShutdown,
+    NoInstances,
+    StreamIncomplete,
+)
 from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_prefix
 from ..llm import RequestError
-from ..runtime import ResponseStream
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -78,9 +120,9 @@ if TYPE_CHECKING:
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import Annotated, Client, DistributedRuntime
+    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream
 
-__all__ = ["ModelRegistry", "ModelRoute", "ModelStream"]
+__all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
@@ -91,11 +133,59 @@ _PREPARE_RETRY: Final = (0.1, 2.0)
 """Backoff (first, longest) between attempts to open an endpoint's instance watch."""
 
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
-"""Failures before the first item after which another instance may take the request."""
+"""Failures of the instance after which another instance may take the request."""
+
+_TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
+"""Engine ``request_type``s whose streams can be continued elsewhere."""
 
 Target = tuple[str, int]
-_T = TypeVar("_T")
 """``(endpoint path, instance id)``: one place a model's request can go."""
+
+_T = TypeVar("_T")
+
+Moved = tuple[str, str]
+"""``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamFaults:
+    """What a model request does when the worker serving it fails (module docstring)."""
+
+    migration_limit: int = 0
+    """Moves allowed after the first item (0: a lost worker fails the request)."""
+    idle_timeout: float | None = None
+    """Seconds the worker may send nothing before the request fails (``None``: no bound)."""
+    on_migration: Callable[[str, str, str], None] | None = None
+    """Told ``(model, migration_type, reason)`` each time the request moves."""
+
+
+_NO_FAULT_HANDLING: Final = StreamFaults()
+
+
+def _reason(exc: BaseException) -> str:
+    """The ``reason`` label of a move away from an instance that failed with ``exc``."""
+    if isinstance(exc, EngineShutdown | StreamIncomplete):
+        return "engine_shutdown"
+    if isinstance(exc, Disconnected):
+        return "disconnected"
+    return "cannot_connect"
+
+
+async def _one_item(stream: ResponseStream, idle_timeout: float | None) -> list[Annotated]:
+    item = await stream.receive(idle_timeout=idle_timeout)
+    return [] if item is None else [item]
+
+
+async def _batch(stream: ResponseStream, idle_timeout: float | None) -> list[Any]:
+    return await stream.receive_batch(idle_timeout=idle_timeout)
+
+
+def _annotated_data(item: Annotated) -> Any:
+    return item.data()
+
+
+def _same(data: Any) -> Any:
+    return data
 
 
 def _path(card: ModelCard) -> str:
@@ -124,16 +214,23 @@ class ModelRoute:
         """Every card currently registered for the model as this type."""
         return self._registry.cards(self.name, self.model_type)
 
-    async def call(self, request: Any, context: Context) -> ModelStream:
+    async def call(
+        self, request: Any, context: Context, faults: StreamFaults = _NO_FAULT_HANDLING
+    ) -> ModelStream:
         """Send ``request`` to one of the model's instances, linked under ``context``.
+
+        ``faults`` says what a failure of the instance does once the request
+        is under way (migration, an inactivity bound; see the module docstring).
 
         Raises:
             NoInstances: no instance of the model is live (503).
             CannotConnect: no live instance could be reached (503).
         """
         tried: set[Target] = set()
-        target, stream = await self._registry._send(self, request, context, tried, wait=True)
-        return ModelStream(self, request, context, tried, target, stream)
+        target, stream = await self._registry._send(
+            self, request, context, tried, wait=True, faults=faults
+        )
+        return ModelStream(self, request, context, tried, target, stream, faults)
 
 
 @final
@@ -141,10 +238,11 @@ class ModelStream:
     """The items of one model request (an async iterator of ``Annotated``, like a
     :class:`~dynamo_trio.runtime.ResponseStream`, which it wraps).
 
-    Until the first item arrives, a failure of the instance (see the module
-    docstring) sends the request to another instance of the model instead.
-    Leaving ``async with`` or :meth:`aclose` closes the current stream (and
-    kills the remote work if it has not finished).
+    A failure of the instance serving it sends the request to another
+    instance instead, as the module docstring says: before the first item
+    always, after it as :class:`StreamFaults` allows (migration).  Leaving
+    ``async with`` or :meth:`aclose` closes the current stream (and kills the
+    remote work if it has not finished).
     """
 
     def __init__(
@@ -155,6 +253,7 @@ class ModelStream:
         tried: set[Target],
         target: Target | None,
         stream: ResponseStream,
+        faults: StreamFaults = _NO_FAULT_HANDLING,
     ) -> None:
         self._route = route
         self._request = request
@@ -162,7 +261,15 @@ class ModelStream:
         self._tried = tried
         self._target = target
         self._stream = stream
-        self._started = False
+        self._faults = faults
+        self._started = False  # an item has arrived
+        self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
+        self._migrations_left = faults.migration_limit if self._is_text else 0
+        # What the consumer has been given, for a continuation (only while it may move).
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._finished = False  # the item with the finish reason has been given out
+        self._held: Any = None  # a "cancelled" last item the worker ended with on its own
 
     @property
     def instance_id(self) -> int | None:
@@ -178,33 +285,144 @@ class ModelStream:
         return self
 
     async def __anext__(self) -> Annotated:
-        if self._started:
-            return await self._stream.__anext__()
-        item: Annotated = await self._first(ResponseStream.__anext__)
+        items = await self._receive(_one_item, _annotated_data)
+        if not items:
+            raise StopAsyncIteration
+        item: Annotated = items[0]
         return item
 
     async def receive_batch(self) -> list[Any]:
         """The data of every item that has arrived, at least one; ``[]`` at the end
         (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
-        if self._started:
-            return await self._stream.receive_batch()
-        batch: list[Any] = await self._first(ResponseStream.receive_batch)
-        return batch
+        return await self._receive(_batch, _same)
 
-    async def _first(self, receive: Callable[[ResponseStream], Awaitable[_T]]) -> _T:
-        """The first receive: a failure of the instance moves the request elsewhere."""
+    async def _receive(
+        self,
+        receive: Callable[[ResponseStream, float | None], Awaitable[list[_T]]],
+        data: Callable[[_T], Any],
+    ) -> list[_T]:
+        """The next items (``[]`` at the end), moving the request when its instance fails."""
         while True:
+            if self._held is not None:
+                held = await self._worker_ended_early()
+                if held is None:
+                    continue  # moved to another instance
+                return [held]
             try:
-                got = await receive(self._stream)
+                items = await receive(self._stream, self._faults.idle_timeout)
             except _RETRYABLE as exc:
-                registry = self._route._registry
-                registry._failed(self._target, exc)
-                self._target, self._stream = await registry._send(
-                    self._route, self._request, self._context, self._tried, last_error=exc
-                )
+                if self._finished:
+                    return []  # the generation was complete; only its end was lost
+                await self._recover(exc)
                 continue
+            if not items:
+                await self._ended()
+                return items
             self._started = True
-            return got
+            if self._is_text:
+                self._note(items, data)
+                if not items:
+                    continue  # only the held item: decided on the next round
+            return items
+
+    async def _ended(self) -> None:
+        """At the end of a stream: if it ended because the request was killed (its
+        deadline may have reached the call first), let that cancellation land now,
+        so that the end is never taken for a complete generation."""
+        if self._context.is_killed():  # reading the state enforces the deadline
+            await trio.lowlevel.checkpoint()
+
+    def _note(self, items: list[_T], data: Callable[[_T], Any]) -> None:
+        """Note what a text generation's items carry, and hold back a last item that
+        says the worker ended the generation early on its own
+        (:meth:`_worker_ended_early` decides what it means)."""
+        last = data(items[-1])  # a finish reason is only ever on a stream's last item
+        if type(last) is dict:
+            finish = last.get("finish_reason")
+            if finish == "cancelled" and not self._context.is_stopped():
+                self._held = items.pop()  # not our stop: the worker's
+            elif finish is not None:
+                self._finished = True
+        if self._migrations_left > 0:
+            for item in items:
+                value = data(item)
+                if type(value) is not dict:
+                    continue
+                text = value.get("text")
+                if type(text) is str and text:
+                    self._text.append(text)
+                token_ids = value.get("token_ids")
+                if type(token_ids) is list:
+                    self._token_ids.extend(token_ids)
+
+    async def _worker_ended_early(self) -> Any:
+        """The worker stopped the generation on its own: read its end and see why.
+
+        A worker that stopped it to shut down (or whose connection was lost right
+        after) left it incomplete: the request moves to another instance
+        (``None``) or fails with :class:`~dynamo_trio.StreamIncomplete`.  Any
+        other reason is the worker's own clean end: its last item is given out.
+        """
+        held, self._held = self._held, None
+        stream = self._stream
+        try:
+            while await stream.receive_batch(idle_timeout=self._faults.idle_timeout):
+                pass  # nothing follows a finish reason but the end
+        except _RETRYABLE:
+            incomplete = True
+        else:
+            incomplete = stream.outcome == "stopped" and stream.end_reason == CancelReason.SHUTDOWN
+        if not incomplete or self._context.is_stopped():
+            self._finished = True
+            return held
+        await self._recover(
+            StreamIncomplete("the worker shut down before the generation was complete")
+        )
+        return None
+
+    async def _recover(self, exc: DynamoError) -> None:
+        """Send the request to another instance after ``exc``, or raise ``exc``."""
+        registry = self._route._registry
+        registry._failed(self._target, exc)
+        if not self._started:
+            self._target, self._stream = await registry._send(
+                self._route,
+                self._request,
+                self._context,
+                self._tried,
+                wait=True,
+                last_error=exc,
+                faults=self._faults,
+                moved=("new_request", _reason(exc)),
+            )
+            return
+        if self._migrations_left <= 0 or self._context.is_stopped():
+            raise exc
+        self._migrations_left -= 1
+        request = dict(self._request)
+        request["continuation"] = {"text": "".join(self._text), "token_ids": list(self._token_ids)}
+        try:
+            self._target, self._stream = await registry._send(
+                self._route,
+                request,
+                self._context,
+                self._tried,
+                wait=True,
+                faults=self._faults,
+                moved=("ongoing_request", _reason(exc)),
+                continuing=True,
+            )
+        except CannotConnect as lost:  # NoInstances is one
+            raise type(exc)(
+                f"{exc.message}; no other instance could take the request over ({lost.message})"
+            ) from lost
+        _log.info(
+            "request %s moved to instance %x after %d token(s): %s",
+            self._context.id(),
+            self._stream.instance_id or 0,
+            len(self._token_ids),
+            exc,
+        )
 
     async def aclose(self) -> None:
         """Close the stream; if the worker is still producing, kill its work now."""
@@ -350,17 +568,18 @@ class ModelRegistry:
         return client
 
     async def _candidates(
-        self, route: ModelRoute, tried: set[Target]
+        self, route: ModelRoute, tried: set[Target], *, continuing: bool = False
     ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
-        """The model's untried targets: live ones, ones not listed yet, and listed ones
-        out of rotation whose rest is over (the longest due first)."""
+        """The model's untried targets (only those whose card accepts continuations, if
+        ``continuing``): live ones, ones not listed yet, and listed ones out of rotation
+        whose rest is over (the longest due first)."""
         live: list[tuple[Target, Client]] = []
         unlisted: list[tuple[int, Client]] = []
         resting: list[tuple[int, Target, Client]] = []
         seen: dict[str, tuple[set[int], set[int], dict[int, int]]] = {}
         for card in self.cards(route.name, route.model_type):
             target = (_path(card), card.instance_id)
-            if target in tried:
+            if target in tried or (continuing and not card.accepts_continuation):
                 continue
             try:
                 client = await self._client(card)
@@ -401,8 +620,15 @@ class ModelRegistry:
         *,
         wait: bool = False,
         last_error: DynamoError | None = None,
+        faults: StreamFaults = _NO_FAULT_HANDLING,
+        moved: Moved | None = None,
+        continuing: bool = False,
     ) -> tuple[Target | None, ResponseStream]:
         """Send to a live instance of the model not tried yet, moving on from any that fails.
+
+        ``moved``: this send moves the request away from an instance that failed
+        it; counted (``faults.on_migration``) once the request reaches another.
+        ``continuing``: only to instances that accept continuations.
 
         Raises:
             ``last_error`` (or the last connection error, or :class:`NoInstances`)
@@ -410,7 +636,7 @@ class ModelRegistry:
         """
         wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
         while True:
-            live, unlisted, resting = await self._candidates(route, tried)
+            live, unlisted, resting = await self._candidates(route, tried, continuing=continuing)
             if not live and unlisted and trio.current_time() < wait_until:
                 await self._wait_for_any(unlisted, wait_until)
                 continue
@@ -426,11 +652,17 @@ class ModelRegistry:
                 )
             tried.add(target)
             try:
-                return target, await client.direct(request, target[1], context=context)
+                stream = await client.direct(request, target[1], context=context)
             except NoInstances as exc:
                 last_error = exc  # it left discovery a moment ago
+                continue
             except CannotConnect as exc:
                 last_error = exc  # the client took it out of rotation
+                moved = moved or ("new_request", "cannot_connect")
+                continue
+            if moved is not None and faults.on_migration is not None and stream.instance_id:
+                faults.on_migration(route.name, *moved)
+            return target, stream
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
@@ -456,5 +688,5 @@ class ModelRegistry:
             client._instance_failed(
                 target[1],
                 f"{type(error).__name__}: {error}",
-                expected=isinstance(error, EngineShutdown),  # it is draining
+                expected=isinstance(error, EngineShutdown | StreamIncomplete),  # it is draining
             )

@@ -28,6 +28,38 @@ A streaming request waits for the engine's first item before answering, so an
 error that happens before any output (no instances, a bad argument caught by
 the worker) is an HTTP error with the right status; later errors end the
 stream with the API's error event.
+
+Faults, timeouts and shutdown end a request; they never decide it was cancelled
+-----------------------------------------------------------------------------
+
+Only :mod:`._hangup` says "cancelled by its client".  Everything else that ends
+a request is a *failure* with a status a client can act on, and a request that
+failed is over (:meth:`~._hangup.RequestLifecycle.completed`), so a client that
+leaves afterwards cancels nothing:
+
+=============================================  ==========================================
+what happened                                  the client gets
+=============================================  ==========================================
+the worker was lost and no instance took the   503 (or the stream's error event): retry
+request over (``--migration-limit``: see
+:mod:`._models`), or it shut down mid-request
+the worker sent nothing for                    504 ``ResponseTimeout`` (error event)
+``DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS``
+the request's deadline passed                  504 ``ResponseTimeout`` (error event)
+(``x-request-timeout``, capped by
+``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``)
+the frontend shut down before the request      503 ``EngineShutdown`` (error event)
+finished (after ``DYN_SHUTDOWN_GRACE_SECS``)
+=============================================  ==========================================
+
+The deadline and the shutdown kill the request's context with their own
+reason (``deadline``, ``shutdown``), which reaches the worker; the pipeline
+reads the reason to choose the ending.
+
+Shutdown drains: :meth:`Pipeline.begin_drain` refuses new requests (503,
+``Connection: close``) while the edge's ``/metrics`` and ``/health`` (503)
+keep answering; the requests in flight may finish until the grace ends, and
+:meth:`Pipeline.end_all` then ends the rest as above.
 """
 
 from __future__ import annotations
@@ -39,12 +71,13 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import trio
 
 from .._contain import is_cancellation, split_live_cancellation
-from .._context import CancelReason, Context
-from .._errors import DynamoError
+from .._context import CancelReason, Context, ContextState
+from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
 from ..llm import (
     EmbeddingRequest,
     Generation,
+    RequestError,
     embedding_response,
     parse_embedding_request,
     status_for_error,
@@ -52,7 +85,7 @@ from ..llm import (
 from ..metrics import FrontendMetrics
 from ._body import StreamBody
 from ._hangup import RequestLifecycle, bind_to_request
-from ._models import ModelRegistry
+from ._models import ModelRegistry, StreamFaults
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,6 +102,19 @@ _log = logging.getLogger("dynamo_trio.frontend")
 # Chunks a producer may run ahead of a slow HTTP client; beyond that the
 # worker is slowed down through the request plane's credits.
 _CHANNEL_DEPTH: Final = 16
+
+_SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN})
+"""Kill reasons that end a request on the server's side: failures, not cancellations."""
+
+
+def _server_ending(context: Context) -> DynamoError | None:
+    """The failure a request killed by the server itself ends with (``None`` if it was not)."""
+    reason = context.reason
+    if reason is CancelReason.DEADLINE:
+        return ResponseTimeout("The request did not complete within its deadline.")
+    if reason is CancelReason.SHUTDOWN:
+        return EngineShutdown("The frontend shut down before the request completed; send it again.")
+    return None
 
 
 @dataclass(frozen=True)
@@ -138,9 +184,20 @@ class Pipeline:
         self.config: Final = config
         self.metrics: Final = FrontendMetrics(runtime.registry)
         self.models: Final = ModelRegistry(runtime, config.namespace, config.router_mode)
+        idle_timeout = config.backend_stream_timeout or None
+        self._text_faults: Final = StreamFaults(
+            migration_limit=config.migration_limit,
+            idle_timeout=idle_timeout,
+            on_migration=self.metrics.migrated,
+        )
+        self._embed_faults: Final = StreamFaults(
+            idle_timeout=idle_timeout, on_migration=self.metrics.migrated
+        )
         self._nursery = nursery
         self._contexts: set[Context] = set()
+        self._drained: trio.Event | None = None
         self.shutting_down = False
+        """Set by :meth:`begin_drain`: new requests are refused, ``/health`` is 503."""
         self.exit_requested: Final = trio.Event()
         """Set when request code raised ``KeyboardInterrupt``/``SystemExit``: the
         frontend then shuts down gracefully, as on SIGTERM."""
@@ -156,27 +213,47 @@ class Pipeline:
         """Ask the frontend to shut down gracefully (as on SIGTERM)."""
         self.exit_requested.set()
 
-    def shutdown(self) -> None:
-        """Stop every request in flight (they drain; their scopes kill them after the grace)."""
+    def begin_drain(self) -> None:
+        """Refuse new requests (503); the ones in flight go on (see :meth:`wait_drained`)."""
         self.shutting_down = True
+
+    async def wait_drained(self) -> None:
+        """Return once no request is in flight (after :meth:`begin_drain`)."""
+        while self._contexts:
+            self._drained = trio.Event()
+            await self._drained.wait()
+
+    def end_all(self) -> None:
+        """End every request still in flight: killed with reason ``shutdown``, each
+        client gets an ending it can recognise (503, or its stream's error event)."""
         for context in tuple(self._contexts):
-            context.stop(CancelReason.SHUTDOWN)
+            context.kill(CancelReason.SHUTDOWN)
 
     # ------------------------------------------------------------------ entry points
 
     async def text(
-        self, api: TextApi, payload: object, request_id: str, trace: TraceContext | None = None
+        self,
+        api: TextApi,
+        payload: object,
+        request_id: str,
+        trace: TraceContext | None = None,
+        *,
+        deadline: float | None = None,
     ) -> JsonReply | StreamReply:
-        """Serve one text-generating request.
+        """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds.
 
         Raises:
-            RequestError: bad input (400) or an unknown model (404).
+            RequestError: bad input (400), an unknown model (404), or the
+                frontend is shutting down (503).
         """
+        self._check_open()
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
         request.check_limits(route.card)
         request_type = "stream" if request.stream else "unary"
-        lifecycle = self._lifecycle(request.model, api.label, request_type, request_id, trace)
+        lifecycle = self._lifecycle(
+            request.model, api.label, request_type, request_id, trace, deadline
+        )
         produce = self._stream_text if request.stream else self._unary_text
         return await self._run(lifecycle, api.error_body, produce, api, request, route)
 
@@ -186,12 +263,23 @@ class Pipeline:
         payload: object,
         request_id: str,
         trace: TraceContext | None = None,
+        *,
+        deadline: float | None = None,
     ) -> JsonReply | StreamReply:
         """Serve one embeddings request (always unary)."""
+        self._check_open()
         request = parse_embedding_request(payload)
         route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace)
+        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace, deadline)
         return await self._run(lifecycle, api.error_body, self._embed, request, route)
+
+    def _check_open(self) -> None:
+        if self.shutting_down:
+            raise RequestError(
+                503,
+                "The frontend is shutting down and takes no new requests; send it again.",
+                code="service_unavailable",
+            )
 
     def _lifecycle(
         self,
@@ -200,8 +288,11 @@ class Pipeline:
         request_type: Any,
         request_id: str,
         trace: TraceContext | None = None,
+        deadline: float | None = None,
     ) -> RequestLifecycle:
         context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
+        if deadline is not None:
+            context.set_deadline(deadline)
         context.attributes.update(model=model, route=label, kind=request_type)
         tracker = self.metrics.start_request(model, label, request_type)
         lifecycle = RequestLifecycle(
@@ -210,6 +301,12 @@ class Pipeline:
             policy=self.config.on_disconnect,
             request_kind=f"{label} {request_type}",
         )
+
+        def ended_by_the_server(ctx: Context, state: ContextState, reason: CancelReason) -> None:
+            if reason in _SERVER_ENDINGS:
+                lifecycle.completed()  # it failed: a client leaving now cancels nothing
+
+        context.add_cancel_callback(ended_by_the_server)
         bind_to_request(lifecycle)
         return lifecycle
 
@@ -266,6 +363,8 @@ class Pipeline:
         finally:
             self._contexts.discard(context)
             lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above did not run
+            if not self._contexts and self._drained is not None:
+                self._drained.set()
 
     async def _guarded(
         self,
@@ -292,6 +391,9 @@ class Pipeline:
             assert failure is not None
             return await self._failed(failure, emit, lifecycle)
         if context.is_killed() and not lifecycle.client_is_gone:
+            ending = _server_ending(context)
+            if ending is not None:
+                return await self._failed(ending, emit, lifecycle)
             return "error", "cancelled"
         return "success", None
 
@@ -299,6 +401,8 @@ class Pipeline:
         self, exc: BaseException, emit: _Emitter, lifecycle: RequestLifecycle
     ) -> tuple[Any, str | None]:
         context = lifecycle.context
+        if is_cancellation(exc) and context.is_killed() and not lifecycle.client_is_gone:
+            exc = _server_ending(context) or exc
         if isinstance(exc, DynamoError):
             if not context.is_stopped():
                 _log.warning("request %s failed: %s", context.id(), exc)
@@ -349,7 +453,9 @@ class Pipeline:
     ) -> None:
         generation = Generation()
         tracker = lifecycle.tracker
-        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+        async with await route.call(
+            request.to_engine(), lifecycle.context, self._text_faults
+        ) as stream:
             while batch := await stream.receive_batch():
                 tracker.tokens(_count_tokens(batch))
                 for data in batch:
@@ -368,7 +474,9 @@ class Pipeline:
         events = api.open_stream(request, lifecycle.context.id())
         emit.stream_failure = lambda status, message: api.fail_stream(events, status, message)
         tracker = lifecycle.tracker
-        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+        async with await route.call(
+            request.to_engine(), lifecycle.context, self._text_faults
+        ) as stream:
             # Everything that arrived while we were busy is one batch: one encode and
             # one write for all of it (under load, dozens of tokens per write).
             while batch := await stream.receive_batch():
@@ -388,7 +496,9 @@ class Pipeline:
         route: ModelRoute,
     ) -> None:
         output: object = None
-        async with await route.call(request.to_engine(), lifecycle.context) as stream:
+        async with await route.call(
+            request.to_engine(), lifecycle.context, self._embed_faults
+        ) as stream:
             async for item in stream:
                 output = item.data()
         reply = JsonReply(200, embedding_response(request, output))

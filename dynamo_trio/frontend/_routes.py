@@ -17,10 +17,20 @@ functions of the :class:`~._pipeline.Pipeline` (bound when the app is built)
 and the API they serve; quart does the routing, the body limits and the
 error pages.  A view reads the whole body before anything can refuse the
 request, so that hypercorn can reuse the keep-alive connection.
+
+A request may carry ``x-request-timeout: SECONDS`` (a positive number): its
+deadline, from when its body has arrived.  The deadline becomes the request
+context's, travels to every worker as time remaining, and, when it passes,
+ends the request with a 504 (or its stream's error event).  It cannot exceed
+the server's maximum (``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``), which is also
+the deadline of a request that names none.  While the frontend shuts down,
+every API response carries ``Connection: close``.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -48,11 +58,19 @@ if TYPE_CHECKING:
     from ._apis import EmbeddingsApi, TextApi
     from ._pipeline import Pipeline
 
-__all__ = ["ROUTES", "ApiRoute", "json_response", "reply_ids"]
+__all__ = [
+    "REQUEST_TIMEOUT_HEADER",
+    "ROUTES",
+    "ApiRoute",
+    "json_response",
+    "reply_ids",
+    "request_deadline",
+]
 
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REQUEST_TIMEOUT_HEADER: Final = "x-request-timeout"
 
 
 def json_response(payload: object, status: int = 200, ids: RequestIds | None = None) -> Response:
@@ -84,6 +102,30 @@ def _identity() -> tuple[RequestIds, TraceContext]:
         headers.get(TRACEPARENT), headers.get(TRACESTATE), x_request_id=ids.x_request_id
     )
     return ids, trace
+
+
+def request_deadline(raw: str | None, max_timeout: float, now: float) -> float | None:
+    """The deadline (``now`` plus seconds) of a request whose ``x-request-timeout`` header
+    is ``raw`` (``None`` if absent), under the server's maximum (0: none).
+
+    Raises:
+        RequestError: 400 if the header is not a positive, finite number of seconds.
+    """
+    timeout = max_timeout or None
+    if raw is not None:
+        try:
+            asked = float(raw)
+        except ValueError:
+            asked = math.nan
+        if not 0 < asked < math.inf:
+            raise RequestError(
+                400,
+                f"{REQUEST_TIMEOUT_HEADER} must be a positive number of seconds, "
+                f"not {shown(raw)!r}.",
+                param=REQUEST_TIMEOUT_HEADER,
+            )
+        timeout = asked if timeout is None else min(asked, timeout)
+    return None if timeout is None else now + timeout
 
 
 def _decode_json(body: bytes, max_depth: int) -> object:
@@ -120,14 +162,30 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Res
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     try:
         ids, trace = _identity()
+        deadline = request_deadline(
+            request.headers.get(REQUEST_TIMEOUT_HEADER),
+            pipeline.config.max_request_timeout,
+            time.monotonic(),
+        )
         payload = _decode_json(body, pipeline.config.max_json_depth)
         if api is EMBEDDINGS:
-            result = await pipeline.embeddings(EMBEDDINGS, payload, ids.request_id, trace)
+            result = await pipeline.embeddings(
+                EMBEDDINGS, payload, ids.request_id, trace, deadline=deadline
+            )
         else:
-            result = await pipeline.text(api, payload, ids.request_id, trace)  # type: ignore[arg-type]
+            result = await pipeline.text(
+                api,  # type: ignore[arg-type]
+                payload,
+                ids.request_id,
+                trace,
+                deadline=deadline,
+            )
+        response = _reply(result, ids)
     except RequestError as exc:
-        return json_response(api.request_error_body(exc), exc.status, reply_ids())
-    return _reply(result, ids)
+        response = json_response(api.request_error_body(exc), exc.status, reply_ids())
+    if pipeline.shutting_down:
+        response.headers["Connection"] = "close"  # so the client's next request goes elsewhere
+    return response
 
 
 async def embeddings_view(pipeline: Pipeline) -> Response:

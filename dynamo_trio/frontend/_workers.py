@@ -12,7 +12,9 @@ is a *supervisor*; it serves no HTTP itself:
 3. A process that dies (a crash, an OOM kill) is restarted, after a pause
    that doubles while it keeps dying (up to :data:`_MAX_BACKOFF`).
 4. SIGINT/SIGTERM is passed on to every process: each drains as a single
-   frontend would; the supervisor waits, then exits 0.
+   frontend would; the supervisor waits, then exits 0.  A process whose
+   supervisor vanished without passing anything on (SIGKILL) drains and exits
+   on its own within a second.
 
 Raise N on a machine with spare cores when the frontend, not the engine, is
 the bottleneck (its process near 100% of a core).  Each process costs a
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..edge import listen_sockets
+from ._app import DRAIN_OVERHEAD
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from .._config import Config
 
 __all__ = [
+    "SUPERVISOR_ENV",
     "WORKERS_DIR_ENV",
     "WORKERS_ENV",
     "WORKER_INDEX_ENV",
@@ -69,10 +73,13 @@ WORKERS_DIR_ENV: Final = "DYN_HTTP_WORKERS_DIR"
 """Set by the supervisor: the directory its processes share (their metrics)."""
 WORKERS_ENV: Final = "DYN_HTTP_WORKERS"
 """The number of processes (the supervisor passes its own count on)."""
+SUPERVISOR_ENV: Final = "DYN_HTTP_SUPERVISOR_PID"
+"""Set by the supervisor: its process id (a process whose supervisor is gone shuts down)."""
 
 _MAX_BACKOFF: Final = 10.0
 _STARTUP_TIMEOUT: Final = 60.0
 _GATHER_TIMEOUT: Final = 2.0
+_ORPHAN_POLL: Final = 0.5
 
 
 async def run_frontend_workers(
@@ -114,7 +121,8 @@ async def run_frontend_workers(
             await stop.wait()
             for child in children:
                 child.terminate()
-            with trio.move_on_after(config.worker.shutdown_grace + 5):
+            # Each drains (the grace), ends what is left, and flushes its connections.
+            with trio.move_on_after(config.worker.shutdown_grace + DRAIN_OVERHEAD + 5):
                 for child in children:
                     await child.exited.wait()
             for child in children:
@@ -152,6 +160,7 @@ class _Child:
             WORKER_INDEX_ENV: str(index),
             WORKERS_ENV: str(count),
             WORKERS_DIR_ENV: str(shared),
+            SUPERVISOR_ENV: str(os.getpid()),
             "PROMETHEUS_MULTIPROC_DIR": str(shared / "metrics"),
         }
         self._metrics = shared / "metrics"
@@ -251,11 +260,24 @@ class WorkerView:
         shared: The supervisor's directory (its name also names the private sockets).
     """
 
-    def __init__(self, index: int, count: int, shared: Path) -> None:
+    def __init__(self, index: int, count: int, shared: Path, supervisor: int | None = None) -> None:
         self.index: Final = index
         self.count: Final = count
         self.shared: Final = shared
+        self.supervisor: Final = supervisor
+        """The supervisor's process id, if known."""
         self.socket_path: Final = self.socket_of(index)
+
+    async def stop_when_orphaned(self, stop: trio.Event) -> None:
+        """Set ``stop`` (a graceful drain) once the supervisor is gone: killed with
+        SIGKILL, say, so that it could not pass a signal on.  Without this, the
+        process would serve the port on its own for ever."""
+        if self.supervisor is None:
+            return
+        while os.getppid() == self.supervisor:  # noqa: ASYNC110 (no event for a parent's death)
+            await trio.sleep(_ORPHAN_POLL)
+        _log.warning("frontend process %d: its supervisor is gone; shutting down", self.index)
+        stop.set()
 
     def socket_of(self, index: int) -> str:
         """The private socket of process ``index`` (an abstract Unix socket name)."""

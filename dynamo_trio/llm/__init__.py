@@ -64,6 +64,7 @@ from ._openai import (
     parse_completion_request as parse_completion_request,
 )
 from ._protocol import (
+    Continuation as Continuation,
     EmbedOutput as EmbedOutput,
     EmbedRequest as EmbedRequest,
     EmbedUsage as EmbedUsage,
@@ -104,6 +105,7 @@ __all__ = [
     "CompletionRequest",
     "CompletionStream",
     "ContextLengthExceeded",
+    "Continuation",
     "EmbedOutput",
     "EmbedRequest",
     "EmbedUsage",

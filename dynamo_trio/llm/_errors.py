@@ -49,10 +49,13 @@ from .._errors import (
     Cancelled,
     CannotConnect,
     ConnectionTimeout,
+    Disconnected,
     EngineShutdown,
     InvalidArgument,
+    ProtocolError,
     ResourceExhausted,
     ResponseTimeout,
+    StreamIncomplete,
 )
 
 __all__ = [
@@ -143,6 +146,7 @@ _OPENAI_DEFAULT_CODES: Final[dict[int, str]] = {
     413: "request_too_large",
     415: "unsupported_media_type",
     499: "request_cancelled",
+    502: "bad_gateway",
     503: "service_unavailable",
     504: "timeout",
 }
@@ -175,7 +179,7 @@ def openai_error_body(
     """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``.
 
     ``type`` defaults from ``status``; ``code`` defaults to a code for the
-    statuses a client may want to tell apart (413, 415, 499, 503, 504), else null.
+    statuses a client may want to tell apart (413, 415, 499, 502, 503, 504), else null.
     """
     return {
         "error": {
@@ -212,9 +216,12 @@ def status_for_error(exc: BaseException) -> int:
 
     :class:`RequestError` keeps its own status.  Request-plane errors map as
     the spec says: invalid argument 400, cancelled 499, no instances (none
-    listed, or none that can be connected to) or a shutting-down or saturated
-    worker 503, timeouts 504, anything else (including an
-    :class:`~dynamo_trio.llm.EngineError`) 500.
+    listed, or none that can be connected to), a shutting-down or saturated
+    worker, or a worker lost mid-request that no other instance could take over
+    (:class:`~dynamo_trio.Disconnected`, :class:`~dynamo_trio.StreamIncomplete`)
+    503: the server's trouble, not the request's, so a client may retry it;
+    bytes from a worker that are not a valid response 502; timeouts 504;
+    anything else (including an :class:`~dynamo_trio.llm.EngineError`) 500.
     """
     if isinstance(exc, RequestError):
         return exc.status
@@ -222,8 +229,14 @@ def status_for_error(exc: BaseException) -> int:
         return 400
     if isinstance(exc, Cancelled):
         return 499
-    # CannotConnect (NoInstances is one): the request reached no worker.
-    if isinstance(exc, CannotConnect | EngineShutdown | ResourceExhausted):
+    if isinstance(exc, ProtocolError):
+        return 502
+    # CannotConnect (NoInstances is one): the request reached no worker; Disconnected
+    # and StreamIncomplete: the worker serving it was lost and none could take it over.
+    if isinstance(
+        exc,
+        CannotConnect | Disconnected | StreamIncomplete | EngineShutdown | ResourceExhausted,
+    ):
         return 503
     if isinstance(exc, ConnectionTimeout | ResponseTimeout):
         return 504

@@ -41,6 +41,32 @@ output.  The item carrying ``finish_reason`` is the last one and carries
 A stream that ends without a ``finish_reason`` is treated as ``"stop"``.
 A *killed* request produces no last item at all: its stream is abandoned.
 
+Continuations (request migration)
+=================================
+
+A request may carry a ``continuation``: what an earlier attempt at the same
+request already generated before its worker was lost (:class:`Continuation`)::
+
+    {..., "max_tokens": 16, "continuation": {"text": "The quick", "token_ids": [2, 17]}}
+
+``token_ids`` are every token the earlier attempt generated, in order, and
+``text`` the text of its items (what the client has been sent).  The engine
+generates what comes *after* them, as if it had produced them itself:
+
+- they count against ``max_tokens`` and ``min_tokens`` (the limits are for
+  the whole generation: here 14 more tokens at most);
+- stop sequences are matched across the boundary;
+- the items it yields carry only the new text and token ids, so the
+  concatenation of both attempts' items is one generation;
+- ``usage.completion_tokens`` counts the whole generation (the continued
+  tokens included), ``usage.prompt_tokens`` the original prompt.
+
+An engine that works on token ids appends ``token_ids`` to the prompt's; one
+that works on text continues ``text``.  A worker announces that it honours
+continuations on its model card (``register_model(...,
+accepts_continuation=True)``); the frontend migrates a request only to such
+workers, since one that ignored the field would repeat the output.
+
 Embeddings
 ==========
 
@@ -76,6 +102,7 @@ __all__ = [
     "EmbedRequest",
     "EmbedUsage",
     "EngineError",
+    "Continuation",
     "EngineMessage",
     "FinishReason",
     "GenerateOutput",
@@ -107,6 +134,15 @@ class EngineMessage(TypedDict):
     content: str
 
 
+class Continuation(TypedDict):
+    """What an interrupted attempt at a request already generated (see the module docstring)."""
+
+    text: str
+    """The text of the items already generated (what the client has been sent)."""
+    token_ids: list[_NonNegativeInt]
+    """Every token already generated, in order; they count against ``max_tokens``."""
+
+
 class GenerateRequest(TypedDict):
     """A text-generation request (see the module docstring)."""
 
@@ -128,6 +164,8 @@ class GenerateRequest(TypedDict):
     """Stop sequences; generation ends before the first one produced."""
     ignore_eos: NotRequired[bool]
     """Keep generating past end of sequence (benchmarks)."""
+    continuation: NotRequired[Continuation | None]
+    """Continue an interrupted generation after these tokens (request migration)."""
 
 
 class Usage(TypedDict):
@@ -199,6 +237,14 @@ def validate_generate_request(request: object) -> GenerateRequest:
         raise ValueError(
             f"invalid generate request: min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})"
         )
+    continuation = valid.get("continuation")
+    if continuation is not None and max_tokens is not None:
+        done = len(continuation["token_ids"])
+        if done > max_tokens:
+            raise ValueError(
+                f"invalid generate request: the continuation has {done} tokens, "
+                f"more than max_tokens ({max_tokens})"
+            )
     return valid
 
 

@@ -63,16 +63,19 @@ from ._names import (
     FRONTEND_INFLIGHT_REQUESTS,
     FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
     FRONTEND_MODEL_CANCELLATION_TOTAL,
+    FRONTEND_MODEL_MIGRATION_TOTAL,
     FRONTEND_OUTPUT_TOKENS_TOTAL,
     FRONTEND_REQUEST_DURATION_SECONDS,
     FRONTEND_REQUESTS_TOTAL,
     FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
     LABEL_ERROR_TYPE,
     LABEL_FRONTEND_ENDPOINT,
+    LABEL_MIGRATION_TYPE,
     LABEL_MODEL,
     LABEL_REASON,
     LABEL_REQUEST_TYPE,
     LABEL_STATUS,
+    MIGRATION_TYPES,
     REQUEST_TYPES,
     STATUS_ERROR,
     STATUS_SUCCESS,
@@ -169,6 +172,12 @@ class FrontendMetrics:
             registry=registry,
             buckets=CANCELLATION_LATENCY_BUCKETS,
         )
+        self._migrations = Counter(
+            FRONTEND_MODEL_MIGRATION_TOTAL,
+            "Requests moved to another worker because theirs failed or was lost",
+            (LABEL_MODEL, LABEL_MIGRATION_TYPE, LABEL_REASON),
+            registry=registry,
+        )
         self._disconnected = Gauge(
             FRONTEND_DISCONNECTED_CLIENTS,
             "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
@@ -176,6 +185,23 @@ class FrontendMetrics:
             multiprocess_mode="sum",  # with --http-workers: every process's, dead ones too
         )
         self._routes: dict[tuple[str, str, str], _Route] = {}
+
+    def migrated(self, model: str, migration_type: str, reason: str) -> None:
+        """Count one move of a request to another worker.
+
+        Args:
+            model: The served model's name.
+            migration_type: ``"new_request"`` (before its first item) or
+                ``"ongoing_request"`` (mid-stream), as in Dynamo.
+            reason: Why its worker was left: ``disconnected``,
+                ``engine_shutdown``, ``cannot_connect``.
+
+        Raises:
+            ValueError: On a migration type outside Dynamo's two.
+        """
+        if migration_type not in MIGRATION_TYPES:
+            raise ValueError(f"unknown migration type {migration_type!r}")
+        self._migrations.labels(model, migration_type, reason).inc()
 
     def start_request(
         self, model: str, endpoint: FrontendEndpoint, request_type: RequestType

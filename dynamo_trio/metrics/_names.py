@@ -40,6 +40,7 @@ __all__ = [
     "FRONTEND_INFLIGHT_REQUESTS",
     "FRONTEND_INTER_TOKEN_LATENCY_SECONDS",
     "FRONTEND_MODEL_CANCELLATION_TOTAL",
+    "FRONTEND_MODEL_MIGRATION_TOTAL",
     "FRONTEND_OUTPUT_TOKENS_TOTAL",
     "FRONTEND_PREFIX",
     "FRONTEND_REQUESTS_TOTAL",
@@ -49,18 +50,21 @@ __all__ = [
     "LABEL_ENDPOINT",
     "LABEL_ERROR_TYPE",
     "LABEL_FRONTEND_ENDPOINT",
+    "LABEL_MIGRATION_TYPE",
     "LABEL_MODEL",
     "LABEL_NAMESPACE",
     "LABEL_REASON",
     "LABEL_REQUEST_TYPE",
     "LABEL_STATUS",
     "LABEL_WORKER_ID",
+    "MIGRATION_TYPES",
     "REQUEST_TYPES",
     "STATUS_ERROR",
     "STATUS_SUCCESS",
     "UNKNOWN_REASON",
     "FrontendEndpoint",
     "FrontendStatus",
+    "MigrationType",
     "RequestType",
 ]
 
@@ -85,6 +89,8 @@ LABEL_WORKER_ID: Final = "worker_id"
 
 # The frontend's ``endpoint`` label is not Dynamo's ``dynamo_endpoint``: it names the API route.
 LABEL_FRONTEND_ENDPOINT: Final = "endpoint"
+LABEL_MIGRATION_TYPE: Final = "migration_type"
+"""Of ``model_migration_total`` (``http/service/metrics.rs``)."""
 
 # --- worker (``work_handler``, prefixed with ``dynamo_component``) ----------------------------
 
@@ -109,6 +115,9 @@ FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS: Final = "dynamo_frontend_time_to_first_tok
 FRONTEND_INTER_TOKEN_LATENCY_SECONDS: Final = "dynamo_frontend_inter_token_latency_seconds"
 FRONTEND_OUTPUT_TOKENS_TOTAL: Final = "dynamo_frontend_output_tokens_total"
 FRONTEND_MODEL_CANCELLATION_TOTAL: Final = "dynamo_frontend_model_cancellation_total"
+FRONTEND_MODEL_MIGRATION_TOTAL: Final = "dynamo_frontend_model_migration_total"
+"""Requests moved to another worker because theirs was lost (labels ``model``,
+``migration_type``; dynamo-trio adds ``reason``)."""
 FRONTEND_DISCONNECTED_CLIENTS: Final = "dynamo_frontend_disconnected_clients"
 """A gauge that only goes up, as in Dynamo (``prometheus_names.rs``: "not ``_total``")."""
 FRONTEND_CANCELLED_REQUESTS_TOTAL: Final = "dynamo_frontend_cancelled_requests_total"
@@ -131,6 +140,10 @@ FrontendEndpoint = Literal[
 ]
 """Values of the frontend ``endpoint`` label (Dynamo's ``Endpoint::as_str``)."""
 FRONTEND_ENDPOINTS: Final[frozenset[str]] = frozenset(get_args(FrontendEndpoint))
+
+MigrationType = Literal["new_request", "ongoing_request"]
+"""Dynamo's ``migration_type``: moved before its first item, or mid-stream."""
+MIGRATION_TYPES: Final[frozenset[str]] = frozenset(get_args(MigrationType))
 
 RequestType = Literal["unary", "stream"]
 REQUEST_TYPES: Final[frozenset[str]] = frozenset(get_args(RequestType))

@@ -25,6 +25,17 @@ Cancellation:
   killed context is also stopped; the engine checks for a kill before
   yielding its "cancelled" item, so that item is not produced under a kill.)
 
+Continuations (request migration): a request carrying ``continuation``
+(what an earlier attempt generated, see :mod:`dynamo_trio.llm`) replays that
+attempt before generating.  The token source is deterministic, so the engine
+draws the same tokens the earlier attempt drew, checks that they *are* the
+continuation's tokens and text (a continuation of another prompt, or one that
+lost or repeated an item, is refused with :class:`ValueError`), feeds them to
+the stop matcher, and goes on from there.  Its items are then exactly the
+items the uninterrupted stream would have had after the cut, the last one
+with the usage of the whole generation: a migrated stream is the stream that
+was never interrupted.
+
 No ``yield`` happens inside a cancel scope or nursery opened by the engine:
 waits are ``with trio.move_on_at(...)`` blocks closed before yielding.
 
@@ -59,7 +70,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._context import Context
-    from ..llm import EmbedOutput, GenerateOutput, Usage
+    from ..llm import Continuation, EmbedOutput, GenerateOutput, Usage
 
 __all__ = ["MockEngine"]
 
@@ -115,8 +126,20 @@ class MockEngine:
         min_tokens = valid.get("min_tokens") or 0
         tokens = TokenSource(prompt, valid.get("seed"))
         stops = StopMatcher(valid.get("stop", ()))
-        deadline = trio.current_time() + self._first_delay
+        continuation = valid.get("continuation")
         generated = 0
+        if continuation is not None:
+            generated = _replay(continuation, tokens, stops, min_tokens)
+        deadline = trio.current_time() + self._first_delay
+        if generated >= max_tokens:  # the earlier attempt produced every token but not the end
+            await _wait_until(deadline, context)  # a kill lands here
+            yield {
+                "text": stops.flush(),
+                "token_ids": [],
+                "finish_reason": "length",
+                "usage": _usage(prompt_tokens, generated),
+            }
+            return
         while True:
             if await _wait_until(deadline, context):
                 yield {
@@ -230,6 +253,38 @@ async def _wait_until(deadline: float, context: Context) -> bool:
         # cancellation may still be pending: take it here, before any yield.
         await trio.lowlevel.checkpoint()
     return context.is_stopped()
+
+
+def _replay(
+    continuation: Continuation, tokens: TokenSource, stops: StopMatcher, min_tokens: int
+) -> int:
+    """Draw the continuation's tokens again, checking they are this request's; return how many.
+
+    Raises:
+        ValueError: if the continuation is not what this engine generated for
+            the request (another prompt or seed, or an item lost or repeated).
+    """
+    released: list[str] = []
+    token_ids = continuation["token_ids"]
+    for position, token_id in enumerate(token_ids, start=1):
+        expected, token = tokens.next()
+        if token_id != expected:
+            raise ValueError(
+                f"invalid continuation: token {position} is {token_id}, but this request's "
+                f"token {position} is {expected}"
+            )
+        text, stop = stops.push(token, active=position >= min_tokens)
+        if stop is not None:
+            raise ValueError(
+                f"invalid continuation: generation had ended at token {position} "
+                f"(stop sequence {stop!r})"
+            )
+        released.append(text)
+    if "".join(released) != continuation["text"]:
+        raise ValueError(
+            f"invalid continuation: its text does not match its {len(token_ids)} token(s)"
+        )
+    return len(token_ids)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -33,7 +33,8 @@ async def serve_mocker(
     ``{namespace}/{component}/generate``; ``embedding_model_name`` as an
     embeddings model on ``{namespace}/{component}/embed``.  The cards carry
     the settings' ``context_length`` (and ``max_output_tokens`` for text), so
-    the frontend refuses requests over them before calling the worker.
+    the frontend refuses requests over them before calling the worker; the
+    text cards say the engine accepts continuations (request migration).
     """
     if model_name is None and embedding_model_name is None:
         raise ValueError("give a model name, an embedding model name, or both")
@@ -43,12 +44,13 @@ async def serve_mocker(
         if model_name is not None:
             generate = service.endpoint("generate")
             await nursery.start(generate.serve_endpoint, engine.generate)
-            limits = {
+            card: dict[str, Any] = {
                 "context_length": settings.context_length,
                 "max_output_tokens": settings.max_output_tokens,
+                "accepts_continuation": True,
             }
-            await generate.register_model(model_name, "chat", **limits)
-            await generate.register_model(model_name, "completions", **limits)
+            await generate.register_model(model_name, "chat", **card)
+            await generate.register_model(model_name, "completions", **card)
             _log.info("serving %s (chat, completions) at %s", model_name, generate.path)
         if embedding_model_name is not None:
             embed = service.endpoint("embed")

@@ -77,6 +77,7 @@ from .._errors import (
     DynamoError,
     EngineShutdown,
     NoInstances,
+    ResponseTimeout,
 )
 from .._logcontext import current_request
 from .._tracing import check_metadata, request_headers
@@ -145,6 +146,12 @@ class ResponseStream:
         return self._context
 
     @property
+    def end_reason(self) -> str | None:
+        """The reason the worker gave in its ``stopped``/``killed`` terminal frame
+        (``"shutdown"``...), if the stream ended with one."""
+        return None if self._stream is None else self._stream.end_reason
+
+    @property
     def outcome(self) -> str | None:
         """How the stream ended: ``complete``, ``stopped`` or ``killed`` (``None`` while
         it runs, or if nothing was sent).  A stream this caller killed is ``killed``."""
@@ -175,26 +182,42 @@ class ResponseStream:
             raise StopAsyncIteration
         return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
 
-    async def receive_batch(self) -> list[Any]:
+    async def receive(self, *, idle_timeout: float | None = None) -> Annotated | None:
+        """The next item, or ``None`` once the stream has ended (what iterating gives).
+
+        ``idle_timeout``: if no item (nor the end) arrives within that many
+        seconds, the call is killed with reason ``inactivity`` (its worker is
+        told at once) and :class:`~dynamo_trio.ResponseTimeout` is raised.
+        """
+        frame = await self._next(ClientStream.receive, idle_timeout)
+        if frame is None:
+            return None
+        return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
+
+    async def receive_batch(self, *, idle_timeout: float | None = None) -> list[Any]:
         """The data of every item that has arrived, at least one (waiting for it), in
         order; ``[]`` once the stream has ended.
 
         The same stream as iterating (same errors, same cancellation rules), taken
         in batches: a consumer that turns items into one write per batch (an SSE
         body under load) pays its per-wakeup costs once per batch.  Annotations
-        are dropped: iterate to see them.
+        are dropped: iterate to see them.  ``idle_timeout`` as in :meth:`receive`.
         """
-        frames = await self._next(ClientStream.receive_many)
+        frames = await self._next(ClientStream.receive_many, idle_timeout)
         return [] if frames is None else [frame.data for frame in frames]
 
-    async def _next(self, receive: Callable[[ClientStream], Awaitable[_R | None]]) -> _R | None:
+    async def _next(
+        self,
+        receive: Callable[[ClientStream], Awaitable[_R | None]],
+        idle_timeout: float | None = None,
+    ) -> _R | None:
         stream = self._stream
         if stream is None or self._done:
             await trio.lowlevel.checkpoint()
             return None
         context = self._context
         try:
-            got = await self._receive(stream, context, receive)
+            got = await self._receive(stream, context, receive, idle_timeout)
         except DynamoError as exc:
             self._finish()
             if context.is_stopped():
@@ -208,6 +231,8 @@ class ResponseStream:
             raise
         if got is None:
             self._ended(stream)
+            if context.reason is CancelReason.INACTIVITY and idle_timeout is not None:
+                raise ResponseTimeout(f"the worker sent nothing for {idle_timeout:g}s")
         return got
 
     @staticmethod
@@ -215,13 +240,22 @@ class ResponseStream:
         stream: ClientStream,
         context: Context,
         receive: Callable[[ClientStream], Awaitable[_R | None]],
+        idle_timeout: float | None,
     ) -> _R | None:
         deadline = context.deadline
-        if deadline is None:
+        if deadline is None and idle_timeout is None:
             return await receive(stream)
-        with trio.move_on_at(trio.current_time() + (deadline - time.monotonic())):
+        now = trio.current_time()
+        wake_at = math.inf if deadline is None else now + (deadline - time.monotonic())
+        if idle_timeout is not None:
+            wake_at = min(wake_at, now + idle_timeout)
+        with trio.move_on_at(wake_at):
             return await receive(stream)
-        context.is_killed()  # the deadline passed: reading the state kills the call
+        # Reading the state enforces the deadline; if it has not passed, the worker
+        # was silent for too long.  Either way the call is killed before its stream
+        # is read again (which then ends at once).
+        if not context.is_killed():
+            context.kill(CancelReason.INACTIVITY)
         return await receive(stream)
 
     def _ended(self, stream: ClientStream) -> None:

@@ -302,11 +302,14 @@ class DistributedRuntime:
         *,
         context_length: int | None = None,
         max_output_tokens: int | None = None,
+        accepts_continuation: bool = False,
     ) -> None:
         """Announce that ``endpoint`` (served by this process) serves model ``name``.
 
         ``context_length`` and ``max_output_tokens`` are the model's token
         limits; the frontend refuses requests over them before calling a worker.
+        ``accepts_continuation``: the handler honours a generate request's
+        ``continuation``, so the frontend may migrate interrupted requests to it.
         """
         card = ModelCard(
             name=name,
@@ -317,6 +320,7 @@ class DistributedRuntime:
             instance_id=self.instance_id,
             context_length=context_length,
             max_output_tokens=max_output_tokens,
+            accepts_continuation=accepts_continuation,
         )
         await self._register(card.key, encode_record(card))
 
@@ -559,15 +563,18 @@ class Endpoint:
         *,
         context_length: int | None = None,
         max_output_tokens: int | None = None,
+        accepts_continuation: bool = False,
     ) -> None:
         """Announce that this endpoint serves model ``name`` (chat, completions or embeddings),
-        with its token limits if known (the frontend enforces them)."""
+        with its token limits if known (the frontend enforces them), and whether its
+        handler honours continuations (the frontend migrates requests only to those)."""
         await self.runtime.register_model(
             self,
             name,
             model_type,
             context_length=context_length,
             max_output_tokens=max_output_tokens,
+            accepts_continuation=accepts_continuation,
         )
 
 

@@ -136,11 +136,26 @@ def test_instances_round_trip(
     namespace=segments,
     instance_id=instance_ids,
     context_length=st.none() | st.integers(min_value=1, max_value=10**7),
+    accepts_continuation=st.booleans(),
 )
 def test_model_cards_round_trip(
-    name: str, model_type: ModelType, namespace: str, instance_id: int, context_length: int | None
+    name: str,
+    model_type: ModelType,
+    namespace: str,
+    instance_id: int,
+    context_length: int | None,
+    accepts_continuation: bool,
 ) -> None:
-    card = ModelCard(name, model_type, namespace, "c", "e", instance_id, context_length)
+    card = ModelCard(
+        name,
+        model_type,
+        namespace,
+        "c",
+        "e",
+        instance_id,
+        context_length,
+        accepts_continuation=accepts_continuation,
+    )
     assert decode_model_card(encode_record(card)) == card
     rest = card.key.removeprefix(model_prefix(namespace))
     assert rest.count("/") == 2, "the model name must stay one key segment"

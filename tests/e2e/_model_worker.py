@@ -1,15 +1,18 @@
 """A model worker for the frontend tests: the mock engine, plus models that never answer.
 
-Run as ``python tests/e2e/_model_worker.py [--inter-token-latency-ms N]``.
+Run as ``python tests/e2e/_model_worker.py [--inter-token-latency-ms N] [--ttft-ms N]``.
 Registers, in namespace ``dynamo``:
 
-* ``mock`` (chat, completions) and ``mock-embed`` (embeddings): the mock engine;
+* ``mock`` (chat, completions) and ``mock-embed`` (embeddings): the mock engine
+  (its text cards accept continuations, so requests can migrate to it);
 * ``prefill`` (chat, completions): a "prefill" that never ends: no token, ever;
+* ``stall`` (chat, completions): three tokens, then silence for ever (a stuck engine);
 * ``slow-embed`` (embeddings): an embedding that never comes.
 
-Every handler reports ``start`` (with the context's trace fields) and ``exit``
-(with the context's final state and reason, and how the generator ended) as
-JSON lines on stdout.
+Every handler reports ``start`` (with the context's trace fields, the length of
+a continuation it was given, and the seconds left before the request's
+deadline) and ``exit`` (with the context's final state and reason, and how the
+generator ended) as JSON lines on stdout.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def report(event: str, **fields: Any) -> None:
 
 def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
     async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
+        continuation = request.get("continuation") if isinstance(request, dict) else None
+        continued = len(continuation.get("token_ids", ())) if continuation else None
         report(
             "start",
             id=context.id(),
@@ -42,6 +47,8 @@ def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable
             trace_id=context.trace_id,
             span_id=context.span_id,
             parent_span_id=context.parent_span_id,
+            continued=continued,
+            remaining=context.time_remaining(),
         )
         how, items = "returned", 0
         last: Any = None
@@ -73,14 +80,23 @@ async def never_answers(request: Any, context: Context) -> AsyncIterator[Any]:
     yield None  # unreachable
 
 
+async def stalls(request: Any, context: Context) -> AsyncIterator[Any]:
+    for token_id in range(3):
+        yield {"text": f" t{token_id}", "token_ids": [token_id]}
+    await trio.sleep_forever()
+
+
 @dynamo_worker()
-async def main(runtime: DistributedRuntime, inter_token_latency_ms: float) -> None:
-    engine = MockEngine(MockerSettings(inter_token_latency_ms=inter_token_latency_ms))
+async def main(runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_ms: float) -> None:
+    engine = MockEngine(
+        MockerSettings(inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms)
+    )
     namespace = runtime.namespace("dynamo")
     served: list[tuple[str, str, Callable[..., Any], tuple[str, ...]]] = [
         ("mock", "generate", engine.generate, ("chat", "completions")),
         ("mock-embed", "embed", engine.embed, ("embeddings",)),
         ("prefill", "generate", never_answers, ("chat", "completions")),
+        ("stall", "generate", stalls, ("chat", "completions")),
         ("slow-embed", "embed", never_answers, ("embeddings",)),
     ]
     async with trio.open_nursery() as nursery:
@@ -88,11 +104,17 @@ async def main(runtime: DistributedRuntime, inter_token_latency_ms: float) -> No
             endpoint = namespace.component(model).endpoint(endpoint_name)
             await nursery.start(endpoint.serve_endpoint, reporting(model, handler))
             for model_type in types:
-                await endpoint.register_model(model, model_type)  # type: ignore[arg-type]
-        report("ready", status_url=runtime.status_url)
+                await endpoint.register_model(
+                    model,
+                    model_type,  # type: ignore[arg-type]
+                    accepts_continuation=model == "mock" and model_type != "embeddings",
+                )
+        report("ready", status_url=runtime.status_url, instance_id=runtime.instance_id)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--inter-token-latency-ms", type=float, default=20.0)
-    trio.run(main, parser.parse_args().inter_token_latency_ms)
+    parser.add_argument("--ttft-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    trio.run(main, args.inter_token_latency_ms, args.ttft_ms)

@@ -162,3 +162,38 @@ async def test_a_failing_health_callback_is_a_500_not_a_dead_connection(
         assert (await client.get("/health")).status_code == 500
         assert (await client.get("/metrics")).status_code == 200  # same connection, still fine
     nursery.cancel_scope.cancel()
+
+
+async def test_a_keep_alive_connection_its_client_closed_is_closed_at_once(
+    nursery: trio.Nursery,
+) -> None:
+    """hypercorn alone ignores an EOF on an idle connection and holds it (CLOSE-WAIT on
+    the server) until its keep-alive timeout ends: with clients that open and close
+    connections (every httpx client that is closed), sockets pile up."""
+    config = HypercornConfig()
+    config.accesslog = None
+    config.keep_alive_timeout = 60
+    edge = Edge([Route("/hello", hello)])
+    binds: list[str] = await nursery.start(
+        partial(
+            serve_http,
+            edge,
+            config,
+            trio.sleep_forever,
+            sockets=listen_sockets(["127.0.0.1:0"]),
+        )
+    )
+    host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+    for _ in range(3):
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while b"hello" not in received:
+            received += await stream.receive_some()
+        assert received.startswith(b"HTTP/1.1 200")
+        await trio.sleep(0.2)  # the connection idles, kept alive
+        await stream.send_eof()  # the client is done with it
+        with trio.fail_after(2):
+            assert await stream.receive_some() == b""  # the server closed its side too
+        await stream.aclose()
+    nursery.cancel_scope.cancel()

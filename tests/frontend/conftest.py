@@ -31,7 +31,7 @@ from tests.e2e.conftest import (
     spawn as spawn,
 )
 
-MODELS = frozenset({"mock", "mock-embed", "prefill", "slow-embed"})
+MODELS = frozenset({"mock", "mock-embed", "prefill", "stall", "slow-embed"})
 """What ``tests/e2e/_model_worker.py`` registers."""
 
 CHAT_BODY: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}

@@ -138,3 +138,21 @@ async def test_a_crashed_process_is_restarted_and_its_counts_are_kept(
     assert b"restarting" in supervisor.stderr
     supervisor.signal(signal.SIGTERM)
     assert await supervisor.wait_exit(within=20) == 0
+
+
+async def test_processes_whose_supervisor_was_killed_drain_and_exit(
+    spawn: Callable[..., Any], env: dict[str, str]
+) -> None:
+    """SIGKILL leaves the supervisor no chance to pass a signal on: its processes see it
+    gone and drain on their own, instead of serving the port for ever."""
+    frontend, url = await start(spawn, env)
+    processes = children_of(frontend.process.pid)
+    assert len(processes) == 2
+    frontend.process.kill()
+    await frontend.process.wait()
+    with trio.fail_after(10):
+        while any([await trio.Path(f"/proc/{pid}").exists() for pid in processes]):  # noqa: ASYNC110
+            await trio.sleep(0.1)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with pytest.raises(OSError, match="all attempts to connect"):  # nobody serves the port
+        await trio.open_tcp_stream(host, int(port))

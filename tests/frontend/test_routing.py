@@ -170,11 +170,12 @@ async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
     failed = [
         (s - killed, e - killed, status, text) for s, e, status, text in results if status != 200
     ]
-    assert not [f for f in failed if f[2] == 503], failed
     # Only a request already streaming from the killed worker may fail (its worker died
-    # mid-generation: 500); everything sent after the kill is answered by the other component.
+    # mid-generation: a retryable 503, since migration is off by default); everything
+    # sent after the kill is answered by the other component (never "no instance").
     assert all(start < 0 < end for start, end, _, _ in failed), failed
-    assert all(status == 500 for _, _, status, _ in failed), failed
+    assert all(status == 503 for _, _, status, _ in failed), failed
+    assert all("stream ended before generation completed" in text for *_, text in failed), failed
     after_kill = [r for r in results if r[0] > killed]
     assert len(after_kill) > 20, len(after_kill)
     assert survivor > 0

@@ -1,14 +1,20 @@
-"""SIGTERM on the frontend: streams in flight are stopped gracefully and finish; it exits 0.
+"""SIGTERM on the frontend: it drains like a worker, then exits 0.
 
-Shutting down stops (not kills) every request in flight with reason
-``shutdown``: the worker drains (its last item carries the usage so far), the
-client reads a well-formed end of its stream, and the process exits cleanly.
+The drain: new requests are refused with a 503 and ``Connection: close``,
+``/health`` turns 503 and ``/metrics`` stays scrapeable; requests in flight may
+finish for up to ``DYN_SHUTDOWN_GRACE_SECS`` (2 s in the tests), and do, with
+their normal, complete ending; those still running then are killed (reason
+``shutdown``, which the worker sees) and end with what a client recognises as
+a failure: a 503 (OpenAI ``service_unavailable``, Anthropic
+``overloaded_error``), the stream's error event, or the Responses API's
+``error`` + ``response.failed``; never a ``finish_reason`` that reads as a
+complete answer.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anthropic
 import httpx
@@ -16,122 +22,189 @@ import openai
 import pytest
 import trio
 
-from .conftest import CHAT_BODY, openai_client_leaves_generators, parse_sse
+from tests.e2e.conftest import scrape
+
+from ._faults import LiveStream, expected_output
+from .conftest import CHAT_BODY, assert_openai_error, openai_client_leaves_generators, parse_sse
 
 if TYPE_CHECKING:
     from .conftest import StartStack
 
 pytestmark = pytest.mark.slow
 
+GRACE = 2.0
+"""``DYN_SHUTDOWN_GRACE_SECS`` in the tests' environment."""
+
 LONG = 10_000
 
 
-@openai_client_leaves_generators
-async def test_sigterm_lets_streams_in_flight_finish_and_exits_0(stack: StartStack) -> None:
-    running = await stack()
-    started = trio.Semaphore(0)
-    results: dict[str, object] = {}
+async def _during_the_drain(url: str) -> dict[str, Any]:
+    """What the frontend answers while it drains: health, metrics, a new request."""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        with trio.fail_after(GRACE):
+            while (await http.get("/health")).status_code == 200:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        health = await http.get("/health")
+        metrics = await http.get("/metrics")
+        listed = await http.get("/debug/requests")
+        refused = await http.post("/v1/chat/completions", json=CHAT_BODY)
+    return {"health": health, "metrics": metrics, "listed": listed, "refused": refused}
 
-    async def raw_chat() -> None:
+
+@openai_client_leaves_generators
+@pytest.mark.parametrize("flags", [(), ("--http-workers", "2")], ids=["one process", "workers"])
+async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
+    stack: StartStack, flags: tuple[str, ...]
+) -> None:
+    running = await stack(*flags)
+    # 60 tokens at 20 ms: well within the grace.
+    chat = {**CHAT_BODY, "max_tokens": 60, "stream": True}
+    live = LiveStream("/v1/chat/completions", chat, "chat")
+    results: dict[str, Any] = {}
+
+    async def unary() -> None:
+        async with httpx.AsyncClient(base_url=running.url, timeout=10) as http:
+            results["unary"] = await http.post(
+                "/v1/completions", json={"model": "mock", "prompt": "hi", "max_tokens": 50}
+            )
+
+    async def openai_stream() -> None:
+        client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="-", max_retries=0)
+        async with client:
+            stream = await client.chat.completions.create(
+                model="mock", messages=CHAT_BODY["messages"], max_tokens=60, stream=True
+            )
+            results["openai"] = [chunk async for chunk in stream]
+
+    async with httpx.AsyncClient(base_url=running.url, timeout=10) as http:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.run, http)
+            nursery.start_soon(unary)
+            nursery.start_soon(openai_stream)
+            await live.wait_tokens(3)
+            with trio.fail_after(10):  # all three are in flight on the worker
+                while sum(e["event"] == "start" for e in running.worker.events) < 3:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            signalled = trio.current_time()
+            running.frontend.signal(signal.SIGTERM)
+            during = await _during_the_drain(running.url)
+        finished = trio.current_time() - signalled
+    assert await running.frontend.wait_exit(within=GRACE + 3) == 0
+    exited = trio.current_time() - signalled
+    print(f"drain: in-flight requests done {finished:.2f}s, process exited {exited:.2f}s")
+
+    # Every request in flight ended as if nothing had happened.
+    text, _ = await expected_output(live.path, live.body)
+    assert (live.done, live.error, live.text) == (True, None, text)
+    assert results["unary"].status_code == 200
+    assert results["unary"].json()["usage"]["completion_tokens"] == 50
+    assert results["openai"][-1].choices[0].finish_reason == "length"
+
+    # While it drained: unhealthy, scrapeable, refusing work retryably.
+    assert during["health"].status_code == 503
+    assert during["metrics"].status_code == 200
+    assert "dynamo_frontend_inflight_requests" in during["metrics"].text
+    # Every request in flight is listed, whichever process holds it.
+    assert len(during["listed"].json()) == 3, during["listed"].json()
+    refused = during["refused"]
+    assert_openai_error(refused, 503, "service_unavailable", code="service_unavailable")
+    assert refused.headers["connection"] == "close"
+    assert "shutting down" in refused.json()["error"]["message"]
+
+    # The worker saw no cancellation: nothing was stopped or killed.
+    assert await scrape(running.worker_status, "dynamo_component_cancellation_total") == 0
+
+
+@openai_client_leaves_generators
+async def test_requests_still_running_after_the_grace_end_recognisably(stack: StartStack) -> None:
+    running = await stack()
+    results: dict[str, Any] = {}
+    started = trio.Semaphore(0)
+
+    async def sse(name: str, path: str, body: dict[str, Any]) -> None:
         text = ""
+        released = False
         async with (
-            httpx.AsyncClient(base_url=running.url, timeout=10) as http,
-            http.stream(
-                "POST",
-                "/v1/chat/completions",
-                json={**CHAT_BODY, "max_tokens": LONG, "stream": True},
-                headers={"x-request-id": "raw-chat"},
-            ) as response,
+            httpx.AsyncClient(base_url=running.url, timeout=20) as http,
+            http.stream("POST", path, json=body, headers={"x-request-id": name}) as response,
         ):
             async for chunk in response.aiter_text():
                 text += chunk
-                if text.count("data: ") == 3:
+                if not released and text.count("data: ") >= 4:  # events come in batches
+                    released = True
                     started.release()
-        results["raw-chat"] = text
+        results[name] = text
 
-    async def openai_completions() -> None:
-        client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="-", max_retries=0)
-        async with client:
-            stream = await client.completions.create(
-                model="mock",
-                prompt="hi",
-                max_tokens=LONG,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_headers={"x-request-id": "openai-completions"},
-            )
-            chunks = []
-            async for chunk in stream:
-                chunks.append(chunk)
-                if len(chunks) == 3:
-                    started.release()
-        results["openai-completions"] = chunks
+    async def unary(name: str, path: str, body: dict[str, Any]) -> None:
+        async with httpx.AsyncClient(base_url=running.url, timeout=20) as http:
+            results[name] = await http.post(path, json=body, headers={"x-request-id": name})
 
-    async def anthropic_messages() -> None:
+    async def anthropic_stream() -> None:
         client = anthropic.AsyncAnthropic(base_url=running.url, api_key="-", max_retries=0)
-        async with (
-            client,
-            client.messages.stream(
-                model="mock",
-                messages=CHAT_BODY["messages"],
-                max_tokens=LONG,
-                extra_headers={"x-request-id": "anthropic-messages"},
-            ) as stream,
-        ):
-            events = 0
-            async for _ in stream:
-                events += 1
-                if events == 5:
-                    started.release()
-            results["anthropic-messages"] = await stream.get_final_message()
+        async with client:
+            try:
+                async with client.messages.stream(
+                    model="mock", messages=CHAT_BODY["messages"], max_tokens=LONG
+                ) as stream:
+                    count = 0
+                    async for _ in stream:
+                        count += 1
+                        if count == 4:
+                            started.release()
+            except anthropic.APIStatusError as exc:
+                results["anthropic"] = exc
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(raw_chat)
-            nursery.start_soon(openai_completions)
-            nursery.start_soon(anthropic_messages)
-            for _ in range(3):
-                await started.acquire()
-            running.frontend.signal(signal.SIGTERM)
-        # Drained at once (the mock engine stops on request): well within the grace (2 s).
-        assert await running.frontend.wait_exit(within=3) == 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            sse, "chat", "/v1/chat/completions", {**CHAT_BODY, "max_tokens": LONG, "stream": True}
+        )
+        nursery.start_soon(
+            sse, "responses", "/v1/responses", {"model": "mock", "input": "hi", "stream": True,
+                                                "max_output_tokens": LONG}
+        )  # fmt: skip
+        nursery.start_soon(anthropic_stream)
+        nursery.start_soon(
+            unary, "unary", "/v1/chat/completions", {**CHAT_BODY, "model": "prefill"}
+        )
+        for _ in range(3):
+            await started.acquire()
+        await running.worker.wait_for("start", id="unary")
+        signalled = trio.current_time()
+        running.frontend.signal(signal.SIGTERM)
+    ended = trio.current_time() - signalled
+    assert await running.frontend.wait_exit(within=5) == 0
+    exited = trio.current_time() - signalled
+    print(f"drain past the grace: requests ended {ended:.2f}s, process exited {exited:.2f}s")
+    assert ended >= GRACE  # they had the whole grace
 
-    # Each worker handler was stopped (not killed) for the shutdown, and drained.
-    exits = {}
-    for request_id in results:
-        exit_event = await running.worker.wait_for("exit", id=request_id)
-        assert (exit_event["state"], exit_event["reason"], exit_event["how"]) == (
-            "STOPPED",
-            "shutdown",
-            "returned",
-        ), exit_event
-        assert exit_event["last"]["finish_reason"] == "cancelled"
-        exits[request_id] = exit_event
-    generated = {rid: e["last"]["usage"]["completion_tokens"] for rid, e in exits.items()}
-    assert all(3 <= tokens < LONG for tokens in generated.values()), generated
+    # Chat: an error event (which the openai client raises), no [DONE].
+    events = parse_sse(results["chat"])
+    assert "[DONE]" not in results["chat"]
+    assert events[-1].event == "error"
+    error = events[-1].json()["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "service_unavailable")
+    assert "shut down" in error["message"]
+    assert all(e.json()["choices"][0]["finish_reason"] is None for e in events[:-1] if e.data)
 
-    # The raw stream ends like any finished stream: a finish chunk, then [DONE].
-    text = results["raw-chat"]
-    assert isinstance(text, str)
-    events = parse_sse(text)
-    assert events[-1].data == "[DONE]"
-    assert all(event.event is None for event in events), "no error event"
-    assert events[-2].json()["choices"][0]["finish_reason"] == "stop"
+    # Responses: error + response.failed, the partial output kept, with its usage.
+    typed = [event.json() for event in parse_sse(results["responses"])]
+    assert [event["type"] for event in typed[-2:]] == ["error", "response.failed"]
+    assert typed[-1]["response"]["status"] == "failed"
+    assert typed[-1]["response"]["usage"]["output_tokens"] >= 3
 
-    # The openai client read a stream that ended normally, usage included and exact.
-    chunks = results["openai-completions"]
-    assert isinstance(chunks, list)
-    *text_chunks, usage_chunk = chunks
-    assert text_chunks[-1].choices[0].finish_reason == "stop"
-    assert usage_chunk.choices == []
-    assert usage_chunk.usage.completion_tokens == generated["openai-completions"]
+    # Anthropic: its overloaded error (a retryable status for its client).
+    failure = results["anthropic"]
+    assert isinstance(failure, anthropic.APIStatusError)
+    assert failure.body["error"]["type"] == "overloaded_error"
 
-    # The anthropic client assembled a complete message.
-    message = results["anthropic-messages"]
-    assert isinstance(message, anthropic.types.Message)
-    assert message.stop_reason == "end_turn"
-    assert message.usage.output_tokens == generated["anthropic-messages"]
+    # Unary: a 503 JSON error.
+    assert_openai_error(results["unary"], 503, "service_unavailable")
 
-    # The worker lives on, its handlers all done.
+    # Each worker handler was killed for the shutdown, and counted once as cancelled.
+    for name in ("chat", "responses", "unary"):
+        exit_event = await running.worker.wait_for("exit", id=name)
+        assert (exit_event["state"], exit_event["reason"]) == ("KILLED", "shutdown"), exit_event
+    status = running.worker_status
+    assert await scrape(status, "dynamo_component_cancelled_requests_total", reason="shutdown") == 4
+    assert await scrape(status, "dynamo_component_inflight_requests") == 0
     assert running.worker.process.returncode is None
-    assert await running.metric("dynamo_component_inflight_requests", worker=True) == 0

@@ -2,8 +2,10 @@
 
 The worker is SIGKILLed with many requests in flight at once, of every kind.
 A stream that has started ends with its API's error event (which the official
-clients raise); a request that has not answered yet gets a 500 JSON error in
-its API's shape.  Nothing hangs: each outcome arrives within a bound of the
+clients raise); a request that has not answered yet gets a 503 JSON error in
+its API's shape: the server's trouble, which a client may retry (no other
+instance could take the request over: migration is off by default, and there
+is no other instance here).  Nothing hangs: each outcome arrives within a bound of the
 kill.  A worker's death is not a client cancellation, so the cancellation
 counter stays at zero.
 """
@@ -127,7 +129,7 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
         assert events[-1].event == "error", events[-1]
         error = events[-1].json()
         assert set(error) == {"error"}
-        assert error["error"]["type"] == "server_error"
+        assert error["error"]["type"] == "service_unavailable"  # retryable: the server's trouble
         assert LOST in error["error"]["message"]
         assert all(event.event is None for event in events[:-1])
 
@@ -154,7 +156,7 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
             await read_all(stream, ready, after=3)
         assert not isinstance(raised.value, openai.APIConnectionError)
         assert isinstance(raised.value.body, dict)
-        assert raised.value.body["type"] == "server_error"
+        assert raised.value.body["type"] == "service_unavailable"
         assert LOST in raised.value.message
 
     async def completions_over_openai(ready: trio.Event) -> None:
@@ -164,7 +166,7 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
         with pytest.raises(openai.APIError) as raised:
             await read_all(stream, ready, after=3)
         assert isinstance(raised.value.body, dict)
-        assert raised.value.body["type"] == "server_error"
+        assert raised.value.body["type"] == "service_unavailable"
 
     async def messages_over_anthropic(ready: trio.Event) -> None:
         async with anthropic_client.messages.stream(
@@ -174,7 +176,7 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
                 await read_all(stream, ready, after=5)
         assert raised.value.body == {
             "type": "error",
-            "error": {"type": "api_error", "message": raised.value.body["error"]["message"]},
+            "error": {"type": "overloaded_error", "message": raised.value.body["error"]["message"]},
         }
         assert LOST in raised.value.body["error"]["message"]
 
@@ -192,7 +194,7 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
     assert await running.metric("dynamo_frontend_inflight_requests") == 0
 
 
-async def test_requests_not_yet_answered_get_a_500_json_error(stack: StartStack) -> None:
+async def test_requests_not_yet_answered_get_a_503_json_error(stack: StartStack) -> None:
     running = await stack()
     scenario = Scenario(running)
 
@@ -214,19 +216,21 @@ async def test_requests_not_yet_answered_get_a_500_json_error(stack: StartStack)
 
         scenario.add(request_id, run)
 
-    def openai_500(response: httpx.Response) -> None:
-        assert_openai_error(response, 500, "server_error", param=None, code=None)
+    def openai_503(response: httpx.Response) -> None:
+        assert_openai_error(
+            response, 503, "service_unavailable", param=None, code="service_unavailable"
+        )
 
-    def anthropic_500(response: httpx.Response) -> None:
-        assert_anthropic_error(response, 500, "api_error")
+    def anthropic_503(response: httpx.Response) -> None:
+        assert_anthropic_error(response, 503, "overloaded_error")
 
     prefill = {**CHAT_BODY, "model": "prefill", "max_tokens": LONG}
-    add_request("/v1/chat/completions", prefill, openai_500)
+    add_request("/v1/chat/completions", prefill, openai_503)
     # A stream that has produced nothing yet is still a plain HTTP error, not SSE.
-    add_request("/v1/completions", {"model": "prefill", "prompt": "hi", "stream": True}, openai_500)
-    add_request("/v1/embeddings", {"model": "slow-embed", "input": "hi"}, openai_500)
-    add_request("/v1/messages", prefill, anthropic_500)
-    add_request("/v1/responses", {"model": "prefill", "input": "hi", "stream": True}, openai_500)
+    add_request("/v1/completions", {"model": "prefill", "prompt": "hi", "stream": True}, openai_503)
+    add_request("/v1/embeddings", {"model": "slow-embed", "input": "hi"}, openai_503)
+    add_request("/v1/messages", prefill, anthropic_503)
+    add_request("/v1/responses", {"model": "prefill", "input": "hi", "stream": True}, openai_503)
     await scenario.kill_worker_when_ready()
 
     assert await running.metric("dynamo_frontend_requests_total", error_type="Disconnected") == 5

@@ -16,6 +16,7 @@ from dynamo_trio import (
     EngineShutdown,
     InvalidArgument,
     NoInstances,
+    ProtocolError,
     ResourceExhausted,
     ResponseTimeout,
     StreamIncomplete,
@@ -82,7 +83,8 @@ def test_anthropic_bodies_validate_as_the_clients_error_response(status: int) ->
 @pytest.mark.parametrize(
     ("status", "code"),
     [(400, None), (404, None), (413, "request_too_large"), (415, "unsupported_media_type"),
-     (499, "request_cancelled"), (503, "service_unavailable"), (504, "timeout")],
+     (499, "request_cancelled"), (502, "bad_gateway"), (503, "service_unavailable"),
+     (504, "timeout")],
 )  # fmt: skip
 def test_openai_default_codes(status: int, code: str | None) -> None:
     assert openai_error_body(status, "m")["error"] == {
@@ -133,8 +135,9 @@ def test_reason_phrase(status: int, phrase: str) -> None:
         (ResourceExhausted("full"), 503),
         (ConnectionTimeout("slow"), 504),
         (ResponseTimeout("slow"), 504),
-        (Disconnected("lost"), 500),
-        (StreamIncomplete("cut"), 500),
+        (Disconnected("lost"), 503),
+        (StreamIncomplete("cut"), 503),
+        (ProtocolError("garbage"), 502),
         (Unknown("?"), 500),
         (EngineError("oom"), 500),
         (RuntimeError("bug"), 500),

@@ -94,11 +94,14 @@ async def test_the_cards_announce_the_limits() -> None:
         )
         cards = await _cards(runtime, count=3)
         nursery.cancel_scope.cancel()
-    limits = {(c.name, c.model_type): (c.context_length, c.max_output_tokens) for c in cards}
+    limits = {
+        (c.name, c.model_type): (c.context_length, c.max_output_tokens, c.accepts_continuation)
+        for c in cards
+    }
     assert limits == {
-        ("m", "chat"): (1000, 100),
-        ("m", "completions"): (1000, 100),
-        ("e", "embeddings"): (1000, None),
+        ("m", "chat"): (1000, 100, True),
+        ("m", "completions"): (1000, 100, True),
+        ("e", "embeddings"): (1000, None, False),
     }
 
 

@@ -1,0 +1,177 @@
+"""Helpers for the fault tests: worker and frontend processes, SSE streams read live,
+and the exact output the mock engine owes each request."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from dynamo_trio import Context, llm
+from dynamo_trio.mocker import MockEngine, MockerSettings
+from tests.e2e.conftest import MODEL_WORKER, Proc, scrape
+
+from .conftest import MODELS, _frontend_url, wait_for_models
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import httpx
+
+
+async def start_worker(
+    spawn: Callable[..., Any],
+    env: dict[str, str],
+    *,
+    name: str,
+    inter_token_latency_ms: float = 10.0,
+    ttft_ms: float = 0.0,
+) -> tuple[Proc, dict[str, Any]]:
+    """A model worker (``tests/e2e/_model_worker.py``), once it has registered."""
+    worker = await spawn(
+        str(MODEL_WORKER),
+        "--inter-token-latency-ms",
+        str(inter_token_latency_ms),
+        "--ttft-ms",
+        str(ttft_ms),
+        env=env,
+        name=name,
+    )
+    ready = await worker.wait_for("ready", within=20)
+    return worker, ready
+
+
+async def start_frontend(
+    spawn: Callable[..., Any],
+    env: dict[str, str],
+    *flags: str,
+    frontend_env: dict[str, str] | None = None,
+    models: frozenset[str] = MODELS,
+) -> tuple[Proc, str]:
+    frontend = await spawn(
+        "-m",
+        "dynamo_trio.frontend",
+        "--http-port",
+        "0",
+        *flags,
+        env={**env, **(frontend_env or {})},
+        name="frontend",
+    )
+    url = await _frontend_url(frontend)
+    await wait_for_models(url, models, within=20)
+    return frontend, url
+
+
+async def serving(workers: list[Proc], request_id: str) -> Proc:
+    """The live worker whose handler started ``request_id`` (its current one: a request
+    moves only away from a worker that died)."""
+    with trio.fail_after(10):
+        while True:
+            for worker in workers:
+                if worker.process.returncode is None and any(
+                    e.get("id") == request_id for e in worker.events if e["event"] == "start"
+                ):
+                    return worker
+            await trio.sleep(0.01)
+
+
+async def expected_output(path: str, body: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """The text and usage the mock engine generates for ``body`` when nothing goes wrong."""
+    if path == "/v1/chat/completions":
+        request = llm.parse_chat_request(body).to_engine()
+    else:
+        request = llm.parse_completion_request(body).to_engine()
+    engine = MockEngine(MockerSettings(inter_token_latency_ms=0))
+    items = [item async for item in engine.generate(request, Context())]
+    generation = llm.Generation.collect(items)
+    return generation.text, dict(generation.usage)
+
+
+@dataclass
+class LiveStream:
+    """An SSE completion stream read as it arrives."""
+
+    path: str
+    body: dict[str, Any]
+    request_id: str
+    text: str = ""
+    tokens: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    usage: dict[str, int] | None = None
+    done: bool = False
+    status: int | None = None
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def _note(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_tokens(self, count: int, *, within: float = 10.0) -> None:
+        with trio.fail_after(within):
+            while self.tokens < count and not self.done and self.error is None:
+                await self.changed.wait()
+
+    async def run(self, http: httpx.AsyncClient, *, headers: dict[str, str] | None = None) -> None:
+        async with http.stream(
+            "POST",
+            self.path,
+            json=self.body,
+            headers={"x-request-id": self.request_id, **(headers or {})},
+        ) as response:
+            self.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                self.error = response.json()
+                self._note()
+                return
+            buffer = ""
+            async for chunk in response.aiter_text():
+                buffer += chunk
+                *blocks, buffer = buffer.split("\n\n")
+                for block in blocks:
+                    self._block(block)
+                self._note()
+
+    def _block(self, block: str) -> None:
+        lines = block.split("\n")
+        if all(line.startswith(":") for line in lines):
+            return  # a keep-alive comment
+        event = next((line[7:] for line in lines if line.startswith("event: ")), None)
+        data = "\n".join(line[6:] for line in lines if line.startswith("data: "))
+        if data == "[DONE]":
+            self.done = True
+            return
+        payload = json.loads(data)
+        if event == "error":
+            self.error = payload
+            return
+        self.events.append(payload)
+        if payload.get("usage"):
+            self.usage = payload["usage"]
+        for choice in payload.get("choices", ()):
+            piece = choice.get("delta", {}).get("content") if "delta" in choice else choice["text"]
+            if piece:
+                self.text += piece
+                self.tokens += 1
+
+
+async def migrations(url: str, **labels: str) -> float:
+    return await scrape(url, "dynamo_frontend_model_migration_total", **labels)
+
+
+async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
