@@ -150,6 +150,10 @@ class Edge:
         app: Where every other request goes; ``None`` answers them 404.
         max_header_size: The most bytes a request's path and query, and
             separately its headers (names and values), may take.
+        body_timeout: Seconds a fixed route waits for a request body to end
+            (a route takes none, but a keep-alive connection is reused only once
+            it is read): a body that does not end in time is a 408, and the
+            connection is closed.
     """
 
     def __init__(
@@ -158,9 +162,11 @@ class Edge:
         app: ASGIFramework | None = None,
         *,
         max_header_size: int = 16 * 1024,
+        body_timeout: float = 30.0,
     ) -> None:
         self.app: Final = app
         self.max_header_size: Final = max_header_size
+        self.body_timeout: Final = body_timeout
         self._routes: Final[dict[str, Route]] = {route.path: route for route in routes}
 
     async def __call__(
@@ -209,13 +215,20 @@ class Edge:
             return 431, f"The request headers take {size} bytes; the limit is {limit} bytes."
         return None
 
-    @staticmethod
     async def _answer(
-        route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+        self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         method = scope["method"]
         allowed = route.methods | ({"HEAD"} if "GET" in route.methods else set())
-        await _drain(receive)  # a keep-alive connection is reused only once the body is read
+        # A keep-alive connection is reused only once the body is read, and a body that
+        # never ends (an unterminated chunked one) must not hold the connection for ever.
+        with trio.move_on_after(self.body_timeout) as reading:
+            await _drain(receive)
+        if reading.cancelled_caught:
+            message = f"The request body did not arrive within {self.body_timeout:g} seconds."
+            response = EdgeResponse(408, error_json(route.path, 408, message))
+            await _respond(send, response, close=True)
+            return
         if method not in allowed:
             message = f"Method {shown(method)} is not allowed on {shown(route.path)}."
             allow = ", ".join(sorted(allowed)).encode()

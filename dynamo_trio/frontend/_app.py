@@ -101,7 +101,12 @@ def build_edge(
         metrics=metrics if metrics is not None else pipeline.runtime.registry,
         inflight=inflight if inflight is not None else pipeline.runtime.inflight,
     )
-    return Edge(routes, HangUpGuard(app), max_header_size=pipeline.config.max_header_size)
+    return Edge(
+        routes,
+        HangUpGuard(app),
+        max_header_size=pipeline.config.max_header_size,
+        body_timeout=pipeline.config.body_timeout,
+    )
 
 
 async def _keep_alive_safe(response: Response) -> Response:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any
 
 import httpx
 import trio
+import trio.testing
 from hypercorn.config import Config as HypercornConfig
 from prometheus_client import CollectorRegistry, Counter
 
@@ -196,4 +198,49 @@ async def test_a_keep_alive_connection_its_client_closed_is_closed_at_once(
         with trio.fail_after(2):
             assert await stream.receive_some() == b""  # the server closed its side too
         await stream.aclose()
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_body_that_never_ends_is_a_408_that_closes_the_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A fixed route reads the request body before answering; one that never ends (an
+    unterminated chunked body) gets a 408 after the body timeout, not a held connection."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        if not sent and not getattr(receive, "started", False):
+            receive.started = True  # type: ignore[attr-defined]
+            return {"type": "http.request", "body": b"5\r\nhel", "more_body": True}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    edge = Edge([Route("/hello", hello)], body_timeout=7.0)
+    start = trio.current_time()
+    await edge(scope("/hello"), receive, send)  # type: ignore[arg-type]
+    assert trio.current_time() - start == 7.0
+    head, body = sent
+    assert head["status"] == 408
+    assert (b"connection", b"close") in head["headers"]
+    assert "did not arrive within 7 seconds" in json.loads(body["body"])["error"]["message"]
+
+
+async def test_an_unterminated_chunked_body_on_a_fixed_route_over_real_http(
+    nursery: trio.Nursery,
+) -> None:
+    """Found by the HTTP fuzz suite: ``GET /health`` with ``Transfer-Encoding: chunked``
+    and no chunks held the connection for ever."""
+    edge = Edge([Route("/hello", hello)], body_timeout=0.5)
+    host, port = (await served(nursery, edge)).removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    received = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some():
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 408"), received
+    await stream.aclose()
     nursery.cancel_scope.cancel()

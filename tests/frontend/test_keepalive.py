@@ -9,6 +9,7 @@ worker here waits 1.5 s between tokens, with keep-alives every 0.2 s.
 from __future__ import annotations
 
 import itertools
+import statistics
 from typing import TYPE_CHECKING
 
 import anthropic
@@ -93,8 +94,10 @@ async def test_keepalive_comments_arrive_between_slow_tokens(stack: StartStack) 
     )
     expected = TOKEN_GAP / INTERVAL
     assert expected - 3 <= gap <= expected + 1, kinds
-    # Spaced by the interval, not bunched up.
+    # Spaced by the interval, not bunched up.  Arrival times are the client's: a read
+    # this busy test process makes late shortens the gap after it (33 ms once, in CI),
+    # so the typical spacing is checked, and that no silence was left without one.
     times = [at for at, line in lines if line == ": keep-alive"]
     spacing = [later - earlier for earlier, later in itertools.pairwise(times)]
-    assert min(spacing) > INTERVAL * 0.5, spacing
+    assert INTERVAL * 0.75 < statistics.median(spacing) < INTERVAL * 1.5, spacing
     assert max(spacing) < INTERVAL * 3, spacing
