@@ -65,6 +65,7 @@ __all__ = [
     "EdgeRequest",
     "EdgeResponse",
     "Route",
+    "body_timeout_message",
     "error_json",
     "json_bytes",
     "shown",
@@ -225,7 +226,7 @@ class Edge:
         with trio.move_on_after(self.body_timeout) as reading:
             await _drain(receive)
         if reading.cancelled_caught:
-            message = f"The request body did not arrive within {self.body_timeout:g} seconds."
+            message = body_timeout_message(self.body_timeout)
             response = EdgeResponse(408, error_json(route.path, 408, message))
             await _respond(send, response, close=True)
             return
@@ -300,6 +301,12 @@ async def _until_disconnect(
         nursery.start_soon(watch)
         await answer(route, scope, inbox.receive, send)
         nursery.cancel_scope.cancel()
+
+
+def body_timeout_message(seconds: float) -> str:
+    """The message of a 408: the body did not arrive within ``seconds`` (one wording for
+    the edge's routes and the app's)."""
+    return f"The request body did not arrive within {seconds:g} seconds."
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:

@@ -35,7 +35,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..edge import Edge, listen_sockets, serve_http, shown, status_routes
+from ..edge import Edge, body_timeout_message, listen_sockets, serve_http, shown, status_routes
 from ..llm import reason_phrase
 from ._apis import ANTHROPIC_MESSAGES, CHAT
 from ._hangup import HangUpGuard
@@ -135,7 +135,7 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
     message = {
         404: f"No route {method} {path}.",
         405: f"Method {method} is not allowed on {path}.",
-        408: f"The request body did not arrive within {config.body_timeout:g} seconds.",
+        408: body_timeout_message(config.body_timeout),
         413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
     }.get(status, error.description or reason_phrase(status))
     api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
