@@ -7,6 +7,7 @@ are the ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` routes
 both the frontend and a worker's status server answer.
 """
 
+from ._chunks import CHUNK_WRITER as CHUNK_WRITER, ChunkWriter as ChunkWriter
 from ._edge import (
     LAST_SEND_SHIELD as LAST_SEND_SHIELD,
     Edge as Edge,
@@ -31,7 +32,9 @@ from ._status import (
 )
 
 __all__ = [
+    "CHUNK_WRITER",
     "LAST_SEND_SHIELD",
+    "ChunkWriter",
     "Edge",
     "EdgeRequest",
     "EdgeResponse",

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 
 from ..llm import anthropic_error_body, openai_error_body
+from ._chunks import ChunkWriter
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -198,8 +199,9 @@ class Edge:
             else:
                 await _until_disconnect(self._answer, route, scope, receive, send)
         elif self.app is not None:
-            shielded = scope.get("http_version", "1.1") in ("1.0", "1.1")
-            await self.app(scope, receive, _shielded_send(send) if shielded else send)
+            if scope.get("http_version", "1.1") in ("1.0", "1.1"):
+                send = _shielded_send(ChunkWriter.offer(scope, send))
+            await self.app(scope, receive, send)
         else:
             path, method = shown(scope["path"]), shown(scope["method"])
             body = error_json(scope["path"], 404, f"No route {method} {path}.")

@@ -13,6 +13,13 @@ delays a chunk (only what is already there is taken).
 During long silences (a slow prefill) it sends an SSE comment every
 ``keepalive`` seconds, so proxies keep the connection open and a client that
 vanished without a FIN is found out by the failed write.
+
+Over HTTP/1.1 the body takes the short way (:class:`~dynamo_trio.edge.ChunkWriter`):
+its first step writes every chunk straight to the connection until the
+stream ends, instead of handing each back to quart to walk the ASGI layers;
+a hang-up still reaches it as quart-trio's cancellation.  Measured at 128
+streams of one token per write (20 ms apart), that took the frontend from
+about 150 to 100 microseconds of CPU per token.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from ..llm import keepalive_comment
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from ..edge import ChunkWriter
 
 
 __all__ = ["StreamBody"]
@@ -54,6 +63,8 @@ class StreamBody(ResponseBody):
         self._chunks = chunks
         self._keepalive = keepalive
         self._ended = False  # the channel ran dry while gathering: end at the next call
+        self._writer: ChunkWriter | None = None
+        self._last_write = 0.0  # trio.current_time() of the last write (the short way)
 
     async def __aenter__(self) -> Self:
         return self
@@ -70,29 +81,74 @@ class StreamBody(ResponseBody):
     def __aiter__(self) -> Self:
         return self
 
+    def write_through(self, writer: ChunkWriter | None) -> None:
+        """Write the body's chunks with ``writer`` (when it is usable once the
+        response has started) instead of handing each one back to quart."""
+        self._writer = writer
+
     async def __anext__(self) -> bytes:
+        writer = self._writer
+        if writer is not None and writer.usable:
+            await self._write_all(writer)
+            raise StopAsyncIteration
+        piece = await self._next(self._keepalive)
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
+
+    async def _write_all(self, writer: ChunkWriter) -> None:
+        """The short way: every piece straight to the connection, until the stream ends.
+
+        Keep-alive comments come from a task beside the loop that wakes once per
+        ``keepalive`` seconds, so that waiting for the next chunk needs no timer
+        (a cancel scope with a deadline per chunk cost more CPU than the write).
+        Writes yield only when the socket is full; the loop yields when it waits
+        for chunks, which it soon must (only what is already in the channel can be
+        written without waiting, and the producer cannot add any while this task
+        runs), so the loop cannot hog the scheduler.
+        """
+        async with trio.open_nursery() as nursery:
+            if self._keepalive > 0:
+                self._last_write = trio.current_time()
+                nursery.start_soon(self._keep_alive, writer)
+            while (piece := await self._next(0.0)) is not None:
+                await writer.write(piece)
+                self._last_write = trio.current_time()
+            nursery.cancel_scope.cancel()
+
+    async def _keep_alive(self, writer: ChunkWriter) -> None:
+        while True:
+            await trio.sleep_until(self._last_write + self._keepalive)
+            if trio.current_time() >= self._last_write + self._keepalive:
+                await writer.write(keepalive_comment())
+                self._last_write = trio.current_time()
+
+    async def _next(self, keepalive: float) -> bytes | None:
+        """The next piece to send (the chunks waiting, gathered; or a keep-alive
+        comment after ``keepalive`` seconds of silence, if not 0); ``None`` once
+        the stream is over."""
         if self._first is not None:
             first, self._first = self._first, None
             return self._gather(first)
         if self._ended:
-            raise StopAsyncIteration
+            return None
         try:
             # A chunk already waiting (the usual case under load) needs no timer and
-            # no extra trip through the scheduler: quart's send right after this
-            # is the checkpoint.
+            # no extra trip through the scheduler: the send right after this is the
+            # checkpoint.
             return self._gather(self._chunks.receive_nowait())
         except trio.WouldBlock:
             pass
         except trio.EndOfChannel:
-            raise StopAsyncIteration from None
+            return None
         try:
-            if self._keepalive <= 0:
+            if keepalive <= 0:
                 return self._gather(await self._chunks.receive())
-            with trio.move_on_after(self._keepalive):
+            with trio.move_on_after(keepalive):
                 return self._gather(await self._chunks.receive())
             return keepalive_comment()
         except trio.EndOfChannel:
-            raise StopAsyncIteration from None
+            return None
 
     def _gather(self, chunk: bytes) -> bytes:
         """``chunk`` plus whatever else is already waiting, up to the limit."""

@@ -47,7 +47,7 @@ from .._tracing import (
     is_valid_request_id,
     request_ids,
 )
-from ..edge import json_bytes, shown
+from ..edge import ChunkWriter, json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from ._pipeline import JsonReply, StreamReply
@@ -149,6 +149,7 @@ def _decode_json(body: bytes, max_depth: int) -> object:
 def _reply(result: JsonReply | StreamReply, ids: RequestIds) -> Response:
     if isinstance(result, JsonReply):
         return json_response(result.payload, result.status, ids)
+    result.body.write_through(ChunkWriter.of(request.scope))
     response: Response = current_app.response_class(
         result.body, content_type="text/event-stream", headers=_SSE_HEADERS
     )
