@@ -35,6 +35,10 @@ window of ``--duration`` seconds after a ramp in which the connections start sta
 - ``GET /health`` p50, sequential on one keep-alive connection of an idle frontend,
   beside a bare ASGI app on stock hypercorn answering the same bytes (``_bare_asgi.py``),
   measured right after it in the same run;
+- paced streams: ``--paced-streams`` (64) concurrent ``--paced-tokens``-token (100)
+  streams of the ``slow`` model, one token per 10 ms: the regime of a real engine, where
+  every SSE write carries one token.  Chunks/s, TTFC p50, and the frontend's CPU per
+  chunk, which here is the whole per-token cost (nothing is batched);
 - hang-up -> worker observes: a client closes its socket after the 2nd SSE event of a
   stream of the ``slow`` model; the time until the worker's handler sees the kill.
 
@@ -425,11 +429,12 @@ async def sse_level(
     duration: float,
     verify_every: int,
     pids: dict[str, list[int]],
+    model: str = "bench",
 ) -> Window:
     """``concurrency`` connections streaming chats back to back; the window's figures."""
     window = Window()
     prefix = shape.prefix()
-    body = chat_body("bench", tokens, stream=True)
+    body = chat_body(model, tokens, stream=True)
     sent_streams = 0
 
     async def client(i: int) -> None:
@@ -750,12 +755,12 @@ async def wait_until_serving(deployment: Deployment, within: float = 90.0) -> No
             await trio.sleep(0.2)
 
 
-async def learn_shape(port: int, tokens: int) -> Shape:
+async def learn_shape(port: int, tokens: int, model: str = "bench") -> Shape:
     connection = await Connection.open(port)
     try:
         with trio.fail_after(STEP_TIMEOUT):
             status, body = await connection.exchange(
-                "POST", "/v1/chat/completions", chat_body("bench", tokens, stream=True)
+                "POST", "/v1/chat/completions", chat_body(model, tokens, stream=True)
             )
     finally:
         await connection.aclose()
@@ -818,6 +823,9 @@ ERRORS = "errors"
 HEALTH = "GET /health p50, keep-alive"
 BARE = "bare hypercorn, same bytes, p50"
 HEALTH_RATIO = "GET /health / bare hypercorn"
+PACED_RATE = "paced SSE chunks/s (10 ms per token)"
+PACED_TTFC = "paced TTFC p50"
+PACED_CHUNK = "frontend CPU per SSE chunk, paced"
 HANG50 = "hang-up -> worker observes, p50"
 HANG99 = "hang-up -> worker observes, p99"
 
@@ -913,6 +921,36 @@ async def measure(
                 seconds += window.seconds
                 log(f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s")
                 await settle(everyone)
+            if args.paced_streams:
+                n = args.paced_streams
+                paced_shape = await learn_shape(port, args.paced_tokens, model="slow")
+                window = await sse_level(
+                    port,
+                    paced_shape,
+                    n,
+                    tokens=args.paced_tokens,
+                    ramp=args.paced_tokens * 0.010,  # one stream's duration
+                    duration=args.duration,
+                    verify_every=args.verify_every,
+                    pids=pids,
+                    model="slow",
+                )
+                if window.tokens:
+                    results[PACED_RATE] = window.tokens / window.seconds
+                    results[PACED_CHUNK] = window.cpu["frontend"] / window.tokens * 1e6
+                else:
+                    window.errors.append(f"no chunk arrived in the {n}-stream paced window")
+                if window.ttfc:
+                    results[PACED_TTFC] = statistics.median(window.ttfc) * 1000
+                errors += window.errors
+                others += window.cpu["others"]
+                seconds += window.seconds
+                log(
+                    f"    paced {n:>3}: {results.get(PACED_RATE, 0.0):,.0f} chunks/s, frontend "
+                    f"{results.get(PACED_CHUNK, math.nan):.1f} us per chunk, "
+                    f"{window.cpu['frontend'] / window.seconds:.0%} of a core"
+                )
+                await settle(everyone)
             results[OTHERS_ALL] = others / seconds * 100 if seconds else 0.0
             if args.hangups:
                 latencies, missed = await hang_up_latencies(port, deployment.slow, args.hangups)
@@ -971,6 +1009,12 @@ def figures(args: argparse.Namespace) -> list[Figure]:
             Figure(CPU_CORE, "% of a core", False),
             Figure(WORKER_CHUNK, "us", False, 1),
             Figure(WORKER_CORE, "% of a core", False),
+        ]
+    if args.paced_streams:
+        rows += [
+            Figure(PACED_RATE),
+            Figure(PACED_TTFC, "ms", False, 1),
+            Figure(PACED_CHUNK, "us", False, 1),
         ]
     rows += [Figure(HEALTH, "ms", False, 2)]
     if not args.no_bare:
@@ -1230,6 +1274,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--stream-tokens", type=int, default=256, help="tokens per stream (256)")
     parser.add_argument("--unary-tokens", type=int, default=16, help="tokens per unary chat (16)")
+    parser.add_argument(
+        "--paced-streams",
+        type=int,
+        default=64,
+        help="concurrent streams of the 10 ms-per-token model (64; 0 skips)",
+    )
+    parser.add_argument(
+        "--paced-tokens", type=int, default=100, help="tokens per paced stream (100)"
+    )
     parser.add_argument(
         "--verify-every",
         type=int,
