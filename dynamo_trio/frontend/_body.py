@@ -32,6 +32,7 @@ from quart.wrappers.response import ResponseBody
 from ..llm import keepalive_comment
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from ..edge import ChunkWriter
@@ -58,11 +59,14 @@ class StreamBody(ResponseBody):
         chunks: trio.MemoryReceiveChannel[bytes],
         *,
         keepalive: float,
+        hand_over: Callable[[Callable[[bytes], Awaitable[bool]]], None] | None = None,
     ) -> None:
         self._first: bytes | None = first
         self._chunks = chunks
         self._keepalive = keepalive
+        self._hand_over = hand_over
         self._ended = False  # the channel ran dry while gathering: end at the next call
+        self._closed = False  # quart is done with the body
         self._writer: ChunkWriter | None = None
         self._last_write = 0.0  # trio.current_time() of the last write (the short way)
 
@@ -76,6 +80,7 @@ class StreamBody(ResponseBody):
         tb: TracebackType | None,
     ) -> None:
         # Synchronous on purpose: this may run under quart-trio's cancellation.
+        self._closed = True
         self._chunks.close()
 
     def __aiter__(self) -> Self:
@@ -99,6 +104,13 @@ class StreamBody(ResponseBody):
     async def _write_all(self, writer: ChunkWriter) -> None:
         """The short way: every piece straight to the connection, until the stream ends.
 
+        What the producer made before the response started is written first;
+        then (with ``hand_over``) the producer is given :meth:`_write_direct`
+        and writes the rest itself, while this loop only waits for the
+        channel's end: one task fewer per token.  (The hand-over happens right
+        after the channel was found empty, with nothing awaited in between, so
+        no piece can overtake another.)
+
         Keep-alive comments come from a task beside the loop that wakes once per
         ``keepalive`` seconds, so that waiting for the next chunk needs no timer
         (a cancel scope with a deadline per chunk cost more CPU than the write).
@@ -107,21 +119,53 @@ class StreamBody(ResponseBody):
         written without waiting, and the producer cannot add any while this task
         runs), so the loop cannot hog the scheduler.
         """
+        self._writer = writer
         async with trio.open_nursery() as nursery:
             if self._keepalive > 0:
                 self._last_write = trio.current_time()
                 nursery.start_soon(self._keep_alive, writer)
+            if self._hand_over is not None:
+                while (piece := self._waiting()) is not None:
+                    await self._write(writer, piece)
+                if not self._ended:
+                    self._hand_over(self._write_direct)
             while (piece := await self._next(0.0)) is not None:
-                await writer.write(piece)
-                self._last_write = trio.current_time()
+                await self._write(writer, piece)
             nursery.cancel_scope.cancel()
+
+    async def _write(self, writer: ChunkWriter, piece: bytes) -> None:
+        await writer.write(piece)
+        self._last_write = trio.current_time()
+
+    async def _write_direct(self, piece: bytes) -> bool:
+        """The producer's write after the hand-over; ``False`` once nobody listens."""
+        writer = self._writer
+        if self._closed or writer is None or not writer.usable:
+            await trio.lowlevel.checkpoint()
+            return False
+        await self._write(writer, piece)
+        return True
+
+    def _waiting(self) -> bytes | None:
+        """The first piece and the chunks already in the channel, gathered (``None``: none)."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return self._gather(first)
+        if self._ended:
+            return None
+        try:
+            return self._gather(self._chunks.receive_nowait())
+        except trio.WouldBlock:
+            return None
+        except trio.EndOfChannel:
+            self._ended = True
+            return None
 
     async def _keep_alive(self, writer: ChunkWriter) -> None:
         while True:
             await trio.sleep_until(self._last_write + self._keepalive)
             if trio.current_time() >= self._last_write + self._keepalive:
-                await writer.write(keepalive_comment())
-                self._last_write = trio.current_time()
+                await self._write(writer, keepalive_comment())
 
     async def _next(self, keepalive: float) -> bytes | None:
         """The next piece to send (the chunks waiting, gathered; or a keep-alive

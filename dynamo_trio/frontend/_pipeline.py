@@ -10,17 +10,23 @@ a *producer* task in the frontend's own nursery, running under
 call's context under the request's), turns engine items into the API's wire
 shape, and hands the results to the view through a small memory channel.
 
-That split is what makes hang-ups precise.  When the client goes away,
-quart-trio cancels the *view* (before the response started: phase 1) or the
-*SSE body* (mid-stream: phase 2); both then call
-:meth:`~dynamo_trio.frontend._lifecycle.RequestLifecycle.client_gone`
-synchronously, which kills (or stops) the request's context with reason
-``client disconnect``.  The producer is not torn down from under the worker
-call by the HTTP layer's cancellation: the kill reaches the linked call first,
-the worker sees *why*, and the producer's scope then ends the local work.
-A third net, :class:`~dynamo_trio.frontend._guard.HangUpGuard`, catches the
-one window quart leaves between the two (after the view returned, before the
-body began): however the HTTP request ends, an undelivered response cancels.
+That split is what makes hang-ups precise.  When the client goes away, the
+:class:`~dynamo_trio.frontend._hangup.HangUpGuard` applies the hang-up rule
+the moment the app receives ``http.disconnect``, before quart-trio cancels the
+*view* (before the response started) or the *SSE body* (mid-stream): the
+request's context is killed (or stopped) with reason ``client disconnect``.
+The producer is not torn down from under the worker call by the HTTP layer's
+cancellation: the kill reaches the linked call first, the worker sees *why*,
+and the producer's scope then ends the local work.  The guard's ``finally``
+catches every other way a response can go undelivered.
+
+Once an SSE response has started over HTTP/1.1, the body writes what the
+producer made so far and then hands writing over to it
+(:class:`~dynamo_trio.frontend._body.StreamBody`): each batch of tokens goes
+from the producer straight to the connection, a task and a channel hop fewer
+per token; the channel then only carries the stream's end.  After the body is
+gone (the client left), the producer's writes are discarded, as its channel
+sends are.
 With the ``stop`` policy the producer keeps reading the worker's drain (for
 usage) and discards it, until the worker finishes or ``stop_grace`` passes.
 
@@ -88,7 +94,7 @@ from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, StreamFaults
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
@@ -146,7 +152,12 @@ _Event = bytes | JsonReply | _Failed
 
 
 class _Emitter:
-    """Sends to the view; once the client is gone, quietly discards instead."""
+    """Sends to the view; once the client is gone, quietly discards instead.
+
+    Once an SSE body has handed writing over (:meth:`hand_over`), the
+    stream's bytes are written to the connection from here, without the hop
+    through the channel and the body's task.
+    """
 
     def __init__(self, send: trio.MemorySendChannel[_Event]) -> None:
         self._send = send
@@ -154,9 +165,22 @@ class _Emitter:
         self.broken = False
         self.stream_failure: Callable[[int, str], bytes] | None = None
         """Once a stream has started: the bytes that end it with ``(status, message)``."""
+        self._direct: Callable[[bytes], Awaitable[bool]] | None = None
+
+    def hand_over(self, write: Callable[[bytes], Awaitable[bool]]) -> None:
+        """From now on, write the stream's bytes with ``write`` (``False``: nobody listens)."""
+        self._direct = write
 
     async def __call__(self, event: _Event) -> None:
         if self.broken:
+            return
+        direct = self._direct
+        if direct is not None:
+            # Once a stream has started, its producer only ever sends bytes.
+            if await direct(cast("bytes", event)):
+                self.sent_any = True
+            else:
+                self.broken = True
             return
         try:
             try:
@@ -320,7 +344,8 @@ class Pipeline:
         *args: Any,
     ) -> JsonReply | StreamReply:
         send, receive = trio.open_memory_channel[_Event](_CHANNEL_DEPTH)
-        self._nursery.start_soon(self._produce, lifecycle, send, produce, *args)
+        emit = _Emitter(send)
+        self._nursery.start_soon(self._produce, lifecycle, send, emit, produce, *args)
         try:
             first = await receive.receive()
         except trio.EndOfChannel:
@@ -336,7 +361,8 @@ class Pipeline:
             # Once a stream has started, its producer only ever sends bytes.
             chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
             keepalive = self.config.keepalive_interval
-            return StreamReply(StreamBody(first, chunks, keepalive=keepalive))
+            body = StreamBody(first, chunks, keepalive=keepalive, hand_over=emit.hand_over)
+            return StreamReply(body)
         receive.close()
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
@@ -348,11 +374,11 @@ class Pipeline:
         self,
         lifecycle: RequestLifecycle,
         send: trio.MemorySendChannel[_Event],
+        emit: _Emitter,
         produce: Any,
         *args: Any,
     ) -> None:
         context = lifecycle.context
-        emit = _Emitter(send)
         grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
         self._contexts.add(context)
         try:
