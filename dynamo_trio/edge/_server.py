@@ -308,7 +308,7 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         fd = sock.fileno()
         if fd == -1 or sock.did_shutdown_SHUT_WR:
             raise trio.ClosedResourceError("the connection is closed")
-        if self._sending.locked() or self._sending.statistics().tasks_waiting:
+        if self._sending.locked():  # (trio hands a released lock straight to a waiter)
             return 0
         try:
             # The socket is non-blocking (trio's); nothing awaits between the check
