@@ -183,7 +183,7 @@ async def serve_http(
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
             tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
             state = ConnectionState(lifespan_state.copy())
-            server = TCPServer(wrapped, config, context, state, tls_typed)
+            server = _Connection(wrapped, config, context, state, tls_typed)
             state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
             try:
                 await server.run()
@@ -235,6 +235,97 @@ async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
         _log.info("closing %d connection(s) still open after the shutdown grace", len(streams))
     for stream in tuple(streams):
         stream.socket.close()  # a send blocked on it fails with ClosedResourceError
+
+
+@final
+class _Connection(TCPServer):
+    """hypercorn's per-connection server (h11, h2, the ASGI app), with a cheaper idle timer.
+
+    hypercorn closes a keep-alive connection that stays idle for
+    ``keep_alive_timeout`` (at once when its context is terminated: a
+    shutdown, the client's EOF) with a task it starts each time the connection
+    goes idle and cancels when a request arrives: a lock and a
+    ``nursery.start`` in the path of every response, and a lock in front of
+    every request, each a pass or two of the scheduler that the request waits
+    for (under load every task of every stream runs once per pass).  Here one
+    task per connection (:meth:`_watch_idle`) sleeps until the idle deadline,
+    which a request moves without waking it.  Everything else is hypercorn's.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
+
+    async def _read_data(self) -> None:
+        try:
+            await super()._read_data()
+        finally:
+            self.idle_task.finish()  # type: ignore[attr-defined]
+
+    async def _close_when_idle(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
+
+@final
+class _IdleTimer:
+    """The idle timer of a :class:`_Connection` (``restart``/``stop``: hypercorn's
+    ``TrioSingleTask`` interface): idle from ``restart``, busy from ``stop``."""
+
+    __slots__ = ("_connection", "_deadline", "_done", "_idle", "_sleep", "_terminated", "_watching")
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+        self._idle = False
+        self._deadline = math.inf
+        self._sleep: trio.CancelScope | None = None
+        self._terminated = False
+        self._watching = False
+        self._done = False
+
+    async def restart(self, task_group: Any, action: object) -> None:
+        """The connection is idle from now (``action``, hypercorn's, is not used)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._idle = True
+        self._move(trio.current_time() + self._connection.config.keep_alive_timeout)
+        if not self._watching and not self._done:
+            self._watching = True
+            task_group.spawn(self._watch)
+        elif self._terminated and self._sleep is not None:
+            self._sleep.cancel()  # terminated while busy: close now that it is idle
+
+    async def stop(self) -> None:
+        """The connection is serving a request."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._idle = False
+        self._move(math.inf)
+
+    def finish(self) -> None:
+        """The connection stopped reading: the watch ends (hypercorn closes the rest)."""
+        self._done = True
+        if self._sleep is not None:
+            self._sleep.cancel()
+
+    def _move(self, deadline: float) -> None:
+        self._deadline = deadline
+        if self._sleep is not None:
+            self._sleep.deadline = deadline  # no wake-up: trio just files the new deadline
+
+    async def _watch(self) -> None:
+        terminated = self._connection.context.terminated
+        while not self._done:
+            with trio.CancelScope(deadline=self._deadline) as self._sleep:
+                if self._terminated:
+                    await trio.sleep_forever()
+                else:
+                    await terminated.wait()
+                    self._terminated = True
+            self._sleep = None
+            if self._done:
+                return
+            if self._idle and (self._terminated or trio.current_time() >= self._deadline):
+                await self._connection._close_when_idle()
+                return
 
 
 @final

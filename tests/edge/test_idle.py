@@ -1,0 +1,128 @@
+"""The idle timer of a served connection: keep-alive timeout, busy time, shutdown.
+
+serve_http replaces hypercorn's per-request idle task with one timer per
+connection; these pin the behaviour down over real sockets.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+import trio.lowlevel
+from hypercorn.config import Config as HypercornConfig
+
+from dynamo_trio.edge import Edge, EdgeRequest, EdgeResponse, Route, listen_sockets, serve_http
+
+IDLE = 0.4
+
+
+async def slow(request: EdgeRequest) -> EdgeResponse:
+    seconds = float(request.query.decode().removeprefix("s=") or 0)
+    await trio.sleep(seconds)
+    return EdgeResponse.json({"slept": seconds})
+
+
+async def start(
+    nursery: trio.Nursery, shutdown: trio.Event | None = None, *, graceful: float = 5.0
+) -> tuple[str, int]:
+    config = HypercornConfig()
+    config.accesslog = None
+    config.keep_alive_timeout = IDLE
+    config.graceful_timeout = graceful
+    trigger = shutdown.wait if shutdown is not None else trio.sleep_forever
+    binds: list[str] = await nursery.start(
+        partial(
+            serve_http,
+            Edge([Route("/slow", slow)]),
+            config,
+            trigger,
+            sockets=listen_sockets(["127.0.0.1:0"]),
+        )
+    )
+    host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+async def ask(stream: trio.SocketStream, seconds: float = 0.0) -> bytes:
+    await stream.send_all(b"GET /slow?s=%g HTTP/1.1\r\nHost: x\r\n\r\n" % seconds)
+    received = b""
+    while not received.endswith(b"}"):
+        data = await stream.receive_some(65536)
+        assert data, received
+        received += data
+    return received
+
+
+async def closed_within(stream: trio.SocketStream, seconds: float) -> float:
+    """Seconds until the server closes ``stream`` (EOF), failing after ``seconds``."""
+    start = trio.current_time()
+    with trio.fail_after(seconds):
+        while await stream.receive_some(65536):
+            pass
+    return trio.current_time() - start
+
+
+async def test_an_idle_connection_closes_after_the_timeout_each_time_it_idles(
+    nursery: trio.Nursery,
+) -> None:
+    host, port = await start(nursery)
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        for _ in range(4):  # requests closer together than the timeout keep it open
+            assert (await ask(stream)).startswith(b"HTTP/1.1 200")
+            await trio.sleep(IDLE / 2)
+        assert (await ask(stream)).startswith(b"HTTP/1.1 200")
+        waited = await closed_within(stream, IDLE + 3)
+    assert waited >= IDLE * 0.8
+
+
+async def test_a_response_longer_than_the_timeout_is_not_cut(nursery: trio.Nursery) -> None:
+    host, port = await start(nursery)
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        received = await ask(stream, IDLE * 3)
+        assert received.startswith(b"HTTP/1.1 200") and b'"slept":1.2' in received
+        assert (await ask(stream)).startswith(b"HTTP/1.1 200")  # still open after it
+        assert await closed_within(stream, IDLE + 3) >= IDLE * 0.8
+
+
+async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer(
+    nursery: trio.Nursery,
+) -> None:
+    shutdown = trio.Event()
+    host, port = await start(nursery, shutdown)
+    idle = await trio.open_tcp_stream(host, port)
+    busy = await trio.open_tcp_stream(host, port)
+    answered: list[bytes] = []
+    async with idle, busy:
+        await ask(idle)
+        async with trio.open_nursery() as inner:
+
+            async def slow_request() -> None:
+                answered.append(await ask(busy, 1.0))
+
+            inner.start_soon(slow_request)
+            await trio.sleep(0.2)
+            shutdown.set()
+            assert await closed_within(idle, 0.5) < 0.5  # idle: closed at once
+        assert answered[0].startswith(b"HTTP/1.1 200")  # busy: answered first
+        assert await closed_within(busy, 1.0) < 1.0  # then closed
+
+
+async def test_a_connection_whose_client_left_mid_request_ends_with_its_request() -> None:
+    # Nothing of the connection may linger once its request is over (a shutdown
+    # would then wait the whole graceful timeout for it).
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        host, port = await start(nursery, shutdown, graceful=30)
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(b"GET /slow?s=0.3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.sleep(0.1)
+        await stream.aclose()  # busy, and the client leaves
+        await trio.sleep(0.6)  # the request ends
+        shutdown.set()
+        with trio.fail_after(3):  # not the 30 s graceful timeout
+            await trio.lowlevel.checkpoint()  # the serve_http task ends when the nursery closes
+            nursery.cancel_scope.deadline = trio.current_time() + 3
+    assert not nursery.cancel_scope.cancelled_caught
