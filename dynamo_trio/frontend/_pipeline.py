@@ -383,8 +383,10 @@ class Pipeline:
         self._contexts.add(context)
         try:
             with self.runtime.track(context):
-                async with send:
+                try:
                     status, error_type = await self._guarded(produce, emit, lifecycle, grace, *args)
+                finally:
+                    send.close()  # synchronous: the stream's end, without a checkpoint
             lifecycle.tracker.finish(status, error_type)
         finally:
             self._contexts.discard(context)

@@ -198,7 +198,8 @@ class ClientStream:
 
     async def _terminal(self, frame: Item | End | Error) -> None:
         self._done = True
-        await trio.lowlevel.checkpoint()
+        # The stream is over: no loop can spin on it, so no trip through the scheduler.
+        await trio.lowlevel.checkpoint_if_cancelled()
         if isinstance(frame, End):
             self.outcome = frame.outcome
             self.end_reason = frame.reason
@@ -607,7 +608,8 @@ class ConnectionPool:
         """
         connection = self._connections.get(address)
         if connection is not None and connection.usable:
-            await trio.lowlevel.checkpoint()
+            # No trip through the scheduler: the request's send that follows is one.
+            await trio.lowlevel.checkpoint_if_cancelled()
             return connection
         attempt = self._attempts.get(address)
         if attempt is None:
