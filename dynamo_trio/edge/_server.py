@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
-from hypercorn.events import Closed
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -255,6 +255,14 @@ class _Connection(TCPServer):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData) and not event.data:
+            # h11's end of a body whose length was declared: nothing to write, and
+            # no reason to take the locks (three passes of the scheduler).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return
+        await super().protocol_send(event)
 
     async def _read_data(self) -> None:
         try:
