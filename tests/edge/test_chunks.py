@@ -241,14 +241,9 @@ async def test_http10_clients_get_the_body_through_hypercorn(nursery: trio.Nurse
     assert app.offered == [False]
 
 
-async def test_a_client_that_reads_nothing_for_a_while_gets_every_byte_in_order(
-    nursery: trio.Nursery,
-) -> None:
-    # 8 MB in 64 KB pieces fill the socket buffers: most writes are partial and
-    # finish on the slow path, while other pieces queue behind them.
-    pieces = [bytes([n % 251]) * 65536 for n in range(128)]
-    app = StreamingApp(pieces)
-    url = await served(nursery, app)
+async def read_late(url: str, *, after: float) -> bytes:
+    """GET ``url`` on a socket with a tiny receive buffer, start reading ``after``
+    seconds later, and return the body as an HTTP/1.1 client (h11) reads it."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     sock = trio.socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -256,7 +251,7 @@ async def test_a_client_that_reads_nothing_for_a_while_gets_every_byte_in_order(
     stream = trio.SocketStream(sock)
     async with stream:
         await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await trio.sleep(0.5)  # the server's writes pile up
+        await trio.sleep(after)
         client = h11.Connection(h11.CLIENT)
         client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
         client.send(h11.EndOfMessage())
@@ -269,8 +264,19 @@ async def test_a_client_that_reads_nothing_for_a_while_gets_every_byte_in_order(
                 elif isinstance(event, h11.Data):
                     body += event.data
                 elif isinstance(event, h11.EndOfMessage):
-                    break
-    assert bytes(body) == b"".join(pieces)
+                    return bytes(body)
+
+
+async def test_a_client_that_reads_nothing_for_a_while_gets_every_byte_in_order(
+    nursery: trio.Nursery,
+) -> None:
+    # 8 MB in 64 KB pieces fill the socket buffers: most writes are partial and
+    # finish on the slow path, while other pieces queue behind them.
+    pieces = [bytes([n % 251]) * 65536 for n in range(128)]
+    app = StreamingApp(pieces)
+    url = await served(nursery, app)
+    body = await read_late(url, after=0.5)  # the server's writes pile up meanwhile
+    assert body == b"".join(pieces)
 
 
 async def test_a_hang_up_mid_stream_reaches_the_app_and_the_server_serves_on(
@@ -331,27 +337,7 @@ async def test_two_tasks_writing_at_once_never_split_a_chunk(nursery: trio.Nurse
         done.set()
 
     url = await served(nursery, app)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = trio.socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect((host, int(port)))
-    stream = trio.SocketStream(sock)
-    async with stream:
-        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await trio.sleep(0.3)
-        client = h11.Connection(h11.CLIENT)
-        client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
-        client.send(h11.EndOfMessage())
-        body = bytearray()
-        with trio.fail_after(30):
-            while True:
-                event = client.next_event()
-                if event is h11.NEED_DATA:
-                    client.receive_data(await stream.receive_some(65536))
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    break
+    body = await read_late(url, after=0.3)
     await done.wait()
     assert len(body) == 80 * size
     seen: dict[int, list[int]] = {1: [], 2: []}
