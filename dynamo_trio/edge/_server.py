@@ -248,8 +248,10 @@ class _Connection(TCPServer):
     ``nursery.start`` in the path of every response, and a lock in front of
     every request, each a pass or two of the scheduler that the request waits
     for (under load every task of every stream runs once per pass).  Here one
-    task per connection (:meth:`_watch_idle`) sleeps until the idle deadline,
-    which a request moves without waking it.  Everything else is hypercorn's.
+    task per connection (:class:`_IdleTimer`) sleeps until the idle deadline,
+    which a request moves without waking it.  And h11's end of a body whose
+    length was declared, an empty write, is not made (it took both send locks:
+    three more passes per response).  Everything else is hypercorn's.
     """
 
     def __init__(self, *args: Any) -> None:
