@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import h2.config
 import h2.connection
+import h2.events
 import httpx
 import pytest
 import trio
@@ -138,6 +139,49 @@ async def test_http2_with_prior_knowledge_is_served(stack: StartStack) -> None:
             await stream.send_all(connection.data_to_send())
     assert json.loads(body)["status"] == "healthy"
     await stream.aclose()
+
+
+async def test_an_sse_stream_over_http2_goes_the_usual_way_and_is_whole(
+    stack: StartStack,
+) -> None:
+    # HTTP/2 responses are not chunked: the SSE body hands each piece back to
+    # quart (the short way is for HTTP/1.1 only), and the stream arrives whole.
+    running = await stack()
+    stream = await open_raw(running.url)
+    body = json.dumps({**CHAT_BODY, "max_tokens": 40, "stream": True}).encode()
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    connection.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            (":scheme", "http"),
+            (":authority", "x"),
+            ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+        ],
+    )
+    connection.send_data(1, body, end_stream=True)
+    await stream.send_all(connection.data_to_send())
+    received = b""
+    ended = False
+    with trio.fail_after(15):
+        while not ended:
+            data = await stream.receive_some(65536)
+            assert data
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    received += event.data
+                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                ended = ended or isinstance(event, h2.events.StreamEnded)
+            await stream.send_all(connection.data_to_send())
+    await stream.aclose()
+    events = [line[6:] for line in received.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    text = [c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices")]
+    assert sum(1 for piece in text if piece) == 40
 
 
 # ---------------------------------------------------------------------------- shutdown
