@@ -9,11 +9,21 @@ as long as the connection lives:
 * the **reader** feeds received bytes to the protocol and hands the frames it
   returns to a synchronous callback (which must not block: it only routes
   frames to streams);
-* the **writer** is the only task that writes to the socket.  Senders call the
-  synchronous :meth:`FrameConnection.send`, which encodes into the protocol's
-  outbox and wakes the writer; everything queued while a write is in progress
-  goes out in the next single ``send_all``, so many small frames cost one
-  system call;
+* the **writer** sends what the senders queued.  Senders call the synchronous
+  :meth:`FrameConnection.send`, which encodes into the protocol's outbox.  A
+  frame sent while the writer is idle goes straight to the socket, from the
+  sender's task (a TCP socket, checked open right before the write, nothing
+  awaited in between: no later frame can overtake it), and what the socket
+  does not take at once goes back to the head of the outbox for the writer.
+  Otherwise the writer is woken, and everything queued while a write
+  is in progress goes out in the next single ``send_all``, so many small
+  frames cost one system call.  Only a connection carrying at most one
+  stream writes directly, and only the first few frames after a quiet moment
+  (:data:`_DIRECT_BURST` per millisecond, and again after each received batch
+  or write): bursts, and the frames of many streams, are the writer's to
+  coalesce.  (A request and its answer then cost no writer task step on
+  either side: sequential 1-item requests +11-16%, measured A/B; with many
+  streams the receiving side would pay for the smaller batches);
 * the **heartbeat** sends a ``ping`` every interval and declares the
   connection dead when no valid frame has arrived for ``heartbeat_timeout``
   seconds (a half-open peer: its kernel may ACK, but its process is gone).
@@ -35,6 +45,8 @@ a frame is simply dropped (``send`` returns ``False``).
 from __future__ import annotations
 
 import logging
+import os
+import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Final
 
@@ -67,6 +79,10 @@ limited_log: Final = LogLimiter(_log)
 
 _RECEIVE_SIZE: Final = 65536
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
+_DIRECT_BURST: Final = 2
+"""Frames sent straight to an idle socket per quiet moment, before the writer takes over."""
+_DIRECT_PERIOD: Final = 0.001
+"""How long a quiet moment's allowance lasts (seconds)."""
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -119,6 +135,11 @@ class FrameConnection:
         self._last_received = 0.0
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
+        # A plain TCP socket can take a frame from the sender's task (see the
+        # module docstring); a TLS stream always goes through the writer.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._direct_left = _DIRECT_BURST
+        self._direct_since = 0.0
 
     @property
     def closed(self) -> bool:
@@ -231,6 +252,7 @@ class FrameConnection:
                 self._declare_closed("the peer closed the connection")
                 return
             received_before = protocol.frames_received
+            self._direct_left = _DIRECT_BURST  # a new turn: answers may go straight out
             try:
                 frames = protocol.receive_data(data)
             except ProtocolError as exc:
@@ -257,13 +279,53 @@ class FrameConnection:
                 self._wake_writer()
 
     def _wake_writer(self) -> None:
-        wakeup, self._writer_wakeup = self._writer_wakeup, None
-        if wakeup is not None:
-            wakeup.set()
+        wakeup = self._writer_wakeup
+        if wakeup is None:
+            return  # the writer is busy (or already woken): it sends what is queued
+        if self._socket is not None and self._may_write_directly() and self._write_directly():
+            return
+        self._writer_wakeup = None
+        wakeup.set()
+
+    def _may_write_directly(self) -> bool:
+        if self._draining or self.close_reason is not None or self.protocol.open_streams > 1:
+            return False  # (many streams' frames: the writer coalesces them)
+        if self._direct_left <= 0:
+            now = time.perf_counter()
+            if now - self._direct_since < _DIRECT_PERIOD:
+                return False
+            self._direct_left = _DIRECT_BURST
+        if self._direct_left == _DIRECT_BURST:
+            self._direct_since = time.perf_counter()
+        self._direct_left -= 1
+        return True
+
+    def _write_directly(self) -> bool:
+        """Write the outbox from this task while the writer is idle; ``True`` if all of it
+        went.  What the socket does not take is put back for the writer."""
+        assert self._socket is not None
+        fd = self._socket.fileno()
+        if fd == -1:
+            return False
+        data = self.protocol.data_to_send()
+        try:
+            # trio's sockets are non-blocking; nothing was awaited since the check
+            # above, so the descriptor is still this connection's.
+            written = os.write(fd, data)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            self.close(f"connection lost while writing: {exc}")
+            return True
+        if written == len(data):
+            return True
+        self.protocol.unsend(memoryview(data)[written:])
+        return False
 
     async def _write_loop(self) -> None:
         while True:
             data = self.protocol.data_to_send()
+            self._direct_left = _DIRECT_BURST
             if not data:
                 if self._draining:
                     self._flushed = True

@@ -578,6 +578,11 @@ class ProtocolConnection:
         data, self._outbox = self._outbox, bytearray()
         return data
 
+    def unsend(self, rest: bytes | bytearray | memoryview) -> None:
+        """Put back the tail of what :meth:`data_to_send` gave that could not be
+        written: it goes out first, ahead of anything queued since."""
+        self._outbox[:0] = rest
+
     def _encode(self, frame: Frame) -> None:
         encode_frame(frame, self._outbox, self._max_frame_size)
 

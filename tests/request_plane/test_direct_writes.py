@@ -1,0 +1,204 @@
+"""A frame sent to an idle connection goes straight to the socket, from the sender's task.
+
+The rules (``_connection.py``'s module docstring): the writer task is woken
+only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
+while more than one stream is open (many streams' frames are the writer's to
+coalesce), for what the socket did not take, and on TLS; the bytes on the wire are in the
+order the frames were sent, whole, whatever the socket takes at a time; a
+socket that fails under a direct write ends the connection, never the sender.
+Real TCP sockets on 127.0.0.1 throughout.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import struct
+from contextlib import asynccontextmanager, suppress
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from dynamo_trio import RequestPlaneConfig
+from dynamo_trio.request_plane import _connection
+from dynamo_trio.request_plane._connection import FrameConnection
+from dynamo_trio.request_plane._frames import (
+    NONCE_SIZE,
+    PROTOCOL_VERSION,
+    Auth,
+    FrameDecoder,
+    Hello,
+    Item,
+    Ping,
+    Request,
+    encode_frame,
+)
+from dynamo_trio.request_plane._protocol import ProtocolConnection, Role
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+LIMIT = 1 << 20
+CONFIG = RequestPlaneConfig(heartbeat_interval=30.0, heartbeat_timeout=60.0, max_frame_size=LIMIT)
+
+
+def wire(*frames: object) -> bytes:
+    out = bytearray()
+    for frame in frames:
+        encode_frame(frame, out, LIMIT)  # type: ignore[arg-type]
+    return bytes(out)
+
+
+def open_server() -> ProtocolConnection:
+    """A worker's protocol past its handshake, serving stream 1 with a large credit
+    window (the caller's frames given as raw bytes)."""
+    server = ProtocolConnection(Role.SERVER, max_frame_size=LIMIT, peer_name="worker")
+    server.receive_data(wire(Hello(PROTOCOL_VERSION, b"n" * NONCE_SIZE), Auth(None)))
+    assert server.authenticate()
+    server.receive_data(wire(Request(1, "generate", 1, "r1", None, 100_000)))
+    server.data_to_send()
+    assert server.open_streams == 1
+    return server
+
+
+@asynccontextmanager
+async def connection_over_tcp(
+    *, send_buffer: int | None = None, receive_buffer: int | None = None
+) -> AsyncIterator[tuple[FrameConnection, socket.socket]]:
+    """A running worker-side :class:`FrameConnection` on a real TCP socket, and the
+    other end as a plain non-blocking socket (read synchronously by the tests)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    if receive_buffer is not None:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    listener.listen(1)
+    stream = await trio.open_tcp_stream(*listener.getsockname()[:2])
+    peer, _ = listener.accept()
+    listener.close()
+    peer.setblocking(False)
+    if send_buffer is not None:
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    connection = FrameConnection(
+        stream, open_server(), CONFIG, on_frames=lambda frames: None, name="test"
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(connection.run)
+            await trio.testing.wait_all_tasks_blocked()
+            yield connection, peer
+            connection.close("test over")
+    finally:
+        peer.close()
+
+
+def received(peer: socket.socket) -> list[object]:
+    """The frames the peer's socket holds right now (none if it holds nothing)."""
+    data = b""
+    while True:
+        try:
+            chunk = peer.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return list(FrameDecoder(LIMIT).feed(data))
+
+
+async def test_a_frame_sent_to_an_idle_connection_is_on_the_wire_before_any_checkpoint() -> None:
+    async with connection_over_tcp() as (connection, peer):
+        assert connection.send(Ping())
+        # Nothing awaited: only a write from this task can have put it there.
+        assert received(peer) == [Ping()]
+
+
+async def test_a_burst_goes_to_the_writer_which_sends_it_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_connection, "_DIRECT_PERIOD", math.inf)  # no refill by the clock
+    async with connection_over_tcp() as (connection, peer):
+        items = [Item(1, {"n": n}) for n in range(10)]
+        for item in items:
+            assert connection.send(item)
+        first = received(peer)
+        assert len(first) == _connection._DIRECT_BURST
+        await trio.testing.wait_all_tasks_blocked()  # the writer's turn
+        rest = received(peer)
+        assert items == first + rest
+        # The writer has run: the next quiet moment's frame goes straight out again.
+        assert connection.send(Ping())
+        assert received(peer) == [Ping()]
+
+
+async def test_while_several_streams_are_open_the_writer_sends() -> None:
+    async with connection_over_tcp() as (connection, peer):
+        connection.protocol.receive_data(wire(Request(2, "generate", 1, "r2", None, 4)))
+        assert connection.send(Item(1, "a"))
+        assert received(peer) == []
+        await trio.testing.wait_all_tasks_blocked()
+        assert received(peer) == [Item(1, "a")]
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_what_a_full_socket_does_not_take_goes_first_and_whole(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_connection, "_DIRECT_BURST", 1_000_000)  # every frame tries
+    rng = random.Random(seed)
+    partial = 0
+    async with connection_over_tcp(send_buffer=4096, receive_buffer=4096) as (connection, peer):
+        protocol = connection.protocol
+        unsend = protocol.unsend
+
+        def counting_unsend(rest: bytes | bytearray | memoryview) -> None:
+            nonlocal partial
+            partial += 1
+            unsend(rest)
+
+        monkeypatch.setattr(protocol, "unsend", counting_unsend)
+        sent = []
+        decoder = FrameDecoder(LIMIT)
+        got: list[object] = []
+        for n in range(300):
+            item = Item(1, "x" * rng.randrange(1, 30_000), id=str(n))
+            assert connection.send(item)
+            sent.append(item)
+            if rng.random() < 0.3:
+                await trio.lowlevel.checkpoint()  # sometimes the writer runs in between
+            if rng.random() < 0.2:  # and the peer reads a little, sometimes
+                with suppress(BlockingIOError):
+                    got += decoder.feed(peer.recv(rng.randrange(1, 20_000)))
+        with trio.fail_after(10):
+            while len(got) < len(sent):
+                try:
+                    got += decoder.feed(peer.recv(65536))
+                except BlockingIOError:
+                    await trio.sleep(0.001)
+        assert got == sent
+        assert connection.close_reason is None
+    assert partial > 0  # the test did exercise a partial direct write
+
+
+async def test_a_reset_under_a_direct_write_ends_the_connection_not_the_sender() -> None:
+    async with connection_over_tcp() as (connection, peer):
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # a reset: the next writes fail
+        with trio.fail_after(5):
+            while connection.close_reason is None:
+                connection.send(Ping())  # never raises
+                await trio.sleep(0.01)
+        assert connection.close_reason is not None
+        assert connection.close_reason.startswith("connection lost")
+        assert not connection.send(Ping())
+
+
+async def test_nothing_is_written_once_the_connection_is_over() -> None:
+    async with connection_over_tcp() as (connection, peer):
+        connection.close("done")
+        await trio.testing.wait_all_tasks_blocked()
+        assert not connection.send(Ping())
+        assert received(peer) == []
