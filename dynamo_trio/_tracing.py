@@ -63,8 +63,8 @@ before anything is sent.
 
 from __future__ import annotations
 
+import random
 import re
-import secrets
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, final
@@ -126,6 +126,7 @@ _TRACEPARENT_RE: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16}
 _TRACESTATE_RE: Final = re.compile(r"[\x20-\x7e]*")
 _ZERO_TRACE: Final = "0" * 32
 _ZERO_SPAN: Final = "0" * 16
+_random_bits: Final = random.getrandbits
 _SAMPLED: Final = 0x01
 _OWS: Final = " \t"
 
@@ -167,17 +168,20 @@ def parse_traceparent(value: str | None) -> ParsedTraceParent | None:
 
 
 def new_trace_id() -> str:
-    """A random W3C trace id: 32 lowercase hex digits, never all zeros."""
-    while (trace_id := secrets.token_hex(16)) == _ZERO_TRACE:  # pragma: no cover - 2**-128
+    """A random W3C trace id: 32 lowercase hex digits, never all zeros.
+
+    Random, not secret (as OpenTelemetry's SDKs make them): Python's generator
+    costs no system call per id, and is reseeded in a forked child."""
+    while not (bits := _random_bits(128)):  # pragma: no cover - 2**-128
         pass
-    return trace_id
+    return f"{bits:032x}"
 
 
 def new_span_id() -> str:
     """A random W3C span id: 16 lowercase hex digits, never all zeros."""
-    while (span_id := secrets.token_hex(8)) == _ZERO_SPAN:  # pragma: no cover - 2**-64
+    while not (bits := _random_bits(64)):  # pragma: no cover - 2**-64
         pass
-    return span_id
+    return f"{bits:016x}"
 
 
 def _clean_tracestate(value: str | None) -> str | None:
