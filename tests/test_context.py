@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -909,3 +910,116 @@ async def test_is_killed_after_leaving_a_scope_cancelled_before_it_was_entered()
         async with ctx.scope():
             await trio.lowlevel.checkpoint()
     assert ctx.is_killed() and ctx.reason is CancelReason.SCOPE_CANCELLED
+
+
+# ---------------------------------------------------------------- the watcher starts when needed
+
+
+class _Spawns(trio.abc.Instrument):
+    """Counts the tasks spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def _spawns_in(ctx: Context, body: object = None) -> int:
+    spawns = _Spawns()
+    trio.lowlevel.add_instrument(spawns)
+    try:
+        async with ctx.scope():
+            await trio.lowlevel.checkpoint()
+    finally:
+        trio.lowlevel.remove_instrument(spawns)
+    return spawns.count
+
+
+async def test_a_scope_with_nothing_to_watch_starts_no_task() -> None:
+    # No child, waiter, cancel callback, deadline or stop: nothing runs beside the
+    # work, and leaving the scope costs no trip through the scheduler for a watcher.
+    assert await _spawns_in(Context()) == 0
+    linked = Context()
+    linked.link_child(Context())
+    assert await _spawns_in(linked) == 1
+    assert await _spawns_in(Context(timeout=60)) == 1
+
+
+async def test_an_enclosing_cancellation_the_work_swallows_still_kills_the_context() -> None:
+    ctx = Context()
+    with trio.CancelScope() as outer:
+        async with ctx.scope():
+            outer.cancel()
+            with contextlib.suppress(trio.Cancelled):
+                await trio.sleep_forever()
+    assert ctx.is_killed() and ctx.reason is CancelReason.SCOPE_CANCELLED
+
+
+@pytest.mark.parametrize("how", ["link a child", "wait from outside", "add a callback"])
+async def test_what_comes_during_the_work_starts_the_watcher(how: str) -> None:
+    # Linked (or waiting) only once the work runs: an enclosing cancellation still
+    # reaches it while the work is unwinding, as in the test above with the child
+    # linked before the scope.
+    ctx, child = Context(), Context()
+    heard: list[str] = []
+    during_cleanup: list[bool] = []
+    work_runs = trio.Event()
+
+    async def work() -> None:
+        async with ctx.scope():
+            work_runs.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.05)
+                    during_cleanup.append(bool(heard))
+
+    async def waiter() -> None:
+        await ctx.killed()
+        heard.append("woke")
+
+    async with trio.open_nursery() as outside:
+        with trio.CancelScope() as around_the_work:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(work)
+                await work_runs.wait()
+                if how == "link a child":
+                    ctx.link_child(child)
+                    child.add_cancel_callback(lambda *_: heard.append("child"))
+                elif how == "wait from outside":
+                    outside.start_soon(waiter)
+                    await trio.testing.wait_all_tasks_blocked()
+                else:
+                    ctx.add_cancel_callback(lambda *_: heard.append("callback"))
+                around_the_work.cancel()
+        outside.cancel_scope.cancel()
+    assert during_cleanup == [True]
+
+
+async def test_a_stop_during_the_work_starts_the_drain_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ctx = Context()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain_slowly, ctx)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.stop_generating()
+    assert ctx.reason is CancelReason.DRAIN_TIMEOUT
+
+
+async def _drain_slowly(ctx: Context) -> None:
+    async with ctx.scope(drain_grace=1.0):
+        await trio.sleep(100)
+
+
+async def test_a_deadline_set_during_the_work_kills_it_in_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ctx = Context()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_sleep_in_scope, ctx)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.set_deadline(time.monotonic() + 0.5)
+    assert ctx.reason is CancelReason.DEADLINE

@@ -141,7 +141,7 @@ class ServerStream:
         self._credit_wakeup: trio.Event | None = None
         self._since_checkpoint = 0
         self._finished = False
-        self.context.add_cancel_callback(self._on_context_cancelled)
+        self.context._add_exit_callback(self._on_context_cancelled)
 
     @property
     def peer(self) -> str:
