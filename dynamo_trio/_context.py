@@ -77,7 +77,8 @@ happens while the work is still unwinding), and the exit of ``scope()`` when a
 swallowed it (in case the watcher had not run yet).  Both map the
 cancellation the same way, so the reason is deterministic.  The watcher is
 started only when something outside the work must hear at once: a linked
-child, a task waiting in ``stopped()``/``killed()``, a cancel callback, and a
+child, another task waiting in ``stopped()``/``killed()`` (the work's own task
+hears of it as a Cancelled), a cancel callback, and a
 deadline or a stop's drain grace to enforce; whichever comes first, before or
 during the work.  A scope with none of them runs nothing beside its work,
 and leaving it waits for no other task (the worker's per-request scope, most
@@ -228,6 +229,7 @@ class Context:
         "_parent",
         "_reason",
         "_scope",
+        "_scope_task",
         "_scope_used",
         "_state",
         "_state_changed_at",
@@ -275,6 +277,7 @@ class Context:
         self._watcher: trio.CancelScope | None = None  # the watcher's, once started
         self._wants_watcher = False  # a child, waiter or callback came before scope()
         self._drain_grace: float | None = None
+        self._scope_task: trio.lowlevel.Task | None = None  # the task that entered scope()
         self.created_at: Final = time.monotonic()
         """``time.monotonic()`` when the context was made; used for ages in introspection."""
         self.attributes: dict[str, str] = {}
@@ -625,8 +628,11 @@ class Context:
 
     async def _wait(self, target: ContextState) -> None:
         self._bind_token()
-        self._wants_watcher = True
-        self._start_watcher()
+        if trio.lowlevel.current_task() is not self._scope_task:
+            # (The work's own task needs no watcher to hear of a cancellation from
+            # outside: it gets the Cancelled itself, and scope() notes it on the way out.)
+            self._wants_watcher = True
+            self._start_watcher()
         waited = False
         while self.state < target:  # reading .state also enforces the deadline
             if self._wakeup is None:
@@ -676,6 +682,7 @@ class Context:
             raise RuntimeError(f"the scope of context {self._id} was already entered")
         self._scope_used = True
         self._drain_grace = drain_grace
+        self._scope_task = trio.lowlevel.current_task()
         try:
             async with trio.open_nursery() as self._watchers:
                 if self._wants_watcher or self._deadline is not None or self._reason is not None:
@@ -703,6 +710,7 @@ class Context:
                 finally:
                     self._nursery = None
                     self._watchers = None
+                    self._scope_task = None
                     self._exiting = True
                     if self._watcher is not None:
                         self._watcher.cancel()

@@ -925,11 +925,14 @@ class _Spawns(trio.abc.Instrument):
         self.count += 1
 
 
-async def _spawns_in(ctx: Context, body: object = None) -> int:
+async def _spawns_in(ctx: Context, *, waits: bool = False) -> int:
     spawns = _Spawns()
     trio.lowlevel.add_instrument(spawns)
     try:
         async with ctx.scope():
+            if waits:  # the work's own task waits for a stop (as an engine between tokens)
+                with trio.move_on_after(0.001):
+                    await ctx.stopped()
             await trio.lowlevel.checkpoint()
     finally:
         trio.lowlevel.remove_instrument(spawns)
@@ -940,6 +943,7 @@ async def test_a_scope_with_nothing_to_watch_starts_no_task() -> None:
     # No child, waiter, cancel callback, deadline or stop: nothing runs beside the
     # work, and leaving the scope costs no trip through the scheduler for a watcher.
     assert await _spawns_in(Context()) == 0
+    assert await _spawns_in(Context(), waits=True) == 0
     linked = Context()
     linked.link_child(Context())
     assert await _spawns_in(linked) == 1
