@@ -9,8 +9,10 @@ Timing (trio time, so tests can use a virtual clock): the first token comes
 ``inter_token_latency_ms``, on a fixed schedule: if the consumer is slow
 (backpressure), the engine catches up with the schedule once it is read
 again, as a real engine that kept generating into a buffer would.  With a
-latency of 0 it generates as fast as it can, but still checkpoints once per
-token, so it stays cancellable.
+latency of 0 it generates as fast as it can: tokens that are due come in
+bursts of up to :data:`BURST` without a trip through the scheduler (as from
+a Python engine whose generator yields without awaiting), and a kill still
+lands at the next token.
 
 Cancellation:
 
@@ -53,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -141,7 +143,7 @@ class MockEngine:
             }
             return
         while True:
-            if await _wait_until(deadline, context):
+            if await _wait_until(deadline, context, burst=generated % BURST != 0):
                 yield {
                     "text": stops.flush(),
                     "token_ids": [],
@@ -234,11 +236,17 @@ class MockEngine:
         }
 
 
-async def _wait_until(deadline: float, context: Context) -> bool:
+BURST: Final = 16
+"""Due tokens generated between two trips through the scheduler."""
+
+
+async def _wait_until(deadline: float, context: Context, *, burst: bool = False) -> bool:
     """Sleep until ``deadline`` (trio time) unless the context is stopped first.
 
-    Always checkpoints, so a kill (which cancels the caller's scope) lands
-    here as :class:`trio.Cancelled`.
+    A kill (which cancels the caller's scope) always lands here as
+    :class:`trio.Cancelled`.  With ``burst``, a deadline already past (no
+    latency, or catching up with the schedule) takes no trip through the
+    scheduler.
 
     Returns:
         Whether the context is stopped.
@@ -246,6 +254,8 @@ async def _wait_until(deadline: float, context: Context) -> bool:
     if not context.is_stopped() and deadline > trio.current_time():
         with trio.move_on_at(deadline):
             await context.stopped()
+    elif burst:
+        await trio.lowlevel.checkpoint_if_cancelled()
     else:
         await trio.lowlevel.checkpoint()
     if context.is_killed():
