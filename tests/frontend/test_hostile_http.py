@@ -82,15 +82,39 @@ async def still_serving(url: str) -> None:
 # ---------------------------------------------------------------------------- HTTP/2
 
 
-def h2_request(path: str) -> tuple[h2.connection.H2Connection, bytes]:
+def h2_request(
+    path: str, json_body: bytes | None = None
+) -> tuple[h2.connection.H2Connection, bytes]:
+    """A client's first bytes on an HTTP/2 connection: a GET, or a POST of ``json_body``."""
     connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     connection.initiate_connection()
-    connection.send_headers(
-        1,
-        [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "x")],
-        end_stream=True,
-    )
+    headers = [(":path", path), (":scheme", "http"), (":authority", "x")]
+    if json_body is None:
+        connection.send_headers(1, [(":method", "GET"), *headers], end_stream=True)
+    else:
+        headers += [("content-type", "application/json"), ("content-length", str(len(json_body)))]
+        connection.send_headers(1, [(":method", "POST"), *headers])
+        connection.send_data(1, json_body, end_stream=True)
     return connection, connection.data_to_send()
+
+
+async def h2_response_body(
+    stream: trio.abc.Stream, connection: h2.connection.H2Connection, *, within: float
+) -> bytes:
+    """Read stream 1's body to its end (granting flow control as it arrives)."""
+    body = b""
+    ended = False
+    with trio.fail_after(within):
+        while not ended:
+            data = await stream.receive_some(65536)
+            assert data
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                ended = ended or isinstance(event, h2.events.StreamEnded)
+            await stream.send_all(connection.data_to_send())
+    return body
 
 
 @pytest.mark.parametrize("how", ["h2c-upgrade", "prior-knowledge"])
@@ -126,17 +150,7 @@ async def test_http2_with_prior_knowledge_is_served(stack: StartStack) -> None:
     stream = await open_raw(running.url)
     connection, request = h2_request("/health")
     await stream.send_all(request)
-    body = b""
-    ended = False
-    with trio.fail_after(5):
-        while not ended:
-            data = await stream.receive_some(65536)
-            assert data
-            for event in connection.receive_data(data):
-                if isinstance(event, h2.events.DataReceived):
-                    body += event.data
-                ended = ended or isinstance(event, h2.events.StreamEnded)
-            await stream.send_all(connection.data_to_send())
+    body = await h2_response_body(stream, connection, within=5)
     assert json.loads(body)["status"] == "healthy"
     await stream.aclose()
 
@@ -149,33 +163,9 @@ async def test_an_sse_stream_over_http2_goes_the_usual_way_and_is_whole(
     running = await stack()
     stream = await open_raw(running.url)
     body = json.dumps({**CHAT_BODY, "max_tokens": 40, "stream": True}).encode()
-    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    connection.initiate_connection()
-    connection.send_headers(
-        1,
-        [
-            (":method", "POST"),
-            (":path", "/v1/chat/completions"),
-            (":scheme", "http"),
-            (":authority", "x"),
-            ("content-type", "application/json"),
-            ("content-length", str(len(body))),
-        ],
-    )
-    connection.send_data(1, body, end_stream=True)
-    await stream.send_all(connection.data_to_send())
-    received = b""
-    ended = False
-    with trio.fail_after(15):
-        while not ended:
-            data = await stream.receive_some(65536)
-            assert data
-            for event in connection.receive_data(data):
-                if isinstance(event, h2.events.DataReceived):
-                    received += event.data
-                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
-                ended = ended or isinstance(event, h2.events.StreamEnded)
-            await stream.send_all(connection.data_to_send())
+    connection, request = h2_request("/v1/chat/completions", body)
+    await stream.send_all(request)
+    received = await h2_response_body(stream, connection, within=15)
     await stream.aclose()
     events = [line[6:] for line in received.decode().split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
