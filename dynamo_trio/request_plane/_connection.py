@@ -290,14 +290,16 @@ class FrameConnection:
     def _may_write_directly(self) -> bool:
         if self._draining or self.close_reason is not None or self.protocol.open_streams > 1:
             return False  # (many streams' frames: the writer coalesces them)
-        if self._direct_left <= 0:
+        left = self._direct_left
+        if left == _DIRECT_BURST:  # the first of an allowance: its period starts
+            self._direct_since = time.perf_counter()
+        elif left <= 0:  # spent: refilled only once its period is over
             now = time.perf_counter()
             if now - self._direct_since < _DIRECT_PERIOD:
                 return False
-            self._direct_left = _DIRECT_BURST
-        if self._direct_left == _DIRECT_BURST:
-            self._direct_since = time.perf_counter()
-        self._direct_left -= 1
+            self._direct_since = now
+            left = _DIRECT_BURST
+        self._direct_left = left - 1
         return True
 
     def _write_directly(self) -> bool:
