@@ -241,6 +241,8 @@ async def _run_node(node: Node, task_status: trio.TaskStatus[None]) -> None:
                 task_status.started()
                 await node.exit_requested.wait()
     finally:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.03)
         node.ended_at = time.monotonic()
         if not node.entered:
             task_status.started()
@@ -453,6 +455,16 @@ class TreeMachine(RuleBasedStateMachine):
     def _expectations_met(self) -> bool:
         now = time.monotonic()
         for node in self.all_nodes:
+            # A scope told to exit ends once the children started in it have: its end is
+            # the cause of its linked work's end, so wait to have its time. (A scope's
+            # exit reaches its remote calls before this thread notes its ended_at.)
+            if (
+                node.exit_requested is not None
+                and node.exit_requested.is_set()
+                and node.ended_at is None
+                and all(child.ended_at is not None for child in node.started_children)
+            ):
+                return False
             if any(t <= now for t, _ in self._killers(node)) and node.ended_at is None:
                 return False
         for leaf in self.leaves:
