@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, ClassVar, Final, Literal
 import msgspec
 
 from ._errors import openai_error_body
-from ._generation import Generation
+from ._generation import Generation, plain_text
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._sse import encode_event
@@ -477,7 +477,7 @@ class _ChunkStream:
         for item in items:
             if self._closed:
                 break
-            text = _plain_text(item)
+            text = plain_text(item)
             if text is None:
                 parts.extend(encode_event(chunk) for chunk in self.feed(item))
                 continue
@@ -537,22 +537,6 @@ class _ChunkStream:
 
 _JSON: Final = msgspec.json.Encoder()
 _MARK: Final = "\x00text\x00"  # no engine text is this: a NUL-delimited placeholder
-_PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
-
-
-def _plain_text(item: object) -> str | None:
-    """An item's text if it carries only text and token ids (well typed), else ``None``."""
-    if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
-        return None
-    text = item.get("text", "")
-    if type(text) is not str:
-        return None
-    token_ids = item.get("token_ids")
-    if token_ids is not None and (
-        type(token_ids) is not list or not all(type(t) is int for t in token_ids)
-    ):
-        return None
-    return text
 
 
 class ChatCompletionStream(_ChunkStream):

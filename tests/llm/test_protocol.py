@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, strategies as st
 
 from dynamo_trio.llm import (
     EngineError,
@@ -19,6 +20,7 @@ from dynamo_trio.llm import (
     validate_embed_request,
     validate_generate_request,
 )
+from dynamo_trio.llm._generation import plain_text
 
 CHAT = {"model": "m", "request_type": "chat", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "request_type": "completion", "prompt": "p"}
@@ -128,6 +130,54 @@ def test_output_items_are_validated() -> None:
     assert parse_generate_output({"text": "a", "extra": 1}) == {"text": "a"}
     with pytest.raises(EngineError, match="malformed engine output"):
         parse_generate_output({"token_ids": ["1"]})
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+    st.lists(st.one_of(st.integers(), st.booleans(), st.text(max_size=2)), max_size=3),
+)
+_ITEMS = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["text", "token_ids", "finish_reason", "usage", "error", "other"]),
+        _VALUES,
+    ),
+    _VALUES,
+)
+
+
+def _folded_slowly(items: list[Any]) -> tuple[object, ...]:
+    """What a generation of ``items`` is, every item fully validated."""
+    pieces: list[str] = []
+    counted = 0
+    for item in items:
+        output = parse_generate_output(item)  # raises for what the fast path must refuse
+        assert not output.get("finish_reason")
+        counted += len(output.get("token_ids") or ())
+        pieces.append(output.get("text", ""))
+    return "".join(pieces), counted
+
+
+@given(st.lists(_ITEMS, max_size=4))
+def test_the_plain_item_fast_path_agrees_with_full_validation(items: list[Any]) -> None:
+    # Generation.feed skips the full validation for items plain_text accepts: it
+    # must accept only items the full validation accepts, and fold them the same.
+    plain = [item for item in items if plain_text(item) is not None]
+    for item in plain:
+        assert parse_generate_output(item).get("text", "") == plain_text(item)
+    generation = Generation.collect(plain)
+    assert (generation.text, generation.usage["completion_tokens"]) == _folded_slowly(plain)
+    for item in items:
+        if (
+            plain_text(item) is None
+            and isinstance(item, dict)
+            and item.keys() <= {"text", "token_ids"}
+        ):
+            with pytest.raises(EngineError):  # ill-typed: the full validation refuses it
+                Generation().feed(item)
 
 
 def test_generation_folds_text_usage_and_finish() -> None:
