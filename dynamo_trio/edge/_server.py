@@ -394,10 +394,25 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         self.socket = stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        async with self._sending:
-            await self._stream.send_all(data)
+        """Send ``data``; a cancellation lands before any byte is written.
 
-    def send_nowait(self, data: bytes) -> int:
+        When no other send is under way and the socket takes every byte at once
+        (a response head, a small body: the usual case), that is one
+        non-blocking write and no trip through the scheduler; otherwise the rest
+        waits its turn behind the other sends, as trio's ``send_all`` would.
+        (The caller, hypercorn, took its own send lock first: that is its
+        checkpoint.  The two trips saved here are a third of the scheduler
+        passes between a request and its first byte: on a busy frontend each
+        pass runs every stream's waiting tokens.)
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sent = self.send_nowait(data)
+        if sent == len(data):
+            return
+        async with self._sending:
+            await self._stream.send_all(memoryview(data)[sent:])
+
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
         """Send what the socket takes at once, without blocking: the number of bytes
         sent (0 while another send is under way, or the socket's buffer is full).
 

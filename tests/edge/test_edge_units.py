@@ -7,14 +7,18 @@ rule is pinned at its boundary, fast.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio.discovery import ModelCard, decode_model_card, encode_record
 from dynamo_trio.edge import Edge
 from dynamo_trio.edge._server import _OrderedSends
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 LIMIT = 100
 
@@ -150,6 +154,62 @@ async def test_send_all_waits_for_a_send_eof_then_fails_cleanly() -> None:
         with pytest.raises(trio.ClosedResourceError, match="after sending EOF"):
             await stream.send_all(b"late")
     assert await peer.receive_some() == b""
+    await stream.aclose()
+    await peer.aclose()
+
+
+async def test_send_all_with_room_in_the_socket_writes_without_a_scheduler_pass() -> None:
+    left, right = trio.socket.socketpair()
+    stream = _OrderedSends(trio.SocketStream(left))
+    peer = trio.SocketStream(right)
+    others_ran = False
+
+    def other() -> None:
+        nonlocal others_ran
+        others_ran = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_run_sync, other)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\n\r\n")
+        assert not others_ran  # no trip through the scheduler on the way
+        assert await peer.receive_some() == b"HTTP/1.1 200 OK\r\n\r\n"
+    assert others_ran
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await stream.send_all(b"never")  # a cancellation lands before any byte
+    await stream.aclose()
+    with trio.fail_after(1):
+        assert await peer.receive_some() == b""  # "never" was not written
+    await peer.aclose()
+
+
+async def _run_sync(fn: Callable[[], None]) -> None:
+    fn()
+
+
+async def test_send_all_sends_what_the_socket_does_not_take_in_order_behind_others() -> None:
+    left, right = trio.socket.socketpair()
+    left.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)
+    stream = _OrderedSends(trio.SocketStream(left))
+    peer = trio.SocketStream(right)
+    big = bytes(range(256)) * 4096  # 1 MiB: most of it waits for the reader
+    received = bytearray()
+
+    async def read() -> None:
+        while chunk := await peer.receive_some():
+            received.extend(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, big)
+        await trio.testing.wait_all_tasks_blocked()
+        assert stream._sending.locked()  # the rest of it waits for room
+        nursery.start_soon(stream.send_all, b"after")  # must queue behind, not write now
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_eof()
+    assert bytes(received) == big + b"after"
     await stream.aclose()
     await peer.aclose()
 
