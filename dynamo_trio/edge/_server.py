@@ -47,6 +47,9 @@ out while the reading task is ending the connection (a client that keeps
 sending after an early answer, say a 414, until h11 gives up on it), the
 response's ``send_all`` met the EOF in trio's conflict detector and raised
 ``BusyResourceError`` into the app: an "Error in ASGI Framework" traceback.
+The same wrapper writes at once, without a trip through the scheduler, when no
+other send is under way and the socket has room (a response's head, a small
+body): hypercorn's own send lock is then the write's only checkpoint.
 """
 
 from __future__ import annotations
