@@ -28,7 +28,10 @@ window of ``--duration`` seconds after a ramp in which the connections start sta
   parsed and checked to hold exactly ``--stream-tokens`` tokens and end ``length``);
 - TTFC p50: time from sending a request to its first token-carrying event, for the
   streams sent inside the window (in the steady state, not the opening burst);
-- unary req/s at 1/32 concurrent 16-token chats (each answer's usage checked);
+- unary req/s at 1/32 concurrent 16-token chats (each answer's usage checked); at 32,
+  beside a bare quart-trio app on stock hypercorn that parses each request's JSON and
+  answers one of the system's own unary answers (``_bare_quart.py``), measured right
+  after it in the same run: what the mandated HTTP stack serves with no engine behind it;
 - frontend process CPU per SSE chunk at 32 streams: utime+stime from /proc/<pid>/stat
   of the frontend (and any child processes) over the window, divided by the chunks
   delivered in it; the worker's CPU the same way;
@@ -793,6 +796,51 @@ async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
             await stop_all([bare], grace=3)
 
 
+async def bare_quart_unary(
+    port: int, concurrency: int, tokens: int, workdir: Path, duration: float
+) -> float:
+    """Unary chats/s of a bare quart-trio app (``_bare_quart.py``) answering the bytes
+    of one unary chat of the system on ``port``, at ``concurrency``."""
+    connection = await Connection.open(port)
+    try:
+        with trio.fail_after(STEP_TIMEOUT):
+            status, answer = await connection.exchange(
+                "POST", "/v1/chat/completions", chat_body("bench", tokens, stream=False)
+            )
+    finally:
+        await connection.aclose()
+    if status != 200:
+        raise RuntimeError(f"a unary chat: HTTP {status}: {answer[:300]!r}")
+    body_file = workdir / "unary-body.json"
+    body_file.write_bytes(answer)
+    bare_port = free_port()
+    env = python_env()
+    env["PYTHONPATH"] = str(REPO)
+    async with trio.open_nursery() as nursery:
+        bare = await spawn(
+            nursery,
+            [sys.executable, str(HERE / "_bare_quart.py"), str(bare_port), str(body_file)],
+            env,
+            name="bare-quart-trio",
+            logdir=workdir,
+        )
+        try:
+            await bare.wait_for("ready")
+            window = await unary_level(
+                bare_port,
+                concurrency,
+                tokens=tokens,
+                ramp=0.5,
+                duration=duration,
+                pids={"frontend": [bare.pid]},
+            )
+            if window.errors:
+                raise RuntimeError(f"the bare quart-trio app: {window.errors[0]}")
+            return window.completed / window.seconds
+        finally:
+            await stop_all([bare], grace=3)
+
+
 # ---------------------------------------------------------------------------- one run
 
 
@@ -822,6 +870,7 @@ IDLE_OTHERS = "other processes' CPU before the run"
 ERRORS = "errors"
 HEALTH = "GET /health p50, keep-alive"
 BARE = "bare hypercorn, same bytes, p50"
+BARE_QUART = "bare quart-trio app, same unary answer, 32 concurrent"
 HEALTH_RATIO = "GET /health / bare hypercorn"
 PACED_RATE = "paced SSE chunks/s (10 ms per token)"
 PACED_TTFC = "paced TTFC p50"
@@ -921,6 +970,13 @@ async def measure(
                 seconds += window.seconds
                 log(f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s")
                 await settle(everyone)
+                if n == 32 and not args.no_bare:
+                    bare_rate = await bare_quart_unary(
+                        port, n, args.unary_tokens, workdir, args.duration
+                    )
+                    results[BARE_QUART] = bare_rate
+                    log(f"    bare quart-trio app, unary {n}: {bare_rate:,.0f} req/s")
+                    await settle(everyone)
             if args.paced_streams:
                 n = args.paced_streams
                 paced_shape = await learn_shape(port, args.paced_tokens, model="slow")
@@ -1003,6 +1059,8 @@ def figures(args: argparse.Namespace) -> list[Figure]:
         for n in args.levels
     ]
     rows += [Figure(unary_label(n), target=at_least(1.5)) for n in args.unary_levels]
+    if 32 in args.unary_levels and not args.no_bare:
+        rows += [Figure(BARE_QUART, ratio=False)]
     if 32 in args.levels:
         rows += [
             Figure(CPU_CHUNK, "us", False, 1, target=at_most_value(25, " us")),
@@ -1291,7 +1349,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--health-samples", type=int, default=500, help="GET /health samples (500)")
     parser.add_argument(
-        "--no-bare", action="store_true", help="skip the bare hypercorn /health baseline"
+        "--no-bare",
+        action="store_true",
+        help="skip the baselines: bare hypercorn for /health, bare quart-trio for unary",
     )
     parser.add_argument(
         "--hangups", type=int, default=50, help="hang-up samples per run (50; 0 skips)"
