@@ -404,9 +404,10 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         non-blocking write and no trip through the scheduler; otherwise the rest
         waits its turn behind the other sends, as trio's ``send_all`` would.
         (The caller, hypercorn, took its own send lock first: that is its
-        checkpoint.  The two trips saved here are a third of the scheduler
-        passes between a request and its first byte: on a busy frontend each
-        pass runs every stream's waiting tokens.)
+        checkpoint.  The two trips saved here are two of the dozen scheduler
+        passes between a request's bytes and its first SSE chunk, and two of a
+        response's end: on a busy frontend each pass runs every stream's
+        waiting tokens.)
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         sent = self.send_nowait(data)
