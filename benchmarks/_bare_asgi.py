@@ -43,15 +43,16 @@ def make_app(body: bytes) -> Any:
     return app
 
 
-async def main(port: int, body: bytes) -> None:
+async def serve_on(port: int, app: Any) -> None:
+    """Serve ``app`` on stock hypercorn at ``127.0.0.1:port``; print when ready."""
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
     config.errorlog = None
     async with trio.open_nursery() as nursery:
-        await nursery.start(partial(serve, make_app(body), config, mode="asgi"))
+        await nursery.start(partial(serve, app, config, mode="asgi"))
         print(json.dumps({"event": "ready"}), flush=True)
 
 
 if __name__ == "__main__":
-    trio.run(main, int(sys.argv[1]), Path(sys.argv[2]).read_bytes())
+    trio.run(serve_on, int(sys.argv[1]), make_app(Path(sys.argv[2]).read_bytes()))

@@ -13,14 +13,11 @@ behind it: what a frontend on that stack can serve at most.  Prints
 
 from __future__ import annotations
 
-import json
 import sys
-from functools import partial
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
+from _bare_asgi import serve_on
 from quart import Response, request
 from quart_trio import QuartTrio
 
@@ -36,15 +33,5 @@ def make_app(body: bytes) -> QuartTrio:
     return app
 
 
-async def main(port: int, body: bytes) -> None:
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    config.errorlog = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(partial(serve, make_app(body), config))
-        print(json.dumps({"event": "ready"}), flush=True)
-
-
 if __name__ == "__main__":
-    trio.run(main, int(sys.argv[1]), Path(sys.argv[2]).read_bytes())
+    trio.run(serve_on, int(sys.argv[1]), make_app(Path(sys.argv[2]).read_bytes()))

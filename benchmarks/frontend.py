@@ -99,7 +99,7 @@ from _harness import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 TRIO = "dynamo-trio"
 DYNAMO = f"Dynamo {DYNAMO_VERSION}"
@@ -772,8 +772,10 @@ async def learn_shape(port: int, tokens: int, model: str = "bench") -> Shape:
     return Shape(tuple(token_flags(body, tokens)))
 
 
-async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
-    body_file = workdir / "health-body.json"
+@contextlib.asynccontextmanager
+async def bare_app(script: str, body: bytes, workdir: Path) -> AsyncIterator[int]:
+    """Run the baseline app ``script`` (answering ``body``) until the block ends; its port."""
+    body_file = workdir / f"{Path(script).stem}-body"
     body_file.write_bytes(body)
     port = free_port()
     env = python_env()
@@ -781,19 +783,24 @@ async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
     async with trio.open_nursery() as nursery:
         bare = await spawn(
             nursery,
-            [sys.executable, str(HERE / "_bare_asgi.py"), str(port), str(body_file)],
+            [sys.executable, str(HERE / script), str(port), str(body_file)],
             env,
-            name="bare-hypercorn",
+            name=Path(script).stem.lstrip("_"),
             logdir=workdir,
         )
         try:
             await bare.wait_for("ready")
-            p50, answer = await health_p50(port, samples)
-            if answer != body:
-                raise RuntimeError("the bare app answered other bytes")
-            return p50
+            yield port
         finally:
             await stop_all([bare], grace=3)
+
+
+async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
+    async with bare_app("_bare_asgi.py", body, workdir) as port:
+        p50, answer = await health_p50(port, samples)
+    if answer != body:
+        raise RuntimeError("the bare app answered other bytes")
+    return p50
 
 
 async def bare_quart_unary(
@@ -811,34 +818,13 @@ async def bare_quart_unary(
         await connection.aclose()
     if status != 200:
         raise RuntimeError(f"a unary chat: HTTP {status}: {answer[:300]!r}")
-    body_file = workdir / "unary-body.json"
-    body_file.write_bytes(answer)
-    bare_port = free_port()
-    env = python_env()
-    env["PYTHONPATH"] = str(REPO)
-    async with trio.open_nursery() as nursery:
-        bare = await spawn(
-            nursery,
-            [sys.executable, str(HERE / "_bare_quart.py"), str(bare_port), str(body_file)],
-            env,
-            name="bare-quart-trio",
-            logdir=workdir,
+    async with bare_app("_bare_quart.py", answer, workdir) as bare_port:
+        window = await unary_level(
+            bare_port, concurrency, tokens=tokens, ramp=0.5, duration=duration, pids={}
         )
-        try:
-            await bare.wait_for("ready")
-            window = await unary_level(
-                bare_port,
-                concurrency,
-                tokens=tokens,
-                ramp=0.5,
-                duration=duration,
-                pids={"frontend": [bare.pid]},
-            )
-            if window.errors:
-                raise RuntimeError(f"the bare quart-trio app: {window.errors[0]}")
-            return window.completed / window.seconds
-        finally:
-            await stop_all([bare], grace=3)
+    if window.errors:
+        raise RuntimeError(f"the bare quart-trio app: {window.errors[0]}")
+    return window.completed / window.seconds
 
 
 # ---------------------------------------------------------------------------- one run
