@@ -514,11 +514,21 @@ class ClientConnection:
         window = self._config.stream_window
         sid = protocol.next_sid()
         stream = ClientStream(self, sid, window)
-        if not connection.send(
-            Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
-        ):
-            raise Disconnected(f"connection to {self.address} is closed")
+        # Registered first: the send may write the frame from this task (see
+        # FrameConnection) and, if that write fails, close the connection before
+        # it returns; the loss then reaches this stream like every other one.
         self._streams[sid] = stream
+        try:
+            sent = connection.send(
+                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
+            )
+        except BaseException:
+            self._streams.pop(sid, None)
+            raise
+        if not sent or connection.closed:
+            self._streams.pop(sid, None)
+            reason = connection.close_reason or "closed"
+            raise Disconnected(f"connection to {self.address} is closed: {reason}")
         return stream
 
     def streams(self) -> list[ClientStream]:

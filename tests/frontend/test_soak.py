@@ -259,6 +259,19 @@ async def _settled(urls: list[str], name: str) -> None:
                 await trio.sleep(0.05)
 
 
+def _trail(bad: list[str], procs: list[Proc]) -> list[str]:
+    """What every process logged or reported about the requests in ``bad``: the
+    lines of their stderr and the events that name them (to tell where one stalled)."""
+    ids = {entry.split(":", 1)[0] for entry in bad}
+    found = []
+    for proc in procs:
+        for line in proc.stderr.decode(errors="replace").splitlines():
+            if any(request_id in line for request_id in ids):
+                found.append(f"{proc.name}: {line}"[:500])
+        found += [f"{proc.name}: {event}" for event in proc.events if event.get("id") in ids]
+    return found
+
+
 def _usage(pid: int) -> tuple[int, int]:
     """(open file descriptors, resident KiB) of a process."""
     fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
@@ -384,7 +397,8 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
         f"before {baseline} after {after}"
     )
 
-    assert not tally.bad, tally.bad[:10]
+    everyone = [*frontends.values(), *(proc for proc, _ in (*stable, *chaos))]
+    assert not tally.bad, (tally.bad[:10], _trail(tally.bad[:10], everyone))
     assert tally.completed + tally.errors.total() + tally.hangups == tally.kinds.total()
     assert soaked >= 1000, soaked
     assert kills >= 3, kills

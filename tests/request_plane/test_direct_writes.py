@@ -5,8 +5,9 @@ only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
 while more than one stream is open (many streams' frames are the writer's to
 coalesce), for what the socket did not take, and on TLS; the bytes on the wire are in the
 order the frames were sent, whole, whatever the socket takes at a time; a
-socket that fails under a direct write ends the connection, never the sender.
-Real TCP sockets on 127.0.0.1 throughout.
+socket that fails under a direct write ends the connection, never the sender,
+and a request whose direct write fails is a ``Disconnected`` at once.  Real TCP
+sockets on 127.0.0.1 throughout.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from dynamo_trio import RequestPlaneConfig
-from dynamo_trio.request_plane import _connection
+from dynamo_trio import Disconnected, RequestPlaneConfig
+from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer, _connection
 from dynamo_trio.request_plane._connection import FrameConnection
 from dynamo_trio.request_plane._frames import (
     NONCE_SIZE,
@@ -38,6 +39,8 @@ from dynamo_trio.request_plane._frames import (
     encode_frame,
 )
 from dynamo_trio.request_plane._protocol import ProtocolConnection, Role
+
+from ._harness import streaming_handler
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -202,3 +205,31 @@ async def test_nothing_is_written_once_the_connection_is_over() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert not connection.send(Ping())
         assert received(peer) == []
+
+
+async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned(
+    nursery: trio.Nursery,
+) -> None:
+    # A worker SIGKILLed a moment ago: the caller's next request is written from its
+    # own task and the write fails, closing the connection inside open_stream. The
+    # stream must learn of it (it once was registered only after the loss had been
+    # announced, and waited for ever: a soak test's 30 s read timeout).
+    server = RequestPlaneServer(CONFIG, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(CONFIG, nursery, name="caller")
+    connection = await pool.connect(f"{host}:{port}")
+    frames = connection._connection
+    assert frames is not None and frames._socket is not None
+    await trio.testing.wait_all_tasks_blocked()  # the writer is idle: writes go direct
+    frames._socket.shutdown(socket.SHUT_WR)  # the next write fails (EPIPE); reads still work
+    with pytest.raises(Disconnected, match="connection lost while writing"):
+        connection.open_stream(endpoint="e", instance_id=1, request_id="r", payload=None)
+    assert connection.closed
+    assert connection.streams() == []
+    # A new connection serves as usual.
+    fresh = await pool.connect(f"{host}:{port}")
+    assert fresh is not connection
+    stream = fresh.open_stream(endpoint="e", instance_id=1, request_id="r2", payload=None)
+    with trio.fail_after(5):
+        assert await stream.receive() is not None
+    pool.close_all()
