@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
@@ -263,10 +264,11 @@ def _trail(bad: list[str], procs: list[Proc]) -> list[str]:
     """What every process logged or reported about the requests in ``bad``: the
     lines of their stderr and the events that name them (to tell where one stalled)."""
     ids = {entry.split(":", 1)[0] for entry in bad}
+    named = re.compile("|".join(rf"{re.escape(request_id)}(?!\d)" for request_id in ids))
     found = []
     for proc in procs:
         for line in proc.stderr.decode(errors="replace").splitlines():
-            if any(request_id in line for request_id in ids):
+            if named.search(line):
                 found.append(f"{proc.name}: {line}"[:500])
         found += [f"{proc.name}: {event}" for event in proc.events if event.get("id") in ids]
     return found
