@@ -241,8 +241,6 @@ async def _run_node(node: Node, task_status: trio.TaskStatus[None]) -> None:
                 task_status.started()
                 await node.exit_requested.wait()
     finally:
-        with trio.CancelScope(shield=True):
-            await trio.sleep(0.03)
         node.ended_at = time.monotonic()
         if not node.entered:
             task_status.started()
