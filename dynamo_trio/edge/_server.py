@@ -345,13 +345,12 @@ class _IdleTimer:
 class _ConnectionWriter:
     """Writes a response's body bytes straight to its connection (for :class:`ChunkWriter`).
 
-    The usual case, a socket with room for the bytes, is one non-blocking
-    write: none of the locks, cancel scopes and trips through the scheduler a
-    write through hypercorn takes (they cost more CPU than the write).  Bytes
-    the socket does not take at once go through the connection's ordered,
-    shielded ``send_all``, as hypercorn's writes do.  A write that fails
-    closes the connection as hypercorn's own failed writes do: the app gets
-    ``http.disconnect``.
+    Each write is the connection's ordered ``send_all`` (:class:`_OrderedSends`):
+    in the usual case, a socket with room for the bytes, one non-blocking write,
+    without the locks, cancel scopes and trips through the scheduler a write
+    through hypercorn takes (they cost more CPU than the write).  A write that
+    fails closes the connection as hypercorn's own failed writes do: the app
+    gets ``http.disconnect``.
     """
 
     __slots__ = ("_server", "_stream")
@@ -364,13 +363,8 @@ class _ConnectionWriter:
         """Write ``data``: a cancellation point (a cancellation lands before any byte
         is written); it waits, yielding to the scheduler, only while the socket's
         buffer is full, so a loop of writes must block elsewhere."""
-        await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            sent = self._stream.send_nowait(data)
-            if sent == len(data):
-                return
-            with trio.CancelScope(shield=True):  # never half a chunk on the wire
-                await self._stream.send_all(memoryview(data)[sent:])
+            await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             async with self._server.send_lock:
                 await self._server.protocol.handle(Closed())
@@ -400,10 +394,12 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         """Send ``data``; a cancellation lands before any byte is written.
 
         When no other send is under way and the socket takes every byte at once
-        (a response head, a small body: the usual case), that is one
-        non-blocking write and no trip through the scheduler; otherwise the rest
-        waits its turn behind the other sends, as trio's ``send_all`` would.
-        (The caller, hypercorn, took its own send lock first: that is its
+        (a response head, a small body, an SSE chunk: the usual case), that is
+        one non-blocking write, no cancel scope and no trip through the
+        scheduler; otherwise the rest waits its turn behind the other sends,
+        shielded: never half a write on the wire (hypercorn shields its writes
+        too; closing the socket, as the shutdown does, ends the wait).  (A
+        caller through hypercorn took hypercorn's send lock first: that is its
         checkpoint.  The two trips saved here are two of the dozen scheduler
         passes between a request's bytes and its first SSE chunk, and two of a
         response's end: on a busy frontend each pass runs every stream's
@@ -413,8 +409,9 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         sent = self.send_nowait(data)
         if sent == len(data):
             return
-        async with self._sending:
-            await self._stream.send_all(memoryview(data)[sent:])
+        with trio.CancelScope(shield=True):
+            async with self._sending:
+                await self._stream.send_all(memoryview(data)[sent:])
 
     def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
         """Send what the socket takes at once, without blocking: the number of bytes
