@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._config import Config
+from ._gc import tune_gc
 from .edge import listen_sockets
 from .frontend import serve_frontend
 from .frontend._workers import (
@@ -91,6 +92,12 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="frontend processes serving the port (DYN_HTTP_WORKERS; default 1): raise it, "
         "up to the core count, when the frontend process is the bottleneck",
+    )
+    parser.add_argument(
+        "--gc-threshold",
+        type=_non_negative_int,
+        help="the frontend process's youngest-generation GC threshold; it also freezes "
+        "its startup heap (DYN_GC_THRESHOLD; default 10000; 0: Python's own settings)",
     )
     parser.add_argument(
         "--migration-limit",
@@ -160,6 +167,7 @@ def _config(args: argparse.Namespace) -> Config:
         "router_mode": getattr(args, "router_mode", None),
         "http_workers": getattr(args, "http_workers", None),
         "migration_limit": getattr(args, "migration_limit", None),
+        "gc_threshold": getattr(args, "gc_threshold", None),
         "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
         "max_request_timeout": getattr(args, "max_request_timeout", None),
         "dead_client_timeout": getattr(args, "dead_client_timeout", None),
@@ -294,6 +302,9 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     configure_logging(config.log_level)
     index = os.environ.get(WORKER_INDEX_ENV)
+    if index is not None or config.frontend.http_workers == 1:  # a process that serves
+        # Everything imported is here for good: frozen, and out of every collection.
+        tune_gc(config.frontend.gc_threshold)
     if index is not None:  # one of --http-workers' processes
         supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
@@ -394,6 +405,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         "--max-output-tokens",
         str(args.max_output_tokens),
     ]
+    tune_gc(config.frontend.gc_threshold)  # this process is the frontend
     trio.run(_run_all, config, worker_argv, args.workers, env)
 
 

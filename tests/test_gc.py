@@ -1,0 +1,105 @@
+"""The serving processes' garbage-collector settings (:mod:`dynamo_trio._gc`)."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+
+from dynamo_trio import Config
+from dynamo_trio._gc import DEFAULT_GEN0_THRESHOLD, tune_gc
+from dynamo_trio.cli import _config, _frontend_flags
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_tune_gc_freezes_what_exists_and_raises_only_the_youngest_threshold() -> None:
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    old = gc.get_threshold()
+    gc.unfreeze()
+    garbage = Cycle()
+    del garbage  # cyclic garbage: collected before the freeze, never frozen
+    alive = [Cycle()]
+    tune_gc(5000)
+    assert gc.get_threshold() == (5000, old[1], old[2])
+    assert gc.get_freeze_count() > 0
+    assert not any(isinstance(obj, Cycle) for obj in gc.get_objects())  # all frozen or freed
+    assert alive[0].me is alive[0]
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_zero_leaves_the_collector_as_python_set_it() -> None:
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    tune_gc(0)
+    assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(ValueError, match="0 or more"):
+        tune_gc(-1)
+
+
+def test_the_setting_comes_from_the_environment_and_the_command_line() -> None:
+    import argparse
+
+    assert Config.from_env({}).frontend.gc_threshold == DEFAULT_GEN0_THRESHOLD
+    assert Config.from_env({"DYN_GC_THRESHOLD": "0"}).frontend.gc_threshold == 0
+    with pytest.raises(ValueError, match="DYN_GC_THRESHOLD"):
+        Config.from_env({"DYN_GC_THRESHOLD": "-5"})
+    parser = argparse.ArgumentParser()
+    _frontend_flags(parser)
+    assert _config(parser.parse_args(["--gc-threshold", "2500"])).frontend.gc_threshold == 2500
+
+
+def _python(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "DYN_DISCOVERY_BACKEND": "mem"},
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["--gc-threshold", "0"], ["--gc-threshold", "1234"]])
+def test_the_frontend_process_applies_it_before_serving(argv: list[str]) -> None:
+    """``frontend_main`` tunes its process's collector before it serves anything."""
+    script = textwrap.dedent(
+        """
+        import gc, sys
+        import dynamo_trio.cli as cli
+
+        def report(*args, **kwargs):
+            print(gc.get_threshold()[0], gc.get_freeze_count() > 0)
+
+        cli.trio.run = report
+        cli.frontend_main(sys.argv[1:])
+        """
+    )
+    threshold, frozen = _python("-c", script, *argv).split()
+    if argv[1:] == ["0"]:
+        pythons_own = int(_python("-c", "import gc; print(gc.get_threshold()[0])"))
+        assert (int(threshold), frozen) == (pythons_own, "False")
+    else:
+        expected = int(argv[1]) if argv else DEFAULT_GEN0_THRESHOLD
+        assert (int(threshold), frozen) == (expected, "True")
