@@ -218,7 +218,7 @@ class FrontendConfig:
     found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
     accepted connections; 0 turns them off."""
     gc_threshold: int = DEFAULT_GEN0_THRESHOLD
-    """The frontend process's youngest-generation GC threshold; once started, the
+    """The frontend process's youngest-generation GC threshold; before it serves, the
     process also freezes its heap (:mod:`dynamo_trio._gc`).  0 leaves Python's
     collector as it is (a threshold of 700; 2000 on Python 3.13)."""
 

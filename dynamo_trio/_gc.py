@@ -10,8 +10,8 @@ they are walked again and again while it runs (figures below).
 
 :func:`tune_gc` does what long-running Python servers commonly do:
 
-* ``gc.collect()`` then ``gc.freeze()`` once, when the process has started:
-  what exists then (modules, classes, functions, the app's routes) moves to a
+* ``gc.collect()`` then ``gc.freeze()`` once, before the process starts
+  serving: what exists then (modules, classes, functions) moves to a
   permanent generation that no collection walks again;
 * the youngest generation's threshold is raised (:data:`DEFAULT_GEN0_THRESHOLD`),
   so most per-request objects are freed by reference counting before a
@@ -40,7 +40,7 @@ DEFAULT_GEN0_THRESHOLD: Final = 10_000
 def tune_gc(gen0_threshold: int) -> None:
     """Freeze the heap as it is and set the youngest generation's threshold.
 
-    Call once, when the process has finished starting.  ``0`` leaves the
+    Call once, before the process starts serving (its imports done).  ``0`` leaves the
     collector exactly as Python set it (nothing is frozen).
 
     Raises:
