@@ -55,8 +55,8 @@ frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no m
 frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
-frontend.gc_threshold              DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 log_level                          DYN_LOG                               ``info``
+gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
 """
 
@@ -217,10 +217,6 @@ class FrontendConfig:
     """Seconds after which a client whose network went silent (no FIN, no RST) is
     found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
     accepted connections; 0 turns them off."""
-    gc_threshold: int = DEFAULT_GEN0_THRESHOLD
-    """The frontend process's youngest-generation GC threshold; before it serves, the
-    process also freezes its heap (:mod:`dynamo_trio._gc`).  0 leaves Python's
-    collector as it is (a threshold of 700; 2000 on Python 3.13)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
@@ -229,8 +225,6 @@ class FrontendConfig:
             )
         if self.migration_limit < 0:
             raise ValueError(f"migration_limit must be 0 or more, not {self.migration_limit}")
-        if self.gc_threshold < 0:
-            raise ValueError(f"gc_threshold must be 0 or more, not {self.gc_threshold}")
         for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -248,6 +242,15 @@ class Config:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     log_level: LogLevel = "info"
     """Used by the command-line entry points when the application has not set logging up."""
+    gc_threshold: int = DEFAULT_GEN0_THRESHOLD
+    """This process's youngest-generation GC threshold: the ``dynamo-trio`` frontend
+    and mocker processes apply it, and freeze their heap, before they serve
+    (:mod:`dynamo_trio._gc`).  0 leaves Python's collector as it is (a threshold
+    of 700; 2000 on Python 3.13)."""
+
+    def __post_init__(self) -> None:
+        if self.gc_threshold < 0:
+            raise ValueError(f"gc_threshold must be 0 or more, not {self.gc_threshold}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -381,9 +384,9 @@ class Config:
                 dead_client_timeout=env.get(
                     "DYN_HTTP_DEAD_CLIENT_SECS", _seconds, frontend.dead_client_timeout
                 ),
-                gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, frontend.gc_threshold),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
+            gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),
         )
 
     def replace(self, **sections: object) -> Config:

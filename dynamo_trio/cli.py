@@ -94,12 +94,6 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         "up to the core count, when the frontend process is the bottleneck",
     )
     parser.add_argument(
-        "--gc-threshold",
-        type=_non_negative_int,
-        help="the frontend process's youngest-generation GC threshold; it also freezes "
-        "its startup heap (DYN_GC_THRESHOLD; default 10000; 0: Python's own settings)",
-    )
-    parser.add_argument(
         "--migration-limit",
         type=_non_negative_int,
         help="times a request may move to another worker when its own is lost mid-stream "
@@ -167,7 +161,6 @@ def _config(args: argparse.Namespace) -> Config:
         "router_mode": getattr(args, "router_mode", None),
         "http_workers": getattr(args, "http_workers", None),
         "migration_limit": getattr(args, "migration_limit", None),
-        "gc_threshold": getattr(args, "gc_threshold", None),
         "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
         "max_request_timeout": getattr(args, "max_request_timeout", None),
         "dead_client_timeout": getattr(args, "dead_client_timeout", None),
@@ -175,7 +168,19 @@ def _config(args: argparse.Namespace) -> Config:
     frontend = dataclasses.replace(
         frontend, **{key: value for key, value in overrides.items() if value is not None}
     )
-    return config.replace(discovery=discovery, frontend=frontend)
+    gc_threshold = getattr(args, "gc_threshold", None)
+    if gc_threshold is None:
+        gc_threshold = config.gc_threshold
+    return config.replace(discovery=discovery, frontend=frontend, gc_threshold=gc_threshold)
+
+
+def _gc_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gc-threshold",
+        type=_non_negative_int,
+        help="this process's youngest-generation GC threshold; it also freezes its "
+        "startup heap (DYN_GC_THRESHOLD; default 10000; 0: Python's own settings)",
+    )
 
 
 def _non_negative_int(raw: str) -> int:
@@ -295,6 +300,7 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     )
     _discovery_flags(parser)
     _frontend_flags(parser)
+    _gc_flag(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config = _config(parser.parse_args(argv))
@@ -304,7 +310,7 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None or config.frontend.http_workers == 1:  # a process that serves
         # Everything imported is here for good: frozen, and out of every collection.
-        tune_gc(config.frontend.gc_threshold)
+        tune_gc(config.gc_threshold)
     if index is not None:  # one of --http-workers' processes
         supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
@@ -338,11 +344,13 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
     _discovery_flags(parser)
     parser.add_argument("--component", default="mocker", help="the component to serve")
     _mocker_flags(parser)
+    _gc_flag(parser)
     args = parser.parse_args(argv)
     if args.model_name is None and args.embedding_model_name is None:
         parser.error("give --model-name, --embedding-model-name, or both")
     config = _config(args)
     settings = _settings(args)
+    tune_gc(config.gc_threshold)
 
     @dynamo_worker(config)
     async def worker(runtime: DistributedRuntime) -> None:
@@ -371,6 +379,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-name", default="mock-model")
     parser.add_argument("--embedding-model-name", default="mock-embedding")
     _frontend_flags(parser)
+    _gc_flag(parser)
     parser.add_argument("--namespace", help="the namespace to serve (default dynamo)")
     _mocker_flags(parser, names=False)
     args = parser.parse_args(argv)
@@ -404,8 +413,10 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         str(args.context_length),
         "--max-output-tokens",
         str(args.max_output_tokens),
+        "--gc-threshold",
+        str(config.gc_threshold),
     ]
-    tune_gc(config.frontend.gc_threshold)  # this process is the frontend
+    tune_gc(config.gc_threshold)  # this process is the frontend
     trio.run(_run_all, config, worker_argv, args.workers, env)
 
 

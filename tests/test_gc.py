@@ -12,7 +12,7 @@ import pytest
 
 from dynamo_trio import Config
 from dynamo_trio._gc import DEFAULT_GEN0_THRESHOLD, tune_gc
-from dynamo_trio.cli import _config, _frontend_flags
+from dynamo_trio.cli import _config, _gc_flag
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -60,13 +60,16 @@ def test_zero_leaves_the_collector_as_python_set_it() -> None:
 def test_the_setting_comes_from_the_environment_and_the_command_line() -> None:
     import argparse
 
-    assert Config.from_env({}).frontend.gc_threshold == DEFAULT_GEN0_THRESHOLD
-    assert Config.from_env({"DYN_GC_THRESHOLD": "0"}).frontend.gc_threshold == 0
+    assert Config.from_env({}).gc_threshold == DEFAULT_GEN0_THRESHOLD
+    assert Config.from_env({"DYN_GC_THRESHOLD": "0"}).gc_threshold == 0
     with pytest.raises(ValueError, match="DYN_GC_THRESHOLD"):
         Config.from_env({"DYN_GC_THRESHOLD": "-5"})
     parser = argparse.ArgumentParser()
-    _frontend_flags(parser)
-    assert _config(parser.parse_args(["--gc-threshold", "2500"])).frontend.gc_threshold == 2500
+    _gc_flag(parser)
+    assert _config(parser.parse_args(["--gc-threshold", "2500"])).gc_threshold == 2500
+    assert _config(parser.parse_args([])).gc_threshold == DEFAULT_GEN0_THRESHOLD
+    with pytest.raises(ValueError, match="0 or more"):
+        Config(gc_threshold=-1)
 
 
 def _python(*args: str) -> str:
@@ -81,11 +84,21 @@ def _python(*args: str) -> str:
     return done.stdout
 
 
+_SERVE = [
+    ("frontend_main", []),
+    ("mocker_main", ["--model-name", "m"]),
+    ("run_main", []),
+]
+
+
+@pytest.mark.parametrize(("entry", "required"), _SERVE)
 @pytest.mark.parametrize("argv", [[], ["--gc-threshold", "0"], ["--gc-threshold", "1234"]])
-def test_the_frontend_process_applies_it_before_serving(argv: list[str]) -> None:
-    """``frontend_main`` tunes its process's collector before it serves anything."""
+def test_the_serving_processes_apply_it_before_serving(
+    entry: str, required: list[str], argv: list[str]
+) -> None:
+    """The frontend, the mocker and ``run`` tune their process's collector before they serve."""
     script = textwrap.dedent(
-        """
+        f"""
         import gc, sys
         import dynamo_trio.cli as cli
 
@@ -93,10 +106,10 @@ def test_the_frontend_process_applies_it_before_serving(argv: list[str]) -> None
             print(gc.get_threshold()[0], gc.get_freeze_count() > 0)
 
         cli.trio.run = report
-        cli.frontend_main(sys.argv[1:])
+        cli.{entry}(sys.argv[1:])
         """
     )
-    threshold, frozen = _python("-c", script, *argv).split()
+    threshold, frozen = _python("-c", script, *required, *argv).split()
     if argv[1:] == ["0"]:
         pythons_own = int(_python("-c", "import gc; print(gc.get_threshold()[0])"))
         assert (int(threshold), frozen) == (pythons_own, "False")
