@@ -55,6 +55,7 @@ frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no m
 frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
+frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       4 (0 = no limit)
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -217,6 +218,11 @@ class FrontendConfig:
     """Seconds after which a client whose network went silent (no FIN, no RST) is
     found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
     accepted connections; 0 turns them off."""
+    stream_writes_per_pass: int = 4
+    """How many running SSE streams may write per scheduler pass; the rest wait a
+    pass, in order, while a new stream's first write never waits, so a busy
+    frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
+    0: no limit."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
@@ -225,6 +231,10 @@ class FrontendConfig:
             )
         if self.migration_limit < 0:
             raise ValueError(f"migration_limit must be 0 or more, not {self.migration_limit}")
+        if self.stream_writes_per_pass < 0:
+            raise ValueError(
+                f"stream_writes_per_pass must be 0 or more, not {self.stream_writes_per_pass}"
+            )
         for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -383,6 +393,11 @@ class Config:
                 ),
                 dead_client_timeout=env.get(
                     "DYN_HTTP_DEAD_CLIENT_SECS", _seconds, frontend.dead_client_timeout
+                ),
+                stream_writes_per_pass=env.get(
+                    "DYN_HTTP_STREAM_WRITES_PER_PASS",
+                    _non_negative_int,
+                    frontend.stream_writes_per_pass,
                 ),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),

@@ -94,6 +94,13 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         "up to the core count, when the frontend process is the bottleneck",
     )
     parser.add_argument(
+        "--stream-writes-per-pass",
+        type=_non_negative_int,
+        help="running SSE streams that may write per scheduler pass; the rest wait a pass, "
+        "while a new stream's first write never waits (DYN_HTTP_STREAM_WRITES_PER_PASS; "
+        "default 4; 0: no limit)",
+    )
+    parser.add_argument(
         "--migration-limit",
         type=_non_negative_int,
         help="times a request may move to another worker when its own is lost mid-stream "
@@ -161,6 +168,7 @@ def _config(args: argparse.Namespace) -> Config:
         "router_mode": getattr(args, "router_mode", None),
         "http_workers": getattr(args, "http_workers", None),
         "migration_limit": getattr(args, "migration_limit", None),
+        "stream_writes_per_pass": getattr(args, "stream_writes_per_pass", None),
         "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
         "max_request_timeout": getattr(args, "max_request_timeout", None),
         "dead_client_timeout": getattr(args, "dead_client_timeout", None),

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .._config import FrontendConfig
     from ..edge import MetricsSource
     from ..runtime import DistributedRuntime
+    from ._turns import Turns
 
 __all__ = ["build_app", "build_edge", "serve_frontend"]
 
@@ -181,39 +182,48 @@ async def serve_frontend(
     process's ``/metrics`` and ``/debug/requests`` (the ``--http-workers``
     processes pass views merged across all of them).
     """
-    async with trio.open_nursery() as nursery:
-        pipeline = Pipeline(runtime, config, nursery)
-        await pipeline.start()
-        app = build_app(pipeline)
+    turns: Turns | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            pipeline = Pipeline(runtime, config, nursery)
+            turns = pipeline.turns
+            turns.install()  # until the last request has ended
+            await pipeline.start()
+            app = build_app(pipeline)
 
-        async def shutdown() -> None:
-            async with trio.open_nursery() as either:  # the trigger, or a request asking to exit
+            async def shutdown() -> None:
+                async with (
+                    trio.open_nursery() as either
+                ):  # the trigger, or a request asking to exit
 
-                async def then_cancel(wait: Callable[[], Awaitable[object]]) -> None:
-                    await wait()
-                    either.cancel_scope.cancel()
+                    async def then_cancel(wait: Callable[[], Awaitable[object]]) -> None:
+                        await wait()
+                        either.cancel_scope.cancel()
 
-                if shutdown_trigger is not None:
-                    either.start_soon(then_cancel, shutdown_trigger)
-                either.start_soon(then_cancel, pipeline.exit_requested.wait)
-            await _drain(pipeline, shutdown_grace)
+                    if shutdown_trigger is not None:
+                        either.start_soon(then_cancel, shutdown_trigger)
+                    either.start_soon(then_cancel, pipeline.exit_requested.wait)
+                await _drain(pipeline, shutdown_grace)
 
-        edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
-        if sockets is None:
-            host = f"[{config.host}]" if ":" in config.host else config.host
-            sockets = listen_sockets([f"{host}:{config.port}"])
-        binds: list[str] = await nursery.start(
-            partial(
-                serve_http,
-                edge,
-                _hypercorn_config(config, FLUSH_GRACE),
-                shutdown,
-                sockets=sockets,
-                dead_peer_timeout=config.dead_client_timeout,
+            edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
+            if sockets is None:
+                host = f"[{config.host}]" if ":" in config.host else config.host
+                sockets = listen_sockets([f"{host}:{config.port}"])
+            binds: list[str] = await nursery.start(
+                partial(
+                    serve_http,
+                    edge,
+                    _hypercorn_config(config, FLUSH_GRACE),
+                    shutdown,
+                    sockets=sockets,
+                    dead_peer_timeout=config.dead_client_timeout,
+                )
             )
-        )
-        _log.info("frontend listening on %s", binds[0])
-        task_status.started(binds[0])
+            _log.info("frontend listening on %s", binds[0])
+            task_status.started(binds[0])
+    finally:
+        if turns is not None:
+            turns.uninstall()
 
 
 FLUSH_GRACE: Final = 2.0

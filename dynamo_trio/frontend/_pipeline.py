@@ -92,6 +92,7 @@ from ..metrics import FrontendMetrics
 from ._body import StreamBody
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, StreamFaults
+from ._turns import Turns
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -218,6 +219,8 @@ class Pipeline:
             idle_timeout=idle_timeout, on_migration=self.metrics.migrated
         )
         self._nursery = nursery
+        self.turns: Final = Turns(config.stream_writes_per_pass, nursery)
+        """Which running streams write in a scheduler pass (see :mod:`._turns`)."""
         self._contexts: set[Context] = set()
         self._drained: trio.Event | None = None
         self.shutting_down = False
@@ -506,8 +509,14 @@ class Pipeline:
             request.to_engine(), lifecycle.context, self._text_faults
         ) as stream:
             # Everything that arrived while we were busy is one batch: one encode and
-            # one write for all of it (under load, dozens of tokens per write).
+            # one write for all of it (under load, dozens of tokens per write).  The
+            # first batch goes at once; later ones take turns with the other running
+            # streams, so that a busy frontend's passes stay short for newcomers.
+            first = True
             while batch := await stream.receive_batch():
+                if not first:
+                    await self.turns.take()
+                first = False
                 tracker.tokens(_count_tokens(batch))
                 sse = api.encode_items(events, batch)
                 if sse:
