@@ -192,9 +192,8 @@ async def serve_frontend(
             app = build_app(pipeline)
 
             async def shutdown() -> None:
-                async with (
-                    trio.open_nursery() as either
-                ):  # the trigger, or a request asking to exit
+                # On the trigger, or on a request asking the frontend to exit:
+                async with trio.open_nursery() as either:
 
                     async def then_cancel(wait: Callable[[], Awaitable[object]]) -> None:
                         await wait()
