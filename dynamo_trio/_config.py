@@ -219,8 +219,8 @@ class FrontendConfig:
     found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
     accepted connections; 0 turns them off."""
     stream_writes_per_pass: int = 4
-    """How many running SSE streams may write per scheduler pass; the rest wait a
-    pass, in order, while a new stream's first write never waits, so a busy
+    """How many running SSE streams may write per scheduler pass; the rest wait for
+    a later pass, in order, while a new stream's first write never waits, so a busy
     frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
     0: no limit."""
 

@@ -96,9 +96,9 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stream-writes-per-pass",
         type=_non_negative_int,
-        help="running SSE streams that may write per scheduler pass; the rest wait a pass, "
-        "while a new stream's first write never waits (DYN_HTTP_STREAM_WRITES_PER_PASS; "
-        "default 4; 0: no limit)",
+        help="running SSE streams that may write per scheduler pass; the rest wait for a "
+        "later pass, while a new stream's first write never waits "
+        "(DYN_HTTP_STREAM_WRITES_PER_PASS; default 4; 0: no limit)",
     )
     parser.add_argument(
         "--migration-limit",
