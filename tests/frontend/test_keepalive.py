@@ -68,9 +68,13 @@ async def test_keepalive_comments_arrive_between_slow_tokens(stack: StartStack) 
         texts["anthropic"] = message.content[0].text  # type: ignore[union-attr]
         assert message.stop_reason == "max_tokens"
 
+    # The raw stream alone first: its arrival times are this process's reads, and
+    # the SDK clients' first requests block this process's loop for a while (a slow
+    # host once made three keep-alives arrive together while they started).
+    with trio.fail_after(TOKEN_GAP + 5):
+        await raw_stream()
     with trio.fail_after(TOKEN_GAP + 5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(raw_stream)
             nursery.start_soon(through_openai)
             nursery.start_soon(through_anthropic)
 
