@@ -129,8 +129,11 @@ class StreamBody(ResponseBody):
             if self._hand_over is not None:
                 while (piece := self._waiting()) is not None:
                     await self._write(writer, piece)
+                # Once only; and the body then no longer refers to the emitter that
+                # refers to it, so the pair is freed by reference counting.
+                hand_over, self._hand_over = self._hand_over, None
                 if not self._ended:
-                    self._hand_over(self._write_direct)
+                    hand_over(self._write_direct)
             while (piece := await self._next(0.0)) is not None:
                 await self._write(writer, piece)
             nursery.cancel_scope.cancel()

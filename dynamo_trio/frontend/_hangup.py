@@ -59,12 +59,15 @@ if TYPE_CHECKING:
     )
 
     from .._config import DisconnectPolicy
-    from .._context import Context
+    from .._context import Context, ContextState
     from ..metrics import FrontendRequestTracker
 
 __all__ = ["HangUpGuard", "RequestLifecycle", "bind_to_request"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
+
+_SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN})
+"""Kill reasons that end a request on the server's side: failures, not cancellations."""
 
 
 @final
@@ -96,6 +99,12 @@ class RequestLifecycle:
     def completed(self) -> None:
         """The work is complete: what remains is handing the last bytes on."""
         self._completed = True
+
+    def heard_cancel(self, context: Context, state: ContextState, reason: CancelReason) -> None:
+        """The context's cancel callback while the request runs: a request the
+        server ended (deadline, shutdown) failed, so a client leaving now cancels nothing."""
+        if reason in _SERVER_ENDINGS:
+            self.completed()
 
     def client_gone(self) -> None:
         """The client's connection ended; apply the rule (idempotent, synchronous).

@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import trio
 
 from .._contain import is_cancellation, split_live_cancellation
-from .._context import CancelReason, Context, ContextState
+from .._context import CancelReason, Context
 from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
 from ..llm import (
@@ -109,9 +109,6 @@ _log = logging.getLogger("dynamo_trio.frontend")
 # Chunks a producer may run ahead of a slow HTTP client; beyond that the
 # worker is slowed down through the request plane's credits.
 _CHANNEL_DEPTH: Final = 16
-
-_SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN})
-"""Kill reasons that end a request on the server's side: failures, not cancellations."""
 
 
 def _server_ending(context: Context) -> DynamoError | None:
@@ -328,12 +325,7 @@ class Pipeline:
             policy=self.config.on_disconnect,
             request_kind=f"{label} {request_type}",
         )
-
-        def ended_by_the_server(ctx: Context, state: ContextState, reason: CancelReason) -> None:
-            if reason in _SERVER_ENDINGS:
-                lifecycle.completed()  # it failed: a client leaving now cancels nothing
-
-        context.add_cancel_callback(ended_by_the_server)
+        context.add_cancel_callback(lifecycle.heard_cancel)
         bind_to_request(lifecycle)
         return lifecycle
 
@@ -394,6 +386,10 @@ class Pipeline:
         finally:
             self._contexts.discard(context)
             lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above did not run
+            # The request is over: nothing it hears now matters, and the callback is
+            # the one reference cycle (context -> callback -> lifecycle -> context)
+            # that would keep the request's objects for the cyclic collector.
+            context.remove_cancel_callback(lifecycle.heard_cancel)
             if not self._contexts and self._drained is not None:
                 self._drained.set()
 

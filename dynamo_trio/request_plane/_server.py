@@ -230,6 +230,10 @@ class ServerStream:
             return
         self._finished = True
         self._session.streams.pop(self.sid, None)
+        # Inert from now on (a finished stream notes no signal); dropping it also
+        # breaks the context -> callback -> stream -> context cycle, so the
+        # request's objects are freed by reference counting, not the cyclic GC.
+        self.context.remove_cancel_callback(self._on_context_cancelled)
         if self._connection.protocol.is_open(self.sid):
             self._connection.send(frame)
 
