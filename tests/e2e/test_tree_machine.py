@@ -570,7 +570,7 @@ def test_context_trees_with_remote_calls(worker: WorkerProcess) -> None:
     run_state_machine_as_test(
         TreeMachine,
         settings=settings(
-            max_examples=15,
+            max_examples=10,
             stateful_step_count=12,
             deadline=None,
             # A failure prints its whole step list; shrinking (and replaying) examples that

@@ -49,9 +49,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-DURATION = 30.0
+DURATION = 15.0
 """Seconds of load at most."""
-TARGET = 4000
+TARGET = 2000
 """Requests to send (fewer if :data:`DURATION` runs out first)."""
 CLIENTS = 24
 KILL_EVERY = 2.0
