@@ -38,7 +38,17 @@ def _check_interpreter(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite (real sockets, real processes, a real etcd when available)."""
     _check_interpreter(session)
-    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "test"))
+    # uv (nox[uv]) does not compile what it installs unless asked; pip always does.
+    session.install(
+        "-e",
+        ".",
+        *nox.project.dependency_groups(PYPROJECT, "test"),
+        env={"UV_COMPILE_BYTECODE": "1"},
+    )
+    # The suite starts hundreds of Python processes, each importing the package
+    # afresh; where PYTHONDONTWRITEBYTECODE is set nothing caches their bytecode,
+    # so each would compile every module again (~0.3 s of CPU a process).
+    session.run("python", "-m", "compileall", "-q", "dynamo_trio", "tests", "examples")
     session.run("pytest", *session.posargs)
 
 
