@@ -55,7 +55,7 @@ frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no m
 frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
-frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       4 (0 = no limit)
+frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -218,7 +218,7 @@ class FrontendConfig:
     """Seconds after which a client whose network went silent (no FIN, no RST) is
     found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
     accepted connections; 0 turns them off."""
-    stream_writes_per_pass: int = 4
+    stream_writes_per_pass: int = 2
     """How many running SSE streams may write per scheduler pass; the rest wait for
     a later pass, in order, while a new stream's first write never waits, so a busy
     frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).

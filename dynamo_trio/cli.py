@@ -98,7 +98,7 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         help="running SSE streams that may write per scheduler pass; the rest wait for a "
         "later pass, while a new stream's first write never waits "
-        "(DYN_HTTP_STREAM_WRITES_PER_PASS; default 4; 0: no limit)",
+        "(DYN_HTTP_STREAM_WRITES_PER_PASS; default 2; 0: no limit)",
     )
     parser.add_argument(
         "--migration-limit",

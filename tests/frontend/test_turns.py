@@ -240,7 +240,7 @@ def test_the_limit_comes_from_the_environment_and_the_command_line() -> None:
     from dynamo_trio import Config
     from dynamo_trio.cli import _config, _frontend_flags
 
-    assert Config.from_env({}).frontend.stream_writes_per_pass == 4
+    assert Config.from_env({}).frontend.stream_writes_per_pass == 2
     env = {"DYN_HTTP_STREAM_WRITES_PER_PASS": "0"}
     assert Config.from_env(env).frontend.stream_writes_per_pass == 0
     with pytest.raises(ValueError, match="DYN_HTTP_STREAM_WRITES_PER_PASS"):
