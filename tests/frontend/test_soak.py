@@ -1,4 +1,4 @@
-"""Soak: thousands of mixed requests while a worker is SIGKILLed and restarted every few seconds.
+"""Soak: up to 2,000 mixed requests while a worker is SIGKILLed and restarted every few seconds.
 
 Real processes: two stable model workers, one *chaos* worker that is SIGKILLed
 and replaced every :data:`KILL_EVERY` seconds, and two frontends with
