@@ -88,8 +88,12 @@ class Proc:
 
 
 def e2e_environment(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    """The environment of a test's children: test-speed DYN_* settings, file discovery
+    under ``tmp_path``, and their temporary files there too (nothing left in /tmp)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("DYN_")}
+    (tmp_path / "children-tmp").mkdir(exist_ok=True)
     env.update(
+        TMPDIR=str(tmp_path / "children-tmp"),
         DYN_DISCOVERY_BACKEND="file",
         DYN_FILE_KV=str(tmp_path / "kv"),
         DYN_FILE_KV_POLL_SECS="0.05",

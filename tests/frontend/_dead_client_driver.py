@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -140,7 +139,8 @@ async def wait_for_models(url: str) -> None:
 
 async def main(out: Path, seconds: float, control_wait: float) -> None:
     sh("ip", "link", "set", "lo", "up")
-    tmp = Path(tempfile.mkdtemp(prefix="dead-clients-"))
+    tmp = out.parent / "dead-clients"  # beside the results: in the test's tmp_path
+    tmp.mkdir(exist_ok=True)
     env = e2e_environment(tmp)
     results: dict[str, Any] = {"seconds": seconds, "bounded": {}, "control": {}}
     async with trio.open_nursery() as nursery:
