@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,15 +29,6 @@ import trio
 
 from ._config import Config
 from ._gc import tune_gc
-from .edge import listen_sockets
-from .frontend import serve_frontend
-from .frontend._workers import (
-    SUPERVISOR_ENV,
-    WORKER_INDEX_ENV,
-    WORKERS_DIR_ENV,
-    WorkerView,
-    run_frontend_workers,
-)
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -44,6 +36,12 @@ from .runtime._runtime import configure_logging, dynamo_worker
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from .frontend._workers import WorkerView
+
+# The frontend's modules (quart-trio, flask, hypercorn: ~0.25 s of CPU to import)
+# are imported by the frontend's functions below, not here: a mock worker
+# started from this module never loads them.
 
 __all__ = ["frontend_main", "main", "mocker_main"]
 
@@ -232,6 +230,9 @@ async def run_frontend(
     :mod:`dynamo_trio.frontend._workers`): it shares the port, answers its own
     requests on a private socket, and serves the view of all of them.
     """
+    from .edge import listen_sockets
+    from .frontend import serve_frontend
+
     if stop is None:
         stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
@@ -315,6 +316,14 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:  # an invalid DYN_* value or flag combination
         parser.error(str(exc))
     configure_logging(config.log_level)
+    from .frontend._workers import (  # before tune_gc: the frontend's modules are frozen too
+        SUPERVISOR_ENV,
+        WORKER_INDEX_ENV,
+        WORKERS_DIR_ENV,
+        WorkerView,
+        holding_shared,
+    )
+
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None or config.frontend.http_workers == 1:  # a process that serves
         # Everything imported is here for good: frozen, and out of every collection.
@@ -327,7 +336,8 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
             Path(os.environ[WORKERS_DIR_ENV]),
             int(supervisor) if supervisor else None,
         )
-        trio.run(partial(run_frontend, config, view=view))
+        with holding_shared(view.shared):
+            trio.run(partial(run_frontend, config, view=view))
     elif config.frontend.http_workers > 1:
         trio.run(_run_workers, config, argv)
     else:
@@ -335,6 +345,8 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
 
 
 async def _run_workers(config: Config, argv: list[str]) -> None:
+    from .frontend._workers import run_frontend_workers
+
     async with trio.open_nursery() as nursery:
         url: str = await nursery.start(partial(run_frontend_workers, config, argv))
         print(f"dynamo-trio frontend listening on {url}", flush=True)
@@ -395,7 +407,9 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         parser.error("--workers must be at least 1")
     env = dict(os.environ)
     env["DYN_DISCOVERY_BACKEND"] = "file"
-    env.setdefault("DYN_FILE_KV", tempfile.mkdtemp(prefix="dynamo-trio-kv-"))
+    own_kv = "DYN_FILE_KV" not in env  # ours to remove on the way out
+    if own_kv:
+        env["DYN_FILE_KV"] = tempfile.mkdtemp(prefix="dynamo-trio-kv-")
     os.environ.update(env)
     config = _config(args)
     configure_logging(config.log_level)
@@ -424,12 +438,36 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         "--gc-threshold",
         str(config.gc_threshold),
     ]
-    tune_gc(config.gc_threshold)  # this process is the frontend
-    trio.run(_run_all, config, worker_argv, args.workers, env)
+    import dynamo_trio.frontend._workers  # noqa: F401 (loaded before tune_gc freezes it all)
+
+    tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
+    try:
+        trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args))
+    finally:
+        if own_kv:
+            shutil.rmtree(env["DYN_FILE_KV"], ignore_errors=True)
+
+
+def _frontend_argv(args: argparse.Namespace) -> list[str]:
+    """The frontend flags set in ``args``, as a frontend process's command line."""
+    parser = argparse.ArgumentParser(add_help=False)
+    _discovery_flags(parser)
+    _frontend_flags(parser)
+    _gc_flag(parser)
+    argv: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.option_strings and value is not None:
+            argv += [action.option_strings[0], str(value)]
+    return argv
 
 
 async def _run_all(
-    config: Config, worker_argv: list[str], workers: int, env: dict[str, str]
+    config: Config,
+    worker_argv: list[str],
+    workers: int,
+    env: dict[str, str],
+    frontend_argv: list[str],
 ) -> None:
     async with trio.open_nursery() as nursery:
         processes: list[trio.Process] = []
@@ -440,7 +478,10 @@ async def _run_all(
             processes.append(process)
         _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
         try:
-            await run_frontend(config)
+            if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
+                await _run_workers(config, frontend_argv)
+            else:
+                await run_frontend(config)
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_workers(processes, config.worker.shutdown_grace + 2)

@@ -116,3 +116,29 @@ def test_the_serving_processes_apply_it_before_serving(
     else:
         expected = int(argv[1]) if argv else DEFAULT_GEN0_THRESHOLD
         assert (int(threshold), frozen) == (expected, "True")
+
+
+@pytest.mark.parametrize(("entry", "required"), _SERVE)
+def test_the_frontend_s_modules_are_frozen_with_the_rest_and_a_mocker_never_loads_them(
+    entry: str, required: list[str]
+) -> None:
+    """quart-trio and flask (~0.25 s of CPU to import) load before the collector is
+    tuned in the processes that serve HTTP, so they are frozen with the rest; a mock
+    worker, started by the dozen, does without them."""
+    script = textwrap.dedent(
+        f"""
+        import gc, sys
+        import dynamo_trio.cli as cli
+
+        def report(*args, **kwargs):
+            quart = sys.modules.get("quart.app")
+            frozen = quart is not None and all(o is not quart.Quart for o in gc.get_objects())
+            print("quart" in sys.modules, "flask" in sys.modules, frozen)
+
+        cli.trio.run = report
+        cli.{entry}(sys.argv[1:])
+        """
+    )
+    serves_http = entry != "mocker_main"
+    expected = " ".join([str(serves_http)] * 3)
+    assert _python("-c", script, *required).strip() == expected

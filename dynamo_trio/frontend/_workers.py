@@ -24,7 +24,8 @@ One view across processes
 -------------------------
 ``/metrics`` on any process is the sum over all of them:
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by
-the supervisor in a directory of its own, removed when it exits), so the
+the supervisor in a directory of its own, removed when it exits, or by the
+last of its processes to exit when it was killed), so the
 cancellation counters stay exact whichever process served a request, and a
 restarted process's counts are kept.  ``/debug/requests`` on any process
 lists every process's requests: each process also answers its own list on a
@@ -35,6 +36,8 @@ limit, gone with the process), and the one asked gathers them (each tree's
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -52,7 +55,7 @@ from ..edge import listen_sockets
 from ._app import DRAIN_OVERHEAD
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from .._config import Config
 
@@ -62,6 +65,7 @@ __all__ = [
     "WORKERS_ENV",
     "WORKER_INDEX_ENV",
     "WorkerView",
+    "holding_shared",
     "run_frontend_workers",
 ]
 
@@ -110,27 +114,54 @@ async def run_frontend_workers(
     stop = stop or trio.Event()
     children = [_Child(index, count, argv, port, shared) for index in range(count)]
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signals, stop)
-            with trio.fail_after(_STARTUP_TIMEOUT):
+        # Held while we live: our processes leave the directory to us (see holding_shared).
+        with holding_shared(shared):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signals, stop)
+                with trio.fail_after(_STARTUP_TIMEOUT):
+                    for child in children:
+                        await nursery.start(child.supervise, stop)
+                if not stop.is_set():
+                    _log.info("%d frontend processes listening on %s", count, url)
+                    task_status.started(url)
+                await stop.wait()
                 for child in children:
-                    await nursery.start(child.supervise, stop)
-            if not stop.is_set():
-                _log.info("%d frontend processes listening on %s", count, url)
-                task_status.started(url)
-            await stop.wait()
-            for child in children:
-                child.terminate()
-            # Each drains (the grace), ends what is left, and flushes its connections.
-            with trio.move_on_after(config.worker.shutdown_grace + DRAIN_OVERHEAD + 5):
+                    child.terminate()
+                # Each drains (the grace), ends what is left, and flushes its connections.
+                with trio.move_on_after(config.worker.shutdown_grace + DRAIN_OVERHEAD + 5):
+                    for child in children:
+                        await child.exited.wait()
                 for child in children:
-                    await child.exited.wait()
-            for child in children:
-                child.kill()
-            nursery.cancel_scope.cancel()
+                    child.kill()
+                nursery.cancel_scope.cancel()
     finally:
         holder.close()
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def holding_shared(shared: Path) -> Iterator[None]:
+    """Hold the supervisor's directory (a shared ``flock`` on it) in this block, and
+    remove it on the way out if nobody else holds it any more.
+
+    The supervisor holds it for its whole life and removes it when it exits.  When
+    it cannot (killed with SIGKILL), its processes drain and exit on their own, and
+    the last of them to let go removes the directory: nothing is left in the
+    temporary directory whichever way the supervisor ended.  The kernel drops a
+    dead process's lock, so a crashed process never keeps the directory alive.
+    """
+    fd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process still uses it; it removes it
+            return
+        shutil.rmtree(shared, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 async def _stop_on_signals(stop: trio.Event) -> None:

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -282,3 +283,17 @@ def raw_post(path: str, body: bytes, *headers: bytes) -> bytes:
         *headers,
     ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def children_of(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (from /proc), sorted."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return sorted(found)

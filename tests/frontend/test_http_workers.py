@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -14,27 +13,15 @@ import trio
 
 from tests.e2e.conftest import MODEL_WORKER, scrape as metric
 
-from .conftest import CHAT_BODY, MODELS, raw_post, wait_for_models
+from .conftest import CHAT_BODY, MODELS, children_of, raw_post, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from tests.e2e.conftest import Proc
 
 pytestmark = pytest.mark.slow
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return sorted(found)
 
 
 async def start(
@@ -141,11 +128,15 @@ async def test_a_crashed_process_is_restarted_and_its_counts_are_kept(
 
 
 async def test_processes_whose_supervisor_was_killed_drain_and_exit(
-    spawn: Callable[..., Any], env: dict[str, str]
+    spawn: Callable[..., Any], env: dict[str, str], tmp_path: Path
 ) -> None:
     """SIGKILL leaves the supervisor no chance to pass a signal on: its processes see it
-    gone and drain on their own, instead of serving the port for ever."""
-    frontend, url = await start(spawn, env)
+    gone and drain on their own, instead of serving the port for ever, and the last
+    of them removes the supervisor's directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    frontend, url = await start(spawn, env, tmp)
+    assert len(list(tmp.iterdir())) == 1
     processes = children_of(frontend.process.pid)
     assert len(processes) == 2
     frontend.process.kill()
@@ -156,3 +147,4 @@ async def test_processes_whose_supervisor_was_killed_drain_and_exit(
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with pytest.raises(OSError, match="all attempts to connect"):  # nobody serves the port
         await trio.open_tcp_stream(host, int(port))
+    assert list(tmp.iterdir()) == []  # nothing left behind

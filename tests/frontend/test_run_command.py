@@ -1,0 +1,90 @@
+"""``dynamo-trio run``, the README's quick start: a frontend and N mock workers, as one command.
+
+Run as a user runs it (``python -m dynamo_trio run``, no discovery settings), it
+serves, stops on Ctrl-C (SIGINT) with exit status 0, and leaves nothing behind in
+the temporary directory; ``--http-workers 2`` serves the port from two frontend
+processes.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+
+from .conftest import children_of, parse_sse, wait_for_models
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+pytestmark = pytest.mark.slow
+
+MODELS = {"mock-model", "mock-embedding"}
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("http_workers", [1, 2])
+async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
+    spawn: Callable[..., Any], env: dict[str, str], tmp_path: Path, http_workers: int
+) -> None:
+    tmp = tmp_path / "run-tmp"
+    tmp.mkdir()
+    # As a user runs it: no discovery settings (run makes its own), temporary files here.
+    own = {key: value for key, value in env.items() if key not in ("DYN_FILE_KV",)}
+    run = await spawn(
+        "-m",
+        "dynamo_trio",
+        "run",
+        "--workers",
+        "2",
+        "--http-port",
+        "0",
+        "--http-workers",
+        str(http_workers),
+        env={**own, "TMPDIR": str(tmp)},
+        name="dynamo-trio run",
+    )
+    with trio.fail_after(60):
+        while not any("listening on" in line for line in run.stdout_lines):
+            if run.stdout_closed:
+                raise AssertionError(run.stderr.decode(errors="replace")[-3000:])
+            await run._changed.wait()
+    url = next(line for line in run.stdout_lines if "listening on" in line).rsplit(" ", 1)[1]
+    await wait_for_models(url, MODELS, within=30)
+
+    pids = children_of(run.process.pid)
+    children = [cmdline(pid) for pid in pids]
+    assert sum("dynamo_trio.mocker" in line for line in children) == 2
+    frontends = sum("dynamo_trio.frontend" in line for line in children)
+    assert frontends == (http_workers if http_workers > 1 else 0)  # else: run serves itself
+
+    body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        for _ in range(4):  # fresh connections: with 2 processes, both are likely asked
+            response = await http.post(
+                "/v1/chat/completions",
+                json={**body, "stream": True, "max_tokens": 5},
+                headers={"Connection": "close"},
+            )
+            assert response.status_code == 200
+            events = parse_sse(response.text)
+            assert events[-1].data == "[DONE]"
+            assert len([event for event in events[:-1] if event.json()["choices"]]) >= 5
+        embedded = await http.post("/v1/embeddings", json={"model": "mock-embedding", "input": "x"})
+        assert embedded.status_code == 200
+
+    run.signal(signal.SIGINT)
+    assert await run.wait_exit(within=30) == 0
+    assert [pid for pid in pids if cmdline(pid)] == []  # every process it started is gone
+    assert list(tmp.iterdir()) == []  # its discovery directory (and any other) removed
