@@ -438,7 +438,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         "--gc-threshold",
         str(config.gc_threshold),
     ]
-    import dynamo_trio.frontend._workers  # noqa: F401 (loaded before tune_gc freezes it all)
+    from .frontend import _workers  # noqa: F401 (loaded before tune_gc freezes it all)
 
     tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
     try:
