@@ -59,8 +59,9 @@ openai_client_leaves_generators = pytest.mark.filterwarnings(
 StartStack = Callable[..., Awaitable[Stack]]
 
 
-async def _frontend_url(frontend: Proc) -> str:
-    with trio.fail_after(15):
+async def _frontend_url(frontend: Proc, *, within: float = 15) -> str:
+    """The URL a frontend process (or ``run``, or a supervisor) says it listens on."""
+    with trio.fail_after(within):
         while not any("listening on" in line for line in frontend.stdout_lines):
             if frontend.stdout_closed:
                 raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])

@@ -13,7 +13,14 @@ import trio
 
 from tests.e2e.conftest import MODEL_WORKER, scrape as metric
 
-from .conftest import CHAT_BODY, MODELS, children_of, raw_post, wait_for_models
+from .conftest import (
+    CHAT_BODY,
+    MODELS,
+    _frontend_url,
+    children_of,
+    raw_post,
+    wait_for_models,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,12 +48,7 @@ async def start(
         name="frontend supervisor",
     )
     await worker.wait_for("ready", within=15)
-    with trio.fail_after(60):
-        while not any("listening on" in line for line in frontend.stdout_lines):
-            if frontend.stdout_closed:
-                raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])
-            await frontend._changed.wait()
-    url = next(line for line in frontend.stdout_lines if "listening on" in line).rsplit(" ", 1)[1]
+    url = await _frontend_url(frontend, within=60)
     await wait_for_models(url, MODELS, within=15)
     return frontend, url
 

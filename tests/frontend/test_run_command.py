@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-import trio
 
-from .conftest import children_of, parse_sse, wait_for_models
+from .conftest import _frontend_url, children_of, parse_sse, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,12 +54,7 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
         env={**own, "TMPDIR": str(tmp)},
         name="dynamo-trio run",
     )
-    with trio.fail_after(60):
-        while not any("listening on" in line for line in run.stdout_lines):
-            if run.stdout_closed:
-                raise AssertionError(run.stderr.decode(errors="replace")[-3000:])
-            await run._changed.wait()
-    url = next(line for line in run.stdout_lines if "listening on" in line).rsplit(" ", 1)[1]
+    url = await _frontend_url(run, within=60)
     await wait_for_models(url, MODELS, within=30)
 
     pids = children_of(run.process.pid)
