@@ -114,8 +114,9 @@ async def run_frontend_workers(
     stop = stop or trio.Event()
     children = [_Child(index, count, argv, port, shared) for index in range(count)]
     try:
-        # Held while we live: our processes leave the directory to us (see holding_shared).
-        with holding_shared(shared):
+        # Held while we live, so that our processes leave the directory to us; we
+        # remove it ourselves (below), whichever way we end.
+        with holding_shared(shared, remove=False):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_on_signals, stop)
                 with trio.fail_after(_STARTUP_TIMEOUT):
@@ -140,11 +141,12 @@ async def run_frontend_workers(
 
 
 @contextlib.contextmanager
-def holding_shared(shared: Path) -> Iterator[None]:
+def holding_shared(shared: Path, *, remove: bool = True) -> Iterator[None]:
     """Hold the supervisor's directory (a shared ``flock`` on it) in this block, and
-    remove it on the way out if nobody else holds it any more.
+    (``remove``) remove it on the way out if nobody else holds it any more.
 
-    The supervisor holds it for its whole life and removes it when it exits.  When
+    The supervisor holds it for its whole life (``remove=False``: it removes the
+    directory itself when it exits, whether its processes are gone yet or not).  When
     it cannot (killed with SIGKILL), its processes drain and exit on their own, and
     the last of them to let go removes the directory: nothing is left in the
     temporary directory whichever way the supervisor ended.  The kernel drops a
@@ -154,6 +156,8 @@ def holding_shared(shared: Path) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield
+        if not remove:
+            return
         fcntl.flock(fd, fcntl.LOCK_UN)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
