@@ -4,7 +4,10 @@
 accept loop whose shutdown always ends; :class:`Edge` is the outermost ASGI
 layer (refusals, fixed routes, the hand-off to the app); :func:`status_routes`
 are the ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` routes
-both the frontend and a worker's status server answer.
+both the frontend and a worker's status server answer.  Two short ways for
+the app's hot path: :class:`ChunkWriter` writes a streamed body's chunks
+straight to the connection, and :class:`BodyPrefetch` hands the app a request
+body that has already arrived without a wait.
 """
 
 from ._chunks import CHUNK_WRITER as CHUNK_WRITER, ChunkWriter as ChunkWriter
@@ -19,6 +22,7 @@ from ._edge import (
     json_bytes as json_bytes,
     shown as shown,
 )
+from ._prefetch import PREFETCHED_BODY as PREFETCHED_BODY, BodyPrefetch as BodyPrefetch
 from ._server import (
     dead_peer_options as dead_peer_options,
     listen_sockets as listen_sockets,
@@ -34,6 +38,8 @@ from ._status import (
 __all__ = [
     "CHUNK_WRITER",
     "LAST_SEND_SHIELD",
+    "PREFETCHED_BODY",
+    "BodyPrefetch",
     "ChunkWriter",
     "Edge",
     "EdgeRequest",

@@ -17,6 +17,8 @@ status server.  It does, for both, what is the same everywhere:
 * **Everything else** goes to the wrapped app (the frontend's quart app), or
   is a 404 when there is none (the status server).  The last ``send`` of each
   HTTP/1.x response of the app is shielded (see :meth:`Edge._shielded_send`).
+  With ``max_body_size`` set, a body that has already arrived is offered to
+  the app ahead of its own reading (:mod:`._prefetch`).
 
 Why the last send is shielded
 -----------------------------
@@ -47,6 +49,7 @@ import trio
 
 from ..llm import anthropic_error_body, openai_error_body
 from ._chunks import ChunkWriter
+from ._prefetch import BodyPrefetch
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -156,6 +159,9 @@ class Edge:
             (a route takes none, but a keep-alive connection is reused only once
             it is read): a body that does not end in time is a 408, and the
             connection is closed.
+        max_body_size: The largest body offered to the app ahead of its own
+            reading (:class:`~._prefetch.BodyPrefetch`; the app's own limit
+            should be the same); ``None`` offers none.
     """
 
     def __init__(
@@ -165,10 +171,12 @@ class Edge:
         *,
         max_header_size: int = 16 * 1024,
         body_timeout: float = 30.0,
+        max_body_size: int | None = None,
     ) -> None:
         self.app: Final = app
         self.max_header_size: Final = max_header_size
         self.body_timeout: Final = body_timeout
+        self.max_body_size: Final = max_body_size
         self._routes: Final[dict[str, Route]] = {route.path: route for route in routes}
 
     async def __call__(
@@ -201,6 +209,10 @@ class Edge:
         elif self.app is not None:
             if scope.get("http_version", "1.1") in ("1.0", "1.1"):
                 send = _shielded_send(ChunkWriter.offer(scope, send))
+            if self.max_body_size is not None:
+                receive = await BodyPrefetch.offer(
+                    scope, receive, limit=self.max_body_size, end_timeout=self.body_timeout
+                )
             await self.app(scope, receive, send)
         else:
             path, method = shown(scope["path"]), shown(scope["method"])

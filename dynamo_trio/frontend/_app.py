@@ -107,6 +107,7 @@ def build_edge(
         HangUpGuard(app),
         max_header_size=pipeline.config.max_header_size,
         body_timeout=pipeline.config.body_timeout,
+        max_body_size=pipeline.config.max_body_size,
     )
 
 

@@ -47,7 +47,7 @@ from .._tracing import (
     is_valid_request_id,
     request_ids,
 )
-from ..edge import ChunkWriter, json_bytes, shown
+from ..edge import BodyPrefetch, ChunkWriter, json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
 from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from ._pipeline import JsonReply, StreamReply
@@ -160,7 +160,11 @@ def _reply(result: JsonReply | StreamReply, ids: RequestIds) -> Response:
 
 async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Response:
     """``POST`` to a generating route: parse, route, run, answer (JSON or SSE)."""
-    body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    body = BodyPrefetch.take(request.scope)
+    if body is None:
+        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    else:
+        request.body.clear()  # quart-trio's copy, if its reader took one before the view ran
     try:
         ids, trace = _identity()
         deadline = request_deadline(
