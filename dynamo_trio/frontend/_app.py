@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from quart import Response, request
 from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..edge import Edge, body_timeout_message, listen_sockets, serve_http, shown, status_routes
@@ -45,6 +46,8 @@ from ._routes import ROUTES, json_response, reply_ids
 if TYPE_CHECKING:
     import socket
     from collections.abc import Awaitable, Callable
+
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 
     from .._config import FrontendConfig
     from ..edge import MetricsSource
@@ -60,6 +63,7 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     """The quart-trio app serving ``pipeline``'s API routes (:data:`~._routes.ROUTES`)."""
     config = pipeline.config
     app = QuartTrio("dynamo_trio.frontend")
+    app.asgi_http_class = _ViewFirst
     app.config.update(
         RESPONSE_TIMEOUT=None,  # quart's 60 s default would cut long SSE streams
         MAX_CONTENT_LENGTH=config.max_body_size,
@@ -109,6 +113,27 @@ def build_edge(
         body_timeout=pipeline.config.body_timeout,
         max_body_size=pipeline.config.max_body_size,
     )
+
+
+@final
+class _ViewFirst(TrioASGIHTTPConnection):
+    """quart-trio's HTTP request handling, with the view run in the task that got the request.
+
+    quart-trio starts two tasks per request, one reading the ASGI messages and
+    one running the view, so the view begins a scheduler pass later; under load
+    a pass lasts milliseconds (issue 8).  Here only the reader is a new task,
+    and the view runs in the caller's task, in the body of the same nursery: as
+    in quart-trio, the view's end cancels the reader, and the reader's
+    ``http.disconnect`` cancels the view.  A body the edge prefetched is there
+    at once (:class:`~dynamo_trio.edge.BodyPrefetch`); any other is read by the
+    reader as before.
+    """
+
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        request = self._create_request_from_scope(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.handle_messages, nursery, request, receive)
+            await self.handle_request(nursery, request, send)
 
 
 async def _keep_alive_safe(response: Response) -> Response:

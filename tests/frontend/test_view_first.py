@@ -1,0 +1,110 @@
+"""quart-trio's request handling with the view in the request's own task (``_ViewFirst``).
+
+The contract is quart-trio's own: the view's end ends the reader of the ASGI
+messages, and a disconnect the reader hears cancels the view.  What changes is
+only where the view runs: in the task that called the app, a scheduler pass
+sooner.  In memory, with a plain quart-trio app; the frontend's end-to-end
+disconnect tests run the same class under hypercorn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio.lowlevel
+from quart_trio import QuartTrio
+
+from dynamo_trio.frontend._app import _ViewFirst
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+Message = dict[str, Any]
+
+
+def make_app(view: Callable[[], Awaitable[str]]) -> QuartTrio:
+    app = QuartTrio(__name__)
+    app.asgi_http_class = _ViewFirst
+    app.add_url_rule("/", "view", view, methods=["POST"])
+    return app
+
+
+def http_scope() -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/",
+        "raw_path": b"/",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"test"), (b"content-length", b"2")],
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 80),
+        "extensions": {},
+    }
+
+
+BODY: Message = {"type": "http.request", "body": b"{}", "more_body": False}
+
+
+async def test_the_view_runs_in_the_task_that_called_the_app() -> None:
+    tasks: list[trio.lowlevel.Task] = []
+
+    async def view() -> str:
+        tasks.append(trio.lowlevel.current_task())
+        return "ok"
+
+    messages = [BODY]
+
+    async def receive() -> Message:
+        if messages:
+            return messages.pop()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    with trio.fail_after(5):  # the view's end ended the reader, still waiting for more
+        await make_app(view)(http_scope(), receive, send)  # type: ignore[arg-type]
+    assert tasks == [trio.lowlevel.current_task()]
+    assert sent[0]["type"] == "http.response.start"
+    assert sent[0]["status"] == 200
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"ok"
+
+
+async def test_a_disconnect_cancels_the_view() -> None:
+    view_started = trio.Event()
+    outcome: list[str] = []
+
+    async def view() -> str:
+        view_started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            outcome.append("cancelled")
+            raise
+        return "never"
+
+    calls = 0
+
+    async def receive() -> Message:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return BODY
+        await view_started.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        outcome.append(message["type"])
+
+    with trio.fail_after(5):
+        await make_app(view)(http_scope(), receive, send)  # type: ignore[arg-type]
+    assert outcome == ["cancelled"]  # nothing was sent to a client that left
