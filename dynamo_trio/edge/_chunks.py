@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import trio
 
+from ._extensions import offered, put_offer
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
@@ -80,16 +82,13 @@ class ChunkWriter:
         if write is None:
             return send
         writer = cls(write, head_request=scope["method"] == "HEAD")
-        extensions = scope.get("extensions")
-        if extensions is None:
-            extensions = scope["extensions"] = {}
-        cast("dict[str, object]", extensions)[CHUNK_WRITER] = writer
+        put_offer(scope, CHUNK_WRITER, writer)
         return writer.watch(send)
 
     @staticmethod
     def of(scope: Mapping[str, Any]) -> ChunkWriter | None:
         """The writer the edge offered for the request of ``scope``, if any."""
-        found = (scope.get("extensions") or {}).get(CHUNK_WRITER)
+        found = offered(scope, CHUNK_WRITER)
         return found if isinstance(found, ChunkWriter) else None
 
     def watch(self, send: ASGISendCallable) -> ASGISendCallable:

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import trio
 
+from ._extensions import offered, put_offer
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -122,17 +124,14 @@ class BodyPrefetch:
             body = parts[0] if len(parts) == 1 else b"".join(parts)
         prefetch = cls(taken, body)
         if body is not None:
-            extensions = scope.get("extensions")
-            if extensions is None:
-                extensions = scope["extensions"] = {}
-            cast("dict[str, object]", extensions)[PREFETCHED_BODY] = prefetch
+            put_offer(scope, PREFETCHED_BODY, prefetch)
         return prefetch._receive_after(receive)
 
     @staticmethod
     def take(scope: Mapping[str, Any]) -> bytes | None:
         """The complete body of ``scope``'s request if the edge offered it (once: later
         calls get ``None``); ``None`` means: read it from the app's request."""
-        found = (scope.get("extensions") or {}).get(PREFETCHED_BODY)
+        found = offered(scope, PREFETCHED_BODY)
         if not isinstance(found, BodyPrefetch) or found._body is None:
             return None
         body, found._body = found._body, None

@@ -10,18 +10,18 @@ hangs up mid-stream (the app hears ``http.disconnect``; the server serves on).
 from __future__ import annotations
 
 import socket
-from functools import partial
 from typing import Any
 
 import h11
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypothesis import given, settings, strategies as st
 
-from dynamo_trio.edge import CHUNK_WRITER, ChunkWriter, Edge, listen_sockets, serve_http
+from dynamo_trio.edge import CHUNK_WRITER, ChunkWriter
 from dynamo_trio.edge._chunks import CONNECTION_WRITER
+
+from ._serving import answer_lifespan, served
 
 
 class Wire:
@@ -160,9 +160,7 @@ class StreamingApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await answer_lifespan(receive, send)
             return
         assert scope["type"] == "http"
         while (await receive()).get("more_body", False):
@@ -190,24 +188,6 @@ class StreamingApp:
                     break
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
-
-
-async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    config = HypercornConfig()
-    config.accesslog = None
-    config.graceful_timeout = 1
-    await serve_http(
-        Edge([], app),
-        config,
-        trio.sleep_forever,
-        sockets=listen_sockets(["127.0.0.1:0"]),
-        task_status=task_status,
-    )
-
-
-async def served(nursery: trio.Nursery, app: Any) -> str:
-    binds: list[str] = await nursery.start(partial(_serve, app))
-    return binds[0]
 
 
 async def test_a_streamed_body_mixed_with_asgi_messages_and_keep_alive(

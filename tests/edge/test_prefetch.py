@@ -8,17 +8,17 @@ queueing bodies this way fails here rather than silently costing passes.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import trio
 import trio.testing
-from hypercorn.config import Config as HypercornConfig
 from hypothesis import given, settings, strategies as st
 
-from dynamo_trio.edge import PREFETCHED_BODY, BodyPrefetch, Edge, listen_sockets, serve_http
+from dynamo_trio.edge import PREFETCHED_BODY, BodyPrefetch
+
+from ._serving import answer_lifespan, served
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -220,9 +220,7 @@ class BodyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await answer_lifespan(receive, send)
             return
         taken = BodyPrefetch.take(scope)
         self.taken.append(taken)
@@ -241,19 +239,6 @@ class BodyApp:
         await send({"type": "http.response.body", "body": answer, "more_body": False})
 
 
-async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    config = HypercornConfig()
-    config.accesslog = None
-    config.graceful_timeout = 1
-    await serve_http(
-        Edge([], app, max_body_size=1000),
-        config,
-        trio.sleep_forever,
-        sockets=listen_sockets(["127.0.0.1:0"]),
-        task_status=task_status,
-    )
-
-
 async def exchange(stream: trio.SocketStream, body: bytes) -> bytes:
     """One POST sent in a single write; the response's body."""
     head = b"POST / HTTP/1.1\r\nhost: test\r\ncontent-length: %d\r\n\r\n" % len(body)
@@ -270,8 +255,8 @@ async def exchange(stream: trio.SocketStream, body: bytes) -> bytes:
 
 async def test_behind_real_hypercorn_a_body_sent_whole_is_offered(nursery: trio.Nursery) -> None:
     app = BodyApp()
-    binds: list[str] = await nursery.start(partial(_serve, app))
-    host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+    url = await served(nursery, app, max_body_size=1000)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
     bodies = [b'{"n": %d}' % n for n in range(20)]
     async with await trio.open_tcp_stream(host, int(port)) as stream:  # one keep-alive connection
         for body in bodies:
@@ -286,8 +271,8 @@ async def test_behind_real_hypercorn_every_body_arrives_however_it_is_sent(
     nursery: trio.Nursery,
 ) -> None:
     app = BodyApp()
-    binds: list[str] = await nursery.start(partial(_serve, app))
-    async with httpx.AsyncClient(base_url=binds[0]) as client:
+    url = await served(nursery, app, max_body_size=1000)
+    async with httpx.AsyncClient(base_url=url) as client:
         for n in range(10):  # head and body in separate writes; a chunked body
             body = b'{"n": %d}' % n
             assert (await client.post("/", content=body)).content == body

@@ -1,0 +1,40 @@
+"""Serving a test ASGI app behind the edge on hypercorn, on 127.0.0.1."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+
+from dynamo_trio.edge import Edge, listen_sockets, serve_http
+
+
+async def answer_lifespan(receive: Any, send: Any) -> None:
+    """A test app's whole lifespan protocol: start-up and shutdown both succeed."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+async def _serve(
+    app: Any, edge: dict[str, Any], *, task_status: trio.TaskStatus[list[str]]
+) -> None:
+    config = HypercornConfig()
+    config.accesslog = None
+    config.graceful_timeout = 1
+    await serve_http(
+        Edge([], app, **edge),
+        config,
+        trio.sleep_forever,
+        sockets=listen_sockets(["127.0.0.1:0"]),
+        task_status=task_status,
+    )
+
+
+async def served(nursery: trio.Nursery, app: Any, **edge: Any) -> str:
+    """``app`` behind an :class:`Edge` (``edge``: its keyword arguments), served in
+    ``nursery``; its URL."""
+    binds: list[str] = await nursery.start(partial(_serve, app, edge))
+    return binds[0]
