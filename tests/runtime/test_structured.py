@@ -80,7 +80,9 @@ async def test_an_enclosing_timeout_kills_the_parent_and_the_remote_work(
     assert parent.is_killed() and parent.reason is CancelReason.SCOPE_TIMEOUT
     state, reason, _ = await recorder.wait_exit(within=1)
     assert (state, reason) == ("KILLED", "scope timeout")
-    assert exits[0] - struck_at < 0.05  # at once, though the stream object is still alive
+    # At once, though the stream object is still alive: well under the 1 s heartbeat
+    # timeout, the only other way the worker could learn (a bound with room for a busy host).
+    assert exits[0] - struck_at < 0.25
     assert keep[0].outcome == "killed"
     await _settled(cluster)
     labels = {"dynamo_endpoint": "generate", "reason": "scope timeout"}
@@ -189,7 +191,7 @@ async def test_leaving_the_scope_kills_the_remote_work_still_open(cluster: Clust
     assert not parent.is_stopped()  # a normal exit is not a cancellation of the parent
     state, reason, _ = await recorder.wait_exit(within=1)
     assert (state, reason) == ("KILLED", "parent finished")
-    assert exits[0] - left_at < 0.05
+    assert exits[0] - left_at < 0.25  # at once (see the first rule's test)
     assert keep[0].outcome == "killed"
     await _settled(cluster)
     assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 1
