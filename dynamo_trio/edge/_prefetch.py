@@ -38,6 +38,7 @@ is passed on untouched.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import trio
@@ -112,7 +113,11 @@ class BodyPrefetch:
             taken.append(message)
             size += len(_body_of(message))
         if taken and not _is_end(taken[-1]) and size == _declared_length(scope):
-            with trio.move_on_after(end_timeout):
+            # (A queue closed meanwhile is left for the app to find, as it would have.)
+            with (
+                trio.move_on_after(end_timeout),
+                suppress(trio.EndOfChannel, trio.ClosedResourceError),
+            ):
                 taken.append(await receive())
         if not taken:
             return receive

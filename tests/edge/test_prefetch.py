@@ -142,6 +142,25 @@ async def test_the_wait_for_the_end_is_bounded(autojump_clock: trio.testing.Mock
     assert await app_receive() == part(b"", more=False)
 
 
+async def test_a_queue_closed_while_it_waits_for_the_end_is_left_to_the_app() -> None:
+    scope = scope_for(3)
+    send, receive = queued(part(b"abc", more=True))
+    app_receives: list[Any] = []
+
+    async def prefetch() -> None:
+        app_receives.append(await offer(scope, receive))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prefetch)
+        await trio.testing.wait_all_tasks_blocked()
+        await send.aclose()
+    assert BodyPrefetch.take(scope) is None
+    app_receive = app_receives[0]
+    assert await app_receive() == part(b"abc", more=True)
+    with pytest.raises(trio.EndOfChannel):  # what the app would have met without the prefetch
+        await app_receive()
+
+
 async def test_a_body_over_the_limit_is_replayed_not_offered() -> None:
     scope = scope_for(11)
     messages = [part(b"0123456789", more=True), part(b"!", more=False)]
