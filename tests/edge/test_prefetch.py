@@ -114,7 +114,12 @@ async def test_it_never_waits_for_bytes_still_on_the_network(
     assert [await app_receive() for _ in queue + rest] == queue + rest
 
 
-async def test_once_the_declared_bytes_are_in_it_waits_for_the_end_only() -> None:
+async def waiting_for_the_end(
+    then: Callable[[trio.MemorySendChannel[Message]], Awaitable[None]],
+) -> tuple[dict[str, Any], Any]:
+    """The prefetch of a body whose declared bytes are all queued, its end not yet:
+    ``then`` acts on hypercorn's queue while the prefetch waits.  The request's scope
+    and the app's ``receive``."""
     scope = scope_for(3)
     send, receive = queued(part(b"abc", more=True))
     app_receives: list[Any] = []
@@ -126,7 +131,15 @@ async def test_once_the_declared_bytes_are_in_it_waits_for_the_end_only() -> Non
         nursery.start_soon(prefetch)
         await trio.testing.wait_all_tasks_blocked()
         assert not app_receives  # waiting for hypercorn to queue the end
+        await then(send)
+    return scope, app_receives[0]
+
+
+async def test_once_the_declared_bytes_are_in_it_waits_for_the_end_only() -> None:
+    async def queue_the_end(send: trio.MemorySendChannel[Message]) -> None:
         send.send_nowait(part(b"", more=False))
+
+    scope, _ = await waiting_for_the_end(queue_the_end)
     assert BodyPrefetch.take(scope) == b"abc"
 
 
@@ -143,19 +156,11 @@ async def test_the_wait_for_the_end_is_bounded(autojump_clock: trio.testing.Mock
 
 
 async def test_a_queue_closed_while_it_waits_for_the_end_is_left_to_the_app() -> None:
-    scope = scope_for(3)
-    send, receive = queued(part(b"abc", more=True))
-    app_receives: list[Any] = []
-
-    async def prefetch() -> None:
-        app_receives.append(await offer(scope, receive))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(prefetch)
-        await trio.testing.wait_all_tasks_blocked()
+    async def close(send: trio.MemorySendChannel[Message]) -> None:
         await send.aclose()
+
+    scope, app_receive = await waiting_for_the_end(close)
     assert BodyPrefetch.take(scope) is None
-    app_receive = app_receives[0]
     assert await app_receive() == part(b"abc", more=True)
     with pytest.raises(trio.EndOfChannel):  # what the app would have met without the prefetch
         await app_receive()
