@@ -120,6 +120,7 @@ class BodyPrefetch:
                 suppress(trio.EndOfChannel, trio.ClosedResourceError),
             ):
                 taken.append(await receive())
+                size += len(_body_of(taken[-1]))  # (none from hypercorn: h11 had them all)
         if not taken:
             return receive
         complete = taken[-1]["type"] == "http.request" and _is_end(taken[-1])

@@ -116,6 +116,8 @@ async def test_it_never_waits_for_bytes_still_on_the_network(
 
 async def waiting_for_the_end(
     then: Callable[[trio.MemorySendChannel[Message]], Awaitable[None]],
+    *,
+    limit: int = 1000,
 ) -> tuple[dict[str, Any], Any]:
     """The prefetch of a body whose declared bytes are all queued, its end not yet:
     ``then`` acts on hypercorn's queue while the prefetch waits.  The request's scope
@@ -125,7 +127,7 @@ async def waiting_for_the_end(
     app_receives: list[Any] = []
 
     async def prefetch() -> None:
-        app_receives.append(await offer(scope, receive))
+        app_receives.append(await offer(scope, receive, limit=limit))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(prefetch)
@@ -141,6 +143,18 @@ async def test_once_the_declared_bytes_are_in_it_waits_for_the_end_only() -> Non
 
     scope, _ = await waiting_for_the_end(queue_the_end)
     assert BodyPrefetch.take(scope) == b"abc"
+
+
+async def test_bytes_that_come_with_the_awaited_end_count_against_the_limit() -> None:
+    async def queue_an_end_with_bytes(send: trio.MemorySendChannel[Message]) -> None:
+        send.send_nowait(part(b"d", more=False))  # (hypercorn never does; another server might)
+
+    scope, app_receive = await waiting_for_the_end(queue_an_end_with_bytes, limit=3)
+    assert BodyPrefetch.take(scope) is None  # 4 bytes: over the limit, replayed only
+    assert [await app_receive(), await app_receive()] == [
+        part(b"abc", more=True),
+        part(b"d", more=False),
+    ]
 
 
 async def test_the_wait_for_the_end_is_bounded(autojump_clock: trio.testing.MockClock) -> None:
