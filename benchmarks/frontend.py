@@ -954,7 +954,14 @@ async def measure(
                 errors += window.errors
                 others += window.cpu["others"]
                 seconds += window.seconds
-                log(f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s")
+                log(
+                    f"    unary {n:>3}: {window.completed / window.seconds:,.0f} req/s, frontend "
+                    f"{window.cpu['frontend'] / window.seconds:.0%} of a core "
+                    f"({window.cpu['frontend'] / max(window.completed, 1) * 1e6:,.0f} us per "
+                    f"request), worker {window.cpu['worker'] / window.seconds:.0%}, client "
+                    f"{window.cpu['client'] / window.seconds:.0%}, other processes "
+                    f"{window.cpu['others'] / window.seconds:.0%}"
+                )
                 await settle(everyone)
                 if n == 32 and not args.no_bare:
                     bare_rate = await bare_quart_unary(
