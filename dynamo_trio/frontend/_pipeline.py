@@ -484,9 +484,12 @@ class Pipeline:
             request.to_engine(), lifecycle.context, self._text_faults
         ) as stream:
             while batch := await stream.receive_batch():
-                tracker.tokens(_count_tokens(batch))
-                for data in batch:
-                    generation.feed(data)
+                counted = generation.output_tokens
+                try:
+                    for data in batch:
+                        generation.feed(data)
+                finally:
+                    tracker.tokens(generation.output_tokens - counted)
         lifecycle.completed()
         await emit(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
 
@@ -501,6 +504,7 @@ class Pipeline:
         events = api.open_stream(request, lifecycle.context.id())
         emit.stream_failure = lambda status, message: api.fail_stream(events, status, message)
         tracker = lifecycle.tracker
+        generation = events.generation
         async with await route.call(
             request.to_engine(), lifecycle.context, self._text_faults
         ) as stream:
@@ -513,8 +517,11 @@ class Pipeline:
                 if not first:
                     await self.turns.take()
                 first = False
-                tracker.tokens(_count_tokens(batch))
-                sse = api.encode_items(events, batch)
+                counted = generation.output_tokens
+                try:
+                    sse = api.encode_items(events, batch)
+                finally:  # (the tokens folded before an engine error count too)
+                    tracker.tokens(generation.output_tokens - counted)
                 if sse:
                     await emit(sse)
         last = api.encode(events.finish()) + api.done
@@ -537,16 +544,3 @@ class Pipeline:
         reply = JsonReply(200, embedding_response(request, output))
         lifecycle.completed()
         await emit(reply)
-
-
-def _count_tokens(batch: list[Any]) -> int:
-    """Output tokens in a batch of engine items: their token ids, else one per text piece."""
-    count = 0
-    for data in batch:
-        if isinstance(data, dict):
-            token_ids = data.get("token_ids")
-            if isinstance(token_ids, list):
-                count += len(token_ids)
-            elif data.get("text"):
-                count += 1
-    return count

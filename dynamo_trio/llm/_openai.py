@@ -481,8 +481,7 @@ class _ChunkStream:
             if text is None:
                 parts.extend(encode_event(chunk) for chunk in self.feed(item))
                 continue
-            token_ids = item.get("token_ids")  # type: ignore[attr-defined]
-            self._generation.feed_plain(text, len(token_ids) if token_ids else 0)
+            self._generation.feed_plain(text, item.get("token_ids"))  # type: ignore[attr-defined]
             if text:
                 prefix, suffix = self._template or self._make_template()
                 parts.append(prefix + _JSON.encode(text) + suffix)
