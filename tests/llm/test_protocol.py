@@ -170,6 +170,8 @@ def test_the_plain_item_fast_path_agrees_with_full_validation(items: list[Any]) 
         assert parse_generate_output(item).get("text", "") == plain_text(item)
     generation = Generation.collect(plain)
     assert (generation.text, generation.usage["completion_tokens"]) == _folded_slowly(plain)
+    untokenized = sum(1 for item in plain if "token_ids" not in item and item.get("text"))
+    assert generation.output_tokens == generation.usage["completion_tokens"] + untokenized
     for item in items:
         if (
             plain_text(item) is None
@@ -201,6 +203,19 @@ def test_generation_folds_text_usage_and_finish() -> None:
     assert generation.usage == {"prompt_tokens": 5, "completion_tokens": 4}  # the engine's word
     assert generation.feed({"text": "late", "finish_reason": "error"}) == ""  # ignored
     assert generation.text == "ab"
+
+
+def test_output_tokens_count_token_ids_else_one_per_text_piece_until_the_finish() -> None:
+    # What the frontend's output-token metrics count, from the fold itself.
+    generation = Generation()
+    generation.feed({"text": "a", "token_ids": [1, 2]})  # the fast path
+    generation.feed({"text": "b"})  # text, no token ids: one
+    generation.feed({"token_ids": []})
+    generation.feed({"text": "", "token_ids": [3], "index": 0})  # the full validation
+    generation.feed({"text": "c", "finish_reason": "length"})  # one, and the end
+    generation.feed({"text": "late", "token_ids": [4, 5]})  # after the end: never sent
+    assert generation.output_tokens == 2 + 1 + 0 + 1 + 1
+    assert generation.usage["completion_tokens"] == 3  # usage counts token ids only
 
 
 def test_an_error_item_raises_with_the_engines_message() -> None:
