@@ -19,6 +19,17 @@ status server.  It does, for both, what is the same everywhere:
   HTTP/1.x response of the app is shielded (see :meth:`Edge._shielded_send`).
   With ``max_body_size`` set, a body that has already arrived is offered to
   the app ahead of its own reading (:mod:`._prefetch`).
+* **Containment**: whatever a request's code raises ends that request only.
+  hypercorn answers an ``Exception`` with a 500 (or cuts a response already
+  started) and keeps serving; anything else it lets through, and it would end
+  the connection's task group and then the whole server: a ``BaseException``
+  that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
+  ``GeneratorExit``, a library's own) or a stale ``trio.Cancelled`` (raised
+  by code that caught it inside a scope it has left).  The edge logs those
+  and ends the request as hypercorn ends a failed one; ``KeyboardInterrupt``
+  and ``SystemExit`` also call ``request_exit`` (the frontend then shuts down
+  gracefully, as on SIGTERM).  A live cancellation (the server closing) is
+  never contained.
 
 Why the last send is shielded
 -----------------------------
@@ -40,6 +51,7 @@ cancels their sends in the first place.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +59,7 @@ from typing import TYPE_CHECKING, Final, final
 
 import trio
 
+from .._contain import split_live_cancellation
 from ..llm import anthropic_error_body, openai_error_body
 from ._chunks import ChunkWriter
 from ._prefetch import BodyPrefetch
@@ -74,6 +87,8 @@ __all__ = [
     "json_bytes",
     "shown",
 ]
+
+_log = logging.getLogger("dynamo_trio.edge")
 
 LAST_SEND_SHIELD: Final = 5.0
 """The longest the last send of an HTTP/1.x response is shielded from cancellation."""
@@ -162,6 +177,8 @@ class Edge:
         max_body_size: The largest body offered to the app ahead of its own
             reading (:class:`~._prefetch.BodyPrefetch`; the app's own limit
             should be the same); ``None`` offers none.
+        request_exit: Called when a request's code raised ``KeyboardInterrupt``
+            or ``SystemExit`` (the request itself ends as a failed one).
     """
 
     def __init__(
@@ -172,8 +189,10 @@ class Edge:
         max_header_size: int = 16 * 1024,
         body_timeout: float = 30.0,
         max_body_size: int | None = None,
+        request_exit: Callable[[], object] | None = None,
     ) -> None:
         self.app: Final = app
+        self.request_exit: Final = request_exit
         self.max_header_size: Final = max_header_size
         self.body_timeout: Final = body_timeout
         self.max_body_size: Final = max_body_size
@@ -183,13 +202,36 @@ class Edge:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "http":
-            await self._http(scope, receive, send)
+            try:
+                await self._http(scope, receive, send)
+            except Exception:
+                raise  # hypercorn's to answer (a 500) and log
+            except BaseException as exc:
+                self._contain(scope, exc)
         elif scope["type"] == "websocket":
             await self._refuse_websocket(scope, send)
         elif self.app is not None:
             await self.app(scope, receive, send)
         else:
             await _lifespan(receive, send)
+
+    def _contain(self, scope: HTTPScope, exc: BaseException) -> None:
+        """End the request that raised ``exc`` (not an ``Exception``), and only it;
+        a live cancellation goes on (see the module docstring)."""
+        live, failure = split_live_cancellation(exc)
+        if live is not None:
+            raise live from None
+        if failure is None:
+            return
+        _log.error(
+            "%s %s raised %s; ending that request only",
+            shown(scope["method"]),
+            shown(scope["path"]),
+            type(failure).__name__,
+            exc_info=(type(failure), failure, failure.__traceback__),
+        )
+        if isinstance(failure, KeyboardInterrupt | SystemExit) and self.request_exit is not None:
+            self.request_exit()
 
     async def _http(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable

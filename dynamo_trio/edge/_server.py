@@ -50,6 +50,13 @@ response's ``send_all`` met the EOF in trio's conflict detector and raised
 The same wrapper writes at once, without a trip through the scheduler, when no
 other send is under way and the socket has room (a response's head, a small
 body): hypercorn's own send lock is then the write's only checkpoint.
+
+Whatever a connection's code raises ends that connection only (logged): hypercorn
+contains an app's ``Exception`` per request, but lets anything else (a
+``BaseException`` that is not an ``Exception``, a stale ``trio.Cancelled``) out of
+the connection, where it would end the accept loop and the server.  (The
+:class:`~._edge.Edge` contains those per request first; this is for any other
+app, and for hypercorn's own code.)  A live cancellation, the server closing, goes on.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
+from .._contain import split_live_cancellation
 from ._chunks import CONNECTION_WRITER
 
 if TYPE_CHECKING:
@@ -192,6 +200,16 @@ async def serve_http(
                 await server.run()
             finally:
                 del state[CONNECTION_WRITER]  # no cycle through the server outlives it
+        except BaseException as exc:
+            live, failure = split_live_cancellation(exc)
+            if live is not None:
+                raise live from None
+            if failure is not None:
+                _log.error(
+                    "an HTTP connection's code raised %s; closing that connection only",
+                    type(failure).__name__,
+                    exc_info=(type(failure), failure, failure.__traceback__),
+                )
         finally:
             open_streams.discard(stream)
             contexts.discard(context)

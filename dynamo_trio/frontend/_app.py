@@ -112,6 +112,7 @@ def build_edge(
         max_header_size=pipeline.config.max_header_size,
         body_timeout=pipeline.config.body_timeout,
         max_body_size=pipeline.config.max_body_size,
+        request_exit=pipeline.request_exit,
     )
 
 
