@@ -306,7 +306,9 @@ async def test_no_instance_left_is_a_retryable_503(
 async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    fast, _ = await start_worker(spawn, env, name="fast worker")
+    # 30 ms a token: the stream (15 s) is still running once the second worker is up
+    # (starting a worker process takes seconds on a loaded host).
+    fast, _ = await start_worker(spawn, env, name="fast worker", inter_token_latency_ms=30)
     _, url = await start_frontend(spawn, env, "--migration-limit", "2")
     live = LiveStream("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 500, "stream": True}, "h")
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
@@ -373,7 +375,10 @@ async def test_a_worker_shutting_down_mid_stream(
     """SIGTERM stops the worker's requests (reason ``shutdown``): with migration the
     stream goes on elsewhere, complete; without, it ends with a 503 error event, never
     with an ending that reads as a complete answer."""
-    first, _ = await start_worker(spawn, env, name="first worker")
+    # 30 ms a token: the stream (9 s) is still running when the SIGTERM comes, after a
+    # second worker started (seconds, on a loaded host: at 10 ms a token, one run in
+    # twenty had finished the stream by then).
+    first, _ = await start_worker(spawn, env, name="first worker", inter_token_latency_ms=30)
     _, url = await start_frontend(spawn, env, "--migration-limit", str(limit))
     body = {
         **CHAT_BODY,
