@@ -24,6 +24,7 @@ client's trace (see :mod:`dynamo_trio._tracing`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from functools import partial
@@ -63,7 +64,8 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
     """The quart-trio app serving ``pipeline``'s API routes (:data:`~._routes.ROUTES`)."""
     config = pipeline.config
     app = QuartTrio("dynamo_trio.frontend")
-    app.asgi_http_class = _ViewFirst
+    if VIEW_FIRST:
+        app.asgi_http_class = _ViewFirst
     app.config.update(
         RESPONSE_TIMEOUT=None,  # quart's 60 s default would cut long SSE streams
         MAX_CONTENT_LENGTH=config.max_body_size,
@@ -135,6 +137,38 @@ class _ViewFirst(TrioASGIHTTPConnection):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.handle_messages, nursery, request, receive)
             await self.handle_request(nursery, request, send)
+
+
+def _view_first_fits(base: type[TrioASGIHTTPConnection]) -> bool:
+    """Whether quart-trio's HTTP connection class still has the methods, with the
+    parameters, that :class:`_ViewFirst` calls (those of quart-trio 0.12)."""
+    expected = {  # name: (a coroutine function?, its parameters)
+        "_create_request_from_scope": (False, ["self", "send"]),
+        "handle_messages": (True, ["self", "nursery", "request", "receive"]),
+        "handle_request": (True, ["self", "nursery", "request", "send"]),
+    }
+    for name, (is_async, parameters) in expected.items():
+        method = getattr(base, name, None)
+        if not callable(method) or inspect.iscoroutinefunction(method) is not is_async:
+            return False
+        try:
+            found = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            return False
+        if found != parameters:
+            return False
+    return True
+
+
+VIEW_FIRST: Final = _view_first_fits(TrioASGIHTTPConnection)
+"""Whether the app runs the view in the request's task (:class:`_ViewFirst`).  With a
+quart-trio whose request handling no longer fits it, the app keeps quart-trio's own
+(a scheduler pass slower per request, the same behaviour)."""
+if not VIEW_FIRST:
+    _log.warning(
+        "this quart-trio's request handling differs from 0.12's: "
+        "its own is used (the view starts a scheduler pass later)"
+    )
 
 
 async def _keep_alive_safe(response: Response) -> Response:

@@ -9,13 +9,16 @@ disconnect tests run the same class under hypercorn.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.lowlevel
 from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
 
-from dynamo_trio.frontend._app import _ViewFirst
+from dynamo_trio._config import FrontendConfig
+from dynamo_trio.frontend._app import VIEW_FIRST, _view_first_fits, _ViewFirst, build_app
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -108,3 +111,30 @@ async def test_a_disconnect_cancels_the_view() -> None:
     with trio.fail_after(5):
         await make_app(view)(http_scope(), receive, send)  # type: ignore[arg-type]
     assert outcome == ["cancelled"]  # nothing was sent to a client that left
+
+
+def test_the_installed_quart_trio_fits_and_is_used() -> None:
+    # The frontend runs its views first with the quart-trio it is tested with.
+    assert VIEW_FIRST
+    app = build_app(SimpleNamespace(config=FrontendConfig()))  # type: ignore[arg-type]
+    assert app.asgi_http_class is _ViewFirst
+
+
+def test_a_quart_trio_whose_request_handling_changed_keeps_its_own() -> None:
+    # Were a quart-trio release to change what _ViewFirst calls, the frontend would
+    # fall back to quart-trio's own class instead of failing on every request.
+    class Renamed(TrioASGIHTTPConnection):
+        async def handle_request(  # type: ignore[override]
+            self, nursery: trio.Nursery, request: Any, send: Any, extra: int = 0
+        ) -> None: ...
+
+    class NotAsync(TrioASGIHTTPConnection):
+        def handle_messages(self, nursery: Any, request: Any, receive: Any) -> None:  # type: ignore[override]
+            return None
+
+    class Missing(TrioASGIHTTPConnection):
+        _create_request_from_scope = None  # type: ignore[assignment]
+
+    assert _view_first_fits(TrioASGIHTTPConnection)
+    for changed in (Renamed, NotAsync, Missing):
+        assert not _view_first_fits(changed), changed.__name__
