@@ -18,14 +18,12 @@ async def answer_lifespan(receive: Any, send: Any) -> None:
     await send({"type": "lifespan.shutdown.complete"})
 
 
-async def _serve(
-    app: Any, edge: dict[str, Any], *, task_status: trio.TaskStatus[list[str]]
-) -> None:
+async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
     config = HypercornConfig()
     config.accesslog = None
     config.graceful_timeout = 1
     await serve_http(
-        Edge([], app, **edge),
+        app,
         config,
         trio.sleep_forever,
         sockets=listen_sockets(["127.0.0.1:0"]),
@@ -33,8 +31,13 @@ async def _serve(
     )
 
 
+async def served_bare(nursery: trio.Nursery, app: Any) -> str:
+    """``app`` (any ASGI app: an :class:`Edge` or not) served in ``nursery``; its URL."""
+    binds: list[str] = await nursery.start(partial(_serve, app))
+    return binds[0]
+
+
 async def served(nursery: trio.Nursery, app: Any, **edge: Any) -> str:
     """``app`` behind an :class:`Edge` (``edge``: its keyword arguments), served in
     ``nursery``; its URL."""
-    binds: list[str] = await nursery.start(partial(_serve, app, edge))
-    return binds[0]
+    return await served_bare(nursery, Edge([], app, **edge))

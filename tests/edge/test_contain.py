@@ -7,17 +7,13 @@ the connection's task group and the server.  These run real hypercorn on
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HypercornConfig
 
-from dynamo_trio.edge import listen_sockets, serve_http
-
-from ._serving import answer_lifespan, served
+from ._serving import answer_lifespan, served, served_bare
 
 
 class _Bug(BaseException):
@@ -99,29 +95,16 @@ async def test_behind_the_edge_a_request_raising_anything_ends_only_itself(
             assert message.startswith(f"GET {at} raised ")
 
 
-async def _serve_bare(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    config = HypercornConfig()
-    config.accesslog = None
-    config.graceful_timeout = 1
-    await serve_http(
-        app,
-        config,
-        trio.sleep_forever,
-        sockets=listen_sockets(["127.0.0.1:0"]),
-        task_status=task_status,
-    )
-
-
 @pytest.mark.parametrize("path", ["/base-exception", "/stale-cancelled"])
 async def test_without_the_edge_the_connection_ends_not_the_server(path: str) -> None:
     # serve_http's own per-connection containment, for an app that is not an Edge:
     # hypercorn has answered 500 (or cut the response) on its way out; then the
     # failing connection is closed, and only it.
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(partial(_serve_bare, _app))
-        async with httpx.AsyncClient(base_url=binds[0]) as other:
+        url = await served_bare(nursery, _app)
+        async with httpx.AsyncClient(base_url=url) as other:
             assert (await other.get("/")).text == "fine"
-            async with httpx.AsyncClient(base_url=binds[0]) as failing:
+            async with httpx.AsyncClient(base_url=url) as failing:
                 with trio.fail_after(5):
                     assert (await failing.get(path)).status_code == 500
                     with pytest.raises(httpx.RemoteProtocolError):

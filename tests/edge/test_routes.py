@@ -22,6 +22,8 @@ from dynamo_trio.edge import (
     status_routes,
 )
 
+from ._serving import served_bare
+
 
 class Messages:
     """An ASGI receive that yields a request body in parts, then blocks."""
@@ -111,23 +113,6 @@ async def test_other_paths_go_to_the_app() -> None:
     assert seen == ["/v1/models"]
 
 
-async def _serve(edge: Edge, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    config = HypercornConfig()
-    config.accesslog = None
-    await serve_http(
-        edge,
-        config,
-        trio.sleep_forever,
-        sockets=listen_sockets(["127.0.0.1:0"]),
-        task_status=task_status,
-    )
-
-
-async def served(nursery: trio.Nursery, edge: Edge) -> str:
-    binds: list[str] = await nursery.start(partial(_serve, edge))
-    return binds[0]
-
-
 async def test_status_routes_over_real_http_with_keep_alive(nursery: trio.Nursery) -> None:
     registry = CollectorRegistry()
     Counter("edge_test", "a counter", registry=registry).inc(3)
@@ -137,7 +122,7 @@ async def test_status_routes_over_real_http_with_keep_alive(nursery: trio.Nurser
             health=lambda: (200, {"status": "ok"}), metrics=registry, inflight=lambda: trees
         )
     )
-    url = await served(nursery, edge)
+    url = await served_bare(nursery, edge)
     async with httpx.AsyncClient(base_url=url) as client:
         for path in ("/health", "/live"):
             response = await client.get(path)
@@ -159,7 +144,9 @@ async def test_a_failing_health_callback_is_a_500_not_a_dead_connection(
         raise RuntimeError("boom")
 
     registry = CollectorRegistry()
-    url = await served(nursery, Edge(status_routes(health=broken, metrics=registry, inflight=list)))
+    url = await served_bare(
+        nursery, Edge(status_routes(health=broken, metrics=registry, inflight=list))
+    )
     async with httpx.AsyncClient(base_url=url) as client:
         assert (await client.get("/health")).status_code == 500
         assert (await client.get("/metrics")).status_code == 200  # same connection, still fine
@@ -234,7 +221,7 @@ async def test_an_unterminated_chunked_body_on_a_fixed_route_over_real_http(
     """Found by the HTTP fuzz suite: ``GET /health`` with ``Transfer-Encoding: chunked``
     and no chunks held the connection for ever."""
     edge = Edge([Route("/hello", hello)], body_timeout=0.5)
-    host, port = (await served(nursery, edge)).removeprefix("http://").rsplit(":", 1)
+    host, port = (await served_bare(nursery, edge)).removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
     await stream.send_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
     received = b""
