@@ -35,7 +35,7 @@ from .runtime import DistributedRuntime
 from .runtime._runtime import configure_logging, dynamo_worker
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from .frontend._workers import WorkerView
 
@@ -222,13 +222,18 @@ async def _watch_signals(stop: trio.Event, scope: trio.CancelScope) -> None:
 
 
 async def run_frontend(
-    config: Config, *, stop: trio.Event | None = None, view: WorkerView | None = None
+    config: Config,
+    *,
+    stop: trio.Event | None = None,
+    view: WorkerView | None = None,
+    on_listening: Callable[[str], object] | None = None,
 ) -> None:
     """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return.
 
     ``view``: this process is one of ``--http-workers``' (see
     :mod:`dynamo_trio.frontend._workers`): it shares the port, answers its own
     requests on a private socket, and serves the view of all of them.
+    ``on_listening`` is called with the URL once it listens.
     """
     from .edge import listen_sockets
     from .frontend import serve_frontend
@@ -270,6 +275,8 @@ async def run_frontend(
 
             url: str = await serving.start(serve)
             print(f"dynamo-trio frontend listening on {url}", flush=True)
+            if on_listening is not None:
+                on_listening(url)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
 
@@ -344,12 +351,16 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
         trio.run(run_frontend, config)
 
 
-async def _run_workers(config: Config, argv: list[str]) -> None:
+async def _run_workers(
+    config: Config, argv: list[str], on_listening: Callable[[str], object] | None = None
+) -> None:
     from .frontend._workers import run_frontend_workers
 
     async with trio.open_nursery() as nursery:
         url: str = await nursery.start(partial(run_frontend_workers, config, argv))
         print(f"dynamo-trio frontend listening on {url}", flush=True)
+        if on_listening is not None:
+            on_listening(url)
 
 
 # ---------------------------------------------------------------------------- mocker
@@ -441,8 +452,9 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     from .frontend import _workers  # noqa: F401 (loaded before tune_gc freezes it all)
 
     tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
+    models = {args.model_name, args.embedding_model_name}
     try:
-        trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args))
+        trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args), models)
     finally:
         if own_kv:
             shutil.rmtree(env["DYN_FILE_KV"], ignore_errors=True)
@@ -468,8 +480,13 @@ async def _run_all(
     workers: int,
     env: dict[str, str],
     frontend_argv: list[str],
+    models: set[str],
 ) -> None:
     async with trio.open_nursery() as nursery:
+
+        def on_listening(url: str) -> None:
+            nursery.start_soon(_announce_ready, url, models)
+
         processes: list[trio.Process] = []
         for _ in range(workers):
             process = await trio.lowlevel.open_process(
@@ -479,13 +496,43 @@ async def _run_all(
         _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
         try:
             if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
-                await _run_workers(config, frontend_argv)
+                await _run_workers(config, frontend_argv, on_listening)
             else:
-                await run_frontend(config)
+                await run_frontend(config, on_listening=on_listening)
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_workers(processes, config.worker.shutdown_grace + 2)
         nursery.cancel_scope.cancel()
+
+
+READY_TIMEOUT = 60.0
+"""Seconds ``run`` waits for its workers' models to be listed before saying so."""
+
+
+async def _announce_ready(url: str, models: set[str]) -> None:
+    """Print ``dynamo-trio ready: ...`` once the frontend at ``url`` lists ``models``
+    (the mock workers register a moment after the frontend listens; until then a
+    request for them is a 404), or warn after :data:`READY_TIMEOUT` seconds."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=5.0) as http:
+        with trio.move_on_after(READY_TIMEOUT):
+            while True:
+                try:
+                    listed = {
+                        model["id"] for model in (await http.get("/v1/models")).json()["data"]
+                    }
+                except (httpx.HTTPError, ValueError, LookupError, TypeError):
+                    listed = set()
+                if models <= listed:
+                    print(f"dynamo-trio ready: {', '.join(sorted(models))} at {url}", flush=True)
+                    return
+                await trio.sleep(0.1)
+    _log.warning(
+        "the workers' models (%s) are not listed after %.0f s: see their log lines above",
+        ", ".join(sorted(models)),
+        READY_TIMEOUT,
+    )
 
 
 async def _stop_workers(processes: list[trio.Process], grace: float) -> None:

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import trio
 
-from .conftest import _frontend_url, children_of, parse_sse, wait_for_models
+from .conftest import _frontend_url, children_of, listed_models, parse_sse
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,7 +56,14 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
         name="dynamo-trio run",
     )
     url = await _frontend_url(run, within=60)
-    await wait_for_models(url, MODELS, within=30)
+    # It says when the workers' models are served: at that moment they are listed.
+    with trio.fail_after(30):
+        while not any(line.startswith("dynamo-trio ready: ") for line in run.stdout_lines):
+            assert not run.stdout_closed, run.stderr.decode(errors="replace")[-3000:]
+            await run._changed.wait()
+    assert await listed_models(url) == MODELS
+    ready = next(line for line in run.stdout_lines if line.startswith("dynamo-trio ready: "))
+    assert ready == f"dynamo-trio ready: mock-embedding, mock-model at {url}"
 
     pids = children_of(run.process.pid)
     children = [cmdline(pid) for pid in pids]
