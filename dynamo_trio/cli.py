@@ -23,7 +23,7 @@ import sys
 import tempfile
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -505,7 +505,7 @@ async def _run_all(
         nursery.cancel_scope.cancel()
 
 
-READY_TIMEOUT = 60.0
+READY_TIMEOUT: Final = 60.0
 """Seconds ``run`` waits for its workers' models to be listed before saying so."""
 
 
