@@ -26,7 +26,7 @@ status server.  It does, for both, what is the same everywhere:
   that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
   ``GeneratorExit``, a library's own) or a stale ``trio.Cancelled`` (raised
   by code that caught it inside a scope it has left).  The edge logs those
-  and ends the request as hypercorn ends a failed one; ``KeyboardInterrupt``
+  (at a bounded rate) and ends the request as hypercorn ends a failed one; ``KeyboardInterrupt``
   and ``SystemExit`` also call ``request_exit`` (the frontend then shuts down
   gracefully, as on SIGTERM).  A live cancellation (the server closing) is
   never contained.
@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 
 from .._contain import split_live_cancellation
+from .._ratelimit import LogLimiter
 from ..llm import anthropic_error_body, openai_error_body
 from ._chunks import ChunkWriter
 from ._prefetch import BodyPrefetch
@@ -89,6 +90,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger("dynamo_trio.edge")
+limited_log: Final = LogLimiter(_log)
+"""What a request can make the edge log, at a bounded rate."""
 
 LAST_SEND_SHIELD: Final = 5.0
 """The longest the last send of an HTTP/1.x response is shielded from cancellation."""
@@ -223,12 +226,13 @@ class Edge:
             raise live from None
         if failure is None:
             return
-        _log.error(
+        limited_log.error(
+            "request-escape",
             "%s %s raised %s; ending that request only",
             shown(scope["method"]),
             shown(scope["path"]),
             type(failure).__name__,
-            exc_info=(type(failure), failure, failure.__traceback__),
+            exc_info=failure,
         )
         if isinstance(failure, KeyboardInterrupt | SystemExit) and self.request_exit is not None:
             self.request_exit()

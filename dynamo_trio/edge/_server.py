@@ -51,7 +51,8 @@ The same wrapper writes at once, without a trip through the scheduler, when no
 other send is under way and the socket has room (a response's head, a small
 body): hypercorn's own send lock is then the write's only checkpoint.
 
-Whatever a connection's code raises ends that connection only (logged): hypercorn
+Whatever a connection's code raises ends that connection only (logged, at a
+bounded rate): hypercorn
 contains an app's ``Exception`` per request, but lets anything else (a
 ``BaseException`` that is not an ``Exception``, a stale ``trio.Cancelled``) out of
 the connection, where it would end the accept loop and the server.  (The
@@ -66,7 +67,7 @@ import math
 import os
 import socket
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
@@ -78,6 +79,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
 from .._contain import split_live_cancellation
+from .._ratelimit import LogLimiter
 from ._chunks import CONNECTION_WRITER
 
 if TYPE_CHECKING:
@@ -89,6 +91,8 @@ if TYPE_CHECKING:
 __all__ = ["dead_peer_options", "listen_sockets", "serve_http"]
 
 _log = logging.getLogger("dynamo_trio.http")
+limited_log: Final = LogLimiter(_log)
+"""What a connection can make the server log, at a bounded rate."""
 
 
 def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket.socket]:
@@ -205,10 +209,11 @@ async def serve_http(
             if live is not None:
                 raise live from None
             if failure is not None:
-                _log.error(
+                limited_log.error(
+                    "connection-escape",
                     "an HTTP connection's code raised %s; closing that connection only",
                     type(failure).__name__,
-                    exc_info=(type(failure), failure, failure.__traceback__),
+                    exc_info=failure,
                 )
         finally:
             open_streams.discard(stream)

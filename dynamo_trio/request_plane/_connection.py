@@ -54,8 +54,8 @@ import trio
 
 from .._contain import split_live_cancellation
 from .._errors import ProtocolError
+from .._ratelimit import LogLimiter
 from ._frames import Close, Ping
-from ._ratelimit import LogLimiter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,7 +18,7 @@ Before a connection may say anything, it must pass the gate, in order:
    failed guesses from one address are paced, one at a time.
 
 Refusals and failures are logged at most once per kind every few seconds
-(:class:`~dynamo_trio.request_plane._ratelimit.LogLimiter`), never once per
+(:class:`~dynamo_trio._ratelimit.LogLimiter`), never once per
 hostile frame.
 
 Every ``req`` frame becomes a :class:`ServerStream` holding the worker-side

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from dynamo_trio import CannotConnect, Config
+from dynamo_trio._ratelimit import LogLimiter
 from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer
 from dynamo_trio.request_plane._connection import describe_close
 from dynamo_trio.request_plane._frames import (
@@ -27,7 +28,6 @@ from dynamo_trio.request_plane._frames import (
     Welcome,
 )
 from dynamo_trio.request_plane._protocol import client_proof
-from dynamo_trio.request_plane._ratelimit import LogLimiter
 from dynamo_trio.request_plane._throttle import AuthThrottle, source_key
 
 from ._harness import CONFIG, RawPeer, fd_count, open_healthy, streaming_handler, wait_until
