@@ -7,20 +7,35 @@ the connection's task group and the server.  These run real hypercorn on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import trio
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+from dynamo_trio.edge import _edge, _server
+
 from ._serving import answer_lifespan, served, served_bare
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_limits() -> Iterator[None]:
+    # The containment lines are rate-limited per process: each test gets its own burst.
+    for module in (_edge, _server):
+        module.limited_log.reset()
+    yield
+    for module in (_edge, _server):
+        module.limited_log.reset()
 
 
 class _Bug(BaseException):
     """Not an ``Exception``: what hypercorn's per-request handling does not catch."""
 
 
-async def _stale_cancelled(message: str) -> BaseException:
+async def _stale_cancelled() -> BaseException:
     """A ``trio.Cancelled`` caught inside a scope that is over: raising it cancels nothing."""
     caught: BaseException | None = None
     with trio.CancelScope() as scope:
@@ -52,7 +67,7 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"partial", "more_body": True})
         path = path.removeprefix("/after-start")
     if path == "/stale-cancelled":
-        raise await _stale_cancelled("from the app")
+        raise await _stale_cancelled()
     if path in _RAISED:
         raise _RAISED[path]("from the app")
     await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -112,3 +127,17 @@ async def test_without_the_edge_the_connection_ends_not_the_server(path: str) ->
                     assert (await failing.get("/")).text == "fine"
             assert (await other.get("/")).text == "fine"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_flood_of_failing_requests_is_logged_at_a_bounded_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        url = await served(nursery, _app)
+        async with httpx.AsyncClient(base_url=url) as client:
+            for _ in range(20):
+                assert (await client.get("/base-exception")).status_code == 500
+            assert (await client.get("/")).text == "fine"
+        nursery.cancel_scope.cancel()
+    logged = [r for r in caplog.records if r.name == "dynamo_trio.edge"]
+    assert 1 <= len(logged) <= 5  # the limiter's burst, then one line per 10 s

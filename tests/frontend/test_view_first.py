@@ -123,7 +123,7 @@ def test_the_installed_quart_trio_fits_and_is_used() -> None:
 def test_a_quart_trio_whose_request_handling_changed_keeps_its_own() -> None:
     # Were a quart-trio release to change what _ViewFirst calls, the frontend would
     # fall back to quart-trio's own class instead of failing on every request.
-    class Renamed(TrioASGIHTTPConnection):
+    class ExtraParameter(TrioASGIHTTPConnection):
         async def handle_request(  # type: ignore[override]
             self, nursery: trio.Nursery, request: Any, send: Any, extra: int = 0
         ) -> None: ...
@@ -136,5 +136,5 @@ def test_a_quart_trio_whose_request_handling_changed_keeps_its_own() -> None:
         _create_request_from_scope = None  # type: ignore[assignment]
 
     assert _view_first_fits(TrioASGIHTTPConnection)
-    for changed in (Renamed, NotAsync, Missing):
+    for changed in (ExtraParameter, NotAsync, Missing):
         assert not _view_first_fits(changed), changed.__name__
