@@ -465,7 +465,7 @@ class Context:
         with _LOCK:
             changed = self._mark(target, reason)
         if changed:
-            self._run_in_trio(_apply_effects, changed)
+            _dispatch_effects(changed)
 
     def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
         """Move this subtree to ``target``; return the contexts that changed, children first.
@@ -495,13 +495,7 @@ class Context:
 
     def _run_in_trio(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` now if we are in this context's trio thread, else hand it over."""
-        token = self._token
-        if token is None or _current_token() is token:
-            fn(*args)
-            return
-        # If the run that owned the waiters is over, there is nobody left to wake.
-        with suppress(trio.RunFinishedError):
-            token.run_sync_soon(fn, *args)
+        _run_in(self._token, fn, *args)
 
     # ------------------------------------------------------------------ tree
 
@@ -521,6 +515,10 @@ class Context:
         """
         if child is self:
             raise ValueError(f"cannot link context {self._id} to itself")
+        here = _current_token()
+        if here is not None:
+            self._learn_run(here)
+            child._learn_run(here)
         with _LOCK:
             if child._parent is self:
                 return
@@ -549,7 +547,7 @@ class Context:
         for ctx in deadline_changed:
             ctx._run_in_trio(ctx._deadline_changed)
         if changed:
-            self._run_in_trio(_apply_effects, changed)
+            _dispatch_effects(changed)
         if self._watchers is not None:
             self._run_in_trio(self._start_watcher)
 
@@ -579,7 +577,7 @@ class Context:
                 del parent._children[self]
                 self._parent = None
         if changed:
-            self._run_in_trio(_apply_effects, changed)
+            _dispatch_effects(changed)
 
     def _subtree(self) -> Iterator[Context]:
         stack = [self]
@@ -616,10 +614,26 @@ class Context:
         token = _current_token()
         if token is None:
             raise RuntimeError("this Context method must be called from inside trio")
-        if self._token is None:
-            self._token = token
-        elif self._token is not token:
-            raise RuntimeError(f"context {self._id} belongs to another trio run")
+        if not self._learn_run(token):
+            raise RuntimeError(
+                f"context {self._id} belongs to another trio run that is still going; "
+                "wait on it there, or stop/kill it from here (those are safe anywhere)"
+            )
+
+    def _learn_run(self, token: trio.lowlevel.TrioToken) -> bool:
+        """Make the run of ``token`` this context's owner, unless another live run owns it.
+
+        A context made outside trio (at import, in a plain thread) or in a run that has
+        ended belongs to the first run that links or uses it; its effects (waking waiters,
+        cancelling its scope, its callbacks) run there from then on.
+        """
+        owner = self._token
+        if owner is token:
+            return True
+        if owner is not None and _run_is_alive(owner):
+            return False
+        self._token = token
+        return True
 
     def _wake(self) -> None:
         wakeup, self._wakeup = self._wakeup, None
@@ -683,6 +697,7 @@ class Context:
         self._scope_used = True
         self._drain_grace = drain_grace
         self._scope_task = trio.lowlevel.current_task()
+        body_failed = False
         try:
             async with trio.open_nursery() as self._watchers:
                 if self._wants_watcher or self._deadline is not None or self._reason is not None:
@@ -695,7 +710,11 @@ class Context:
                         if self.is_killed():
                             nursery.cancel_scope.cancel(reason=self._cancel_message())
                         self._nursery = nursery
-                        yield nursery
+                        try:
+                            yield nursery
+                        except BaseException as exc:
+                            body_failed = _is_failure(exc)
+                            raise
                     if trio.current_effective_deadline() == -math.inf:
                         # The work swallowed a cancellation from outside: it is still in
                         # effect, and ends the context as if the work had let it through.
@@ -706,6 +725,14 @@ class Context:
                     # stale one, re-raised by the work itself, cancels nothing.)
                     if trio.current_effective_deadline() == -math.inf:
                         self._killed_by_enclosing(find_cancelled(exc))
+                    elif (
+                        not body_failed
+                        and _is_failure(exc)
+                        and self._state is not ContextState.KILLED
+                    ):
+                        # A task in the context's own nursery failed, and trio cancelled
+                        # the scope for it: the same as a failed sibling around the scope.
+                        self.kill(CancelReason.SCOPE_CANCELLED)
                     raise
                 finally:
                     self._nursery = None
@@ -908,6 +935,42 @@ class ContextMetadata:
         return repr(self._items)
 
 
+def _run_in(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *args: Any) -> None:
+    """Run ``fn(*args)`` in the run of ``token``: now if we are in it (or it is ``None``:
+    a context no run owns has no waiters or scope), else handed to it."""
+    if token is None or _current_token() is token:
+        fn(*args)
+        return
+    # If the run that owned the waiters is over, there is nobody left to wake.
+    with suppress(trio.RunFinishedError):
+        token.run_sync_soon(fn, *args)
+
+
+def _run_is_alive(token: trio.lowlevel.TrioToken) -> bool:
+    try:
+        token.run_sync_soon(_nothing)
+    except trio.RunFinishedError:
+        return False
+    return True
+
+
+def _nothing() -> None:
+    pass
+
+
+def _dispatch_effects(changed: list[Context]) -> None:
+    """Apply the effects of ``changed`` (children first), each context's in its own run.
+
+    Consecutive contexts of one run go together, so a tree owned by one run keeps its
+    order: children in link order, then the parent, whichever thread marked them.
+    """
+    start = 0
+    for end in range(1, len(changed) + 1):
+        if end == len(changed) or changed[end]._token is not changed[start]._token:
+            _run_in(changed[start]._token, _apply_effects, changed[start:end])
+            start = end
+
+
 def _apply_effects(changed: list[Context]) -> None:
     """The trio-thread half of a transition; ``changed`` is ordered children first."""
     for ctx in changed:
@@ -976,6 +1039,13 @@ def find_cancelled(exc: BaseException | None) -> trio.Cancelled | None:
             if found is not None:
                 return found
     return None
+
+
+def _is_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` holds anything but cancellations."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is not None
+    return not isinstance(exc, trio.Cancelled)
 
 
 def _to_trio_time(deadline: float) -> float:

@@ -57,7 +57,6 @@ import logging
 import math
 import random
 import time
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
@@ -128,17 +127,19 @@ class ResponseStream:
         self.instance_id: Final = instance_id
         """The instance serving the call (``None`` if nothing was sent)."""
         self._done = stream is None
-        self._cancel_callback = _weak_callback(self)
         if stream is None:
             context.finish()
-        else:
-            # Through a weak reference: the context must not keep the stream alive, so
-            # that dropping the stream finalises it (and kills its work) at once.
-            context.add_cancel_callback(self._cancel_callback)
-            if context.is_stopped():  # cancelled while we were connecting
-                self._on_cancel(
-                    context, context.state, context.reason or CancelReason.KILL_REQUESTED
-                )
+            return
+        # The callback holds the wire stream, not this object: the context must not
+        # keep this object alive, so that dropping it finalises it (and kills its work)
+        # at once; and a finaliser run by the cycle collector, which clears weak
+        # references first, still reaches the wire.
+        self._cancel_callback = _wire_callback(stream)
+        context.add_cancel_callback(self._cancel_callback)
+        if context.is_stopped():  # cancelled while we were connecting
+            self._cancel_callback(
+                context, context.state, context.reason or CancelReason.KILL_REQUESTED
+            )
 
     @property
     def context(self) -> Context:
@@ -160,15 +161,6 @@ class ResponseStream:
         if self._stream.outcome is None and self._context.is_killed():
             return "killed"
         return self._stream.outcome
-
-    def _on_cancel(self, context: Context, state: ContextState, reason: CancelReason) -> None:
-        stream = self._stream
-        if stream is None or self._done:
-            return
-        if state is ContextState.KILLED:
-            stream.kill(reason)
-        else:
-            stream.stop(reason)
 
     def __aiter__(self) -> Self:
         return self
@@ -304,7 +296,8 @@ class ResponseStream:
         # and its frames are dropped as they arrive.
         if not self._done and self._stream is not None and not self._stream.done:
             if self._context.is_stopped():
-                self._stream.discard()
+                # (In the run that owns the stream: the finaliser may run in any thread.)
+                self._context._run_in_trio(self._stream.discard)
             else:
                 self._context.kill(CancelReason.STREAM_CLOSED)
 
@@ -326,15 +319,15 @@ class DataStream(ResponseStream):
             return data
 
 
-def _weak_callback(
-    stream: ResponseStream,
-) -> Callable[[Context, ContextState, CancelReason], None]:
-    ref = weakref.ref(stream)
+def _wire_callback(stream: ClientStream) -> Callable[[Context, ContextState, CancelReason], None]:
+    """The call context's cancel callback: ``stop``/``kill`` on the wire (no-ops once the
+    stream has ended)."""
 
     def on_cancel(context: Context, state: ContextState, reason: CancelReason) -> None:
-        target = ref()
-        if target is not None:
-            target._on_cancel(context, state, reason)
+        if state is ContextState.KILLED:
+            stream.kill(reason)
+        else:
+            stream.stop(reason)
 
     return on_cancel
 
