@@ -101,7 +101,6 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
 
 import trio
 
-from .._context import CancelReason
 from .._errors import (
     CannotConnect,
     Disconnected,
@@ -132,7 +131,7 @@ _INSTANCE_WAIT: Final = 2.0
 _PREPARE_RETRY: Final = (0.1, 2.0)
 """Backoff (first, longest) between attempts to open an endpoint's instance watch."""
 
-_RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown)
+_RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomplete)
 """Failures of the instance after which another instance may take the request."""
 
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
@@ -369,16 +368,13 @@ class ModelStream:
             while await stream.receive_batch(idle_timeout=self._faults.idle_timeout):
                 pass  # nothing follows a finish reason but the end
         except _RETRYABLE:
-            incomplete = True
-        else:
-            incomplete = stream.outcome == "stopped" and stream.end_reason == CancelReason.SHUTDOWN
-        if not incomplete or self._context.is_stopped():
-            self._finished = True
-            return held
-        await self._recover(
-            StreamIncomplete("the worker shut down before the generation was complete")
-        )
-        return None
+            if not self._context.is_stopped():
+                await self._recover(
+                    StreamIncomplete("the worker shut down before the generation was complete")
+                )
+                return None
+        self._finished = True
+        return held
 
     async def _recover(self, exc: DynamoError) -> None:
         """Send the request to another instance after ``exc``, or raise ``exc``."""

@@ -77,6 +77,7 @@ from .._errors import (
     EngineShutdown,
     NoInstances,
     ResponseTimeout,
+    StreamIncomplete,
 )
 from .._logcontext import current_request
 from .._tracing import check_metadata, request_headers
@@ -111,6 +112,15 @@ class ResponseStream:
 
     Also an async context manager: leaving the block closes the stream (and
     kills the remote work if it has not finished).
+
+    Iteration ends cleanly only when the stream ended as this caller wanted: the
+    worker completed it, finished the drain this caller asked for with a stop, or
+    this caller killed it.  A truncated stream raises once its items are read:
+    :class:`~dynamo_trio.StreamIncomplete` when the worker cut a drain short (its
+    drain grace ran out) or stopped the work to shut down,
+    :class:`~dynamo_trio.EngineShutdown` or :class:`~dynamo_trio.Cancelled` when
+    it killed the work unasked.  A handler that stops its own work ends cleanly:
+    :attr:`outcome` is then ``"stopped"``.
     """
 
     def __init__(
@@ -251,12 +261,22 @@ class ResponseStream:
         return await receive(stream)
 
     def _ended(self, stream: ClientStream) -> None:
+        """Raise unless the worker ended the stream as this caller asked (see the class)."""
         self._finish()
-        if stream.outcome == "killed" and not self._context.is_stopped():
-            reason = stream.end_reason or "unknown"
+        context = self._context
+        if context.is_killed():
+            return  # ours: nothing more was wanted
+        outcome, reason = stream.outcome, stream.end_reason or "unknown"
+        if context.is_stopped():
+            if outcome == "killed":
+                raise StreamIncomplete(f"the worker cut the drain short ({reason})")
+            return
+        if outcome == "killed":
             if reason == CancelReason.SHUTDOWN.value:
                 raise EngineShutdown(f"the worker shut down during the request ({reason})")
             raise Cancelled(f"the worker cancelled the request ({reason})")
+        if outcome == "stopped" and reason == CancelReason.SHUTDOWN.value:
+            raise StreamIncomplete("the worker stopped the request to shut down")
 
     def _finish(self) -> None:
         if not self._done:

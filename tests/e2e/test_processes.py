@@ -14,6 +14,7 @@ from dynamo_trio import CannotConnect, Context, Disconnected
 from dynamo_trio.request_plane import parse_address
 from dynamo_trio.runtime import DistributedRuntime
 
+from .._streams import drain_cut_by_shutdown
 from .conftest import PROCS, e2e_environment, scrape, start_worker
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ async def test_sigterm_drains_deregisters_and_exits_zero(
         stream = await client.generate({"mode": "count", "period": 0.05}, context=ctx)
         await stream.__anext__()
         worker.signal(signal.SIGTERM)
-        items = [item.data() async for item in stream]
+        items = await drain_cut_by_shutdown(stream)
         assert items[-1] == {"final": True}  # the handler drained on the way out
         assert stream.outcome == "stopped"
         exit_event = await worker.wait_for("exit", id=ctx.id())

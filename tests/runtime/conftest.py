@@ -14,7 +14,12 @@ import trio
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamo_trio import Config, DiscoveryConfig, RequestPlaneConfig, WorkerConfig
+from dynamo_trio import (
+    Config,
+    DiscoveryConfig,
+    RequestPlaneConfig,
+    WorkerConfig,
+)
 from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.runtime import Client, DistributedRuntime
 

@@ -16,6 +16,7 @@ from dynamo_trio import (
     EngineShutdown,
     InvalidArgument,
     NoInstances,
+    StreamIncomplete,
     Unknown,
 )
 from dynamo_trio.runtime import Annotated
@@ -299,10 +300,28 @@ async def test_a_stop_with_drain_grace_escalates_to_kill(cluster: Cluster) -> No
     client = await cluster.serve(stubborn)
     ctx = Context()
     stream = await client.generate({}, context=ctx)
-    async for _ in stream:
-        ctx.stop()
+
+    async def read() -> None:
+        async for _ in stream:
+            ctx.stop()
+
+    with pytest.raises(StreamIncomplete, match=r"cut the drain short \(drain timeout\)"):
+        await read()
+    assert stream.outcome == "killed" and stream.end_reason == "drain timeout"
     state, reason, _ = await recorder.wait_exit(within=3)
     assert (state, reason) == ("KILLED", "drain timeout")
+
+
+async def test_a_handler_that_stops_its_own_work_ends_cleanly(cluster: Cluster) -> None:
+    async def self_stopping(request: Any, context: Context) -> AsyncIterator[Any]:
+        yield 1
+        context.stop()
+        yield {"finish_reason": "cancelled"}
+
+    client = await cluster.serve(self_stopping)
+    stream = await client.generate({})
+    assert [item.data() async for item in stream] == [1, {"finish_reason": "cancelled"}]
+    assert (stream.outcome, stream.end_reason) == ("stopped", "stop requested")
 
 
 # ---------------------------------------------------------------------------- kill

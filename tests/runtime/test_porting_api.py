@@ -12,6 +12,7 @@ import trio
 from dynamo_trio import Context, EngineShutdown
 from dynamo_trio.runtime import Annotated, DataStream, ResponseStream
 
+from .._streams import drain_cut_by_shutdown
 from .conftest import TEST_CONFIG, Cluster, metric_value
 
 if TYPE_CHECKING:
@@ -249,7 +250,7 @@ async def test_graceful_shutdown_false_kills_in_flight_requests_at_once(
         async for _ in streams["abrupt"]:
             pass
     assert trio.current_time() - start < TEST_CONFIG.worker.shutdown_grace
-    assert [item.data() async for item in streams["graceful"]] == ["drained"]
+    assert await drain_cut_by_shutdown(streams["graceful"]) == ["drained"]
     assert events == {"graceful": ["STOPPED", "ended"], "abrupt": ["KILLED", "killed"]}
 
 

@@ -25,6 +25,7 @@ import trio.testing
 
 from dynamo_trio import Cancelled, CancelReason, Context, EngineShutdown, Unknown
 
+from .._streams import drain_cut_by_shutdown
 from .conftest import Cluster, metric_value
 from .test_calls import Recorder, counting_handler
 
@@ -381,7 +382,7 @@ async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
         async for _ in await client.generate("exit"):
             pass
     # The other request drains as in any graceful shutdown, and the worker deregisters.
-    items = [i.data() async for i in other]
+    items = await drain_cut_by_shutdown(other)
     assert items[-1] == "drained" and other.outcome == "stopped"
     with trio.fail_after(3):
         await cluster.worker.wait_shut_down()
