@@ -12,6 +12,7 @@ Flags override the ``DYN_*`` environment, which overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -29,6 +30,7 @@ import trio
 
 from ._config import Config
 from ._gc import tune_gc
+from ._signals import on_forced_exit, shut_down_on_signals
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -210,17 +212,6 @@ def _settings(args: argparse.Namespace) -> MockerSettings:
 # ---------------------------------------------------------------------------- frontend
 
 
-async def _watch_signals(stop: trio.Event, scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            if stop.is_set():
-                _log.warning("second %s: exiting now", signal.Signals(signum).name)
-                scope.cancel()
-                return
-            _log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-            stop.set()
-
-
 async def run_frontend(
     config: Config,
     *,
@@ -241,7 +232,7 @@ async def run_frontend(
     if stop is None:
         stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, stop, nursery.cancel_scope)
+        nursery.start_soon(shut_down_on_signals, stop.set)
         async with trio.open_nursery() as serving:
             frontend = config.frontend
             host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
@@ -495,10 +486,11 @@ async def _run_all(
             processes.append(process)
         _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
         try:
-            if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
-                await _run_workers(config, frontend_argv, on_listening)
-            else:
-                await run_frontend(config, on_listening=on_listening)
+            with on_forced_exit(partial(_kill_all, processes)):
+                if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
+                    await _run_workers(config, frontend_argv, on_listening)
+                else:
+                    await run_frontend(config, on_listening=on_listening)
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_workers(processes, config.worker.shutdown_grace + 2)
@@ -533,6 +525,12 @@ async def _announce_ready(url: str, models: set[str]) -> None:
         ", ".join(sorted(models)),
         READY_TIMEOUT,
     )
+
+
+def _kill_all(processes: list[trio.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(OSError):
+            process.kill()
 
 
 async def _stop_workers(processes: list[trio.Process], grace: float) -> None:

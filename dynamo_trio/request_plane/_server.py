@@ -48,6 +48,7 @@ are killed as transport lost.  Either is logged once, at a bounded rate.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -85,9 +86,13 @@ __all__ = ["RequestPlaneServer", "ServerStream"]
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
-# Checkpoint fully (letting the writer and other streams run) at least this often
-# when a handler yields items without ever blocking.
+# Checkpoint fully (letting the reader, the writer and other streams run) at least
+# every this many items, and at least every this many seconds, when a handler yields
+# items without blocking: a fast handler pays for a trip through the scheduler once
+# per batch of items, and one that computes between items (CPU-bound) still hears
+# its kill, and lets its neighbours run, within a slice of its own time.
 _YIELD_EVERY: Final = 32
+_YIELD_AFTER: Final = 0.02
 
 
 # Refusing a connection beyond a cap: how long its close frame may take, and how
@@ -140,6 +145,7 @@ class ServerStream:
         self._connection = connection
         self._credit_wakeup: trio.Event | None = None
         self._since_checkpoint = 0
+        self._slice_started = time.perf_counter()
         self._finished = False
         self.context._add_exit_callback(self._on_context_cancelled)
 
@@ -208,12 +214,17 @@ class ServerStream:
             self._credit_wakeup = wakeup = trio.Event()
             await wakeup.wait()
             self._since_checkpoint = 0
+            self._slice_started = time.perf_counter()
         if not connection.send(Item(self.sid, data, id, event, comment)):
             raise Disconnected(f"connection to {connection.name} lost")
         self._since_checkpoint += 1
-        if self._since_checkpoint >= _YIELD_EVERY:
-            self._since_checkpoint = 0
+        if (
+            self._since_checkpoint >= _YIELD_EVERY
+            or time.perf_counter() - self._slice_started >= _YIELD_AFTER
+        ):
             await trio.lowlevel.checkpoint()
+            self._since_checkpoint = 0
+            self._slice_started = time.perf_counter()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import socket
 import warnings
 from contextlib import AsyncExitStack
@@ -35,6 +34,7 @@ from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
 from .._logcontext import LOG_FORMAT, RequestLogFilter
+from .._signals import shut_down_on_signals
 from ..discovery import (
     Instance,
     ModelCard,
@@ -611,9 +611,9 @@ def dynamo_worker(
     ``asyncio.run(main())`` / ``uvloop.run(main())`` becomes ``trio.run(main)``.
 
     With ``handle_signals`` (the default), SIGINT and SIGTERM start a graceful
-    shutdown; a second signal cancels everything at once.  ``enable_nats`` is
-    accepted, and ignored with a ``DeprecationWarning``, as Dynamo 1.6.1 does
-    (there is no NATS here).
+    shutdown; a second signal ends the process at once, whatever its handlers do.
+    ``enable_nats`` is accepted, and ignored with a ``DeprecationWarning``, as
+    Dynamo 1.6.1 does (there is no NATS here).
     """
     if enable_nats is not None:
         warnings.warn(
@@ -630,7 +630,7 @@ def dynamo_worker(
             configure_logging(settings.log_level)
             async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
                 if handle_signals:
-                    nursery.start_soon(_shutdown_on_signals, runtime, nursery.cancel_scope)
+                    nursery.start_soon(shut_down_on_signals, runtime.shutdown)
                 await fn(runtime, *args, **kwargs)
                 nursery.cancel_scope.cancel()
 
@@ -690,14 +690,3 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     root.addHandler(handler)
     root.setLevel(level.upper())
     _quiet_httpx(level)
-
-
-async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            if runtime.shutting_down:
-                _log.warning("second %s: exiting now", signal.Signals(signum).name)
-                scope.cancel()
-                return
-            _log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-            runtime.shutdown()

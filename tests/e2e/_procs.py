@@ -9,7 +9,8 @@ handler's behaviour:
 
 * ``count``: yield ``{"i": n}`` every ``period`` seconds; on stop, one final item;
 * ``silent``: never yield (a long prefill);
-* ``echo``: yield the request back once.
+* ``echo``: yield the request back once;
+* ``thread``: wait in a thread that cannot be cancelled (blocking code), for ever.
 
 The caller opens one stream and consumes it forever (the test kills it).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -41,6 +43,8 @@ async def handler(request: dict[str, Any], context: Context) -> AsyncIterator[An
             yield request
         elif request["mode"] == "silent":
             await trio.sleep_forever()
+        elif request["mode"] == "thread":
+            await trio.to_thread.run_sync(threading.Event().wait)
         else:
             i = 0
             while not context.is_stopped():

@@ -61,6 +61,7 @@ class Proc:
         assert self.process.stderr is not None
         async for chunk in self.process.stderr:
             self.stderr += chunk
+            self._notify()
 
     async def wait_for(self, event: str, *, within: float = 10.0, **fields: Any) -> dict[str, Any]:
         """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
@@ -76,6 +77,12 @@ class Proc:
                         f"{self.name} exited ({self.process.returncode}) before {event!r}:\n"
                         f"{self.stderr.decode(errors='replace')[-3000:]}"
                     )
+                await self._changed.wait()
+
+    async def wait_for_log(self, text: str, *, within: float = 10.0) -> None:
+        """Wait up to ``within`` s for ``text`` to appear on the process's stderr."""
+        with trio.fail_after(within):
+            while text.encode() not in self.stderr:
                 await self._changed.wait()
 
     def signal(self, signum: int) -> None:

@@ -172,3 +172,23 @@ async def test_a_shared_token_authenticates_connections(
     async with DistributedRuntime(Config.from_env(env)) as runtime:
         client = await client_for(runtime)
         assert len([i async for i in await client.generate({"mode": "echo"})]) == 1
+
+
+async def test_a_second_sigterm_exits_at_once_whatever_the_handlers_do(
+    spawn: Callable[..., Any], env: dict[str, str], config: Config
+) -> None:
+    """A handler stuck in a thread that cannot be cancelled holds the graceful shutdown
+    (its grace is long here); a second signal ends the process all the same."""
+    worker, _ = await start_worker(spawn, {**env, "DYN_SHUTDOWN_GRACE_SECS": "600"})
+    async with DistributedRuntime(config) as runtime:
+        client = await client_for(runtime)
+        ctx = Context()
+        stream = await client.generate({"mode": "thread"}, context=ctx)
+        await worker.wait_for("start", id=ctx.id())
+        worker.signal(signal.SIGTERM)
+        await worker.wait_for_log("shutting down gracefully")
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit() == 128 + signal.SIGTERM
+        with pytest.raises(Disconnected):
+            async for _ in stream:
+                pass

@@ -460,3 +460,35 @@ async def test_leaving_a_runtime_lets_stopped_calls_drain_and_kills_live_ones(
     # The stop became a drain, not a "transport lost" kill; the live call was told why.
     assert await stopped.wait_exit() == ("STOPPED", "stop requested", "returned")
     assert await live.wait_exit() == ("KILLED", "shutdown", "Cancelled")
+
+
+# ---------------------------------------------------------------------------- CPU-bound
+
+
+async def test_a_cpu_bound_handler_hears_its_kill_within_a_slice(cluster: Cluster) -> None:
+    """A handler that computes between items and never awaits still hears its kill
+    after the item it is working on (or the one after): the runtime lets the reader
+    run once the handler has held the loop for a slice of time, not only every so
+    many items."""
+    produced: list[int] = []
+    killed_at: list[int] = []
+
+    async def cpu_bound(request: Any, context: Context) -> AsyncIterator[Any]:
+        for i in range(60):
+            spin_until = time.perf_counter() + 0.025
+            while time.perf_counter() < spin_until:
+                pass
+            produced.append(i)
+            yield i
+
+    client = await cluster.serve(cpu_bound)
+    ctx = Context()
+    stream = await client.generate({}, context=ctx)
+    await stream.__anext__()
+    killed_at.append(len(produced))
+    ctx.kill()
+    await _settled(cluster)
+    # The caller got its first item while the handler was at most a few items in
+    # (the loop was shared), and the handler stopped a few items after the kill.
+    assert killed_at[0] <= 3, killed_at
+    assert len(produced) - killed_at[0] <= 3, (killed_at, len(produced))
