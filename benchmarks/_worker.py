@@ -1,7 +1,7 @@
 """The benchmark worker: serves ``bench/worker/generate`` with a handler per request ``mode``.
 
 Prints ``{"event": "ready"}`` once registered, and one JSON line per observed kill
-(``{"event": "killed", "id": ..., "t": time.monotonic()}``) for the caller-kill benchmark.
+(``{"event": "killed", "id": ..., "t": time.monotonic()}``) for the kill-latency benchmarks.
 """
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ async def generate(request: dict[str, Any], context: Context) -> AsyncIterator[A
         yield {"waiting": True}
         await context.stopped()
         yield {"observed": time.monotonic()}
+    elif mode == "cpu":  # computes ``ms`` between items and never awaits (CPU-bound)
+        print(json.dumps({"event": "parked", "id": context.id()}), flush=True)
+        try:
+            while True:
+                spin_until = time.perf_counter() + request["ms"] / 1000
+                while time.perf_counter() < spin_until:
+                    pass
+                yield {"tok": 1}
+        finally:
+            observed = time.monotonic()
+            print(json.dumps({"event": "killed", "id": context.id(), "t": observed}), flush=True)
     elif mode in ("silent", "parked"):
         if mode == "parked":  # says when it is waiting, for the scope-cancellation benchmark
             print(json.dumps({"event": "parked", "id": context.id()}), flush=True)

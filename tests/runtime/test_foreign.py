@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from dynamo_trio.runtime import Client, ResponseStream
 
 
+# A killed handler is cancelled in its own await, or closed at its yield when the kill
+# caught the runtime sending its item.
+_KILLED = ("cancelled", "closed")
+
+
 def _in_plain_thread(fn: Any) -> Any:
     """Run ``fn()`` in a new plain thread (no trio token) and return its result."""
     result: list[Any] = []
@@ -61,7 +66,9 @@ async def test_a_context_made_in_a_plain_thread_and_killed_from_one_kills_the_ca
     assert rest == []
     assert stream.outcome == "killed"
     # The worker's handler for that call was cancelled, with the caller's reason.
-    assert await recorder.wait_exit() == ("KILLED", "kill requested", "cancelled")
+    state, reason, how = await recorder.wait_exit()
+    assert (state, reason) == ("KILLED", "kill requested")
+    assert how in _KILLED
     assert len(recorder.exits) == 1
     # The connection still serves the other streams, and nothing was lost on it.
     await _others_still_flow(others)
@@ -132,7 +139,8 @@ def test_a_context_from_an_earlier_run_kills_a_call_in_this_run() -> None:
                 assert [item async for item in stream] == []
             with trio.fail_after(2):
                 state, reason, how = await recorder.wait_exit()
-            assert (state, reason, how) == ("KILLED", "kill requested", "cancelled")
+            assert (state, reason) == ("KILLED", "kill requested")
+            assert how in _KILLED
             # And the earlier run's context now belongs to this one: it can be awaited.
             with trio.fail_after(1):
                 await parent.killed()
@@ -179,7 +187,8 @@ async def test_a_stream_in_a_reference_cycle_sends_its_kill(cluster: Cluster) ->
     gc.collect()
     assert context.is_killed() and context.reason is CancelReason.STREAM_CLOSED
     state, reason, how = await recorder.wait_exit()
-    assert (state, reason, how) == ("KILLED", "stream closed", "cancelled")
+    assert (state, reason) == ("KILLED", "stream closed")
+    assert how in _KILLED
     await _others_still_flow([other])
     await other.aclose()
 
@@ -196,7 +205,8 @@ async def test_leaving_a_scope_after_its_stream_was_collected_in_a_cycle_kills_t
         del stream
         gc.collect()
     state, _reason, how = await recorder.wait_exit()
-    assert (state, how) == ("KILLED", "cancelled")
+    assert state == "KILLED"
+    assert how in _KILLED
 
 
 async def test_a_stream_collected_in_a_plain_thread_sends_its_kill(cluster: Cluster) -> None:
@@ -207,7 +217,8 @@ async def test_a_stream_collected_in_a_plain_thread_sends_its_kill(cluster: Clus
     del stream
     await trio.to_thread.run_sync(box.clear)  # the last reference goes in another thread
     state, reason, how = await recorder.wait_exit()
-    assert (state, reason, how) == ("KILLED", "stream closed", "cancelled")
+    assert (state, reason) == ("KILLED", "stream closed")
+    assert how in _KILLED
 
 
 # ---------------------------------------------------------------------------- own nursery

@@ -276,3 +276,113 @@ async def test_a_context_passed_where_annotated_goes_is_refused(cluster: Cluster
         with pytest.raises(TypeError, match="context="):
             await call()
     assert ctx.children == ()
+
+
+# ---------------------------------------------------------------------------- abort pattern
+
+
+class _BackgroundEngine:
+    """An engine that generates in the background, as vLLM's does: each request runs in
+    the engine's own task until it finishes or is aborted, whether or not anyone reads."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self.running: dict[str, trio.CancelScope] = {}
+        self.aborted: list[str] = []
+        self.idle = trio.Event()
+        self._outputs: dict[str, list[_Output]] = {}
+        self._more = trio.Event()
+
+    async def generate(self, prompt: str, request_id: str) -> AsyncIterator[_Output]:
+        self.running[request_id] = scope = trio.CancelScope()
+        self._outputs[request_id] = outputs = []
+        self._nursery.start_soon(self._run, request_id, scope)
+        taken = 0
+        while True:
+            while taken < len(outputs):
+                taken += 1
+                yield outputs[taken - 1]
+            await self._more.wait()
+
+    async def _run(self, request_id: str, scope: trio.CancelScope) -> None:
+        with scope:
+            for i in range(10**6):
+                await trio.sleep(0.001)
+                self._outputs[request_id].append(_Output(f"t{i}", finished=False))
+                self._more.set()
+                self._more = trio.Event()
+        self.running.pop(request_id, None)
+        if not self.running:
+            self.idle.set()
+
+    async def abort(self, request_id: str) -> None:
+        await trio.sleep(0.001)  # an abort takes a moment: a kill must not cancel it
+        self.aborted.append(request_id)
+        scope = self.running.get(request_id)
+        if scope is not None:
+            scope.cancel()
+
+
+class _Output:
+    def __init__(self, text: str, *, finished: bool) -> None:
+        self.text = text
+        self.finished = finished
+
+
+def _aborting_handler(engine: _BackgroundEngine):  # type: ignore[no-untyped-def]
+    """The handler of docs/cancellation.md, "An engine with an abort hook", verbatim."""
+
+    async def generate(request: Any, context: Context) -> AsyncIterator[Any]:
+        request_id = context.id()
+        outputs = engine.generate(request["prompt"], request_id)
+        finished = False
+        try:
+            async for output in outputs:
+                if context.is_stopped():  # a stop: end early, say so, let the finally abort
+                    yield {"text": "", "finish_reason": "cancelled"}
+                    return
+                yield {"text": output.text}
+                finished = output.finished
+        finally:
+            with trio.CancelScope(shield=True):  # a kill must not cancel the clean-up
+                await outputs.aclose()
+                if not finished:
+                    await engine.abort(request_id)
+
+    return generate
+
+
+@pytest.mark.parametrize("how", ["kill", "stop", "enclosing timeout", "closed stream"])
+async def test_the_documented_abort_pattern_leaves_nothing_in_the_engine(
+    cluster: Cluster, how: str
+) -> None:
+    engine = _BackgroundEngine(cluster.nursery)
+    client = await cluster.serve(_aborting_handler(engine))
+    ctx = Context()
+    items: list[Any] = []
+
+    async def call() -> None:
+        async with ctx.scope():
+            stream = await client.generate({"prompt": "hi"}, annotated=False, context=ctx)
+            async for item in stream:
+                items.append(item)
+                if len(items) == 3:
+                    if how == "kill":
+                        ctx.kill()
+                    elif how == "stop":
+                        ctx.stop_generating()
+                    elif how == "closed stream":
+                        await stream.aclose()
+                        return
+                    else:
+                        await trio.sleep_forever()
+
+    with trio.move_on_after(5 if how != "enclosing timeout" else 0.2):
+        await call()
+    with trio.fail_after(2):
+        await cluster.worker._inflight.wait_empty()
+        await engine.idle.wait()
+    assert engine.aborted == [ctx.id()]
+    assert len(items) >= 3
+    if how == "stop":
+        assert items[-1] == {"text": "", "finish_reason": "cancelled"}
