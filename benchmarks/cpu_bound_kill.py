@@ -1,6 +1,6 @@
 """Kill latency of a CPU-bound handler: one that computes between items and never awaits.
 
-Run: ``python benchmarks/cpu_bound_kill.py [--samples 20]``
+Run: ``python benchmarks/cpu_bound_kill.py [--samples 20] [--levels 0.5,5,20,50,200]``
 
 A worker process serves a handler that spins for N ms of CPU per item (N in 0.5,
 5, 20, 50, 200, alternating between levels so that every level sees the same
@@ -29,7 +29,7 @@ from request_plane import spawn_script  # noqa: E402
 from dynamo_trio import Config, Context  # noqa: E402
 from dynamo_trio.runtime import Client, DistributedRuntime  # noqa: E402
 
-_LEVELS = (0.5, 5.0, 20.0, 50.0, 200.0)  # ms of CPU per item
+_LEVELS = "0.5,5,20,50,200"  # ms of CPU per item
 
 
 async def one(client: Client, worker: Child, ms: float, serial: int) -> float:
@@ -53,7 +53,8 @@ async def main(args: argparse.Namespace) -> None:
         DYN_LOG="warning",
         PYTHONPATH=str(REPO),
     )
-    samples: dict[float, list[float]] = {ms: [] for ms in _LEVELS}
+    levels = [float(level) for level in args.levels.split(",")]
+    samples: dict[float, list[float]] = {ms: [] for ms in levels}
     async with trio.open_nursery() as nursery:
         worker = await spawn_script(nursery, "_worker.py", env)
         await worker.wait_for("ready")
@@ -64,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
             for i in range(3):  # warm up the connection and the handler
                 await one(client, worker, 0.5, -i)
             for i in range(args.samples):
-                for ms in _LEVELS:
+                for ms in levels:
                     samples[ms].append(await one(client, worker, ms, i))
         worker.process.send_signal(signal.SIGTERM)
         await worker.process.wait()
@@ -79,4 +80,5 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--levels", default=_LEVELS, help="ms of CPU per item, comma-separated")
     trio.run(main, parser.parse_args())

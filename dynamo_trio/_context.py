@@ -212,7 +212,8 @@ class Context:
     ``stop_generating()``, ``stop()``, ``kill()``, ``is_stopped()`` and
     ``is_killed()`` are synchronous, never checkpoint, and are safe to call
     from any thread.  Everything else must be called from the trio thread that
-    owns the context (the run it was first used in).
+    owns the context: the run it was made in, or, for one made outside trio or in
+    a run that has ended, the first run that links a child under it or uses it.
     """
 
     __slots__ = (
