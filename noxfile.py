@@ -1,4 +1,5 @@
-"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``.
+"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``,
+``nox -s docs``.
 
 Every session runs on the interpreter that runs nox (any of Python 3.11, 3.12
 and 3.13: ``python3 -m nox`` on a machine that has only one of them just works),
@@ -71,3 +72,14 @@ def typecheck(session: nox.Session) -> None:
     _check_interpreter(session)
     session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "typecheck"))
     session.run("mypy")
+
+
+@nox.session(python=None)
+def docs(session: nox.Session) -> None:
+    """The documentation site (Sphinx, with the API reference from the docstrings), warnings
+    as errors, into docs/_build/html."""
+    _check_interpreter(session)
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html"
+    )
