@@ -6,7 +6,7 @@ and every so often a full collection that walks every object in the heap,
 including the tens of thousands that only exist because modules were imported.
 A frontend under load allocates a few hundred such objects per request (its
 tasks, scopes, channels and contexts) that live as long as the request, so
-they are walked again and again while it runs (figures below).
+they are walked again and again while it runs.
 
 :func:`tune_gc` does what long-running Python servers commonly do:
 
@@ -17,13 +17,8 @@ they are walked again and again while it runs (figures below).
   so most per-request objects are freed by reference counting before a
   collection ever walks them.  The older generations keep Python's settings.
 
-Measured over 20 s at 128 streams (GC callbacks timing every collection): with
-Python's settings the collector took 30% of the frontend's CPU, in 1,955 young,
-178 middle and 17 full collections (the full ones up to 210 ms; 17 pauses over
-30 ms); frozen, with a threshold of 10,000: 9% of the CPU, in 75, 6 and 1 (young
-up to 41 ms, middle up to 103 ms, the full one 254 ms; 15 pauses over 30 ms).
-The pauses over 30 ms are as many and as long as before; the time spent is a
-third.  Cyclic garbage is still collected, in larger batches.
+Cyclic garbage is still collected, in larger batches; the pauses are as many and
+as long as before, the time spent far less (``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations

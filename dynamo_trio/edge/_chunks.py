@@ -3,7 +3,7 @@
 An SSE stream is thousands of small body pieces.  Sent as ASGI messages, each
 piece walks quart's body loop, the edge's ``send``, hypercorn's ``HTTPStream``
 and ``H11Protocol`` and h11's chunked writer before reaching the socket; that
-walk cost more CPU than the piece's own encoding (profiled in issue 8).
+walk costs more CPU than the piece's own encoding.
 
 :class:`ChunkWriter` is the short way for the body of an HTTP/1.1 response
 that h11 frames as ``Transfer-Encoding: chunked``: it frames each piece as one

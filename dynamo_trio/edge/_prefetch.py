@@ -8,9 +8,8 @@ waking the view once the last one is in.  A memory channel's ``receive``
 always yields to the scheduler, even when a message is waiting, so a body
 costs the view three scheduler passes after it first asks for it.  A
 saturated frontend's pass lasts milliseconds, and a new stream waits about a
-dozen of them before its first chunk: traced per request at 32 streams
-(issue 8; with the tracer's own overhead), these three were 15 ms of a 59 ms
-time to first chunk.
+dozen of them before its first chunk, so these three are a large share of
+its time to first chunk.
 
 What
 ====

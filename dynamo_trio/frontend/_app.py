@@ -124,7 +124,7 @@ class _ViewFirst(TrioASGIHTTPConnection):
 
     quart-trio starts two tasks per request, one reading the ASGI messages and
     one running the view, so the view begins a scheduler pass later; under load
-    a pass lasts milliseconds (issue 8).  Here only the reader is a new task,
+    a pass lasts milliseconds.  Here only the reader is a new task,
     and the view runs in the caller's task, in the body of the same nursery: as
     in quart-trio, the view's end cancels the reader, and the reader's
     ``http.disconnect`` cancels the view.  A body the edge prefetched is there

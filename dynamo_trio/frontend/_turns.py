@@ -6,9 +6,7 @@ trio runs every runnable task once per scheduler pass.  A saturated frontend
 spends each pass writing the tokens that arrived for every running stream, so a
 pass grows with the streams, and a new request, which needs about a dozen
 passes before its first chunk (hypercorn, quart-trio, the worker's round
-trip), waits a dozen long passes.  Measured at 128 streams of a zero-latency
-engine (issue 8): passes of 20-25 ms, and 400-450 ms to a new stream's first
-chunk, of which the worker's handler took under 1 ms (traced per request).
+trip), waits a dozen long passes, though the worker answers it at once.
 
 What
 ====
@@ -23,14 +21,8 @@ plane): so a pass stays short and a newcomer's passes are short too.  The
 waiting streams lose nothing: their tokens gather in their request-plane
 queues (bounded by the stream window: the worker is slowed by credits, as for
 a slow client) and go out in one larger write on their next turn, which costs
-less per token.
-
-With 4 turns per pass, measured A B A B at 128 streams (3 runs each): time to
-first chunk p50 346 -> 111 ms at the same SSE throughput (35.9k against 36.0k
-chunks/s); at 32 streams 96 -> 71 ms; 64 paced streams (one token per write)
-57 -> 32 ms, for ~7% more CPU per token.  With 2 (the default) against 4, 6 runs
-each: 73 -> 49 ms at 32 streams, 105 -> 57 ms at 128, paced 27 -> 15 ms, for
-0.92-0.98x the chunks/s (within the runs' spread).  0 turns the limit off.
+less per token.  0 turns the limit off; the measurements behind the default
+are in ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ as long as the connection lives:
   (:data:`_DIRECT_BURST` per millisecond, and again after each received batch
   or write): bursts, and the frames of many streams, are the writer's to
   coalesce.  (A request and its answer then cost no writer task step on
-  either side: sequential 1-item requests +11-16%, measured A/B; with many
-  streams the receiving side would pay for the smaller batches);
+  either side; with many streams the receiving side would pay for the
+  smaller batches);
 * the **heartbeat** sends a ``ping`` every interval and declares the
   connection dead when no valid frame has arrived for ``heartbeat_timeout``
   seconds (a half-open peer: its kernel may ACK, but its process is gone).

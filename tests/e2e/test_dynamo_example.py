@@ -1,4 +1,4 @@
-"""Dynamo's cancellation demo, ported by changing imports, as three processes (issue 7).
+"""Dynamo's cancellation demo, ported by changing imports, as three processes.
 
 The programs are in ``dynamo_cancellation/`` (see its README for the exact
 changes).  The server raises ``asyncio.CancelledError`` when it sees the stop,

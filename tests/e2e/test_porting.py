@@ -1,5 +1,5 @@
 """A worker and a client written against Dynamo 1.6.1's API, run with only their imports
-changed (issue 10).
+changed.
 
 ``porting/dynamo_1_6_1/`` holds the programs as written for Dynamo 1.6.1 (they
 were run against its wheel: see ``porting/README.md``); ``porting/dynamo_trio_port/``

@@ -1,4 +1,4 @@
-"""Structured cancellation across real processes: each finding of issue 7, as it was measured.
+"""Structured cancellation across real processes: each of its rules, checked as a user would.
 
 1. A handler raising ``asyncio.CancelledError`` after a stop (the seed's own
    handler), or ``GeneratorExit``, took its whole worker down.  Now it ends its

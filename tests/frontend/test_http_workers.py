@@ -1,4 +1,4 @@
-"""``--http-workers N``: one port served by N frontend processes, counted as one (issue 8)."""
+"""``--http-workers N``: one port served by N frontend processes, counted as one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request ids and W3C trace context over HTTP, end to end (issue 10).
+"""Request ids and W3C trace context over HTTP, end to end.
 
 ``x-dynamo-request-id`` (Dynamo's header) and ``x-request-id`` both name the
 request (the Dynamo one wins when both are sent); a ``traceparent`` makes the

@@ -186,7 +186,7 @@ async def test_failed_authentications_are_refused_and_paced(nursery):
     assert failures, judged
     assert {code for _, code in judged} <= {"unauthenticated", "throttled"}
     # One judged guess per 0.2 s at most once the backoff has grown (the first
-    # five are faster, doubling from 0.2/16): far from issue 12's ~1,000 per second.
+    # five are faster, doubling from 0.2/16): far from an unpaced guesser's ~1,000 per second.
     assert len(failures) <= 5 + 2.0 / 0.2 + 2, len(failures)
     # Slots reserved by the guessers run out within a handshake deadline; then
     # the right token gets in from the same address (which also forgets its failures).

@@ -1,4 +1,4 @@
-"""Structured cancellation across the request plane (issue 7), with both runtimes in one process.
+"""Structured cancellation across the request plane, with both runtimes in one process.
 
 Three rules, each checked against a real handler behind real TCP:
 
