@@ -12,8 +12,8 @@ After every step, once the effects have settled, it checks:
 * **nothing linked outlives its ancestor's scope**: every context under an
   ancestor that was killed, timed out or left its scope has left its own
   scope, and every remote handler under it has ended on the worker;
-* **promptly, for the right reason**: each remote handler ended within 50 ms
-  of its cause (one monotonic clock for every process on this host; for a
+* **promptly, for the right reason**: each remote handler ended well within
+  the heartbeat timeout of its cause (one monotonic clock for every process on this host; for a
   SIGKILLed caller, from the moment its process is gone), stopped
   for a stop and killed otherwise, with the cause's reason (``kill requested``,
   ``deadline``, ``scope timeout``, ``parent finished``, ``transport lost``);
@@ -72,7 +72,10 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 WORKER: Final = Path(__file__).with_name("_tree_worker.py")
-BOUND: Final = 0.05  # a cause reaches the remote handler within this (typically ~1 ms)
+# A cause reaches the remote handler through its own ctl frame, or not at all: well
+# within half the heartbeat timeout (the other way a worker could learn), a bound a
+# busy machine does not break.
+BOUND: Final = 0.5
 DEADLINE_IN: Final = 0.02
 SETTLE: Final = 3.0
 
