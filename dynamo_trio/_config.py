@@ -69,7 +69,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, cast, get_args
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, final, get_args
 
 from ._gc import DEFAULT_GEN0_THRESHOLD
 
@@ -99,6 +99,7 @@ MAX_JSON_DEPTH = 256
 """The deepest JSON nesting a frontend may be configured to accept (the depth check's own bound)."""
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class DiscoveryConfig:
     """Where workers register and clients look them up."""
@@ -115,6 +116,7 @@ class DiscoveryConfig:
     file (file backend).  Bigger ones are refused by ``put`` and skipped by readers."""
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class RequestPlaneConfig:
     """The TCP request plane: addresses, limits and liveness."""
@@ -160,6 +162,7 @@ class RequestPlaneConfig:
     """The name a caller expects in workers' certificates (default: the host it dials)."""
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """How a worker winds requests down."""
@@ -170,6 +173,7 @@ class WorkerConfig:
     """On SIGINT/SIGTERM, in-flight requests are stopped, then killed after this long."""
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class SystemConfig:
     """The worker's status server (``/metrics``, ``/health``, ``/live``, ``/debug/requests``)."""
@@ -179,6 +183,7 @@ class SystemConfig:
     host: str = "127.0.0.1"
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class FrontendConfig:
     """The OpenAI-compatible HTTP frontend."""
@@ -241,6 +246,7 @@ class FrontendConfig:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
 
 
+@final
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """All settings of one process."""

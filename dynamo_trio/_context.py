@@ -195,6 +195,7 @@ def _current_token() -> trio.lowlevel.TrioToken | None:
         return None
 
 
+@final
 class Context:
     """Cancellation state for one request stream, shared by the frontend, workers and sub-requests.
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, final
 
 __all__ = ["Annotated"]
 
 
+@final
 class Annotated:
     """One item of a response stream.
 

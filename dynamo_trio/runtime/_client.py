@@ -58,7 +58,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
 
 import trio
 
@@ -322,6 +322,7 @@ class ResponseStream:
                 self._context.kill(CancelReason.STREAM_CLOSED)
 
 
+@final
 class DataStream(ResponseStream):
     """The items of one call made with ``annotated=False``: each item's data alone.
 
@@ -369,6 +370,7 @@ class _Resting:
     probing: bool = False
 
 
+@final
 class Client:
     """Calls one endpoint's instances, as Dynamo's ``Client``."""
 

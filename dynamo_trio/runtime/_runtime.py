@@ -25,7 +25,7 @@ import os
 import socket
 import warnings
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -73,6 +73,7 @@ _DEREGISTER_TIMEOUT: Final = 2.0
 _KILL_SETTLE_TIMEOUT: Final = 5.0
 
 
+@final
 class DistributedRuntime:
     """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``.
 
@@ -470,6 +471,7 @@ class DistributedRuntime:
         )
 
 
+@final
 class Namespace:
     """A namespace of components (Dynamo's first naming level)."""
 
@@ -482,6 +484,7 @@ class Namespace:
         return Component(self, name)
 
 
+@final
 class Component:
     """A component (a kind of worker) within a namespace."""
 
@@ -495,6 +498,7 @@ class Component:
         return Endpoint(self, name)
 
 
+@final
 class Endpoint:
     """``namespace/component/endpoint``: what workers serve and clients call."""
 
