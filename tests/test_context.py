@@ -7,12 +7,16 @@ import itertools
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 import trio.testing
 
 from dynamo_trio import CancelReason, Context, ContextState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # ---------------------------------------------------------------------------- basics
 
@@ -158,6 +162,20 @@ def _chain(length: int) -> list[Context]:
     return contexts
 
 
+def _appending(
+    into: list[Any], value: Any
+) -> Callable[[Context, ContextState, CancelReason], None]:
+    """A cancel callback that appends ``value`` to ``into``."""
+    return lambda context, state, reason: into.append(value)
+
+
+def _recording(
+    into: list[tuple[str, ContextState, CancelReason]], name: str
+) -> Callable[[Context, ContextState, CancelReason], None]:
+    """A cancel callback that records ``(name, state, reason)`` in ``into``."""
+    return lambda context, state, reason: into.append((name, state, reason))
+
+
 def test_stop_reaches_every_descendant_in_link_order() -> None:
     root = Context("r")
     a, b, a1, a2 = Context("r"), Context("r"), Context("r"), Context("r")
@@ -167,7 +185,7 @@ def test_stop_reaches_every_descendant_in_link_order() -> None:
     a.link_child(a2)
     order: list[str] = []
     for name, ctx in {"root": root, "a": a, "b": b, "a1": a1, "a2": a2}.items():
-        ctx.add_cancel_callback(lambda c, s, r, name=name: order.append(name))
+        ctx.add_cancel_callback(_appending(order, name))
     root.stop(CancelReason.CLIENT_DISCONNECT)
     # Children first, in link order (depth first), then the parent.
     assert order == ["a1", "a2", "a", "b", "root"]
@@ -181,7 +199,7 @@ async def test_children_are_signalled_before_parent_waiters_wake() -> None:
     signalled: list[int] = []
     for i, child in enumerate(children):
         root.link_child(child)
-        child.add_cancel_callback(lambda c, s, r, i=i: signalled.append(i))
+        child.add_cancel_callback(_appending(signalled, i))
     seen_at_wake: list[list[int]] = []
 
     async def parent_waiter() -> None:
@@ -281,7 +299,7 @@ class _CountingDict(dict[Context, None]):
 
     visits = 0
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         _CountingDict.visits += 1
         return super().__iter__()
 
@@ -290,7 +308,7 @@ def _counted_chain(length: int) -> list[Context]:
     contexts = []
     for _ in range(length):
         ctx = Context("deep")
-        ctx._children = _CountingDict()  # type: ignore[assignment]
+        ctx._children = _CountingDict()
         contexts.append(ctx)
     for parent, child in itertools.pairwise(contexts):
         parent.link_child(child)
@@ -321,7 +339,7 @@ def test_deep_chain_built_bottom_up_is_linear() -> None:
     contexts = []
     for _ in range(length):
         ctx = Context("deep")
-        ctx._children = _CountingDict()  # type: ignore[assignment]
+        ctx._children = _CountingDict()
         contexts.append(ctx)
     for child, parent in itertools.pairwise(contexts):
         parent.link_child(child)  # a fresh root above an ever deeper chain
@@ -337,7 +355,7 @@ def test_wide_tree_of_ten_thousand() -> None:
         root.link_child(child)
     order: list[int] = []
     for i, child in enumerate(children):
-        child.add_cancel_callback(lambda c, s, r, i=i: order.append(i))
+        child.add_cancel_callback(_appending(order, i))
     root.kill()
     assert order == list(range(10_000))
 
@@ -506,7 +524,7 @@ async def test_kill_cancels_tasks_started_in_the_context_nursery() -> None:
 
 async def test_stop_does_not_cancel_the_scope() -> None:
     ctx = Context()
-    produced = []
+    produced: list[int | str] = []
     async with ctx.scope():
         for i in range(5):
             if ctx.is_stopped():
@@ -734,9 +752,7 @@ async def test_enclosing_timeout_kills_the_context_and_its_children() -> None:
     child.link_child(grandchild)
     seen: list[tuple[str, ContextState, CancelReason]] = []
     for name, ctx in (("parent", parent), ("child", child), ("grandchild", grandchild)):
-        ctx.add_cancel_callback(
-            lambda c, state, reason, name=name: seen.append((name, state, reason))
-        )
+        ctx.add_cancel_callback(_recording(seen, name))
     with trio.move_on_after(0.05) as outer:
         async with parent.scope():
             await trio.sleep_forever()

@@ -49,10 +49,13 @@ class ContextTreeMachine(RuleBasedStateMachine):
 
     @initialize(target=contexts)
     def first(self) -> Context:
-        return self.new()
+        return self._made()
 
     @rule(target=contexts)
     def new(self) -> Context:
+        return self._made()
+
+    def _made(self) -> Context:
         ctx = Context("req")
         self.all.append(ctx)
         self.state[id(ctx)] = ContextState.LIVE

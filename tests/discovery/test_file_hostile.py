@@ -60,7 +60,7 @@ def unopenable(monkeypatch: pytest.MonkeyPatch) -> set[str]:
             raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(file_store.os, "open", fake_open)
+    monkeypatch.setattr(os, "open", fake_open)  # (the module the store calls)
     return paths
 
 

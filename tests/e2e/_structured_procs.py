@@ -88,7 +88,7 @@ async def worker(runtime: DistributedRuntime, component: str) -> None:
         )
         await client.wait_for_instances()
 
-        async def handler(request: Any, context: Context) -> AsyncIterator[Any]:  # type: ignore[misc]
+        async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
             report("start", id=context.id(), mode="middle")
             try:
                 stream = await client.generate(request, context=context)

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, scrape as metric
 from .test_examples import wait_for_line
-from .test_structured import metric
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,7 +28,7 @@ DEMO = ROOT / "tests" / "e2e" / "dynamo_cancellation"
 
 
 async def run_client(spawn: Callable[..., Any], env: dict[str, str], *flags: str) -> Proc:
-    client = await spawn(str(DEMO / "client.py"), *flags, env=env, name="client")
+    client: Proc = await spawn(str(DEMO / "client.py"), *flags, env=env, name="client")
     assert await client.wait_exit(within=15) == 0, client.stderr.decode(errors="replace")
     await wait_for_line(client, "Client: Cancelling after 3 responses...")
     await wait_for_line(client, "Client: Stream stopped")

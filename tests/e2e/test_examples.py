@@ -33,7 +33,7 @@ async def wait_for_line(proc: Proc, text: str, within: float = 10.0) -> None:
 
 
 async def run_client(spawn: Callable[..., Any], env: dict[str, str], *flags: str) -> Proc:
-    client = await spawn(str(EXAMPLES / "client.py"), *flags, env=env, name="client")
+    client: Proc = await spawn(str(EXAMPLES / "client.py"), *flags, env=env, name="client")
     assert await client.wait_exit(within=10) == 0
     await wait_for_line(client, "Client: Stream ended")
     return client

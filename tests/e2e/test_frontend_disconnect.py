@@ -33,7 +33,7 @@ abandons_httpx_stream = pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnraisableExceptionWarning"
 )
 
-ROUTES = {
+ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat_completions": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     "completions": ("/v1/completions", {"prompt": "hi"}),
     "responses": ("/v1/responses", {"input": "hi"}),

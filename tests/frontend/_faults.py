@@ -86,7 +86,11 @@ async def expected_output(path: str, body: dict[str, Any]) -> tuple[str, dict[st
     engine = MockEngine(MockerSettings(inter_token_latency_ms=0))
     items = [item async for item in engine.generate(request, Context())]
     generation = llm.Generation.collect(items)
-    return generation.text, dict(generation.usage)
+    usage = generation.usage
+    return generation.text, {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+    }
 
 
 @dataclass

@@ -47,7 +47,9 @@ STREAMS = 24
 UNARY = 6
 
 
-def _body(rng: random.Random, index: int, *, stream: bool, max_tokens: int) -> tuple[str, dict]:
+def _body(
+    rng: random.Random, index: int, *, stream: bool, max_tokens: int
+) -> tuple[str, dict[str, Any]]:
     seed = rng.randrange(1000)
     if index % 2:
         body: dict[str, Any] = {

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import anthropic
 import openai
 import pytest
-from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types import Message
 from openai.types import Completion, CreateEmbeddingResponse
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 from openai.types.responses import (
     Response,
     ResponseCompletedEvent,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def openai_client(url: str) -> openai.AsyncOpenAI:
@@ -186,7 +186,7 @@ async def test_anthropic_messages(stack: StartStack) -> None:
             max_tokens=3,
             system="be brief",
         ) as stream:
-            events: list[RawMessageStreamEvent] = [event async for event in stream]
+            events = [event async for event in stream]
             final = await stream.get_final_message()
         raw = await client.messages.create(
             model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True

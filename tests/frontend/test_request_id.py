@@ -129,11 +129,11 @@ async def test_an_invalid_request_id_is_refused_with_400_and_not_echoed(
             assert error["error"]["param"] == "x-request-id"
     # None of them reached the worker; the frontend still serves.
     async with httpx.AsyncClient(base_url=running.url) as http:
-        response = await http.post(path, json={**CHAT_BODY, "max_tokens": 1})
-    assert response.status_code == 200, response.text
-    await running.worker.wait_for("start", id=response.headers["x-request-id"])
+        served = await http.post(path, json={**CHAT_BODY, "max_tokens": 1})
+    assert served.status_code == 200, served.text
+    await running.worker.wait_for("start", id=served.headers["x-request-id"])
     assert [e["id"] for e in running.worker.events if e["event"] == "start"] == [
-        response.headers["x-request-id"]
+        served.headers["x-request-id"]
     ]
 
 

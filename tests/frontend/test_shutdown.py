@@ -195,7 +195,8 @@ async def test_requests_still_running_after_the_grace_end_recognisably(stack: St
     # Anthropic: its overloaded error (a retryable status for its client).
     failure = results["anthropic"]
     assert isinstance(failure, anthropic.APIStatusError)
-    assert failure.body["error"]["type"] == "overloaded_error"
+    body: Any = failure.body
+    assert body["error"]["type"] == "overloaded_error"
 
     # Unary: a 503 JSON error.
     assert_openai_error(results["unary"], 503, "service_unavailable")

@@ -96,7 +96,11 @@ async def test_metrics_count_each_successful_request_once(stack: StartStack) -> 
     )
     assert await running.metric("dynamo_frontend_requests_total") == len(SUCCESSES)
     for path, _, endpoint, request_type, _ in SUCCESSES:
-        labels = {"endpoint": endpoint, "request_type": request_type, "status": "success"}
+        labels: dict[str, Any] = {
+            "endpoint": endpoint,
+            "request_type": request_type,
+            "status": "success",
+        }
         expected = sum(1 for s in SUCCESSES if (s[2], s[3]) == (endpoint, request_type))
         assert await running.metric("dynamo_frontend_requests_total", **labels) == expected, path
     assert await running.metric("dynamo_frontend_output_tokens_total", model="mock") == sum(

@@ -174,11 +174,12 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
         ) as stream:
             with pytest.raises(anthropic.APIStatusError) as raised:
                 await read_all(stream, ready, after=5)
-        assert raised.value.body == {
+        body: Any = raised.value.body
+        assert body == {
             "type": "error",
-            "error": {"type": "overloaded_error", "message": raised.value.body["error"]["message"]},
+            "error": {"type": "overloaded_error", "message": body["error"]["message"]},
         }
-        assert LOST in raised.value.body["error"]["message"]
+        assert LOST in body["error"]["message"]
 
     async with openai_client, anthropic_client:
         scenario.add("chat over httpx", chat_over_httpx)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import struct
 from contextlib import suppress
+from typing import Any
 
 import hypothesis.strategies as st
 import msgspec
@@ -353,7 +354,7 @@ def test_encode_frame_of_an_unencodable_value_raises_and_leaves_the_buffer(value
 
 
 def test_encode_frame_of_a_deeply_nested_value_raises_and_leaves_the_buffer():
-    value = None
+    value: Any = None
     for _ in range(TOO_DEEP):
         value = [value]
     out = bytearray(b"queued before")

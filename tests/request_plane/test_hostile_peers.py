@@ -363,7 +363,8 @@ async def test_a_hostile_worker(case, token, payload, autojump_clock, no_errors_
             stream = connection.open_stream(
                 endpoint="e", instance_id=1, request_id="r", payload=None
             )
-            assert (await stream.receive()).data == "first"
+            first = await stream.receive()
+            assert first is not None and first.data == "first"
             steps["stream_seen_item"].set()
             await steps["sent"].wait()
             await trio.sleep(0.3)
@@ -554,13 +555,18 @@ async def test_every_payload_from_a_real_worker_socket_leaves_no_descriptor_behi
             stream = connection.open_stream(
                 endpoint="e", instance_id=1, request_id="r", payload=None
             )
-            assert (await stream.receive()).data == "first"
+            first = await stream.receive()
+            assert first is not None and first.data == "first"
             steps["stream_seen_item"].set()
             await steps["sent"].wait()
             await trio.sleep(0.05)
             stream.kill(CancelReason.STREAM_CLOSED)
             connection.close("done")
             fake.cancel_scope.cancel()
-        await wait_until(lambda limit=baseline: fd_count() <= limit)  # the listener too
+
+        def back_to_baseline(limit: int = baseline) -> bool:
+            return fd_count() <= limit
+
+        await wait_until(back_to_baseline)  # the listener too
         await healthy.assert_flowing(at_least=1)
     pool.close_all()

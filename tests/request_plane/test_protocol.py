@@ -9,6 +9,8 @@ their own module, ``test_handshake.py``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
@@ -362,7 +364,7 @@ def test_a_too_large_item_raises_invalid_argument_and_keeps_the_credit():
 
 
 def test_a_deeply_nested_item_raises_invalid_argument_and_leaves_the_outbox_intact():
-    value = None
+    value: Any = None
     for _ in range(TOO_DEEP):
         value = [value]
     server = open_server()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from typing import Any
 
 import hypothesis.strategies as st
 import msgspec
@@ -53,7 +54,7 @@ def raw(**fields):
         "headers": None,
     }
     base.update(fields)
-    return RawRequest(**base)
+    return RawRequest(**base)  # type: ignore[arg-type]  # (the fields are any values on purpose)
 
 
 def open_server():
@@ -184,7 +185,7 @@ def test_a_request_with_a_bad_sid_is_a_protocol_error():
 def test_json_problem_is_iterative_and_names_the_path():
     value = {"a": [0, 1, {"b": ["ok", {"c": b"x"}]}]}
     assert json_problem(value) == "must be JSON-like: payload['a'][2]['b'][1]['c'] is a bytes"
-    deep = None
+    deep: Any = None
     for _ in range(100_000):  # far past Python's recursion limit
         deep = [deep]
     assert json_problem(deep) is None
@@ -219,6 +220,7 @@ def test_any_field_values_open_the_stream_or_fail_it_never_anything_else(values)
         assert 1 <= request.window <= MAX_WINDOW
     else:
         (refusal,) = queued
+        assert isinstance(refusal, Error)
         assert (refusal.sid, refusal.code) == (1, "InvalidArgument")
     assert server.state is ConnectionState.OPEN
 

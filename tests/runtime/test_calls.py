@@ -52,7 +52,7 @@ class Recorder:
         return self.exits[-1]
 
 
-def counting_handler(recorder: Recorder, period: float = 0.005):  # type: ignore[no-untyped-def]
+def counting_handler(recorder: Recorder, period: float = 0.005):
     """Yields {"i": n} every ``period`` until asked to stop, then one final item."""
 
     async def handler(request: dict[str, Any], context: Context) -> AsyncIterator[Any]:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from dynamo_trio.runtime import Client
 
 
-def silent_handler(recorder: Recorder, exits: list[float] | None = None):  # type: ignore[no-untyped-def]
+def silent_handler(recorder: Recorder, exits: list[float] | None = None):
     """Yields once, then waits for ever (a long prefill); records how it ended, and when."""
 
     async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
@@ -69,9 +69,9 @@ async def _first_item(client: Client, parent: Context, keep: list[Any]) -> None:
 async def test_an_enclosing_timeout_kills_the_parent_and_the_remote_work(
     cluster: Cluster,
 ) -> None:
-    recorder, exits = Recorder(), []
+    recorder, exits = Recorder(), list[float]()
     client = await cluster.serve(silent_handler(recorder, exits))
-    parent, keep = Context(), []
+    parent, keep = Context(), list[Any]()
     with trio.move_on_after(0.3) as timeout:
         async with parent.scope():
             await _first_item(client, parent, keep)
@@ -97,7 +97,7 @@ async def test_an_enclosing_timeout_kills_the_parent_and_the_remote_work(
 async def test_an_enclosing_cancel_scope_kills_the_remote_work(cluster: Cluster) -> None:
     recorder = Recorder()
     client = await cluster.serve(silent_handler(recorder))
-    parent, keep = Context(), []
+    parent, keep = Context(), list[Any]()
 
     async def work() -> None:
         async with parent.scope():
@@ -118,7 +118,7 @@ async def test_an_enclosing_cancel_scope_kills_the_remote_work(cluster: Cluster)
 async def test_a_failed_sibling_kills_the_remote_work_of_its_nursery(cluster: Cluster) -> None:
     recorder = Recorder()
     client = await cluster.serve(silent_handler(recorder))
-    parent, keep = Context(), []
+    parent, keep = Context(), list[Any]()
 
     async def work() -> None:
         async with parent.scope():
@@ -141,7 +141,7 @@ async def test_a_failed_sibling_kills_the_remote_work_of_its_nursery(cluster: Cl
 async def test_the_contexts_own_deadline_kills_the_remote_work(cluster: Cluster) -> None:
     recorder = Recorder()
     client = await cluster.serve(silent_handler(recorder))
-    parent, keep = Context(timeout=0.3), []
+    parent, keep = Context(timeout=0.3), list[Any]()
     async with parent.scope():
         await _first_item(client, parent, keep)
         await trio.sleep_forever()
@@ -183,9 +183,9 @@ async def test_a_middle_hop_forwards_an_enclosing_timeout_down_the_chain(
 
 
 async def test_leaving_the_scope_kills_the_remote_work_still_open(cluster: Cluster) -> None:
-    recorder, exits = Recorder(), []
+    recorder, exits = Recorder(), list[float]()
     client = await cluster.serve(silent_handler(recorder, exits))
-    parent, keep = Context(), []
+    parent, keep = Context(), list[Any]()
     async with parent.scope():
         await _first_item(client, parent, keep)
     left_at = time.monotonic()
@@ -263,7 +263,7 @@ async def _raising_after_stop(client: Client, exception: BaseException) -> list[
     return received
 
 
-def _seed_handler(recorder: Recorder):  # type: ignore[no-untyped-def]
+def _seed_handler(recorder: Recorder):
     """The seed's own handler: raises asyncio.CancelledError once it sees a stop."""
 
     async def generate(request: Any, context: Context) -> AsyncIterator[Any]:
@@ -391,7 +391,7 @@ async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
 # ---------------------------------------------------------------------------- graceful ends
 
 
-def _stop_aware(recorder: Recorder):  # type: ignore[no-untyped-def]
+def _stop_aware(recorder: Recorder):
     """Counts until stopped; then takes a moment to drain (say, billing) and returns."""
 
     async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
