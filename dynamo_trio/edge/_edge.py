@@ -3,7 +3,9 @@
 :class:`Edge` is the outermost ASGI app of the frontend *and* of a worker's
 status server.  It does, for both, what is the same everywhere:
 
-* **Refusals**, in the API's own JSON error shape and without a traceback:
+* **Refusals**, in the JSON error shape the server's API uses (``error_body``:
+  the frontend gives its own, the API's; a status server keeps the plain
+  :func:`error_json`) and without a traceback:
   WebSocket handshakes on any path (404 through the ASGI
   ``websocket.http.response`` extension, else a close before accept), a
   request target over ``max_header_size`` bytes (414) and headers over it
@@ -61,7 +63,6 @@ import trio
 
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
-from ..llm import anthropic_error_body, openai_error_body
 from ._chunks import ChunkWriter
 from ._prefetch import BodyPrefetch
 
@@ -82,6 +83,7 @@ __all__ = [
     "Edge",
     "EdgeRequest",
     "EdgeResponse",
+    "ErrorBody",
     "Route",
     "body_timeout_message",
     "error_json",
@@ -108,13 +110,14 @@ def json_bytes(payload: object) -> bytes:
     return json.dumps(payload, separators=(",", ":"), default=str).encode()
 
 
+ErrorBody = Callable[[str, int, str, "str | None"], bytes]
+"""``(path, status, message, code)`` -> the JSON body of an error the edge answers."""
+
+
 def error_json(path: str, status: int, message: str, code: str | None = None) -> bytes:
-    """The JSON error body for ``path``'s API: Anthropic's for ``/v1/messages``, else OpenAI's."""
-    if path == "/v1/messages":
-        body = anthropic_error_body(status, message)
-    else:
-        body = openai_error_body(status, message, code=code)
-    return json_bytes(body)
+    """A plain JSON error body: ``{"error": {"message", "code"}}`` (``code`` defaults to
+    the status)."""
+    return json_bytes({"error": {"message": message, "code": code or status}})
 
 
 def shown(text: str) -> str:
@@ -182,6 +185,8 @@ class Edge:
             should be the same); ``None`` offers none.
         request_exit: Called when a request's code raised ``KeyboardInterrupt``
             or ``SystemExit`` (the request itself ends as a failed one).
+        error_body: The body of an error the edge answers itself, in the shape
+            of the server's API (default: :func:`error_json`).
     """
 
     def __init__(
@@ -193,8 +198,10 @@ class Edge:
         body_timeout: float = 30.0,
         max_body_size: int | None = None,
         request_exit: Callable[[], object] | None = None,
+        error_body: ErrorBody = error_json,
     ) -> None:
         self.app: Final = app
+        self._error_body: Final = error_body
         self.request_exit: Final = request_exit
         self.max_header_size: Final = max_header_size
         self.body_timeout: Final = body_timeout
@@ -243,7 +250,7 @@ class Edge:
         refusal = self._head_refusal(scope)
         if refusal is not None:
             status, message = refusal
-            body = error_json(scope["path"], status, message)
+            body = self._error_body(scope["path"], status, message, None)
             await _respond(send, EdgeResponse(status, body), close=True)
             return
         route = self._routes.get(scope["path"])
@@ -262,7 +269,7 @@ class Edge:
             await self.app(scope, receive, send)
         else:
             path, method = shown(scope["path"]), shown(scope["method"])
-            body = error_json(scope["path"], 404, f"No route {method} {path}.")
+            body = self._error_body(scope["path"], 404, f"No route {method} {path}.", None)
             await _drain(receive)
             await _respond(send, EdgeResponse(404, body))
 
@@ -287,14 +294,14 @@ class Edge:
             await _drain(receive)
         if reading.cancelled_caught:
             message = body_timeout_message(self.body_timeout)
-            response = EdgeResponse(408, error_json(route.path, 408, message))
+            response = EdgeResponse(408, self._error_body(route.path, 408, message, None))
             await _respond(send, response, close=True)
             return
         if method not in allowed:
             message = f"Method {shown(method)} is not allowed on {shown(route.path)}."
             allow = ", ".join(sorted(allowed)).encode()
             response = EdgeResponse(
-                405, error_json(route.path, 405, message), headers=((b"allow", allow),)
+                405, self._error_body(route.path, 405, message, None), headers=((b"allow", allow),)
             )
         else:
             request = EdgeRequest(
@@ -304,18 +311,17 @@ class Edge:
             response = answer if isinstance(answer, EdgeResponse) else await answer
         await _respond(send, response, head_only=method == "HEAD")
 
-    @staticmethod
-    async def _refuse_websocket(scope: WebsocketScope, send: ASGISendCallable) -> None:
+    async def _refuse_websocket(self, scope: WebsocketScope, send: ASGISendCallable) -> None:
         if _WEBSOCKET_RESPONSE not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": ""})
             return
         path = scope["path"]
-        body = error_json(
+        body = self._error_body(
             path,
             404,
             f"This server does not accept WebSocket connections (no WebSocket route at "
             f"{shown(path)}); its API is plain HTTP.",
-            code="websocket_not_supported",
+            "websocket_not_supported",
         )
         await send(
             {

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import llm
 from .._errors import DynamoError
+from ..edge import json_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +29,8 @@ __all__ = [
     "RESPONSES",
     "ErrorBody",
     "TextApi",
+    "api_for_path",
+    "edge_error_body",
 ]
 
 
@@ -210,3 +213,19 @@ class EmbeddingsApi:
 
 
 EMBEDDINGS: Final = EmbeddingsApi()
+
+_ANTHROPIC_PATH: Final = "/v1/messages"
+
+
+def api_for_path(path: str) -> TextApi:
+    """The API whose error shape answers a request for ``path`` that no view did:
+    Anthropic's on its route, OpenAI's everywhere else."""
+    return ANTHROPIC_MESSAGES if path == _ANTHROPIC_PATH else CHAT
+
+
+def edge_error_body(path: str, status: int, message: str, code: str | None = None) -> bytes:
+    """The frontend's :data:`~dynamo_trio.edge.ErrorBody`: what the HTTP edge answers
+    itself (refusals, timeouts) in the shape of ``path``'s API."""
+    if api_for_path(path) is ANTHROPIC_MESSAGES:
+        return json_bytes(llm.anthropic_error_body(status, message))
+    return json_bytes(llm.openai_error_body(status, message, code=code))

@@ -39,7 +39,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..edge import Edge, body_timeout_message, listen_sockets, serve_http, shown, status_routes
 from ..llm import reason_phrase
-from ._apis import ANTHROPIC_MESSAGES, CHAT
+from ._apis import api_for_path, edge_error_body
 from ._hangup import HangUpGuard
 from ._pipeline import Pipeline
 from ._routes import ROUTES, json_response, reply_ids
@@ -115,6 +115,7 @@ def build_edge(
         body_timeout=pipeline.config.body_timeout,
         max_body_size=pipeline.config.max_body_size,
         request_exit=pipeline.request_exit,
+        error_body=edge_error_body,
     )
 
 
@@ -200,8 +201,9 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
         408: body_timeout_message(config.body_timeout),
         413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
     }.get(status, error.description or reason_phrase(status))
-    api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-    response = json_response(api.error_body(status, message), status, reply_ids())
+    response = json_response(
+        api_for_path(request.path).error_body(status, message), status, reply_ids()
+    )
     if isinstance(error, MethodNotAllowed) and error.valid_methods:
         response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
     return await _keep_alive_safe(response)
@@ -209,8 +211,8 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
 
 async def _internal_error(error: Exception) -> Response:
     _log.exception("unhandled error on %s %s", request.method, request.path)
-    api = ANTHROPIC_MESSAGES if request.path == "/v1/messages" else CHAT
-    response = json_response(api.error_body(500, "Internal server error."), 500, reply_ids())
+    body = api_for_path(request.path).error_body(500, "Internal server error.")
+    response = json_response(body, 500, reply_ids())
     return await _keep_alive_safe(response)
 
 

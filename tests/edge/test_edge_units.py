@@ -14,8 +14,9 @@ import trio
 import trio.testing
 
 from dynamo_trio.discovery import ModelCard, decode_model_card, encode_record
-from dynamo_trio.edge import Edge
+from dynamo_trio.edge import Edge, ErrorBody, error_json
 from dynamo_trio.edge._server import _OrderedSends
+from dynamo_trio.frontend._apis import edge_error_body
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,7 +34,10 @@ class Recorder:
         self.scopes.append(scope)
 
 
-async def call(scope: dict[str, Any]) -> tuple[Recorder, list[dict[str, Any]]]:
+async def call(
+    scope: dict[str, Any], error_body: ErrorBody = edge_error_body
+) -> tuple[Recorder, list[dict[str, Any]]]:
+    """Call an edge in front of a recording app (the frontend's error shapes by default)."""
     app = Recorder()
     sent: list[dict[str, Any]] = []
 
@@ -43,7 +47,8 @@ async def call(scope: dict[str, Any]) -> tuple[Recorder, list[dict[str, Any]]]:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await Edge([], app, max_header_size=LIMIT)(scope, receive, send)  # type: ignore[arg-type]
+    edge = Edge([], app, max_header_size=LIMIT, error_body=error_body)
+    await edge(scope, receive, send)  # type: ignore[arg-type]
     return app, sent
 
 
@@ -98,6 +103,16 @@ async def test_oversized_heads_are_refused_before_the_app(
         assert payload["type"] == "error"
         assert f"the limit is {LIMIT} bytes" in payload["error"]["message"]
     else:
+        assert f"the limit is {LIMIT} bytes" in payload["error"]["message"]
+
+
+async def test_the_edge_alone_answers_a_plain_json_error() -> None:
+    """The edge knows no API: a status server's refusals are ``{"error": {"message",
+    "code"}}``, whatever the path."""
+    for path in ("/v1/messages", "/metrics"):
+        _, sent = await call(http_scope(path, headers=[(b"x", b"y" * 200)]), error_json)
+        payload = json.loads(sent[1]["body"])
+        assert payload == {"error": {"message": payload["error"]["message"], "code": 431}}
         assert f"the limit is {LIMIT} bytes" in payload["error"]["message"]
 
 
