@@ -236,6 +236,7 @@ class ServerStream:
         self.context.remove_cancel_callback(self._on_context_cancelled)
         if self._connection.protocol.is_open(self.sid):
             self._connection.send(frame)
+        self._session.retire_if_drained()
 
 
 class _Session:
@@ -467,6 +468,17 @@ class _Session:
         connection = self.connection
         if connection is not None and self.protocol.state is ConnectionState.OPEN:
             connection.send(GoAway("shutting down"))
+            self.retire_if_drained()
+
+    def retire_if_drained(self) -> None:
+        """After ``goaway``, close the connection once no stream is left on it
+        (its last frames, the ``goaway`` and the final ``end``, go out first):
+        nothing new can start on it, so keeping it only holds a socket."""
+        connection = self.connection
+        if connection is None or self.streams or connection.closed:
+            return
+        if self.protocol.goaway:
+            connection.shutdown("goaway sent and no stream is left")
 
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
