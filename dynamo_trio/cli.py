@@ -12,6 +12,7 @@ Flags override the ``DYN_*`` environment, which overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -29,6 +30,7 @@ import trio
 
 from ._config import Config
 from ._gc import tune_gc
+from ._lifeline import lifeline
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -488,20 +490,25 @@ async def _run_all(
             nursery.start_soon(_announce_ready, url, models)
 
         processes: list[trio.Process] = []
-        for _ in range(workers):
-            process = await trio.lowlevel.open_process(
-                worker_argv, env=env, stdin=subprocess.DEVNULL
+        # Each worker holds a lifeline to this process: if it dies without
+        # stopping them (SIGKILL), they shut down on their own.
+        with contextlib.ExitStack() as lifelines:
+            for _ in range(workers):
+                process = await trio.lowlevel.open_process(
+                    worker_argv, stdin=subprocess.DEVNULL, **lifelines.enter_context(lifeline(env))
+                )
+                processes.append(process)
+            _log.info(
+                "started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"]
             )
-            processes.append(process)
-        _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
-        try:
-            if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
-                await _run_workers(config, frontend_argv, on_listening)
-            else:
-                await run_frontend(config, on_listening=on_listening)
-        finally:
-            with trio.CancelScope(shield=True):
-                await _stop_workers(processes, config.worker.shutdown_grace + 2)
+            try:
+                if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
+                    await _run_workers(config, frontend_argv, on_listening)
+                else:
+                    await run_frontend(config, on_listening=on_listening)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_workers(processes, config.worker.shutdown_grace + 2)
         nursery.cancel_scope.cancel()
 
 

@@ -5,7 +5,8 @@ DistributedRuntime(...)`` (or the end of a ``@dynamo_worker()`` function)
 leaves nothing behind: not a task, not a socket, not a registration.
 
 Graceful shutdown (``runtime.shutdown()``, or SIGINT/SIGTERM under
-``@dynamo_worker()``) runs in this order:
+``@dynamo_worker()``, or there the death of the supervisor that started the
+process: see :mod:`dynamo_trio._lifeline`) runs in this order:
 
 1. deregister every endpoint and model from discovery, so callers stop
    choosing this process;
@@ -34,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
+from .._lifeline import parent_gone, take_lifeline
 from .._logcontext import LOG_FORMAT, RequestLogFilter
 from ..discovery import (
     Instance,
@@ -631,6 +633,9 @@ def dynamo_worker(
             async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(_shutdown_on_signals, runtime, nursery.cancel_scope)
+                fd = take_lifeline()
+                if fd is not None:
+                    nursery.start_soon(_shutdown_with_supervisor, runtime, fd)
                 await fn(runtime, *args, **kwargs)
                 nursery.cancel_scope.cancel()
 
@@ -690,6 +695,13 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     root.addHandler(handler)
     root.setLevel(level.upper())
     _quiet_httpx(level)
+
+
+async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> None:
+    """Shut down gracefully once the supervisor that started this process is gone."""
+    await parent_gone(fd)
+    _log.warning("the process that started this worker is gone: shutting down gracefully")
+    runtime.shutdown()
 
 
 async def _shutdown_on_signals(runtime: DistributedRuntime, scope: trio.CancelScope) -> None:
