@@ -7,9 +7,12 @@ outlive it.
 
 Before a connection may say anything, it must pass the gate, in order:
 
-1. the **connection caps**: at most ``max_connections`` at once, and at most
-   ``max_handshakes`` of them not yet authenticated; a connection beyond
-   either is refused at once with a ``close`` frame saying why;
+1. the **connection caps**: at most ``max_connections`` at once (a connection
+   beyond it is refused at once with a ``close`` frame saying why), and at most
+   ``max_handshakes`` of them not yet authenticated: a new connection beyond
+   that one takes the slot of the connection that has been in its handshake
+   longest, which is dropped, so that connections proving nothing cannot keep
+   out one that can;
 2. the **handshake deadline**: TLS (when configured) and the request-plane
    handshake must complete within ``handshake_timeout`` seconds, reading at
    most a few KiB (the handshake frame limit);
@@ -480,6 +483,10 @@ class _Session:
         if self.protocol.goaway:
             connection.shutdown("goaway sent and no stream is left")
 
+    def evict(self) -> None:
+        """End the handshake now (the gate's slot is wanted for a newer connection)."""
+        self._gate_scope.cancel()
+
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
         if connection is None:
@@ -520,6 +527,8 @@ class RequestPlaneServer:
             server_context(config) if config.tls else None
         )
         self._sessions: set[_Session] = set()
+        self._gated: dict[_Session, None] = {}
+        """The sessions still in their handshake, oldest first."""
         self._handshaking = 0
         self._refusing = 0
         self._listen_scope: trio.CancelScope | None = None
@@ -586,14 +595,10 @@ class RequestPlaneServer:
             await self._refuse(stream, peer, why)
             return
         if self._handshaking >= config.max_handshakes:
-            await self._refuse(
-                stream,
-                peer,
-                f"too many connections in their handshake (limit {config.max_handshakes})",
-            )
-            return
+            self._evict_oldest_handshake(peer)
         session = _Session(self, stream, peer)
         self._sessions.add(session)
+        self._gated[session] = None
         self._handshaking += 1
         try:
             await session.run()
@@ -618,6 +623,24 @@ class RequestPlaneServer:
         if session.counted_as_handshaking:
             session.counted_as_handshaking = False
             self._handshaking -= 1
+            self._gated.pop(session, None)
+
+    def _evict_oldest_handshake(self, newcomer: str) -> None:
+        """Make room for ``newcomer``: drop the connection that has been in its
+        handshake longest.  A slot then costs whoever holds it without proving
+        anything: a flood of such connections only pushes out its own, while a peer
+        that completes its handshake promptly always gets in."""
+        oldest = next(iter(self._gated))
+        limited_log.warning(
+            "handshake-evicted",
+            "handshake slots full (limit %d): dropping the oldest unauthenticated "
+            "connection, from %s, for one from %s",
+            self.config.max_handshakes,
+            oldest.peer,
+            newcomer,
+        )
+        self._handshake_done(oldest)  # its slot is the newcomer's from now on
+        oldest.evict()
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
         """Tell a connection beyond a cap why it is refused, and drop it.

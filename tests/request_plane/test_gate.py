@@ -68,35 +68,32 @@ async def guess(host, port, token):
 # ----------------------------------------------------------------- caps
 
 
-async def test_connections_beyond_the_handshake_cap_are_refused_with_a_reason(nursery, caplog):
-    server, config, host, port = await start(nursery, max_handshakes=3, handshake_timeout=0.5)
+async def test_a_connection_beyond_the_handshake_cap_takes_the_oldest_ones_slot(nursery, caplog):
+    caplog.set_level(logging.WARNING, logger="dynamo_trio")
+    server, config, host, port = await start(nursery, max_handshakes=3, handshake_timeout=5)
     pool = ConnectionPool(config, nursery, name="healthy")
     healthy = await open_healthy(pool, f"{host}:{port}", nursery)
     baseline = fd_count()
 
-    silent = [RawPeer(await trio.open_tcp_stream(host, port)) for _ in range(3)]
-    await wait_until(lambda: server.handshaking == 3)
-    extra = RawPeer(await trio.open_tcp_stream(host, port))
-    close = await extra.expect(Close)
-    assert close.code == "unavailable"
-    assert "too many connections in their handshake (limit 3)" in close.message
-    await extra.read_for(1)
-    assert extra.eof
-    await extra.aclose()
-
-    other = ConnectionPool(config, nursery, name="newcomer")
-    with pytest.raises(CannotConnect, match="limit 3"):
-        await other.connect(f"{host}:{port}")
+    silent = []
+    for count in range(1, 4):  # one after the other: their age is their order
+        silent.append(RawPeer(await trio.open_tcp_stream(host, port)))
+        await wait_until(lambda count=count: server.handshaking == count)
+    newcomer = ConnectionPool(config, nursery, name="newcomer")
+    connection = await newcomer.connect(f"{host}:{port}")  # the oldest silent one makes room
+    assert connection.usable
+    await silent[0].read_for(1)
+    assert silent[0].eof
+    assert not silent[1].eof and not silent[2].eof
+    assert server.handshaking == 2
+    evictions = [r for r in caplog.records if "dropping the oldest" in r.getMessage()]
+    assert len(evictions) == 1
     await healthy.assert_flowing()  # an established connection is never crowded out
 
-    for peer in silent:  # cut off at the handshake deadline
-        await peer.read_for(2)
-        assert peer.eof
+    for peer in silent:
         await peer.aclose()
-    assert server.handshaking == 0
-    connection = await other.connect(f"{host}:{port}")
-    assert connection.usable
-    other.close_all()
+    await wait_until(lambda: server.handshaking == 0)
+    newcomer.close_all()
     await wait_until(lambda: server.sessions == 1)
     await wait_until(lambda: fd_count() <= baseline)
     pool.close_all()
@@ -117,20 +114,25 @@ async def test_connections_beyond_the_connection_cap_are_refused(nursery):
         pool.close_all()
 
 
-async def test_a_flood_of_refused_connections_logs_a_few_lines_not_a_flood(nursery, caplog):
+async def test_a_flood_of_handshakes_logs_a_few_lines_not_a_flood(nursery, caplog):
     caplog.set_level(logging.WARNING, logger="dynamo_trio")
     server, _, host, port = await start(nursery, max_handshakes=1, handshake_timeout=5)
     first = await trio.open_tcp_stream(host, port)
     await wait_until(lambda: server.handshaking == 1)
     baseline = fd_count()
+    held = []
     for _ in range(60):
         stream = await trio.open_tcp_stream(host, port)
+        held.append(stream)
+    await wait_until(lambda: server.sessions == 1)  # each took the slot of the one before
+    assert server.handshaking == 1
+    evictions = [r for r in caplog.records if "dropping the oldest" in r.getMessage()]
+    assert 1 <= len(evictions) <= 6, [r.getMessage() for r in evictions]
+    for stream in held:
         await stream.aclose()
-    await wait_until(lambda: fd_count() <= baseline)
-    refusals = [r for r in caplog.records if "refusing a connection" in r.getMessage()]
-    assert 1 <= len(refusals) <= 6, [r.getMessage() for r in refusals]
-    assert server.sessions == 1
     await first.aclose()
+    await wait_until(lambda: server.sessions == 0)
+    await wait_until(lambda: fd_count() <= baseline)
 
 
 async def test_tricklers_are_held_only_until_the_handshake_deadline(nursery):
