@@ -28,7 +28,7 @@ request_plane.heartbeat_timeout    DYN_HEARTBEAT_TIMEOUT_SECS            5
 request_plane.max_connections      DYN_TCP_MAX_CONNECTIONS               512 per worker
 request_plane.max_handshakes       DYN_TCP_MAX_HANDSHAKES                64 unauthenticated at once
 request_plane.handshake_timeout    DYN_TCP_HANDSHAKE_TIMEOUT_SECS        5
-request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (per address)
+request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (16 failures per, total)
 request_plane.tls                  DYN_TCP_TLS (1/0)                     on if a TLS file is set
 request_plane.tls_cert             DYN_TCP_TLS_CERT                      none (PEM chain)
 request_plane.tls_key              DYN_TCP_TLS_KEY                       none (PEM key)
@@ -139,12 +139,14 @@ class RequestPlaneConfig:
     max_connections: int = 512
     """Connections a worker holds at once (authenticated or not); more are refused."""
     max_handshakes: int = 64
-    """Connections that have not completed the handshake, at once; more are refused."""
+    """Connections that have not completed the handshake, at once; a new one beyond
+    this takes the slot of the one longest in its handshake."""
     handshake_timeout: float = 5.0
     """Seconds a worker gives a new connection to complete TLS and the handshake."""
     auth_penalty: float = 1.0
-    """The longest pause imposed between two failed authentications from one address
-    (the pause doubles with each failure, from a 16th of this)."""
+    """Failed authentications are judged at most 16 per this many seconds, in total
+    (after a short burst); turns go round the peers' addresses, so guessers neither
+    guess faster with more connections nor keep out a peer that knows the token."""
     tls: bool = False
     """Run the request plane over TLS (both ends must agree)."""
     tls_cert: Path | None = None

@@ -16,9 +16,10 @@ Before a connection may say anything, it must pass the gate, in order:
 2. the **handshake deadline**: TLS (when configured) and the request-plane
    handshake must complete within ``handshake_timeout`` seconds, reading at
    most a few KiB (the handshake frame limit);
-3. **authentication**: the client's proof is judged only when the
-   :class:`~dynamo_trio.request_plane._throttle.AuthThrottle` admits it, so
-   failed guesses from one address are paced, one at a time.
+3. **authentication**: the client's proof is judged on its turn
+   (:class:`~dynamo_trio.request_plane._throttle.AuthTurns`): failed guesses are
+   paced in total, and turns go round the sources, so guessing neither goes
+   fast nor keeps out a peer that knows the token.
 
 Refusals and failures are logged at most once per kind every few seconds
 (:class:`~dynamo_trio._ratelimit.LogLimiter`), never once per
@@ -51,6 +52,7 @@ are killed as transport lost.  Either is logged once, at a bounded rate.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -73,7 +75,7 @@ from ._frames import (
     encode_frame,
 )
 from ._protocol import ConnectionState, ProtocolConnection, Role
-from ._throttle import AuthThrottle, source_key
+from ._throttle import AuthTurns, source_key
 from ._tls import server_context
 
 if TYPE_CHECKING:
@@ -265,6 +267,10 @@ class _Session:
         self._gate_deadline = float("inf")
         self.counted_as_handshaking = True
         """Still counted in the server's :attr:`RequestPlaneServer.handshaking`."""
+        self.awaiting_turn = False
+        """Its proof has arrived and waits to be judged (see :mod:`._throttle`)."""
+        self.source: Final = source_key(peer.rpartition(":")[0].strip("[]") or peer)
+        """The source its proof's turn is counted by."""
 
     async def run(self) -> None:
         admitted = False  # also when close() cancels the gate
@@ -371,32 +377,27 @@ class _Session:
                 )
 
     async def _authenticate(self) -> None:
-        throttle = self.server.throttle
-        key = source_key(self.peer.rpartition(":")[0].strip("[]") or self.peer)
-        slot = throttle.reserve(key, trio.current_time(), latest=self._gate_deadline)
-        if slot is None:
-            self.protocol.send(
-                Close("throttled", "too many failed authentications from this address; retry later")
+        self.awaiting_turn = True
+        try:
+            verdict = await self.server.throttle.judge(
+                self.source, self.protocol.authenticate, deadline=self._gate_deadline
             )
+        finally:
+            self.awaiting_turn = False
+        if verdict is None:
+            self.protocol.send(Close("throttled", "too many failed authentications; retry later"))
             limited_log.warning(
                 "auth-throttled",
-                "connection from %s: refused, too many failed authentications from its address",
+                "connection from %s: refused, its proof could not be judged before its "
+                "handshake deadline (failed authentications are paced)",
                 self.peer,
             )
-            return
-        if slot > trio.current_time():
-            await trio.sleep_until(slot)
-        # No checkpoint between an immediate slot and the verdict: attempts that
-        # arrive together are judged one after another, each seeing the last failure.
-        if self.protocol.authenticate():
-            throttle.succeeded(key)
-            return
-        throttle.failed(key, trio.current_time())
-        limited_log.warning(
-            "auth-failed",
-            "connection from %s: authentication failed (missing or wrong request-plane token)",
-            self.peer,
-        )
+        elif not verdict:
+            limited_log.warning(
+                "auth-failed",
+                "connection from %s: authentication failed (missing or wrong request-plane token)",
+                self.peer,
+            )
 
     # ------------------------------------------------------------ streams
 
@@ -522,7 +523,7 @@ class RequestPlaneServer:
         self.handler: Final = handler
         self.name: Final = name
         self.draining = False
-        self.throttle: Final = AuthThrottle(config.auth_penalty)
+        self.throttle: Final = AuthTurns(config.auth_penalty)
         self.ssl_context: Final[ssl.SSLContext | None] = (
             server_context(config) if config.tls else None
         )
@@ -630,7 +631,13 @@ class RequestPlaneServer:
         handshake longest.  A slot then costs whoever holds it without proving
         anything: a flood of such connections only pushes out its own, while a peer
         that completes its handshake promptly always gets in."""
-        oldest = next(iter(self._gated))
+        # Stalling connections go first; proofs waiting for their turn are kept while
+        # there is one, so that the queue of proofs moves on.  If every slot holds a
+        # waiting proof, the source with the most of them gives one up.
+        oldest = next((session for session in self._gated if not session.awaiting_turn), None)
+        if oldest is None:
+            counts = Counter(session.source for session in self._gated)
+            oldest = next(s for s in self._gated if counts[s.source] == max(counts.values()))
         limited_log.warning(
             "handshake-evicted",
             "handshake slots full (limit %d): dropping the oldest unauthenticated "

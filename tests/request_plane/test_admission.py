@@ -32,6 +32,8 @@ from ._harness import CONFIG, MemoryNetwork, RawPeer, streaming_handler, wait_un
 TOKEN = "admission-token"
 NONCE = b"a" * NONCE_SIZE
 GATED = dataclasses.replace(CONFIG, auth_token=TOKEN, max_handshakes=4, handshake_timeout=1.0)
+# Room for every guesser's connection, as with the default cap (64) and the issue's 8 threads.
+ROOMY = dataclasses.replace(GATED, max_handshakes=40)
 
 
 class Flood:
@@ -136,4 +138,52 @@ async def test_a_trickling_flood_does_not_lock_a_correct_peer_out(autojump_clock
         await wait_until(lambda: server.handshaking == GATED.max_handshakes)
         network = gated_network(server, nursery, "10.0.0.1")
         assert await connect_correctly(network, nursery, 10) == 10
+        nursery.cancel_scope.cancel()
+
+
+async def test_guessing_from_the_same_address_does_not_lock_a_correct_peer_out(autojump_clock):
+    """Eight guessers on 127.0.0.1, and a frontend with the right token on it too
+    (a NAT, a shared host): the frontend gets in every time, and the guesses stay paced
+    in total."""
+    async with trio.open_nursery() as nursery:
+        server = RequestPlaneServer(ROOMY, streaming_handler)
+        flood = Flood(server, nursery)
+        for _ in range(8):
+            nursery.start_soon(flood.guess, "127.0.0.1")
+        await wait_until(lambda: len(flood.verdicts) >= 20, 30)
+        network = gated_network(server, nursery, "127.0.0.1")
+        started = trio.current_time()
+        failed_before = flood.verdicts.count("unauthenticated")
+        assert await connect_correctly(network, nursery, 5) == 5
+        judged = flood.verdicts.count("unauthenticated") - failed_before
+        elapsed = trio.current_time() - started
+        # Paced in total: at most one judged failure per interval, plus the burst.
+        assert judged <= elapsed / server.throttle.interval + server.throttle.burst + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_guessing_from_many_addresses_does_not_lock_a_correct_peer_out(autojump_clock):
+    """32 guessers, each from its own address."""
+    async with trio.open_nursery() as nursery:
+        server = RequestPlaneServer(ROOMY, streaming_handler)
+        flood = Flood(server, nursery)
+        for index in range(32):
+            nursery.start_soon(flood.guess, f"10.6.{index}.1")
+        await wait_until(lambda: len(flood.verdicts) >= 20, 30)
+        network = gated_network(server, nursery, "10.0.0.1")
+        assert await connect_correctly(network, nursery, 5) == 5
+        nursery.cancel_scope.cancel()
+
+
+async def test_judged_failures_are_paced_in_total_however_many_addresses_guess(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        server = RequestPlaneServer(GATED, streaming_handler)
+        flood = Flood(server, nursery)
+        for index in range(32):
+            nursery.start_soon(flood.guess, f"10.6.{index}.1")
+        await trio.sleep(1.0)
+        failed_at_start = flood.verdicts.count("unauthenticated")
+        await trio.sleep(3.0)
+        judged = flood.verdicts.count("unauthenticated") - failed_at_start
+        assert 0 < judged <= 3.0 / server.throttle.interval + server.throttle.burst + 1
         nursery.cancel_scope.cancel()
