@@ -56,6 +56,8 @@ frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no b
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
 frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
+frontend.cleartext_http2           DYN_HTTP_CLEARTEXT_HTTP2 (1/0)        0 (HTTP/1.1 only)
+frontend.http2_max_resets          DYN_HTTP2_MAX_RESETS                  100 per connection
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -225,6 +227,13 @@ class FrontendConfig:
     a later pass, in order, while a new stream's first write never waits, so a busy
     frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
     0: no limit."""
+    cleartext_http2: bool = False
+    """Serve HTTP/2 without TLS (prior knowledge and ``Upgrade: h2c``).  Off: a
+    prior-knowledge preface is answered 505, an upgrade is ignored (HTTP/1.1)."""
+    http2_max_resets: int = 100
+    """Streams an HTTP/2 client may reset on one connection in a burst (they come
+    back at a tenth of this per second); beyond it the connection gets GOAWAY
+    (ENHANCE_YOUR_CALM) and is closed: the "rapid reset" flood."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
@@ -400,6 +409,12 @@ class Config:
                     "DYN_HTTP_STREAM_WRITES_PER_PASS",
                     _non_negative_int,
                     frontend.stream_writes_per_pass,
+                ),
+                cleartext_http2=env.get(
+                    "DYN_HTTP_CLEARTEXT_HTTP2", _bool, frontend.cleartext_http2
+                ),
+                http2_max_resets=env.get(
+                    "DYN_HTTP2_MAX_RESETS", _positive_int, frontend.http2_max_resets
                 ),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),

@@ -277,6 +277,8 @@ async def serve_frontend(
                     shutdown,
                     sockets=sockets,
                     dead_peer_timeout=config.dead_client_timeout,
+                    cleartext_http2=config.cleartext_http2,
+                    http2_max_resets=config.http2_max_resets,
                 )
             )
             _log.info("frontend listening on %s", binds[0])
