@@ -57,6 +57,7 @@ frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no m
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
 frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
 frontend.cleartext_http2           DYN_HTTP_CLEARTEXT_HTTP2 (1/0)        0 (HTTP/1.1 only)
+frontend.backlog                   DYN_HTTP_BACKLOG                      the kernel's somaxconn
 frontend.http2_max_resets          DYN_HTTP2_MAX_RESETS                  100 per connection
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
@@ -71,7 +72,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, cast, get_args
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast, get_args
 
 from ._gc import DEFAULT_GEN0_THRESHOLD
 
@@ -230,6 +231,9 @@ class FrontendConfig:
     cleartext_http2: bool = False
     """Serve HTTP/2 without TLS (prior knowledge and ``Upgrade: h2c``).  Off: a
     prior-knowledge preface is answered 505, an upgrade is ignored (HTTP/1.1)."""
+    backlog: int = field(default_factory=lambda: _somaxconn())
+    """Connections the kernel queues for the HTTP port before they are accepted (the
+    ``listen`` backlog); by default the most the kernel allows (``somaxconn``)."""
     http2_max_resets: int = 100
     """Streams an HTTP/2 client may reset on one connection in a burst (they come
     back at a tenth of this per second); beyond it the connection gets GOAWAY
@@ -416,6 +420,7 @@ class Config:
                 http2_max_resets=env.get(
                     "DYN_HTTP2_MAX_RESETS", _positive_int, frontend.http2_max_resets
                 ),
+                backlog=env.get("DYN_HTTP_BACKLOG", _positive_int, frontend.backlog),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
             gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),
@@ -483,6 +488,19 @@ def _positive_int(raw: str) -> int:
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
+
+
+_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
+_DEFAULT_BACKLOG: Final = 4096
+"""Linux's own default cap, for a system that does not say."""
+
+
+def _somaxconn() -> int:
+    """The kernel's cap on a listen backlog (a larger one is cut to it)."""
+    try:
+        return max(1, int(_SOMAXCONN.read_text()))
+    except (OSError, ValueError):
+        return _DEFAULT_BACKLOG
 
 
 def _bool(raw: str) -> bool:

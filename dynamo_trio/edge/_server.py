@@ -81,7 +81,7 @@ from hypercorn.utils import repr_socket_addr
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
 from ._chunks import CONNECTION_WRITER
-from ._http2 import GuardedProtocol
+from ._guard import GuardedProtocol
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -173,7 +173,7 @@ async def serve_http(
     ``dead_peer_timeout`` (seconds, 0 for none): find silent clients (see the
     module docstring) on TCP connections.  ``cleartext_http2``: serve HTTP/2
     without TLS (prior knowledge, ``Upgrade: h2c``); ``http2_max_resets``: the
-    stream resets an HTTP/2 client may make in a burst (see :mod:`._http2`).
+    stream resets an HTTP/2 client may make in a burst (see :mod:`._guard`).
     """
     wrapped = ASGIWrapper(app)
     lifespan_state: dict[str, Any] = {}
@@ -301,7 +301,7 @@ class _Connection(TCPServer):
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
 
-    @property  # type: ignore[override]  # hypercorn's attribute, guarded (see ._http2)
+    @property  # type: ignore[override]  # hypercorn's attribute, guarded (see ._guard)
     def protocol(self) -> GuardedProtocol:
         assert self._guarded is not None
         return self._guarded

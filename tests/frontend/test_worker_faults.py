@@ -155,3 +155,27 @@ async def test_a_workers_failure_mid_stream_is_an_error_event_with_bounded_text(
     last = json.loads(events[-1])
     assert last["error"]["code"] == "bad_gateway", last
     assert 0 < len(last["error"]["message"]) <= MAX_ERROR_MESSAGE
+
+
+# ----------------------------------------------------------------- encodings we do not take
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate, gzip"])
+async def test_a_compressed_body_is_a_415_naming_the_encoding(nursery, encoding: str):
+    app = await frontend_with_worker(nursery, yielding({"text": "a", "finish_reason": "stop"}))
+    response = await app.test_client().post(
+        CHAT, json=chat(), headers={"Content-Encoding": encoding}
+    )
+    body = await response.get_json()
+    assert response.status_code == 415, body
+    assert body["error"]["code"] == "unsupported_media_type"
+    assert "Content-Encoding" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("encoding", ["identity", "IDENTITY", ""])
+async def test_an_identity_body_is_served(nursery, encoding: str):
+    app = await frontend_with_worker(nursery, yielding({"text": "a", "finish_reason": "stop"}))
+    response = await app.test_client().post(
+        CHAT, json=chat(), headers={"Content-Encoding": encoding}
+    )
+    assert response.status_code == 200, await response.get_json()

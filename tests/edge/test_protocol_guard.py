@@ -1,4 +1,5 @@
-"""Cleartext HTTP/2 is a choice, and a client's stream resets are bounded.
+"""Each connection's protocol, guarded: cleartext HTTP/2 is a choice, a client's
+stream resets are bounded, and a Transfer-Encoding we do not take is a 400.
 
 Off unless asked: a prior-knowledge preface is answered 505 and the connection
 closed, and an ``Upgrade: h2c`` is ignored (the request is served in HTTP/1.1).
@@ -139,3 +140,18 @@ async def test_a_rapid_reset_flood_gets_goaway_enhance_your_calm(nursery) -> Non
     assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     assert app.started <= 50 + 40, app.started  # the bound, and at most one batch more
     await stream.aclose()
+
+
+async def test_a_transfer_encoding_we_do_not_take_is_a_400_not_a_501(nursery) -> None:
+    app = Counting()
+    url = await served_bare(nursery, app)
+    for coding in (b"gzip", b"gzip, chunked", b"chunked, chunked"):
+        stream = await open_url(url)
+        await stream.send_all(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding + b"\r\n\r\n"
+        )
+        answer = await read_all(stream)
+        assert answer.startswith(b"HTTP/1.1 400 "), (coding, answer[:200])
+        assert b"connection: close" in answer.lower()
+        await stream.aclose()
+    assert app.started == 0

@@ -1,4 +1,5 @@
-"""Cleartext HTTP/2 as a choice, and a bound on a client's stream resets.
+"""Each HTTP connection's protocol, guarded: cleartext HTTP/2 as a choice, a bound
+on a client's stream resets, and no 5xx for what a client sends.
 
 hypercorn switches a plain connection to HTTP/2 when it opens with HTTP/2's
 preface ("prior knowledge") or asks for ``Upgrade: h2c``.  Here that is a
@@ -12,6 +13,10 @@ starts work the server must then cancel, at the price of a few bytes: the
 ``max_resets`` streams in a burst (they come back at a tenth of that per
 second) gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and is closed, before the
 requests of the data that crossed the bound start.
+
+A request with a ``Transfer-Encoding`` other than one ``chunked`` is the
+client's doing, not the server's failure: h11 refuses it with ``501``, and it
+is answered ``400`` here (like h11's other refusals: empty, ``Connection: close``).
 
 :class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper``
 (whose switch to HTTP/2 it decides) on each connection.
@@ -84,10 +89,18 @@ class GuardedProtocol:
         protocol = wrapped.protocol
         if isinstance(protocol, H2Protocol):
             self._guard(protocol)
-        elif not cleartext_http2:
-            # hypercorn answers an upgrade to h2c (101) in this check, before any
-            # switch could be refused: it is replaced by one that keeps HTTP/1.1.
-            protocol._check_protocol = _http11_only  # type: ignore[method-assign]
+        else:
+            if not cleartext_http2:
+                # hypercorn answers an upgrade to h2c (101) in this check, before any
+                # switch could be refused: it is replaced by one that keeps HTTP/1.1.
+                protocol._check_protocol = _http11_only  # type: ignore[method-assign]
+            refuse = protocol._send_error_response
+
+            async def refused(status_code: int) -> None:
+                # h11's 501 is for a Transfer-Encoding it does not take: a bad request.
+                await refuse(400 if status_code == 501 else status_code)
+
+            protocol._send_error_response = refused  # type: ignore[method-assign]
 
     @property
     def protocol(self) -> H11Protocol | H2Protocol:
