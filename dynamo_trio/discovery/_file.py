@@ -199,7 +199,11 @@ class FileDiscovery(Discovery):
             return latest
 
     async def _poll(self) -> None:
-        """Every ``poll_interval`` while a watch is open: one scan for all of them."""
+        """Every ``poll_interval`` while a watch is open: one scan for all of them.
+
+        It runs in the discovery's own nursery, so no failure of a scan may end it:
+        each distinct failure is logged once, and the next poll tries again.
+        """
         failure: str | None = None
         while True:
             if not self._watches:
@@ -207,10 +211,15 @@ class FileDiscovery(Discovery):
             await trio.sleep(self._poll_interval)
             try:
                 await self._scan()
-            except DiscoveryError as exc:
-                if str(exc) != failure:  # once per distinct failure, not per poll
-                    failure = str(exc)
-                    logger.warning("discovery: %s", failure)
+            except Exception as exc:  # a live cancellation is not an Exception
+                problem = str(exc) if isinstance(exc, DiscoveryError) else repr(exc)
+                if problem != failure:  # once per distinct failure, not per poll
+                    failure = problem
+                    logger.warning(
+                        "discovery: %s",
+                        problem,
+                        exc_info=None if isinstance(exc, DiscoveryError) else exc,
+                    )
                 continue
             if failure is not None:
                 logger.info("discovery: scan of %s works again", self._layout.root)

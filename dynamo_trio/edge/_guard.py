@@ -9,7 +9,7 @@ an upgrade), the request served in HTTP/1.1.
 
 With HTTP/2 on, each request a client opens and at once resets (``RST_STREAM``)
 starts work the server must then cancel, at the price of a few bytes: the
-"rapid reset" of CVE-2023-44487.  A connection whose client resets more than
+widely exploited "rapid reset" flood.  A connection whose client resets more than
 ``max_resets`` streams in a burst (they come back at a tenth of that per
 second) gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and is closed, before the
 requests of the data that crossed the bound start.

@@ -4,7 +4,7 @@ stream resets are bounded, and a Transfer-Encoding we do not take is a 400.
 Off unless asked: a prior-knowledge preface is answered 505 and the connection
 closed, and an ``Upgrade: h2c`` is ignored (the request is served in HTTP/1.1).
 On: a connection whose client resets streams faster than the bound (the
-"rapid reset" of CVE-2023-44487) gets GOAWAY with ENHANCE_YOUR_CALM and is
+"rapid reset" flood) gets GOAWAY with ENHANCE_YOUR_CALM and is
 closed, and the requests of the batch that crossed the bound never start.
 """
 

@@ -32,7 +32,7 @@ from ._harness import CONFIG, MemoryNetwork, RawPeer, streaming_handler, wait_un
 TOKEN = "admission-token"
 NONCE = b"a" * NONCE_SIZE
 GATED = dataclasses.replace(CONFIG, auth_token=TOKEN, max_handshakes=4, handshake_timeout=1.0)
-# Room for every guesser's connection, as with the default cap (64) and the 8 threads.
+# Room for every guesser's connection, as the default cap leaves for a few guessing threads.
 ROOMY = dataclasses.replace(GATED, max_handshakes=40)
 
 
