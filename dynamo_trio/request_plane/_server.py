@@ -596,6 +596,9 @@ class RequestPlaneServer:
             await self._refuse(stream, peer, why)
             return
         if self._handshaking >= config.max_handshakes:
+            if not self._gated:  # a cap of 0: nobody may be in a handshake
+                await self._refuse(stream, peer, "no connection may be in its handshake")
+                return
             self._evict_oldest_handshake(peer)
         session = _Session(self, stream, peer)
         self._sessions.add(session)

@@ -187,3 +187,16 @@ async def test_judged_failures_are_paced_in_total_however_many_addresses_guess(a
         judged = flood.verdicts.count("unauthenticated") - failed_at_start
         assert 0 < judged <= 3.0 / server.throttle.interval + server.throttle.burst + 1
         nursery.cancel_scope.cancel()
+
+
+async def test_with_no_handshake_slots_every_connection_is_refused_with_a_reason(
+    autojump_clock,
+):
+    async with trio.open_nursery() as nursery:
+        server = RequestPlaneServer(dataclasses.replace(GATED, max_handshakes=0), streaming_handler)
+        peer = Flood(server, nursery).connect("10.0.0.1")
+        close = await peer.expect(Close)
+        assert close.code == "unavailable"
+        await peer.aclose()
+        assert server.sessions == 0
+        nursery.cancel_scope.cancel()
