@@ -31,6 +31,7 @@ import trio
 from ._config import Config
 from ._gc import tune_gc
 from ._lifeline import lifeline
+from ._malloc import give_back_large_buffers
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -337,6 +338,7 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     if index is not None or config.frontend.http_workers == 1:  # a process that serves
         # Everything imported is here for good: frozen, and out of every collection.
         tune_gc(config.gc_threshold)
+        give_back_large_buffers()  # request bodies of many MiB are not kept once freed
     if index is not None:  # one of --http-workers' processes
         supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
@@ -384,6 +386,7 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
     config = _config(args)
     settings = _settings(args)
     tune_gc(config.gc_threshold)
+    give_back_large_buffers()
 
     @dynamo_worker(config)
     async def worker(runtime: DistributedRuntime) -> None:
@@ -454,6 +457,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     from .frontend import _workers  # noqa: F401 (loaded before tune_gc freezes it all)
 
     tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
+    give_back_large_buffers()
     models = {args.model_name, args.embedding_model_name}
     try:
         trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args), models)
