@@ -522,6 +522,8 @@ class Scanner:
         self._alive: frozenset[int] | None = None
         self._state: dict[str, bytes] = {}
         self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
+        self._lease_reporter = BadRecordReport(logger, f"unusable lease files under {layout.root}")
+        """Lease files are reported apart: a flood of bad entries never hides one."""
         self._collected: list[str] = []
         """Keys collected by the scan under way (reported in one line at its end)."""
         self._missing_logged = False
@@ -547,6 +549,7 @@ class Scanner:
             self._alive = alive
             self._state = self._collect(alive)
         self._reporter.end_batch()
+        self._lease_reporter.end_batch()
         self._report_collected()
         return self._state
 
@@ -681,7 +684,7 @@ class Scanner:
         if not stat.S_ISREG(st.st_mode):
             if self._lease_ttls.get(name) != (st.st_ino, -1.0):
                 self._lease_ttls[name] = (st.st_ino, -1.0)
-                self._reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
+                self._lease_reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
             return False
         ttl = self._lease_ttl(path, name, st)
         if wall - st.st_mtime <= ttl:
