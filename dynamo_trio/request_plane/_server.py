@@ -630,8 +630,8 @@ class RequestPlaneServer:
             self._gated.pop(session, None)
 
     def _evict_oldest_handshake(self, newcomer: str) -> None:
-        """Make room for ``newcomer``: drop the connection that has been in its
-        handshake longest.  A slot then costs whoever holds it without proving
+        """Make room for ``newcomer``: drop a connection still in its handshake, the
+        one there longest.  A slot then costs whoever holds it without proving
         anything: a flood of such connections only pushes out its own, while a peer
         that completes its handshake promptly always gets in."""
         # Stalling connections go first; proofs waiting for their turn are kept while
