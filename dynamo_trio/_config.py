@@ -28,7 +28,7 @@ request_plane.heartbeat_timeout    DYN_HEARTBEAT_TIMEOUT_SECS            5
 request_plane.max_connections      DYN_TCP_MAX_CONNECTIONS               512 per worker
 request_plane.max_handshakes       DYN_TCP_MAX_HANDSHAKES                64 unauthenticated at once
 request_plane.handshake_timeout    DYN_TCP_HANDSHAKE_TIMEOUT_SECS        5
-request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (per address)
+request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (16 failures per, total)
 request_plane.tls                  DYN_TCP_TLS (1/0)                     on if a TLS file is set
 request_plane.tls_cert             DYN_TCP_TLS_CERT                      none (PEM chain)
 request_plane.tls_key              DYN_TCP_TLS_KEY                       none (PEM key)
@@ -56,6 +56,9 @@ frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no b
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
 frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
+frontend.cleartext_http2           DYN_HTTP_CLEARTEXT_HTTP2 (1/0)        0 (HTTP/1.1 only)
+frontend.backlog                   DYN_HTTP_BACKLOG                      the kernel's somaxconn
+frontend.http2_max_resets          DYN_HTTP2_MAX_RESETS                  100 per connection
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -69,7 +72,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, cast, final, get_args
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast, final, get_args
 
 from ._gc import DEFAULT_GEN0_THRESHOLD
 
@@ -141,12 +144,14 @@ class RequestPlaneConfig:
     max_connections: int = 512
     """Connections a worker holds at once (authenticated or not); more are refused."""
     max_handshakes: int = 64
-    """Connections that have not completed the handshake, at once; more are refused."""
+    """Connections that have not completed the handshake, at once; a new one beyond
+    this takes the slot of the one longest in its handshake."""
     handshake_timeout: float = 5.0
     """Seconds a worker gives a new connection to complete TLS and the handshake."""
     auth_penalty: float = 1.0
-    """The longest pause imposed between two failed authentications from one address
-    (the pause doubles with each failure, from a 16th of this)."""
+    """Failed authentications are judged at most 16 per this many seconds, in total
+    (after a short burst); turns go round the peers' addresses, so guessers neither
+    guess faster with more connections nor keep out a peer that knows the token."""
     tls: bool = False
     """Run the request plane over TLS (both ends must agree)."""
     tls_cert: Path | None = None
@@ -228,6 +233,16 @@ class FrontendConfig:
     a later pass, in order, while a new stream's first write never waits, so a busy
     frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
     0: no limit."""
+    cleartext_http2: bool = False
+    """Serve HTTP/2 without TLS (prior knowledge and ``Upgrade: h2c``).  Off: a
+    prior-knowledge preface is answered 505, an upgrade is ignored (HTTP/1.1)."""
+    backlog: int = field(default_factory=lambda: _somaxconn())
+    """Connections the kernel queues for the HTTP port before they are accepted (the
+    ``listen`` backlog); by default the most the kernel allows (``somaxconn``)."""
+    http2_max_resets: int = 100
+    """Streams an HTTP/2 client may reset on one connection in a burst (they come
+    back at a tenth of this per second); beyond it the connection gets GOAWAY
+    (ENHANCE_YOUR_CALM) and is closed: the "rapid reset" flood."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
@@ -405,6 +420,13 @@ class Config:
                     _non_negative_int,
                     frontend.stream_writes_per_pass,
                 ),
+                cleartext_http2=env.get(
+                    "DYN_HTTP_CLEARTEXT_HTTP2", _bool, frontend.cleartext_http2
+                ),
+                http2_max_resets=env.get(
+                    "DYN_HTTP2_MAX_RESETS", _positive_int, frontend.http2_max_resets
+                ),
+                backlog=env.get("DYN_HTTP_BACKLOG", _positive_int, frontend.backlog),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
             gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),
@@ -472,6 +494,19 @@ def _positive_int(raw: str) -> int:
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
+
+
+_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
+_DEFAULT_BACKLOG: Final = 4096
+"""Linux's own default cap, for a system that does not say."""
+
+
+def _somaxconn() -> int:
+    """The kernel's cap on a listen backlog (a larger one is cut to it)."""
+    try:
+        return max(1, int(_SOMAXCONN.read_text()))
+    except (OSError, ValueError):
+        return _DEFAULT_BACKLOG
 
 
 def _bool(raw: str) -> bool:

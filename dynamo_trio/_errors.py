@@ -191,8 +191,17 @@ _BY_CODE: Final[dict[str, type[DynamoError]]] = {
 
 
 def error_from_wire(code: str, message: str, caused_by: str | None = None) -> DynamoError:
-    """Rebuild an error from its wire code; unknown codes become :class:`Unknown`."""
-    return _BY_CODE.get(code, Unknown)(message, caused_by=caused_by)
+    """Rebuild an error from its wire code.
+
+    A code the wire format does not define (empty, misspelt, invented) is not a
+    typed error but a peer breaking the protocol: :class:`ProtocolError`, which
+    says what it sent.
+    """
+    known = _BY_CODE.get(code)
+    if known is not None:
+        return known(message, caused_by=caused_by)
+    said = f": {message}" if message else " and no message"
+    return ProtocolError(f"the worker sent an error with the unknown code {code[:64]!r}{said}")
 
 
 def error_from_exception(exc: BaseException) -> DynamoError:

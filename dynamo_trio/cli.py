@@ -30,6 +30,8 @@ import trio
 
 from ._config import Config
 from ._gc import tune_gc
+from ._lifeline import lifeline
+from ._malloc import give_back_large_buffers
 from ._signals import on_forced_exit, shut_down_on_signals
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
@@ -326,6 +328,7 @@ def frontend_main(argv: Sequence[str] | None = None) -> None:
     if index is not None or config.frontend.http_workers == 1:  # a process that serves
         # Everything imported is here for good: frozen, and out of every collection.
         tune_gc(config.gc_threshold)
+        give_back_large_buffers()  # request bodies of many MiB are not kept once freed
     if index is not None:  # one of --http-workers' processes
         supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
@@ -373,6 +376,7 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
     config = _config(args)
     settings = _settings(args)
     tune_gc(config.gc_threshold)
+    give_back_large_buffers()
 
     @dynamo_worker(config)
     async def worker(runtime: DistributedRuntime) -> None:
@@ -443,6 +447,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     from .frontend import _workers  # noqa: F401 (loaded before tune_gc freezes it all)
 
     tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
+    give_back_large_buffers()
     models = {args.model_name, args.embedding_model_name}
     try:
         trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args), models)
@@ -479,21 +484,26 @@ async def _run_all(
             nursery.start_soon(_announce_ready, url, models)
 
         processes: list[trio.Process] = []
-        for _ in range(workers):
-            process = await trio.lowlevel.open_process(
-                worker_argv, env=env, stdin=subprocess.DEVNULL
+        # Each worker holds a lifeline to this process: if it dies without
+        # stopping them (SIGKILL), they shut down on their own.
+        with contextlib.ExitStack() as lifelines:
+            for _ in range(workers):
+                process = await trio.lowlevel.open_process(
+                    worker_argv, stdin=subprocess.DEVNULL, **lifelines.enter_context(lifeline(env))
+                )
+                processes.append(process)
+            _log.info(
+                "started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"]
             )
-            processes.append(process)
-        _log.info("started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"])
-        try:
-            with on_forced_exit(partial(_kill_all, processes)):
-                if config.frontend.http_workers > 1:  # --http-workers N: N processes, one port
-                    await _run_workers(config, frontend_argv, on_listening)
-                else:
-                    await run_frontend(config, on_listening=on_listening)
-        finally:
-            with trio.CancelScope(shield=True):
-                await _stop_workers(processes, config.worker.shutdown_grace + 2)
+            try:
+                with on_forced_exit(partial(_kill_all, processes)):
+                    if config.frontend.http_workers > 1:  # --http-workers N: N processes
+                        await _run_workers(config, frontend_argv, on_listening)
+                    else:
+                        await run_frontend(config, on_listening=on_listening)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_workers(processes, config.worker.shutdown_grace + 2)
         nursery.cancel_scope.cancel()
 
 

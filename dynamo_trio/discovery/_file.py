@@ -6,9 +6,13 @@ operation runs in a worker thread (``trio.to_thread.run_sync``, one call per
 operation or scan; cancelling waits for the call, which is short, so no thread
 outlives its caller).
 
-Watches poll: every ``poll_interval`` seconds a scan of the prefix is compared
-with the previous one and the differences become events (a scan costs a few
-system calls while nothing changed, see rule 8 of :mod:`._file_store`).  A watch therefore
+Watches poll, all of them with one scanner: every ``poll_interval`` seconds, while
+any watch is open, one scan of the whole directory (a few system calls while
+nothing changed, see rule 8 of :mod:`._file_store`) serves every watch and
+``get_prefix``; each watch compares its prefix's part with the part it saw last
+and the differences become its events.  So an idle process costs one scan per
+interval however many prefixes it watches, and a bad file is reported once by
+the process, not once per watch.  A watch therefore
 reports *states*: a key created and deleted between two polls is never seen,
 and several updates between two polls arrive as one.  Nothing is lost in the
 sense that matters for discovery: applying the events to ``initial`` always
@@ -74,6 +78,17 @@ class FileDiscovery(Discovery):
         """The last keepalive failure logged (each is logged once, until it changes)."""
         self._touched_at = -math.inf
         """When (trio clock) the lease file was last refreshed or created."""
+        self._scanner = Scanner(self._layout, self._ttl)
+        """The one scanner of the whole directory (one thread at a time: the lock)."""
+        self._scan_lock = trio.Lock()
+        self._latest: dict[str, bytes] = {}
+        self._version = 0
+        """Counts the scans whose result differed from the one before."""
+        self._scanned = trio.Event()
+        """Set (and replaced) when a scan's result differs from the one before."""
+        self._watches = 0
+        self._watch_opened = trio.Event()
+        """Set (and replaced) when a watch opens: the poll runs only while one is open."""
 
     @property
     def lease_id(self) -> int:
@@ -142,52 +157,89 @@ class FileDiscovery(Discovery):
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
         check_key(prefix)
         self._check_open()
-        return await self._scan(Scanner(self._layout, self._ttl), prefix)
+        return _under(await self._scan(), prefix)
 
     @asynccontextmanager
     async def watch_prefix(self, prefix: str) -> AsyncIterator[Watch]:
         check_key(prefix)
         self._check_open()
-        scanner = Scanner(self._layout, self._ttl)
-        initial = await self._scan(scanner, prefix)
+        initial = _under(await self._scan(), prefix)
+        version = self._version
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._poll, scanner, prefix, dict(initial), send_channel)
-            try:
-                yield Watch(initial, receive_channel)
-            finally:
-                nursery.cancel_scope.cancel(reason="watch closed")
-                receive_channel.close()
-
-    async def _scan(self, scanner: Scanner, prefix: str) -> dict[str, bytes]:
+        self._watches += 1
+        opened, self._watch_opened = self._watch_opened, trio.Event()
+        opened.set()
         try:
-            return await trio.to_thread.run_sync(scanner.scan, prefix)
-        except OSError as exc:
-            raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._forward, prefix, dict(initial), version, send_channel)
+                try:
+                    yield Watch(initial, receive_channel)
+                finally:
+                    nursery.cancel_scope.cancel(reason="watch closed")
+                    receive_channel.close()
+        finally:
+            self._watches -= 1
 
-    async def _poll(
+    async def _scan(self) -> dict[str, bytes]:
+        """The directory's live entries now (one scan, shared with every caller).
+
+        Raises:
+            DiscoveryError: the directory cannot be read.
+        """
+        async with self._scan_lock:
+            try:
+                latest = await trio.to_thread.run_sync(self._scanner.scan, "")
+            except OSError as exc:
+                raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
+            if latest is not self._latest:  # the scanner's way of saying "something changed"
+                self._latest = latest
+                self._version += 1
+                scanned, self._scanned = self._scanned, trio.Event()
+                scanned.set()
+            return latest
+
+    async def _poll(self) -> None:
+        """Every ``poll_interval`` while a watch is open: one scan for all of them.
+
+        It runs in the discovery's own nursery, so no failure of a scan may end it:
+        each distinct failure is logged once, and the next poll tries again.
+        """
+        failure: str | None = None
+        while True:
+            if not self._watches:
+                await self._watch_opened.wait()
+            await trio.sleep(self._poll_interval)
+            try:
+                await self._scan()
+            except Exception as exc:  # a live cancellation is not an Exception
+                problem = str(exc) if isinstance(exc, DiscoveryError) else repr(exc)
+                if problem != failure:  # once per distinct failure, not per poll
+                    failure = problem
+                    logger.warning(
+                        "discovery: %s",
+                        problem,
+                        exc_info=None if isinstance(exc, DiscoveryError) else exc,
+                    )
+                continue
+            if failure is not None:
+                logger.info("discovery: scan of %s works again", self._layout.root)
+                failure = None
+
+    async def _forward(
         self,
-        scanner: Scanner,
         prefix: str,
         state: dict[str, bytes],
+        version: int,
         send_channel: trio.MemorySendChannel[WatchEvent],
     ) -> None:
-        failure: str | None = None
+        """Turn the scans' changes under ``prefix`` into one watch's events."""
         async with send_channel:
             while True:
-                await trio.sleep(self._poll_interval)
-                try:
-                    new_state = await trio.to_thread.run_sync(scanner.scan, prefix)
-                except OSError as exc:
-                    if str(exc) != failure:  # once per distinct failure, not per poll
-                        failure = str(exc)
-                        logger.warning("discovery: scan of %s failed: %s", self._layout.root, exc)
+                if version == self._version:
+                    await self._scanned.wait()
                     continue
-                if failure is not None:
-                    logger.info("discovery: scan of %s works again", self._layout.root)
-                    failure = None
-                if new_state is state:
-                    continue  # the scanner's way of saying "nothing changed"
+                version = self._version
+                new_state = _under(self._latest, prefix)
                 for event in diff_events(state, new_state):
                     await send_channel.send(event)
                 state = new_state
@@ -204,6 +256,7 @@ class FileDiscovery(Discovery):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._keepalive)
+                nursery.start_soon(self._poll)
                 try:
                     yield
                 finally:
@@ -286,3 +339,10 @@ class FileDiscovery(Discovery):
     def _revoke(self, keys: list[str]) -> None:
         self._layout.remove_lease(self._lease_id)
         self._layout.remove_entries_of(keys, self._lease_id)
+
+
+def _under(entries: dict[str, bytes], prefix: str) -> dict[str, bytes]:
+    """The entries whose key starts with ``prefix``."""
+    if not prefix:
+        return dict(entries)
+    return {key: value for key, value in entries.items() if key.startswith(prefix)}

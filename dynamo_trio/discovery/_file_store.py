@@ -479,6 +479,9 @@ class FileLayout:
 
 _Verdict = tuple[Signature, "_Entry | None"]
 
+_COLLECTED_NAMED: Final = 3
+"""Keys named in the line that reports a scan's collections; the rest are counted."""
+
 
 @final
 class Scanner:
@@ -519,6 +522,10 @@ class Scanner:
         self._alive: frozenset[int] | None = None
         self._state: dict[str, bytes] = {}
         self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
+        self._lease_reporter = BadRecordReport(logger, f"unusable lease files under {layout.root}")
+        """Lease files are reported apart: a flood of bad entries never hides one."""
+        self._collected: list[str] = []
+        """Keys collected by the scan under way (reported in one line at its end)."""
         self._missing_logged = False
 
     def scan(self, prefix: str) -> dict[str, bytes]:
@@ -542,6 +549,8 @@ class Scanner:
             self._alive = alive
             self._state = self._collect(alive)
         self._reporter.end_batch()
+        self._lease_reporter.end_batch()
+        self._report_collected()
         return self._state
 
     # -- the entries ------------------------------------------------------------
@@ -629,9 +638,22 @@ class Scanner:
             if entry.lease in alive:
                 state[entry.key] = entry.value
             elif _discard_if_unchanged(self._layout.kv_dir / name, signature):
-                logger.info("discovery: collected %r of dead lease %016x", entry.key, entry.lease)
+                self._collected.append(entry.key)
                 del self._entries[name]
         return state
+
+    def _report_collected(self) -> None:
+        """One line for the entries of dead leases this scan collected, however many."""
+        collected, self._collected = self._collected, []
+        if collected:
+            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
+            more = len(collected) - _COLLECTED_NAMED
+            logger.info(
+                "discovery: collected %d entries of dead leases: %s%s",
+                len(collected),
+                named,
+                f" and {more} more" if more > 0 else "",
+            )
 
     # -- the leases -------------------------------------------------------------
 
@@ -662,7 +684,7 @@ class Scanner:
         if not stat.S_ISREG(st.st_mode):
             if self._lease_ttls.get(name) != (st.st_ino, -1.0):
                 self._lease_ttls[name] = (st.st_ino, -1.0)
-                self._reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
+                self._lease_reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
             return False
         ttl = self._lease_ttl(path, name, st)
         if wall - st.st_mtime <= ttl:

@@ -81,11 +81,13 @@ from hypercorn.utils import repr_socket_addr
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
 from ._chunks import CONNECTION_WRITER
+from ._guard import GuardedProtocol
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from hypercorn.config import Config as HypercornConfig
+    from hypercorn.protocol import ProtocolWrapper
     from hypercorn.typing import ASGIFramework
 
 __all__ = ["dead_peer_options", "listen_sockets", "serve_http"]
@@ -157,6 +159,8 @@ async def serve_http(
     *,
     sockets: list[socket.socket] | None = None,
     dead_peer_timeout: float = 0.0,
+    cleartext_http2: bool = False,
+    http2_max_resets: int = 100,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` over plain HTTP until ``shutdown_trigger`` returns.
@@ -167,7 +171,9 @@ async def serve_http(
     accepting, let open connections finish for ``config.graceful_timeout``
     seconds, then cancel them and close their sockets, however they are blocked.
     ``dead_peer_timeout`` (seconds, 0 for none): find silent clients (see the
-    module docstring) on TCP connections.
+    module docstring) on TCP connections.  ``cleartext_http2``: serve HTTP/2
+    without TLS (prior knowledge, ``Upgrade: h2c``); ``http2_max_resets``: the
+    stream resets an HTTP/2 client may make in a burst (see :mod:`._guard`).
     """
     wrapped = ASGIWrapper(app)
     lifespan_state: dict[str, Any] = {}
@@ -198,7 +204,15 @@ async def serve_http(
             # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
             tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
             state = ConnectionState(lifespan_state.copy())
-            server = _Connection(wrapped, config, context, state, tls_typed)
+            server = _Connection(
+                wrapped,
+                config,
+                context,
+                state,
+                tls_typed,
+                cleartext_http2=cleartext_http2,
+                http2_max_resets=http2_max_resets,
+            )
             state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
             try:
                 await server.run()
@@ -280,9 +294,25 @@ class _Connection(TCPServer):
     three more passes per response).  Everything else is hypercorn's.
     """
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, *args: Any, cleartext_http2: bool, http2_max_resets: int) -> None:
+        self._cleartext_http2 = cleartext_http2
+        self._http2_max_resets = http2_max_resets
+        self._guarded: GuardedProtocol | None = None
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
+
+    @property  # type: ignore[override]  # hypercorn's attribute, guarded (see ._guard)
+    def protocol(self) -> GuardedProtocol:
+        assert self._guarded is not None
+        return self._guarded
+
+    @protocol.setter
+    def protocol(self, wrapped: ProtocolWrapper) -> None:
+        self._guarded = GuardedProtocol(
+            wrapped,
+            cleartext_http2=self._cleartext_http2,
+            max_resets=self._http2_max_resets,
+        )
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData) and not event.data:

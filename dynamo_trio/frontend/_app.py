@@ -279,6 +279,8 @@ async def serve_frontend(
                     shutdown,
                     sockets=sockets,
                     dead_peer_timeout=config.dead_client_timeout,
+                    cleartext_http2=config.cleartext_http2,
+                    http2_max_resets=config.http2_max_resets,
                 )
             )
             _log.info("frontend listening on %s", binds[0])
@@ -329,6 +331,7 @@ def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> Hyperc
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout
     hypercorn.keep_alive_timeout = config.idle_timeout
+    hypercorn.backlog = config.backlog
     # A request head still incomplete past this is refused by h11 (431 and close);
     # a complete one past it, by the Gate.
     hypercorn.h11_max_incomplete_size = config.max_header_size

@@ -48,6 +48,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final, final
 
 from .._context import CancelReason
+from .._ratelimit import LogLimiter
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["HangUpGuard", "RequestLifecycle", "bind_to_request"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
+_hangups: Final = LogLimiter(_log, interval=0.1, burst=50)
+"""A line per hang-up, at a rate a client resetting streams on end cannot raise."""
 
 _SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN})
 """Kill reasons that end a request on the server's side: failures, not cancellations."""
@@ -116,7 +119,9 @@ class RequestLifecycle:
             return
         self._gone = True
         context = self.context
-        _log.info(
+        _hangups.log(
+            logging.INFO,
+            "client-gone",
             "request %s: the client went away (%s); %s the request",
             context.id(),
             self.request_kind,

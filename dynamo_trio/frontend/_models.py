@@ -37,8 +37,9 @@ Faults after the first item: migration
 
 Once items have arrived, a lost worker (its connection gone:
 ``Disconnected``; it abandoned the request to shut down: ``EngineShutdown``;
-or it stopped the request to shut down, ending it early) is handled as the
-request's :class:`StreamFaults` say:
+or it stopped the request to shut down, ending it early; or it ended the
+stream ``stopped`` though nobody asked it to, before any finish reason) is
+handled as the request's :class:`StreamFaults` say:
 
 * with ``migration_limit`` N > 0, the request is sent again, at most N times,
   to a live instance whose card accepts continuations, carrying what was
@@ -47,8 +48,9 @@ request's :class:`StreamFaults` say:
   stream, no item repeated or missing (Dynamo's request migration);
 * otherwise, or once no instance can take it, the failure is the request's
   error: the lost connection, or :class:`~dynamo_trio.StreamIncomplete` for a
-  worker that stopped the request to shut down (its partial output must not
-  read as a complete answer; OpenAI has no finish reason that says so).
+  worker that stopped the request to shut down or on its own (its partial
+  output must not read as a complete answer; OpenAI has no finish reason that
+  says so).
 
 A request whose context is stopped or killed is never moved: it was
 cancelled (its calls then end quietly instead of failing), and a cancellation
@@ -316,6 +318,11 @@ class ModelStream:
                 continue
             if not items:
                 await self._ended()
+                if self._stopped_unasked():
+                    await self._recover(
+                        StreamIncomplete("the worker ended the request early without being asked")
+                    )
+                    continue
                 return items
             self._started = True
             if self._is_text:
@@ -330,6 +337,15 @@ class ModelStream:
         so that the end is never taken for a complete generation."""
         if self._context.is_killed():  # reading the state enforces the deadline
             await trio.lowlevel.checkpoint()
+
+    def _stopped_unasked(self) -> bool:
+        """The worker ended the stream ``stopped`` though nobody on this side asked it
+        to, before the generation was complete: its output must not read as whole."""
+        return (
+            self._stream.outcome == "stopped"
+            and not self._finished
+            and not self._context.is_stopped()
+        )
 
     def _note(self, items: list[_T], data: Callable[[_T], Any]) -> None:
         """Note what a text generation's items carry, and hold back a last item that

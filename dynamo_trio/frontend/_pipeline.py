@@ -84,6 +84,7 @@ from ..llm import (
     EmbeddingRequest,
     Generation,
     RequestError,
+    bounded_message,
     embedding_response,
     parse_embedding_request,
     status_for_error,
@@ -431,9 +432,12 @@ class Pipeline:
         if is_cancellation(exc) and context.is_killed() and not lifecycle.client_is_gone:
             exc = _server_ending(context) or exc
         if isinstance(exc, DynamoError):
+            message = bounded_message(
+                exc.message or f"{exc.error_type or 'an error'} without a message"
+            )
             if not context.is_stopped():
-                _log.warning("request %s failed: %s", context.id(), exc)
-            await self._fail(emit, lifecycle, status_for_error(exc), exc.message or str(exc), exc)
+                _log.warning("request %s failed: %s: %s", context.id(), exc.error_type, message)
+            await self._fail(emit, lifecycle, status_for_error(exc), message, exc)
             return "error", exc.error_type
         if is_cancellation(exc) and context.is_stopped():
             return "error", "cancelled"  # cancelled as asked, in its own words

@@ -129,6 +129,14 @@ def request_deadline(raw: str | None, max_timeout: float, now: float) -> float |
 
 
 def _decode_json(body: bytes, max_depth: int) -> object:
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise RequestError(
+            415,
+            f"Content-Encoding {shown(coding)!r} is not accepted: send the body "
+            "uncompressed (identity).",
+            code="unsupported_media_type",
+        )
     content_type = request.mimetype
     if content_type and content_type not in _JSON_TYPES:
         raise RequestError(

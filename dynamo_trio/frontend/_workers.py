@@ -14,7 +14,7 @@ is a *supervisor*; it serves no HTTP itself:
 4. SIGINT/SIGTERM is passed on to every process: each drains as a single
    frontend would; the supervisor waits, then exits 0.  A process whose
    supervisor vanished without passing anything on (SIGKILL) drains and exits
-   on its own within a second.
+   on its own: its lifeline to the supervisor ends (:mod:`dynamo_trio._lifeline`).
 
 Raise N on a machine with spare cores when the frontend, not the engine, is
 the bottleneck (its process near 100% of a core).  Each process costs a
@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from .._lifeline import lifeline, parent_gone, take_lifeline
 from ..edge import listen_sockets
 from ._app import DRAIN_OVERHEAD
 
@@ -208,18 +209,19 @@ class _Child:
         started = False
         try:
             while True:
-                process = await trio.lowlevel.open_process(
-                    self._argv, env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
-                )
-                self._process = process
-                assert process.stdout is not None
-                listening = await _read_until_listening(process.stdout)
-                if not started and listening:
-                    started = True
-                    task_status.started()
-                async with trio.open_nursery() as output:
-                    output.start_soon(_discard, process.stdout)
-                    code = await process.wait()
+                with lifeline(self._env) as options:  # it goes down with the supervisor
+                    process = await trio.lowlevel.open_process(
+                        self._argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, **options
+                    )
+                    self._process = process
+                    assert process.stdout is not None
+                    listening = await _read_until_listening(process.stdout)
+                    if not started and listening:
+                        started = True
+                        task_status.started()
+                    async with trio.open_nursery() as output:
+                        output.start_soon(_discard, process.stdout)
+                        code = await process.wait()
                 _mark_dead(process.pid, self._metrics)
                 if self._stopping or stop.is_set():
                     return
@@ -307,10 +309,14 @@ class WorkerView:
         """Set ``stop`` (a graceful drain) once the supervisor is gone: killed with
         SIGKILL, say, so that it could not pass a signal on.  Without this, the
         process would serve the port on its own for ever."""
-        if self.supervisor is None:
+        fd = take_lifeline()
+        if fd is not None:
+            await parent_gone(fd)
+        elif self.supervisor is None:
             return
-        while os.getppid() == self.supervisor:  # noqa: ASYNC110 (no event for a parent's death)
-            await trio.sleep(_ORPHAN_POLL)
+        else:
+            while os.getppid() == self.supervisor:  # noqa: ASYNC110 (no event for a parent's death)
+                await trio.sleep(_ORPHAN_POLL)
         _log.warning("frontend process %d: its supervisor is gone; shutting down", self.index)
         stop.set()
 

@@ -32,9 +32,11 @@ from ._embeddings import (
     parse_embedding_request as parse_embedding_request,
 )
 from ._errors import (
+    MAX_ERROR_MESSAGE as MAX_ERROR_MESSAGE,
     RequestError as RequestError,
     anthropic_error_body as anthropic_error_body,
     anthropic_error_type as anthropic_error_type,
+    bounded_message as bounded_message,
     openai_error_body as openai_error_body,
     openai_error_type as openai_error_type,
     reason_phrase as reason_phrase,
@@ -100,6 +102,7 @@ __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",
     "DONE",
     "INTEGER_RANGE",
+    "MAX_ERROR_MESSAGE",
     "ChatCompletionStream",
     "ChatRequest",
     "CompletionRequest",
@@ -127,6 +130,7 @@ __all__ = [
     "Usage",
     "anthropic_error_body",
     "anthropic_error_type",
+    "bounded_message",
     "anthropic_stop_reason",
     "chat_completion",
     "check_output_tokens",

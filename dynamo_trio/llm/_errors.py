@@ -30,14 +30,19 @@ status                   OpenAI ``type``           Anthropic ``type``
 413                      invalid_request_error     request_too_large
 429                      rate_limit_error          rate_limit_error
 499 Client Closed Req.   request_cancelled         request_cancelled
+502                      bad_gateway               api_error
 503, 529                 service_unavailable       overloaded_error
 other 4xx                invalid_request_error     invalid_request_error
 other 5xx                server_error              api_error
 =======================  ========================  =========================
 
-499 and ``request_cancelled`` follow Dynamo (PR #8090): a request cancelled
-on its way (client gone, or the work cancelled for its own reasons) is a 499
-"Client Closed Request", not a 500.
+499 and ``request_cancelled`` follow Dynamo: a request cancelled on its way
+(client gone, or the work cancelled for its own reasons) is a 499 "Client
+Closed Request", not a 500.  502 ``bad_gateway`` is a worker's failure (output
+that is not a valid response, an engine error): the gateway's upstream failed,
+not the request.  A message that reaches a client is at most
+:data:`MAX_ERROR_MESSAGE` characters (:func:`bounded_message`): a worker's
+error text is cut there.
 """
 
 from __future__ import annotations
@@ -57,11 +62,14 @@ from .._errors import (
     ResponseTimeout,
     StreamIncomplete,
 )
+from ._protocol import EngineError
 
 __all__ = [
+    "MAX_ERROR_MESSAGE",
     "RequestError",
     "anthropic_error_body",
     "anthropic_error_type",
+    "bounded_message",
     "openai_error_body",
     "openai_error_type",
     "reason_phrase",
@@ -120,6 +128,7 @@ _OPENAI_TYPES: Final[dict[int, str]] = {
     408: "timeout_error",
     429: "rate_limit_error",
     499: "request_cancelled",
+    502: "bad_gateway",
     503: "service_unavailable",
     529: "service_unavailable",
     504: "timeout_error",
@@ -150,6 +159,20 @@ _OPENAI_DEFAULT_CODES: Final[dict[int, str]] = {
     503: "service_unavailable",
     504: "timeout",
 }
+
+MAX_ERROR_MESSAGE: Final = 1000
+"""The longest error message a client is sent, in characters."""
+
+_CUT_MARK: Final = " [...]"
+
+
+def bounded_message(message: str) -> str:
+    """``message`` cut to :data:`MAX_ERROR_MESSAGE` characters (marked as cut), so
+    that a worker's error text, whatever its size, reaches a client bounded."""
+    if len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    return message[: MAX_ERROR_MESSAGE - len(_CUT_MARK)] + _CUT_MARK
+
 
 _EXTRA_PHRASES: Final[dict[int, str]] = {499: "Client Closed Request", 529: "Overloaded"}
 
@@ -220,8 +243,9 @@ def status_for_error(exc: BaseException) -> int:
     worker, or a worker lost mid-request that no other instance could take over
     (:class:`~dynamo_trio.Disconnected`, :class:`~dynamo_trio.StreamIncomplete`)
     503: the server's trouble, not the request's, so a client may retry it;
-    bytes from a worker that are not a valid response 502; timeouts 504;
-    anything else (including an :class:`~dynamo_trio.llm.EngineError`) 500.
+    a worker's failure, bytes or output from a worker that are not a valid
+    response (:class:`~dynamo_trio.ProtocolError`, an
+    :class:`~dynamo_trio.llm.EngineError`) 502; timeouts 504; anything else 500.
     """
     if isinstance(exc, RequestError):
         return exc.status
@@ -229,7 +253,7 @@ def status_for_error(exc: BaseException) -> int:
         return 400
     if isinstance(exc, Cancelled):
         return 499
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, ProtocolError | EngineError):
         return 502
     # CannotConnect (NoInstances is one): the request reached no worker; Disconnected
     # and StreamIncomplete: the worker serving it was lost and none could take it over.

@@ -259,6 +259,7 @@ class ClientStream:
         self._queue.clear()
         self._connection._forget(self.sid)
         self._connection._send_quietly(Control(self.sid, "kill", reason.value))
+        self._connection._retire_if_drained()
         self._wake()
 
 
@@ -477,8 +478,23 @@ class ClientConnection:
                 stream = self._streams.pop(frame.sid, None)
                 if stream is not None:
                     stream._deliver(frame)
+                    self._retire_if_drained()
             elif isinstance(frame, GoAway):
                 _log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
+                self._retire_if_drained()
+
+    def _retire_if_drained(self) -> None:
+        """After ``goaway``, close the connection once no stream is left on it.
+
+        Nothing new can start on it, and the pool opens a fresh connection for
+        the next request: keeping this one would leave a socket behind for every
+        reconnect.  Frames already queued (a last ``kill`` or credit) still go out.
+        """
+        connection = self._connection
+        if connection is None or self._streams or connection.closed:
+            return
+        if connection.protocol.goaway:
+            connection.shutdown("the worker said goaway and no stream is left")
 
     def open_stream(
         self,
@@ -680,8 +696,11 @@ class ConnectionPool:
             attempt.done.set()
 
     def _closed(self, connection: ClientConnection, reason: str) -> None:
-        if self._connections.get(connection.address) is connection:
+        current = self._connections.get(connection.address)
+        if current is connection:
             del self._connections[connection.address]
+        elif current is not None and connection.drained:
+            return  # an old connection retired after goaway; a newer one serves the address
         if self._on_connection_lost is not None:
             self._on_connection_lost(connection.address, reason, connection.drained)
 

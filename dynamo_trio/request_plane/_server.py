@@ -7,15 +7,19 @@ outlive it.
 
 Before a connection may say anything, it must pass the gate, in order:
 
-1. the **connection caps**: at most ``max_connections`` at once, and at most
-   ``max_handshakes`` of them not yet authenticated; a connection beyond
-   either is refused at once with a ``close`` frame saying why;
+1. the **connection caps**: at most ``max_connections`` at once (a connection
+   beyond it is refused at once with a ``close`` frame saying why), and at most
+   ``max_handshakes`` of them not yet authenticated: a new connection beyond
+   that one takes the slot of the connection that has been in its handshake
+   longest, which is dropped, so that connections proving nothing cannot keep
+   out one that can;
 2. the **handshake deadline**: TLS (when configured) and the request-plane
    handshake must complete within ``handshake_timeout`` seconds, reading at
    most a few KiB (the handshake frame limit);
-3. **authentication**: the client's proof is judged only when the
-   :class:`~dynamo_trio.request_plane._throttle.AuthThrottle` admits it, so
-   failed guesses from one address are paced, one at a time.
+3. **authentication**: the client's proof is judged on its turn
+   (:class:`~dynamo_trio.request_plane._throttle.AuthTurns`): failed guesses are
+   paced in total, and turns go round the sources, so guessing neither goes
+   fast nor keeps out a peer that knows the token.
 
 Refusals and failures are logged at most once per kind every few seconds
 (:class:`~dynamo_trio._ratelimit.LogLimiter`), never once per
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -71,7 +76,7 @@ from ._frames import (
     encode_frame,
 )
 from ._protocol import ConnectionState, ProtocolConnection, Role
-from ._throttle import AuthThrottle, source_key
+from ._throttle import AuthTurns, source_key
 from ._tls import server_context
 
 if TYPE_CHECKING:
@@ -247,6 +252,7 @@ class ServerStream:
         self.context.remove_cancel_callback(self._on_context_cancelled)
         if self._connection.protocol.is_open(self.sid):
             self._connection.send(frame)
+        self._session.retire_if_drained()
 
 
 class _Session:
@@ -272,6 +278,10 @@ class _Session:
         self._gate_deadline = float("inf")
         self.counted_as_handshaking = True
         """Still counted in the server's :attr:`RequestPlaneServer.handshaking`."""
+        self.awaiting_turn = False
+        """Its proof has arrived and waits to be judged (see :mod:`._throttle`)."""
+        self.source: Final = source_key(peer.rpartition(":")[0].strip("[]") or peer)
+        """The source its proof's turn is counted by."""
 
     async def run(self) -> None:
         admitted = False  # also when close() cancels the gate
@@ -378,32 +388,27 @@ class _Session:
                 )
 
     async def _authenticate(self) -> None:
-        throttle = self.server.throttle
-        key = source_key(self.peer.rpartition(":")[0].strip("[]") or self.peer)
-        slot = throttle.reserve(key, trio.current_time(), latest=self._gate_deadline)
-        if slot is None:
-            self.protocol.send(
-                Close("throttled", "too many failed authentications from this address; retry later")
+        self.awaiting_turn = True
+        try:
+            verdict = await self.server.throttle.judge(
+                self.source, self.protocol.authenticate, deadline=self._gate_deadline
             )
+        finally:
+            self.awaiting_turn = False
+        if verdict is None:
+            self.protocol.send(Close("throttled", "too many failed authentications; retry later"))
             limited_log.warning(
                 "auth-throttled",
-                "connection from %s: refused, too many failed authentications from its address",
+                "connection from %s: refused, its proof could not be judged before its "
+                "handshake deadline (failed authentications are paced)",
                 self.peer,
             )
-            return
-        if slot > trio.current_time():
-            await trio.sleep_until(slot)
-        # No checkpoint between an immediate slot and the verdict: attempts that
-        # arrive together are judged one after another, each seeing the last failure.
-        if self.protocol.authenticate():
-            throttle.succeeded(key)
-            return
-        throttle.failed(key, trio.current_time())
-        limited_log.warning(
-            "auth-failed",
-            "connection from %s: authentication failed (missing or wrong request-plane token)",
-            self.peer,
-        )
+        elif not verdict:
+            limited_log.warning(
+                "auth-failed",
+                "connection from %s: authentication failed (missing or wrong request-plane token)",
+                self.peer,
+            )
 
     # ------------------------------------------------------------ streams
 
@@ -478,6 +483,21 @@ class _Session:
         connection = self.connection
         if connection is not None and self.protocol.state is ConnectionState.OPEN:
             connection.send(GoAway("shutting down"))
+            self.retire_if_drained()
+
+    def retire_if_drained(self) -> None:
+        """After ``goaway``, close the connection once no stream is left on it
+        (its last frames, the ``goaway`` and the final ``end``, go out first):
+        nothing new can start on it, so keeping it only holds a socket."""
+        connection = self.connection
+        if connection is None or self.streams or connection.closed:
+            return
+        if self.protocol.goaway:
+            connection.shutdown("goaway sent and no stream is left")
+
+    def evict(self) -> None:
+        """End the handshake now (the gate's slot is wanted for a newer connection)."""
+        self._gate_scope.cancel()
 
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
@@ -514,11 +534,13 @@ class RequestPlaneServer:
         self.handler: Final = handler
         self.name: Final = name
         self.draining = False
-        self.throttle: Final = AuthThrottle(config.auth_penalty)
+        self.throttle: Final = AuthTurns(config.auth_penalty)
         self.ssl_context: Final[ssl.SSLContext | None] = (
             server_context(config) if config.tls else None
         )
         self._sessions: set[_Session] = set()
+        self._gated: dict[_Session, None] = {}
+        """The sessions still in their handshake, oldest first."""
         self._handshaking = 0
         self._refusing = 0
         self._listen_scope: trio.CancelScope | None = None
@@ -585,14 +607,13 @@ class RequestPlaneServer:
             await self._refuse(stream, peer, why)
             return
         if self._handshaking >= config.max_handshakes:
-            await self._refuse(
-                stream,
-                peer,
-                f"too many connections in their handshake (limit {config.max_handshakes})",
-            )
-            return
+            if not self._gated:  # a cap of 0: nobody may be in a handshake
+                await self._refuse(stream, peer, "no connection may be in its handshake")
+                return
+            self._evict_oldest_handshake(peer)
         session = _Session(self, stream, peer)
         self._sessions.add(session)
+        self._gated[session] = None
         self._handshaking += 1
         try:
             await session.run()
@@ -617,6 +638,30 @@ class RequestPlaneServer:
         if session.counted_as_handshaking:
             session.counted_as_handshaking = False
             self._handshaking -= 1
+            self._gated.pop(session, None)
+
+    def _evict_oldest_handshake(self, newcomer: str) -> None:
+        """Make room for ``newcomer``: drop a connection still in its handshake, the
+        one there longest.  A slot then costs whoever holds it without proving
+        anything: a flood of such connections only pushes out its own, while a peer
+        that completes its handshake promptly always gets in."""
+        # Stalling connections go first; proofs waiting for their turn are kept while
+        # there is one, so that the queue of proofs moves on.  If every slot holds a
+        # waiting proof, the source with the most of them gives one up.
+        oldest = next((session for session in self._gated if not session.awaiting_turn), None)
+        if oldest is None:
+            counts = Counter(session.source for session in self._gated)
+            oldest = next(s for s in self._gated if counts[s.source] == max(counts.values()))
+        limited_log.warning(
+            "handshake-evicted",
+            "handshake slots full (limit %d): dropping the oldest unauthenticated "
+            "connection, from %s, for one from %s",
+            self.config.max_handshakes,
+            oldest.peer,
+            newcomer,
+        )
+        self._handshake_done(oldest)  # its slot is the newcomer's from now on
+        oldest.evict()
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
         """Tell a connection beyond a cap why it is refused, and drop it.

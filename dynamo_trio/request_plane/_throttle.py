@@ -1,38 +1,43 @@
-"""Pacing failed authentications, per source address, in bounded memory.
+"""Pacing failed authentications in total, without locking anyone out.
 
-A worker with a token must make guessing it slow.  :class:`AuthThrottle`
-keeps, for each source address that failed recently, how many times it failed
-and when it may next be judged.  The server asks :meth:`AuthThrottle.admit`
-before it judges a client's proof; an address with failures behind it waits
-its turn, one attempt at a time (:meth:`AuthThrottle.reserve`):
+A worker with a token must make guessing it slow, and a peer that guesses must
+not keep out one that knows the token, even from the same address (a NAT, a
+shared host).  Before :class:`AuthTurns` judges a connection's proof, the
+connection waits for its turn:
 
-* the ``n``-th consecutive failure from an address makes its next attempt wait
-  ``min(penalty / 16 * 2**(n-1), penalty)`` seconds (``penalty`` is
-  ``DYN_TCP_AUTH_PENALTY_SECS``), so a steady guesser gets one guess per
-  ``penalty`` seconds *in total*, however many connections it opens at once:
-  each queued attempt takes the next slot, and counts as a failure, before it
-  is judged, and one whose slot would fall after its handshake deadline is
-  refused at once (``close throttled``) instead of being held;
-* a success forgets the address; so does ``forget_after`` seconds of quiet;
-* an address that never failed is not stored at all, and the table holds at
-  most ``max_addresses`` entries (the oldest go first).
+* **in total**, judged *failures* come at most one per :attr:`AuthTurns.interval`
+  (``penalty / 16`` seconds, ``penalty`` being ``DYN_TCP_AUTH_PENALTY_SECS``),
+  after a burst of :attr:`AuthTurns.burst`; a success costs no turn.  Opening
+  more connections, from more addresses, does not guess faster;
+* **per source** (the IPv4 host, or the IPv6 /64), turns go round the sources
+  with a connection waiting, one each, oldest first within a source: a flood
+  from some addresses delays a peer elsewhere by one turn per flooding source,
+  and a peer behind the same address as guessers by one turn per guess waiting
+  ahead of it, never past its handshake deadline by the flood's choice alone;
+* **per connection**, one proof is judged at most (the handshake has one).
 
-Addresses are grouped as an attacker would spread them: IPv4 by host, IPv6 by
-its /64 prefix.  This module is sans-IO: the caller passes the time and does
-the waiting.
+A connection whose turn does not come before its handshake deadline is refused
+(``close throttled``) at that deadline.  Nothing is remembered about a source
+once it has no connection waiting: memory is bounded by the handshake cap.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections import OrderedDict
-from typing import Final, final
+import math
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Final, final
 
-__all__ = ["AuthThrottle", "source_key"]
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["AuthTurns", "source_key"]
 
 
 def source_key(host: str) -> str:
-    """The unit an address is throttled by: the IPv4 host, or the IPv6 /64 prefix."""
+    """The unit turns go round by: the IPv4 host, or the IPv6 /64 prefix."""
     try:
         address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
@@ -44,81 +49,89 @@ def source_key(host: str) -> str:
     return str(address)
 
 
-class _Record:
-    __slots__ = ("failures", "next_at")
+class _Waiter:
+    __slots__ = ("key", "wakeup")
 
-    def __init__(self) -> None:
-        self.failures = 0
-        self.next_at = 0.0
+    def __init__(self, key: str) -> None:
+        self.key: Final = key
+        self.wakeup = trio.Event()
 
 
 @final
-class AuthThrottle:
-    """Failure-driven backoff per source (see the module docstring).
+class AuthTurns:
+    """Whose proof is judged next, and when (see the module docstring).
 
     Args:
-        penalty: The longest wait between two judged attempts from one source.
-        forget_after: Seconds of quiet after which a source's failures are forgotten.
-        max_addresses: How many sources are remembered at most.
+        penalty: Failures are judged at most 16 per ``penalty`` seconds in total
+            (0: no pacing).
+        burst: Failures judged back to back before the pace applies.
     """
 
-    def __init__(
-        self, penalty: float, *, forget_after: float = 60.0, max_addresses: int = 4096
-    ) -> None:
-        self.penalty: Final = penalty
-        self._forget_after: Final = forget_after
-        self._max: Final = max_addresses
-        self._records: OrderedDict[str, _Record] = OrderedDict()
+    def __init__(self, penalty: float, *, burst: int = 4) -> None:
+        self.interval: Final = penalty / 16
+        self.burst: Final = burst
+        self._due = -math.inf  # when the pace would allow the next failure, bursts aside
+        self._sources: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self.failures = 0
+        """Failures judged so far."""
 
     def __len__(self) -> int:
-        return len(self._records)
+        """Connections waiting for their turn."""
+        return sum(len(waiting) for waiting in self._sources.values())
 
-    def _delay(self, failures: int) -> float:
-        return float(min(self.penalty / 16 * 2.0 ** min(failures - 1, 16), self.penalty))
+    def _free_at(self) -> float:
+        """When the next failure may be judged (a burst may come early)."""
+        return self._due - (self.burst - 1) * self.interval
 
-    def _record(self, key: str, now: float) -> _Record | None:
-        record = self._records.get(key)
-        if record is not None and now > record.next_at + self._forget_after:
-            del self._records[key]
-            return None
-        return record
+    def _head(self) -> _Waiter | None:
+        for waiting in self._sources.values():
+            return waiting[0]
+        return None
 
-    def reserve(self, key: str, now: float, latest: float = float("inf")) -> float | None:
-        """When an attempt from ``key`` may be judged (``now`` if at once), taking that slot.
+    def _leave(self, waiter: _Waiter) -> None:
+        waiting = self._sources.get(waiter.key)
+        if waiting is None or waiter not in waiting:
+            return
+        was_head = self._head() is waiter
+        waiting.remove(waiter)
+        if not waiting:
+            del self._sources[waiter.key]
+        if was_head:
+            head = self._head()
+            if head is not None:
+                head.wakeup.set()
 
-        A source with no failure behind it is judged at once and nothing is
-        stored.  Otherwise the attempt takes the next free slot and is counted
-        as a failure in advance (a success forgets it all), so attempts that
-        queue up together wait ever longer, exactly as if each had failed.
-        Returns ``None``, and reserves nothing, if the slot would come after
-        ``latest`` (the caller's deadline): the caller refuses the attempt
-        instead of holding it.
+    async def judge(self, key: str, verdict: Callable[[], bool], *, deadline: float) -> bool | None:
+        """Wait for ``key``'s turn until ``deadline``, then return ``verdict()``
+        (called with no checkpoint before it, once); ``None`` if no turn came in time.
 
-        The caller must judge an immediate attempt without a checkpoint in
-        between, and call :meth:`failed` or :meth:`succeeded` with the verdict.
+        A failed verdict spends a turn; a successful one does not.
         """
-        record = self._record(key, now)
-        if record is None:
-            return now
-        slot = max(now, record.next_at)
-        if slot > latest:
-            return None
-        self._records.move_to_end(key)
-        record.failures += 1
-        record.next_at = slot + self._delay(record.failures)
-        return slot
-
-    def failed(self, key: str, now: float) -> None:
-        """Record a failed authentication from ``key`` (judged without a reservation
-        that counted it already)."""
-        if self._record(key, now) is not None:
-            return  # its reservation counted it
-        record = self._records[key] = _Record()
-        while len(self._records) > self._max:
-            self._records.popitem(last=False)
-        record.failures = 1
-        record.next_at = now + self._delay(1)
-
-    def succeeded(self, key: str) -> None:
-        """Forget ``key``'s failures (it knows the token)."""
-        self._records.pop(key, None)
+        waiter = _Waiter(key)
+        self._sources.setdefault(key, deque()).append(waiter)
+        try:
+            while True:
+                now = trio.current_time()
+                wake_at = deadline
+                if self._head() is waiter:
+                    free_at = self._free_at()
+                    if now >= free_at:
+                        self._leave(waiter)
+                        judged = verdict()
+                        if not judged:
+                            self._due = max(self._due, now) + self.interval
+                            self.failures += 1
+                        if key in self._sources:  # its next connection waits its turn again
+                            self._sources.move_to_end(key)
+                        head = self._head()
+                        if head is not None:
+                            head.wakeup.set()
+                        return judged
+                    wake_at = min(deadline, free_at)
+                if now >= deadline:
+                    return None
+                waiter.wakeup = trio.Event()
+                with trio.move_on_at(wake_at):
+                    await waiter.wakeup.wait()
+        finally:
+            self._leave(waiter)

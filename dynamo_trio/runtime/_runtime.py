@@ -5,7 +5,8 @@ DistributedRuntime(...)`` (or the end of a ``@dynamo_worker()`` function)
 leaves nothing behind: not a task, not a socket, not a registration.
 
 Graceful shutdown (``runtime.shutdown()``, or SIGINT/SIGTERM under
-``@dynamo_worker()``) runs in this order:
+``@dynamo_worker()``, or there the death of the supervisor that started the
+process: see :mod:`dynamo_trio._lifeline`) runs in this order:
 
 1. deregister every endpoint and model from discovery, so callers stop
    choosing this process;
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
+from .._lifeline import parent_gone, take_lifeline
 from .._logcontext import LOG_FORMAT, RequestLogFilter
 from .._signals import shut_down_on_signals
 from ..discovery import (
@@ -635,6 +637,9 @@ def dynamo_worker(
             async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(shut_down_on_signals, runtime.shutdown)
+                fd = take_lifeline()
+                if fd is not None:
+                    nursery.start_soon(_shutdown_with_supervisor, runtime, fd)
                 await fn(runtime, *args, **kwargs)
                 nursery.cancel_scope.cancel()
 
@@ -694,3 +699,10 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     root.addHandler(handler)
     root.setLevel(level.upper())
     _quiet_httpx(level)
+
+
+async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> None:
+    """Shut down gracefully once the supervisor that started this process is gone."""
+    await parent_gone(fd)
+    _log.warning("the process that started this worker is gone: shutting down gracefully")
+    runtime.shutdown()

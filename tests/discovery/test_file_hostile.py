@@ -127,8 +127,9 @@ async def test_unusable_files_never_block_and_are_reported_once(
     for name, reason in reasons.items():
         messages = skipped(caplog, name)
         undecodable = name == key_to_name("p/undecodable")
-        # once by get_prefix's scanner, once by the watch's (twice after the change)
-        assert len(messages) == (3 if undecodable else 2), (name, messages)
+        # once by the process (get_prefix and the watch share its scanner), and once
+        # more after the change
+        assert len(messages) == (2 if undecodable else 1), (name, messages)
         assert all(reason in message for message in messages), (name, messages)
 
 
@@ -290,3 +291,73 @@ async def test_a_stale_copy_under_a_dead_lease_is_replaced_by_the_owner(tmp_path
         with trio.fail_after(STEP):
             while await reader.get_prefix("p/") != {"p/k": b"mine"}:  # noqa: ASYNC110
                 await trio.sleep(0.02)
+
+
+async def test_one_poll_serves_every_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many prefixes are watched, the directory is scanned once per poll."""
+    scans: list[str] = []
+    scan = Scanner.scan
+
+    def counted(self: Scanner, prefix: str) -> dict[str, bytes]:
+        scans.append(prefix)
+        return scan(self, prefix)
+
+    monkeypatch.setattr(Scanner, "scan", counted)
+    config = file_config(tmp_path, poll_interval=0.05)
+    async with open_discovery(config) as d:
+        await d.put("a/1", b"1")
+        await d.put("b/1", b"1")
+        async with (
+            d.watch_prefix("a/") as a,
+            d.watch_prefix("b/") as b,
+            d.watch_prefix("c/") as c,
+            d.watch_prefix("") as everything,
+        ):
+            assert a.initial == {"a/1": b"1"}
+            assert b.initial == {"b/1": b"1"}
+            assert c.initial == {}
+            assert everything.initial == {"a/1": b"1", "b/1": b"1"}
+            scans.clear()
+            await trio.sleep(1.0)  # about twenty polls
+            polls = len(scans)
+            await d.put("b/2", b"2")
+            event = await b.__anext__()
+            assert (event.key, event.value) == ("b/2", b"2")
+            event = await everything.__anext__()
+            assert (event.key, event.value) == ("b/2", b"2")
+            assert a.pending() == [] and c.pending() == []
+    assert 5 <= polls <= 25, polls  # one scan per poll, not one per watch and poll
+
+
+async def test_bad_files_are_reported_once_however_many_watches_see_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="dynamo_trio.discovery")
+    FileLayout(tmp_path).ensure()
+    for i in range(3):
+        (tmp_path / "kv" / key_to_name(f"p/bad-{i}")).write_bytes(b"garbage")
+    async with (
+        open_discovery(file_config(tmp_path)) as d,
+        d.watch_prefix("p/"),
+        d.watch_prefix("p/b"),
+        d.watch_prefix(""),
+    ):
+        await d.get_prefix("p/")
+        await trio.sleep(0.3)
+    for i in range(3):
+        assert len(skipped(caplog, key_to_name(f"p/bad-{i}"))) == 1
+
+
+def test_entries_of_dead_leases_collected_in_one_scan_are_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dynamo_trio.discovery")
+    layout = FileLayout(tmp_path, LIMIT)
+    layout.ensure()
+    for i in range(50):
+        layout.write_entry(f"p/dead-{i:02d}", b"x", 0xDEAD)  # a lease that has no file
+    assert Scanner(layout, 2.0).scan("p/") == {}
+    assert list(layout.kv_dir.iterdir()) == []
+    lines = [r.getMessage() for r in caplog.records if "collected" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "50 entries of dead leases" in lines[0]

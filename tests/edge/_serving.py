@@ -18,7 +18,7 @@ async def answer_lifespan(receive: Any, send: Any) -> None:
     await send({"type": "lifespan.shutdown.complete"})
 
 
-async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
+async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]], **options: Any) -> None:
     config = HypercornConfig()
     config.accesslog = None
     config.graceful_timeout = 1
@@ -28,12 +28,14 @@ async def _serve(app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
         trio.sleep_forever,
         sockets=listen_sockets(["127.0.0.1:0"]),
         task_status=task_status,
+        **options,
     )
 
 
-async def served_bare(nursery: trio.Nursery, app: Any) -> str:
-    """``app`` (any ASGI app: an :class:`Edge` or not) served in ``nursery``; its URL."""
-    binds: list[str] = await nursery.start(partial(_serve, app))
+async def served_bare(nursery: trio.Nursery, app: Any, **options: Any) -> str:
+    """``app`` (any ASGI app: an :class:`Edge` or not) served in ``nursery``; its URL.
+    ``options``: :func:`serve_http`'s keyword arguments."""
+    binds: list[str] = await nursery.start(partial(_serve, app, **options))
     return binds[0]
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import httpx
 import pytest
@@ -81,6 +82,8 @@ async def still_serving(url: str) -> None:
 
 # ---------------------------------------------------------------------------- HTTP/2
 
+HTTP2 = {"DYN_HTTP_CLEARTEXT_HTTP2": "1"}
+
 
 def h2_request(
     path: str, json_body: bytes | None = None
@@ -122,7 +125,7 @@ async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
     stack: StartStack, how: str
 ) -> None:
     # A long shutdown grace: only a shutdown that is not stuck ends promptly.
-    running = await stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30"})
+    running = await stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30", **HTTP2})
     for _ in range(3):
         stream = await open_raw(running.url)
         if how == "h2c-upgrade":
@@ -145,8 +148,8 @@ async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
     assert_clean_log(running.frontend)
 
 
-async def test_http2_with_prior_knowledge_is_served(stack: StartStack) -> None:
-    running = await stack()
+async def test_http2_with_prior_knowledge_is_served_when_asked(stack: StartStack) -> None:
+    running = await stack(frontend_env=HTTP2)
     stream = await open_raw(running.url)
     connection, request = h2_request("/health")
     await stream.send_all(request)
@@ -155,12 +158,79 @@ async def test_http2_with_prior_knowledge_is_served(stack: StartStack) -> None:
     await stream.aclose()
 
 
+async def test_cleartext_http2_is_refused_unless_asked(stack: StartStack) -> None:
+    running = await stack()
+    stream = await open_raw(running.url)
+    _, request = h2_request("/health")
+    await stream.send_all(request)
+    received = await receive_some_bytes(stream, at_least=12)
+    assert received.startswith(b"HTTP/1.1 505 "), received
+    await stream.aclose()
+    upgrade = await raw_exchange(
+        running.url,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n"
+        b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+    )
+    assert upgrade.status == 200  # the upgrade is ignored: served in HTTP/1.1
+    await still_serving(running.url)
+
+
+async def test_a_rapid_reset_flood_gets_goaway_and_starts_a_bounded_number_of_requests(
+    stack: StartStack,
+) -> None:
+    running = await stack(frontend_env={**HTTP2, "DYN_HTTP2_MAX_RESETS": "20"})
+    stream = await open_raw(running.url)
+    connection, first = h2_request("/v1/models")
+    await stream.send_all(first)
+    body = json.dumps({**CHAT_BODY, "max_tokens": 50, "stream": True}).encode()
+    goaway = None
+    with trio.fail_after(10):
+        for stream_id in range(3, 2 * 300, 2):
+            connection.send_headers(
+                stream_id,
+                [
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions"),
+                    (":scheme", "http"),
+                    (":authority", "x"),
+                    ("content-type", "application/json"),
+                ],
+            )
+            connection.send_data(stream_id, body, end_stream=True)
+            connection.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            try:
+                await stream.send_all(connection.data_to_send())
+            except trio.BrokenResourceError:
+                break
+            with trio.move_on_after(0.01):
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                for event in connection.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway = event
+            if goaway is not None:
+                break
+    assert goaway is not None
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    await stream.aclose()
+    await still_serving(running.url)
+    async with httpx.AsyncClient(base_url=running.url) as http:
+        metrics = (await http.get("/metrics")).text
+    started = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("dynamo_frontend_model_cancellation_total{")
+    )
+    assert started <= 20 + 5, started  # the bound, give or take what one read carried
+
+
 async def test_an_sse_stream_over_http2_goes_the_usual_way_and_is_whole(
     stack: StartStack,
 ) -> None:
     # HTTP/2 responses are not chunked: the SSE body hands each piece back to
     # quart (the short way is for HTTP/1.1 only), and the stream arrives whole.
-    running = await stack()
+    running = await stack(frontend_env=HTTP2)
     stream = await open_raw(running.url)
     body = json.dumps({**CHAT_BODY, "max_tokens": 40, "stream": True}).encode()
     connection, request = h2_request("/v1/chat/completions", body)

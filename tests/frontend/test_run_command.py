@@ -15,6 +15,8 @@ import httpx
 import pytest
 import trio
 
+from tests.request_plane._harness import wait_until
+
 from .conftest import _frontend_url, children_of, listed_models, parse_sse
 
 if TYPE_CHECKING:
@@ -90,3 +92,35 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
     assert await run.wait_exit(within=30) == 0
     assert [pid for pid in pids if cmdline(pid)] == []  # every process it started is gone
     assert list(tmp.iterdir()) == []  # its discovery directory (and any other) removed
+
+
+@pytest.mark.parametrize("http_workers", [1, 2])
+async def test_run_killed_with_sigkill_takes_every_process_it_started_with_it(
+    spawn: Callable[..., Any], env: dict[str, str], tmp_path: Path, http_workers: int
+) -> None:
+    own = {key: value for key, value in env.items() if key not in ("DYN_FILE_KV",)}
+    run = await spawn(
+        "-m",
+        "dynamo_trio",
+        "run",
+        "--workers",
+        "2",
+        "--http-port",
+        "0",
+        "--http-workers",
+        str(http_workers),
+        env={**own, "TMPDIR": str(tmp_path)},
+        name="dynamo-trio run",
+    )
+    await _frontend_url(run, within=60)
+    with trio.fail_after(30):
+        while not any(line.startswith("dynamo-trio ready: ") for line in run.stdout_lines):
+            assert not run.stdout_closed, run.stderr.decode(errors="replace")[-3000:]
+            await run._changed.wait()
+    pids = children_of(run.process.pid)
+    assert sum("dynamo_trio.mocker" in cmdline(pid) for pid in pids) == 2
+
+    run.process.kill()  # SIGKILL: nothing of run's own code runs again
+    await run.process.wait()
+    await wait_until(lambda: not any(cmdline(pid) for pid in pids), 30)
+    assert [pid for pid in pids if cmdline(pid)] == []  # every process it started is gone

@@ -22,11 +22,14 @@ from dynamo_trio import (
     StreamIncomplete,
     Unknown,
 )
+from dynamo_trio._errors import error_from_wire
 from dynamo_trio.llm import (
+    MAX_ERROR_MESSAGE,
     EngineError,
     RequestError,
     anthropic_error_body,
     anthropic_error_type,
+    bounded_message,
     openai_error_body,
     openai_error_type,
     parse_chat_request,
@@ -51,7 +54,7 @@ TYPES = [
     (429, "rate_limit_error", "rate_limit_error"),
     (499, "request_cancelled", "request_cancelled"),
     (500, "server_error", "api_error"),
-    (502, "server_error", "api_error"),
+    (502, "bad_gateway", "api_error"),
     (503, "service_unavailable", "overloaded_error"),
     (504, "timeout_error", "timeout_error"),
     (529, "service_unavailable", "overloaded_error"),
@@ -139,7 +142,7 @@ def test_reason_phrase(status: int, phrase: str) -> None:
         (StreamIncomplete("cut"), 503),
         (ProtocolError("garbage"), 502),
         (Unknown("?"), 500),
-        (EngineError("oom"), 500),
+        (EngineError("oom"), 502),
         (RuntimeError("bug"), 500),
     ],
 )
@@ -194,3 +197,25 @@ def test_anthropic_client_raises_bad_request_with_the_message() -> None:
     )
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.messages.create(model="c", max_tokens=1, messages=[])
+
+
+@pytest.mark.parametrize("code", ["", "NoSuchCode", "unknown", "x" * 500])
+def test_an_error_code_the_wire_format_does_not_define_is_a_protocol_error(code: str) -> None:
+    error = error_from_wire(code, "what it said")
+    assert isinstance(error, ProtocolError)
+    assert status_for_error(error) == 502
+    assert "what it said" in error.message
+    assert len(error.message) < 200
+
+
+def test_a_known_code_keeps_its_type() -> None:
+    assert type(error_from_wire("Unknown", "x")) is Unknown
+    assert type(error_from_wire("InvalidArgument", "x")) is InvalidArgument
+
+
+@pytest.mark.parametrize("size", [0, 10, MAX_ERROR_MESSAGE, MAX_ERROR_MESSAGE + 1, 5000])
+def test_a_message_is_bounded(size: int) -> None:
+    message = "m" * size
+    bounded = bounded_message(message)
+    assert len(bounded) <= MAX_ERROR_MESSAGE
+    assert bounded == message if size <= MAX_ERROR_MESSAGE else bounded.endswith("[...]")

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from dynamo_trio import CannotConnect, Config
@@ -28,9 +31,12 @@ from dynamo_trio.request_plane._frames import (
     Welcome,
 )
 from dynamo_trio.request_plane._protocol import client_proof
-from dynamo_trio.request_plane._throttle import AuthThrottle, source_key
+from dynamo_trio.request_plane._throttle import AuthTurns, source_key
 
 from ._harness import CONFIG, RawPeer, fd_count, open_healthy, streaming_handler, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 TOKEN = "gate-token"
 NONCE = b"g" * NONCE_SIZE
@@ -68,35 +74,32 @@ async def guess(host, port, token):
 # ----------------------------------------------------------------- caps
 
 
-async def test_connections_beyond_the_handshake_cap_are_refused_with_a_reason(nursery, caplog):
-    server, config, host, port = await start(nursery, max_handshakes=3, handshake_timeout=0.5)
+async def test_a_connection_beyond_the_handshake_cap_takes_the_oldest_ones_slot(nursery, caplog):
+    caplog.set_level(logging.WARNING, logger="dynamo_trio")
+    server, config, host, port = await start(nursery, max_handshakes=3, handshake_timeout=5)
     pool = ConnectionPool(config, nursery, name="healthy")
     healthy = await open_healthy(pool, f"{host}:{port}", nursery)
     baseline = fd_count()
 
-    silent = [RawPeer(await trio.open_tcp_stream(host, port)) for _ in range(3)]
-    await wait_until(lambda: server.handshaking == 3)
-    extra = RawPeer(await trio.open_tcp_stream(host, port))
-    close = await extra.expect(Close)
-    assert close.code == "unavailable"
-    assert "too many connections in their handshake (limit 3)" in close.message
-    await extra.read_for(1)
-    assert extra.eof
-    await extra.aclose()
-
-    other = ConnectionPool(config, nursery, name="newcomer")
-    with pytest.raises(CannotConnect, match="limit 3"):
-        await other.connect(f"{host}:{port}")
+    silent = []
+    for count in range(1, 4):  # one after the other: their age is their order
+        silent.append(RawPeer(await trio.open_tcp_stream(host, port)))
+        await wait_until(_handshaking(server, count))
+    newcomer = ConnectionPool(config, nursery, name="newcomer")
+    connection = await newcomer.connect(f"{host}:{port}")  # the oldest silent one makes room
+    assert connection.usable
+    await silent[0].read_for(1)
+    assert silent[0].eof
+    assert not silent[1].eof and not silent[2].eof
+    assert server.handshaking == 2
+    evictions = [r for r in caplog.records if "dropping the oldest" in r.getMessage()]
+    assert len(evictions) == 1
     await healthy.assert_flowing()  # an established connection is never crowded out
 
-    for peer in silent:  # cut off at the handshake deadline
-        await peer.read_for(2)
-        assert peer.eof
+    for peer in silent:
         await peer.aclose()
-    assert server.handshaking == 0
-    connection = await other.connect(f"{host}:{port}")
-    assert connection.usable
-    other.close_all()
+    await wait_until(lambda: server.handshaking == 0)
+    newcomer.close_all()
     await wait_until(lambda: server.sessions == 1)
     await wait_until(lambda: fd_count() <= baseline)
     pool.close_all()
@@ -117,20 +120,25 @@ async def test_connections_beyond_the_connection_cap_are_refused(nursery):
         pool.close_all()
 
 
-async def test_a_flood_of_refused_connections_logs_a_few_lines_not_a_flood(nursery, caplog):
+async def test_a_flood_of_handshakes_logs_a_few_lines_not_a_flood(nursery, caplog):
     caplog.set_level(logging.WARNING, logger="dynamo_trio")
     server, _, host, port = await start(nursery, max_handshakes=1, handshake_timeout=5)
     first = await trio.open_tcp_stream(host, port)
     await wait_until(lambda: server.handshaking == 1)
     baseline = fd_count()
+    held = []
     for _ in range(60):
         stream = await trio.open_tcp_stream(host, port)
+        held.append(stream)
+    await wait_until(lambda: server.sessions == 1)  # each took the slot of the one before
+    assert server.handshaking == 1
+    evictions = [r for r in caplog.records if "dropping the oldest" in r.getMessage()]
+    assert 1 <= len(evictions) <= 6, [r.getMessage() for r in evictions]
+    for stream in held:
         await stream.aclose()
-    await wait_until(lambda: fd_count() <= baseline)
-    refusals = [r for r in caplog.records if "refusing a connection" in r.getMessage()]
-    assert 1 <= len(refusals) <= 6, [r.getMessage() for r in refusals]
-    assert server.sessions == 1
     await first.aclose()
+    await wait_until(lambda: server.sessions == 0)
+    await wait_until(lambda: fd_count() <= baseline)
 
 
 async def test_tricklers_are_held_only_until_the_handshake_deadline(nursery):
@@ -178,63 +186,90 @@ async def test_failed_authentications_are_refused_and_paced(nursery):
             judged.append((trio.current_time(), code))
 
     async with trio.open_nursery() as guessers:
-        for _ in range(8):  # in parallel: the pace is per address, not per connection
+        for _ in range(8):  # in parallel: the pace is in total, not per connection
             guessers.start_soon(guesser)
         await trio.sleep(2.0)
         guessers.cancel_scope.cancel()
     failures = [t for t, code in judged if code == "unauthenticated"]
     assert failures, judged
     assert {code for _, code in judged} <= {"unauthenticated", "throttled"}
-    # One judged guess per 0.2 s at most once the backoff has grown (the first
-    # five are faster, doubling from 0.2/16): far from an unpaced guesser's ~1,000 per second.
-    assert len(failures) <= 5 + 2.0 / 0.2 + 2, len(failures)
-    # Slots reserved by the guessers run out within a handshake deadline; then
-    # the right token gets in from the same address (which also forgets its failures).
-    await trio.sleep(REAL.handshake_timeout + 0.3)
+    # One judged failure per 0.2 / 16 s in total, after a burst: however many
+    # connections guess at once.
+    turns = server.throttle
+    assert len(failures) <= 2.0 / turns.interval + turns.burst + 1, len(failures)
     assert await guess(host, port, TOKEN) == "welcome"
-    assert len(server.throttle) == 0
+    assert len(server.throttle) == 0  # nobody waits for a turn any more
     await wait_until(lambda: server.sessions == 0)
 
 
-async def test_a_guess_that_would_wait_past_the_deadline_is_refused_at_once(nursery):
-    _server, _, host, port = await start(
-        nursery, auth_token=TOKEN, auth_penalty=5.0, handshake_timeout=1.0
+async def test_a_proof_whose_turn_does_not_come_in_time_is_refused_at_its_deadline(nursery):
+    server, _, host, port = await start(
+        nursery, auth_token=TOKEN, auth_penalty=16.0, handshake_timeout=1.0
     )
-    codes = [await guess(host, port, "wrong") for _ in range(5)]
-    assert codes[0] == "unauthenticated"
-    start_time = trio.current_time()
-    code = await guess(host, port, "wrong")
-    assert code == "throttled"
-    assert trio.current_time() - start_time < 1.0  # not held until the deadline
+    codes = [await guess(host, port, "wrong") for _ in range(server.throttle.burst)]
+    assert codes == ["unauthenticated"] * server.throttle.burst  # the burst
+    assert await guess(host, port, "wrong") == "throttled"  # the next turn is 1 s away
 
 
 # ----------------------------------------------------------------- sans-IO parts
 
 
-def test_the_throttle_paces_failures_from_one_source_and_forgets_success():
-    throttle = AuthThrottle(1.6, forget_after=60)
-    assert throttle.reserve("a", 0.0) == 0.0  # no failures: judged at once, nothing stored
-    assert len(throttle) == 0
-    throttle.failed("a", 0.0)  # delays double from 1.6 / 16 = 0.1
-    assert throttle.reserve("a", 0.0) == pytest.approx(0.1)  # counted as failure 2 ...
-    throttle.failed("a", 0.1)  # ... already
-    assert throttle.reserve("a", 0.0) == pytest.approx(0.3)  # 0.1 + 0.2
-    assert throttle.reserve("a", 0.0) == pytest.approx(0.7)  # 0.3 + 0.4
-    assert throttle.reserve("b", 0.2) == 0.2  # another source is not affected
-    assert throttle.reserve("a", 0.0, latest=1.0) is None  # 0.7 + 0.8 is past the deadline
-    assert throttle.reserve("a", 5.0) == 5.0  # a slot in the past: at once
-    assert throttle.reserve("a", 5.0) == pytest.approx(6.6)  # the delay tops out at 1.6
-    throttle.succeeded("a")
-    assert throttle.reserve("a", 5.0) == 5.0
+async def judge_at(turns, key, verdict, deadline=math.inf):
+    result = await turns.judge(key, lambda: verdict, deadline=deadline)
+    return trio.current_time(), key, result
 
 
-def test_the_throttle_forgets_quiet_sources_and_holds_bounded_memory():
-    throttle = AuthThrottle(1.0, forget_after=10, max_addresses=100)
-    for i in range(1000):
-        throttle.failed(f"10.0.{i // 256}.{i % 256}", 0.0)
-    assert len(throttle) == 100
-    throttle.failed("x", 0.0)
-    assert throttle.reserve("x", 100.0) == 100.0  # forgotten after quiet
+async def test_failures_come_in_a_burst_then_one_per_interval(autojump_clock):
+    turns = AuthTurns(1.6, burst=2)  # one per 0.1 s
+    results = []
+
+    async def one(key, verdict):
+        results.append(await judge_at(turns, key, verdict))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(one, "a", False)
+            await trio.lowlevel.checkpoint()
+    times = [round(t, 6) for t, _, _ in results]
+    assert times == [0.0, 0.0, 0.1, 0.2, 0.3]
+    assert turns.failures == 5
+
+
+async def test_a_success_costs_no_turn(autojump_clock):
+    turns = AuthTurns(1.6, burst=1)
+    assert (await judge_at(turns, "a", False))[2] is False  # t = 0
+    assert await judge_at(turns, "b", True) == (pytest.approx(0.1), "b", True)
+    assert await judge_at(turns, "c", False) == (pytest.approx(0.1), "c", False)  # at once
+
+
+async def test_turns_go_round_the_sources_oldest_first_within_one(autojump_clock):
+    turns = AuthTurns(1.6, burst=1)
+    order = []
+
+    async def one(key, name):
+        def refuse() -> bool:
+            order.append(name)
+            return False
+
+        await turns.judge(key, refuse, deadline=math.inf)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a1", "a2", "a3", "a4"):
+            nursery.start_soon(one, "a", name)
+            await trio.lowlevel.checkpoint()
+        nursery.start_soon(one, "b", "b1")  # behind a flood from another source
+        await trio.lowlevel.checkpoint()
+        nursery.start_soon(one, "a", "a5")
+    assert order == ["a1", "a2", "b1", "a3", "a4", "a5"]  # a1 was judged before b1 came
+    assert len(turns) == 0
+
+
+async def test_no_turn_before_the_deadline_is_none_and_leaves_the_queue(autojump_clock):
+    turns = AuthTurns(16.0, burst=1)
+    assert (await judge_at(turns, "a", False))[2] is False
+    assert await judge_at(turns, "a", True, deadline=0.5) == (0.5, "a", None)
+    assert len(turns) == 0
+    assert await judge_at(turns, "a", True) == (1.0, "a", True)
 
 
 @pytest.mark.parametrize(
@@ -311,3 +346,8 @@ def test_text_a_peer_chose_cannot_forge_log_lines():
     assert "\n" not in text and "\x1b" not in text
     assert text.isascii() and len(text) <= 300
     assert text.startswith("bye\\nERROR forged line: \\xe9\\x1b[31m")
+
+
+def _handshaking(server: Any, count: int) -> Callable[[], bool]:
+    """Whether ``server`` holds ``count`` connections in their handshake."""
+    return lambda: server.handshaking == count

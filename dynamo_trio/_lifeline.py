@@ -1,0 +1,72 @@
+"""Child processes that go down with their supervisor, however the supervisor ends.
+
+A supervisor (``dynamo-trio run``, ``--http-workers``) killed with SIGKILL runs
+no more code, so it cannot stop what it started.  Each child it starts gets a
+*lifeline* instead: the read end of a pipe whose only write end the supervisor
+holds, and on which nothing is ever written.  When the supervisor dies, however
+it dies, the kernel closes that write end; the child reads end-of-file
+(:func:`parent_gone`) and shuts down gracefully, as on SIGTERM.
+
+``prctl(PR_SET_PDEATHSIG)`` would not do: it fires when the *thread* that
+started the child exits, and trio starts processes from worker threads that
+come and go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+__all__ = ["LIFELINE_ENV", "lifeline", "parent_gone", "take_lifeline"]
+
+LIFELINE_ENV: Final = "DYN_LIFELINE_FD"
+"""Names, in a child's environment, the descriptor of its lifeline (set by its supervisor)."""
+
+
+@contextlib.contextmanager
+def lifeline(env: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+    """The ``env`` and ``pass_fds`` options of one child's ``open_process``, with a
+    lifeline in them; the supervisor's end stays open for the block.
+
+    Both ends are close-on-exec in the supervisor: only this child inherits the
+    read end, and no child inherits a write end (which would keep another
+    child's lifeline open).
+    """
+    read, write = os.pipe()
+    try:
+        yield {"env": {**env, LIFELINE_ENV: str(read)}, "pass_fds": (read,)}
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def take_lifeline() -> int | None:
+    """This process's lifeline, if its supervisor gave it one.
+
+    The variable is removed from the environment, so that the processes this
+    one starts do not take its number for a lifeline of their own.
+    """
+    raw = os.environ.pop(LIFELINE_ENV, None)
+    if raw is None or not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return None
+    return fd if is_pipe else None
+
+
+async def parent_gone(fd: int) -> None:
+    """Return once the supervisor holding the other end of lifeline ``fd`` is gone
+    (the descriptor is then closed)."""
+    async with trio.lowlevel.FdStream(fd) as stream:
+        while await stream.receive_some(1):
+            pass  # nothing is ever written; whatever is, is not the end

@@ -1,0 +1,188 @@
+"""Each HTTP connection's protocol, guarded: cleartext HTTP/2 as a choice, a bound
+on a client's stream resets, and no 5xx for what a client sends.
+
+hypercorn switches a plain connection to HTTP/2 when it opens with HTTP/2's
+preface ("prior knowledge") or asks for ``Upgrade: h2c``.  Here that is a
+setting, off unless asked: a prior-knowledge preface is answered ``505`` and
+the connection closed, and an ``Upgrade: h2c`` is ignored (a server may ignore
+an upgrade), the request served in HTTP/1.1.
+
+With HTTP/2 on, each request a client opens and at once resets (``RST_STREAM``)
+starts work the server must then cancel, at the price of a few bytes: the
+widely exploited "rapid reset" flood.  A connection whose client resets more than
+``max_resets`` streams in a burst (they come back at a tenth of that per
+second) gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and is closed, before the
+requests of the data that crossed the bound start.
+
+A request with a ``Transfer-Encoding`` other than one ``chunked`` is the
+client's doing, not the server's failure: h11 refuses it with ``501``, and it
+is answered ``400`` here (like h11's other refusals: empty, ``Connection: close``).
+
+:class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper``
+(whose switch to HTTP/2 it decides) on each connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Final, final
+
+import h2.errors
+import h2.events
+import h2.exceptions
+import trio
+from hypercorn.events import Closed, RawData
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError, H11Protocol
+
+from .._ratelimit import LogLimiter
+
+if TYPE_CHECKING:
+    import h11
+    from hypercorn.events import Event
+    from hypercorn.protocol import ProtocolWrapper
+
+__all__ = ["GuardedProtocol", "ResetBudget"]
+
+_log = logging.getLogger("dynamo_trio.http")
+limited_log: Final = LogLimiter(_log)
+
+_REFILL_PER_SECOND: Final = 0.1
+"""Of ``max_resets``: how many resets come back each second."""
+
+
+@final
+class ResetBudget:
+    """Stream resets one connection's client may still make (a token bucket)."""
+
+    def __init__(self, max_resets: int) -> None:
+        self._max = max_resets
+        self._left = float(max_resets)
+        self._at = trio.current_time()
+
+    def spend(self, resets: int) -> bool:
+        """Take ``resets``; ``False`` once the client has made more than the bound."""
+        now = trio.current_time()
+        self._left = min(
+            float(self._max), self._left + (now - self._at) * self._max * _REFILL_PER_SECOND
+        )
+        self._at = now
+        self._left -= resets
+        return self._left >= 0
+
+
+@final
+class GuardedProtocol:
+    """hypercorn's per-connection protocol, with the switch to HTTP/2 decided here.
+
+    Args:
+        wrapped: hypercorn's ``ProtocolWrapper`` for the connection (HTTP/1.1, or
+            HTTP/2 when TLS negotiated it).
+        cleartext_http2: Switch a plain connection to HTTP/2 when its client asks.
+        max_resets: The bound on a client's stream resets (see the module docstring).
+    """
+
+    def __init__(self, wrapped: ProtocolWrapper, *, cleartext_http2: bool, max_resets: int) -> None:
+        self._wrapped = wrapped
+        self._cleartext_http2 = cleartext_http2
+        self._max_resets = max_resets
+        protocol = wrapped.protocol
+        if isinstance(protocol, H2Protocol):
+            self._guard(protocol)
+        else:
+            if not cleartext_http2:
+                # hypercorn answers an upgrade to h2c (101) in this check, before any
+                # switch could be refused: it is replaced by one that keeps HTTP/1.1.
+                protocol._check_protocol = _http11_only  # type: ignore[method-assign]
+            refuse = protocol._send_error_response
+
+            async def refused(status_code: int) -> None:
+                # h11's 501 is for a Transfer-Encoding it does not take: a bad request.
+                await refuse(400 if status_code == 501 else status_code)
+
+            protocol._send_error_response = refused  # type: ignore[method-assign]
+
+    @property
+    def protocol(self) -> H11Protocol | H2Protocol:
+        return self._wrapped.protocol
+
+    async def initiate(self) -> None:
+        await self._wrapped.initiate()
+
+    async def handle(self, event: Event) -> None:
+        wrapped = self._wrapped
+        try:
+            await wrapped.protocol.handle(event)
+        except H2ProtocolAssumedError as error:
+            if not self._cleartext_http2:
+                await self._refuse(wrapped.protocol)
+                return
+            await self._to_http2().initiate()
+            if error.data:
+                await wrapped.protocol.handle(RawData(data=error.data))
+        except H2CProtocolRequiredError as error:
+            await self._to_http2().initiate(error.headers, error.settings)
+            if error.data:
+                await wrapped.protocol.handle(RawData(data=error.data))
+
+    def _to_http2(self) -> H2Protocol:
+        wrapped = self._wrapped
+        protocol = H2Protocol(
+            wrapped.app,
+            wrapped.config,
+            wrapped.context,
+            wrapped.task_group,
+            wrapped.state,
+            wrapped.ssl,
+            wrapped.client,
+            wrapped.server,
+            wrapped.send,
+        )
+        self._guard(protocol)
+        wrapped.protocol = protocol
+        return protocol
+
+    def _guard(self, protocol: H2Protocol) -> None:
+        """Count the client's resets in whatever the connection receives."""
+        connection = protocol.connection
+        receive = connection.receive_data
+        budget = ResetBudget(self._max_resets)
+        client = self._wrapped.client
+
+        def receive_data(data: Any) -> list[h2.events.Event]:
+            events: list[h2.events.Event] = receive(data)
+            resets = sum(1 for event in events if isinstance(event, h2.events.StreamReset))
+            if resets and not budget.spend(resets):
+                limited_log.warning(
+                    "rapid-reset",
+                    "HTTP/2 client %s reset more than %d streams: GOAWAY (ENHANCE_YOUR_CALM)",
+                    client,
+                    self._max_resets,
+                )
+                connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+                # hypercorn's answer to a protocol error: send what is queued (the
+                # GOAWAY), then close; none of these events is acted on.
+                raise h2.exceptions.ProtocolError("too many stream resets")
+            return events
+
+        connection.receive_data = receive_data  # type: ignore[method-assign]
+
+    async def _refuse(self, protocol: Any) -> None:
+        """Answer a cleartext HTTP/2 preface 505 (in HTTP/1.1, which the client sent
+        its request line in) and close the connection."""
+        limited_log.log(
+            logging.INFO,
+            "cleartext-http2-refused",
+            "refused cleartext HTTP/2 from %s (set DYN_HTTP_CLEARTEXT_HTTP2=1 to serve it)",
+            self._wrapped.client,
+        )
+        await protocol._send_error_response(505)
+        await self._wrapped.send(Closed())
+
+
+async def _http11_only(event: h11.Request) -> None:
+    """hypercorn's protocol check, keeping HTTP/1.1: a prior-knowledge preface is
+    refused (see :meth:`GuardedProtocol.handle`), an upgrade to h2c ignored."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+        raise H2ProtocolAssumedError(b"")
