@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from .._lifeline import lifeline, parent_gone, take_lifeline
+from .._signals import on_forced_exit, shut_down_on_signals
 from ..edge import listen_sockets
 from ._app import DRAIN_OVERHEAD
 
@@ -117,9 +119,12 @@ async def run_frontend_workers(
     try:
         # Held while we live, so that our processes leave the directory to us; we
         # remove it ourselves (below), whichever way we end.
-        with holding_shared(shared, remove=False):
+        with (
+            holding_shared(shared, remove=False),
+            on_forced_exit(functools.partial(_kill_all, children)),
+        ):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_on_signals, stop)
+                nursery.start_soon(shut_down_on_signals, stop.set)
                 with trio.fail_after(_STARTUP_TIMEOUT):
                     for child in children:
                         await nursery.start(child.supervise, stop)
@@ -167,13 +172,6 @@ def holding_shared(shared: Path, *, remove: bool = True) -> Iterator[None]:
         shutil.rmtree(shared, ignore_errors=True)
     finally:
         os.close(fd)
-
-
-async def _stop_on_signals(stop: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            _log.info("%s: stopping the frontend processes", signal.Signals(signum).name)
-            stop.set()
 
 
 class _Child:
@@ -247,6 +245,12 @@ class _Child:
     def kill(self) -> None:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
+
+
+def _kill_all(children: list[_Child]) -> None:
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.kill()
 
 
 def _without_workers(argv: Sequence[str]) -> list[str]:
