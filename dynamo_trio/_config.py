@@ -56,6 +56,7 @@ frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no b
 frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
 frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
 frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
+frontend.kserve_grpc_port          DYN_KSERVE_GRPC_PORT                  none (no gRPC server)
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -228,8 +229,13 @@ class FrontendConfig:
     a later pass, in order, while a new stream's first write never waits, so a busy
     frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
     0: no limit."""
+    kserve_grpc_port: int | None = None
+    """The port of the KServe v2 gRPC server (on ``host``, beside HTTP; 0: any free
+    port); ``None``: no gRPC server."""
 
     def __post_init__(self) -> None:
+        if self.kserve_grpc_port is not None and self.http_workers > 1:
+            raise ValueError("the KServe gRPC server runs in one frontend process: http_workers 1")
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
             raise ValueError(
                 f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
@@ -405,6 +411,7 @@ class Config:
                     _non_negative_int,
                     frontend.stream_writes_per_pass,
                 ),
+                kserve_grpc_port=env.get("DYN_KSERVE_GRPC_PORT", _port, frontend.kserve_grpc_port),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
             gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),
