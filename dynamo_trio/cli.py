@@ -268,23 +268,22 @@ async def run_frontend(
                         shutdown_trigger=stop.wait,
                         shutdown_grace=config.worker.shutdown_grace,
                         sockets=sockets,
-                        on_grpc_listening=_print_grpc_address,
+                        on_grpc_listening=grpc.append,
                         task_status=task_status,
                         **shared,
                     )
                 finally:
                     drained.set()
 
+            grpc: list[str] = []
             url: str = await serving.start(serve)
             print(f"dynamo-trio frontend listening on {url}", flush=True)
+            for address in grpc:  # after the HTTP line, which scripts read first
+                print(f"dynamo-trio kserve grpc listening on {address}", flush=True)
             if on_listening is not None:
                 on_listening(url)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
     _log.info("frontend stopped")
-
-
-def _print_grpc_address(address: str) -> None:
-    print(f"dynamo-trio kserve grpc listening on {address}", flush=True)
 
 
 async def _serve_private(
