@@ -7,13 +7,12 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import triton_to_np_dtype
 
 
 def tensor(values: Any, datatype: str = "INT32", name: str = "INPUT0") -> grpcclient.InferInput:
-    """An input tensor holding the numpy array ``values``."""
-    array = np.asarray(values)
-    if datatype == "INT32" and array.dtype == np.int64:
-        array = array.astype(np.int32)
+    """An input tensor holding ``values`` as ``datatype``."""
+    array = np.asarray(values, dtype=triton_to_np_dtype(datatype))
     infer_input = grpcclient.InferInput(name, list(array.shape), datatype)
     infer_input.set_data_from_numpy(array)
     return infer_input
