@@ -66,6 +66,11 @@ _ModelStreamInferResponse: Final = message_class("ModelStreamInferResponse")
 
 _GRPC_HEADERS: Final = [(b"content-type", b"application/grpc")]
 
+MAX_STREAM_INFERENCES: Final = 1024
+"""Inferences one ``ModelStreamInfer`` call may have running; a request beyond that is
+answered ``RESOURCE_EXHAUSTED`` at once (the call's reader is never held up, so it always
+sees the client leave)."""
+
 
 @final
 class _Call:
@@ -151,16 +156,16 @@ async def _one_message(call: _Call) -> bytes:
     Raises:
         GrpcError: none, or more than one; WireError: a malformed request.
     """
-    found: list[bytes] = []
+    found: bytes | None = None
     async for message in call.messages:
         if isinstance(message, WireError):
             raise message
-        found.append(message)
-    if len(found) != 1:
-        raise GrpcError(
-            Status.INVALID_ARGUMENT, f"a unary call takes one message, not {len(found)}"
-        )
-    return found[0]
+        if found is not None:
+            raise GrpcError(Status.INVALID_ARGUMENT, "a unary call takes one message, not more")
+        found = message
+    if found is None:
+        raise GrpcError(Status.INVALID_ARGUMENT, "a unary call takes one message, not none")
+    return found
 
 
 def _decode(message_type: type[Any], data: bytes) -> Any:
@@ -317,27 +322,35 @@ class KServeApp:
         """``ModelStreamInfer``: each request an inference of its own, run beside the
         others; each response (or ``error_message``) tagged with its request's id.
 
-        Each request starts its inference at once, so the call's reader is never held
-        up and always sees the client leave; what bounds them is the request plane's
-        limit of streams per worker connection (``DYN_TCP_MAX_STREAMS``), whose
-        refusal is that inference's ``error_message``.
+        Each request starts its inference at once, up to :data:`MAX_STREAM_INFERENCES`
+        running; one beyond is refused at once.  So the call's reader is never held up
+        and always sees the client leave.
         """
         failure: WireError | None = None
+        running = [0]
         async with trio.open_nursery() as inferences:
             async for message in call.messages:
                 if isinstance(message, WireError):
                     failure = message
                     break
-                inferences.start_soon(self._stream_one, call, message, deadline)
+                inferences.start_soon(self._stream_one, call, message, deadline, running)
         if failure is not None:
             raise failure
         await call.finish(Status.OK)
 
-    async def _stream_one(self, call: _Call, data: bytes, deadline: float | None) -> None:
+    async def _stream_one(
+        self, call: _Call, data: bytes, deadline: float | None, running: list[int]
+    ) -> None:
         request_id = ""
+        running[0] += 1
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
+            if running[0] > MAX_STREAM_INFERENCES:
+                raise GrpcError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"{MAX_STREAM_INFERENCES} inferences are running on this call already",
+                )
 
             async def send(response: Any) -> None:
                 await call.respond(_ModelStreamInferResponse(infer_response=response))
@@ -357,6 +370,8 @@ class KServeApp:
                     infer_response=_ModelInferResponse(id=request_id),
                 )
                 await call.respond(error)
+        finally:
+            running[0] -= 1
 
     async def _run_inference(
         self,
@@ -391,8 +406,10 @@ class KServeApp:
             request_kind=f"tensor {request_type}",
         )
 
+        complete = False  # the worker's responses have all been passed on
+
         def heard(context: Context, state: ContextState, reason: CancelReason) -> None:
-            if reason is CancelReason.DEADLINE:  # the client's deadline: a cancellation
+            if reason is CancelReason.DEADLINE and not complete:  # the client's: a cancellation
                 tracker.cancelled(reason.value)
 
         context.add_cancel_callback(heard)
@@ -406,8 +423,9 @@ class KServeApp:
                     async with await route.call(worker_input, context) as stream:
                         async for item in stream:
                             await send(response_message(item.data(), _ModelInferResponse, raw=raw))
+                    complete = True
                     lifecycle.completed()
-            if context.is_killed() or lifecycle.client_is_gone:
+            if not complete:  # killed: its scope ended the work
                 raise _ending(context)
             tracker.finish("success")
         except BaseException as exc:

@@ -138,7 +138,8 @@ async def test_a_bad_request_on_a_stream_is_answered_and_the_stream_goes_on(
         (b"\x01\x00\x00\x00\x02ab", "12", "compressed"),  # UNIMPLEMENTED
         (b"\x07\x00\x00\x00\x00", "3", "flag"),  # INVALID_ARGUMENT
         (b"\x00\x00\x00\x00\x09abc", "3", "ended inside a message"),
-        (b"\x00\x00\x00\x00\x00" * 2, "3", "one message, not 2"),
+        (b"\x00\x00\x00\x00\x00" * 2, "3", "one message, not more"),
+        (b"", "3", "one message, not none"),
     ],
 )
 async def test_framing_errors_end_the_call_with_a_status(
