@@ -44,7 +44,7 @@ from .._tracing import TraceContext
 from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
-from ._tensors import DTYPES, kserve_dtype, response_message, worker_request
+from ._tensors import kserve_dtype, response_message, worker_request
 from ._wire import Deframer, WireError, encode_grpc_message, frame, parse_timeout
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ class _Call:
         """The client ended the call (``RST_STREAM``, a dropped connection)."""
         self.live: set[RequestLifecycle] = set()
         """The call's inferences still running (the hang-up rule applies to them)."""
+        self.running = 0
+        """Inferences of a ``ModelStreamInfer`` call started and not yet ended."""
         self._incoming, self.messages = trio.open_memory_channel[bytes | WireError](0)
 
     async def read(self, cancel: trio.CancelScope) -> None:
@@ -327,26 +329,23 @@ class KServeApp:
         and always sees the client leave.
         """
         failure: WireError | None = None
-        running = [0]
         async with trio.open_nursery() as inferences:
             async for message in call.messages:
                 if isinstance(message, WireError):
                     failure = message
                     break
-                inferences.start_soon(self._stream_one, call, message, deadline, running)
+                inferences.start_soon(self._stream_one, call, message, deadline)
         if failure is not None:
             raise failure
         await call.finish(Status.OK)
 
-    async def _stream_one(
-        self, call: _Call, data: bytes, deadline: float | None, running: list[int]
-    ) -> None:
+    async def _stream_one(self, call: _Call, data: bytes, deadline: float | None) -> None:
         request_id = ""
-        running[0] += 1
+        call.running += 1
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
-            if running[0] > MAX_STREAM_INFERENCES:
+            if call.running > MAX_STREAM_INFERENCES:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"{MAX_STREAM_INFERENCES} inferences are running on this call already",
@@ -371,7 +370,7 @@ class KServeApp:
                 )
                 await call.respond(error)
         finally:
-            running[0] -= 1
+            call.running -= 1
 
     async def _run_inference(
         self,
@@ -503,6 +502,3 @@ async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> Non
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-assert set(DTYPES) <= {name.removeprefix("TYPE_") for name in DATA_TYPES}

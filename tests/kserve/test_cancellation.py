@@ -21,6 +21,8 @@ import trio
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from dynamo_trio.kserve._server import MAX_STREAM_INFERENCES
+
 from ._client import StreamResults, tensor
 from .conftest import MODEL, GrpcStack, StartGrpcStack, eventually, wait_for_events
 
@@ -128,3 +130,29 @@ async def test_the_client_process_killed(
     assert exits[0]["how"] == "Cancelled"
     assert exits[0]["reason"] == "client disconnect"
     assert killed_exits(stack) == exits
+
+
+async def test_a_full_stream_refuses_one_more_and_closing_it_counts_each_once(
+    grpc_stack: StartGrpcStack,
+) -> None:
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+    limit = MAX_STREAM_INFERENCES
+
+    def fill() -> list[tuple[Any, Any]]:
+        client.start_stream(callback=results)
+        for n in range(limit + 1):
+            client.async_stream_infer(MODEL, [tensor([n])], request_id=str(n), parameters=SLOW)
+        return results.take(1)
+
+    try:
+        [(_, refused)] = await trio.to_thread.run_sync(fill)
+        assert "RESOURCE_EXHAUSTED" in str(refused)
+        await wait_for_events(stack.worker, "start", limit, within=60)
+        await trio.to_thread.run_sync(lambda: client.stop_stream(cancel_requests=True))
+        exits = await wait_for_events(stack.worker, "exit", limit, within=60)
+        await eventually(lambda: stack.cancellations("stream"), (limit, limit), within=30)
+    finally:
+        client.close()
+    assert {(e["how"], e["reason"]) for e in exits} == {("Cancelled", "client disconnect")}

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from dynamo_trio.kserve._messages import MESSAGES, message_class
+from dynamo_trio.kserve._messages import DATA_TYPES, MESSAGES, message_class
+from dynamo_trio.kserve._tensors import DTYPES
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -63,3 +64,10 @@ def test_bytes_made_by_either_side_read_the_same_on_the_other() -> None:
     assert ours.SerializeToString(deterministic=True) == request.SerializeToString(
         deterministic=True
     )
+
+
+def test_every_tensor_datatype_served_has_its_model_config_type() -> None:
+    reference = model_config_pb2.DataType
+    assert [reference.Name(number) for number in range(len(DATA_TYPES))] == list(DATA_TYPES)
+    for name in DTYPES:
+        assert f"TYPE_{name}" in DATA_TYPES
