@@ -11,6 +11,7 @@ worker's requests), ``_status`` (failures to status codes) and ``_server``
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING
 
 import trio
@@ -49,6 +50,9 @@ async def serve_kserve(
     hypercorn.errorlog = logging.getLogger("dynamo_trio.kserve.http")
     hypercorn.graceful_timeout = flush_grace
     hypercorn.keep_alive_timeout = config.idle_timeout
+    # A gRPC channel is one long-lived connection: hypercorn's cap on the requests of
+    # a connection (1000) would end it with a GOAWAY under a client's calls.
+    hypercorn.keep_alive_max_requests = sys.maxsize
     hypercorn.h2_max_header_list_size = config.max_header_size
     app = KServeApp(pipeline, max_message_size=config.max_body_size)
     await serve_http(

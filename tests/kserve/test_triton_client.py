@@ -99,3 +99,17 @@ async def test_a_stream_of_100_infers_on_one_call(grpc_stack: StartGrpcStack) ->
     assert await stack.stack.metric(REQUESTS, endpoint="tensor", request_type="stream") == 101
     assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
     assert await stack.stack.metric("dynamo_component_cancellation_total", worker=True) == 0
+
+
+async def test_one_connection_serves_calls_for_ever(grpc_stack: StartGrpcStack) -> None:
+    """A channel is one connection: more calls on it than hypercorn's default cap (1000)."""
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+
+    def run() -> list[int]:
+        return [int(client.infer(MODEL, [tensor([n])]).as_numpy("OUTPUT0")[0]) for n in range(1100)]
+
+    try:
+        assert await trio.to_thread.run_sync(run) == list(range(1100))
+    finally:
+        client.close()
