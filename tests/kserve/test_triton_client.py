@@ -6,6 +6,8 @@ None of these calls is cancelled, so none is counted as a cancellation.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import trio
@@ -113,3 +115,29 @@ async def test_one_connection_serves_calls_for_ever(grpc_stack: StartGrpcStack) 
         assert await trio.to_thread.run_sync(run) == list(range(1100))
     finally:
         client.close()
+
+
+async def test_many_calls_in_flight_on_one_channel(grpc_stack: StartGrpcStack) -> None:
+    """32 calls in flight at a time, 2000 in all, on one connection: every one answered
+    (ended streams leave the connection's sending order at once: ``edge/_h2.py``)."""
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    slots = threading.Semaphore(32)
+    results = StreamResults()
+
+    def answered(result: object, error: object) -> None:
+        slots.release()
+        results(result, error)
+
+    def run() -> list[tuple[object, object]]:
+        for n in range(2000):
+            slots.acquire()
+            client.async_infer(MODEL, [tensor([n])], callback=answered, request_id=str(n))
+        return results.take(2000)
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        client.close()
+    assert [error for _, error in received if error is not None] == []
+    assert sorted(int(result.get_response().id) for result, _ in received) == list(range(2000))
