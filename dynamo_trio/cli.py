@@ -433,7 +433,12 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     if own_kv:
         env["DYN_FILE_KV"] = tempfile.mkdtemp(prefix="dynamo-trio-kv-")
     os.environ.update(env)
-    config = _config(args)
+    try:
+        config = _config(args)
+    except ValueError as exc:  # an invalid DYN_* value or flag combination
+        if own_kv:
+            shutil.rmtree(env["DYN_FILE_KV"], ignore_errors=True)
+        parser.error(str(exc))
     configure_logging(config.log_level)
     worker_argv = [
         sys.executable,

@@ -5,6 +5,8 @@ a shutdown drains them, and the setting is read like every other."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -34,6 +36,30 @@ def test_the_setting() -> None:
         Config.from_env({"DYN_KSERVE_GRPC_PORT": "70000"})
     with pytest.raises(ValueError, match="http_workers"):
         FrontendConfig(kserve_grpc_port=8001, http_workers=2)
+
+
+@pytest.mark.parametrize("command", ["run", "frontend"])
+def test_grpc_needs_one_frontend_process(command: str, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynamo_trio",
+            command,
+            "--http-workers",
+            "2",
+            "--kserve-grpc-port",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "http_workers 1" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.slow
