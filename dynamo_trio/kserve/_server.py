@@ -90,9 +90,14 @@ class _Call:
         """Inferences of a ``ModelStreamInfer`` call started and not yet ended."""
         self._incoming, self.messages = trio.open_memory_channel[bytes | WireError](0)
 
-    async def read(self, cancel: trio.CancelScope) -> None:
-        """Take the request apart into messages until its end; on the client's end of
-        the call, apply the hang-up rule to every live inference and cancel ``cancel``."""
+    async def read(self, cancel: trio.CancelScope | None) -> None:
+        """Take the request apart into messages until its end.
+
+        On the client's end of the call, apply the hang-up rule to every live
+        inference and end the request's messages; then cancel ``cancel`` (the
+        call), or with ``None`` (the stop policy) let the inferences drain, as
+        their contexts' drain grace allows.
+        """
         incoming = self._incoming
         reading = True  # until the request's end, or a framing error
         while True:
@@ -101,7 +106,9 @@ class _Call:
                 self.gone = True
                 for lifecycle in tuple(self.live):
                     lifecycle.client_gone()
-                cancel.cancel()
+                incoming.close()
+                if cancel is not None:
+                    cancel.cancel()
                 return
             if message["type"] != "http.request" or not reading:
                 continue  # after a framing error or the end: only the disconnect matters
@@ -219,8 +226,9 @@ class KServeApp:
             await _plain(send, 415, b"Send gRPC: POST with content-type application/grpc.\n")
             return
         call = _Call(receive, send, self._max_message_size)
+        draining = self._pipeline.config.on_disconnect == "stop"
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(call.read, nursery.cancel_scope)
+            nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
             try:
                 deadline = self._deadline(headers.get("grpc-timeout"))
                 await self._dispatch(call, scope["path"], deadline)
@@ -424,7 +432,7 @@ class KServeApp:
                             await send(response_message(item.data(), _ModelInferResponse, raw=raw))
                     complete = True
                     lifecycle.completed()
-            if not complete:  # killed: its scope ended the work
+            if lifecycle.client_is_gone or not complete:  # cancelled, or killed
                 raise _ending(context)
             tracker.finish("success")
         except BaseException as exc:

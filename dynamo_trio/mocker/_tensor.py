@@ -3,8 +3,8 @@
 Its requests and responses have Dynamo's tensor shape (see
 :mod:`dynamo_trio.kserve._tensors`).  ``INPUT0`` may be ``Int32`` or
 ``Float32``, of any shape.  Request parameters: ``delay_ms`` waits that long
-before each response (a kill cancels the wait; a stop ends the request before
-the next response), ``repeat`` is how many responses one request gets (on a
+before each response (a kill cancels the wait; a stop ends it, and the request
+with it, without another response), ``repeat`` is how many responses one request gets (on a
 ``ModelStreamInfer`` call; a unary infer takes exactly one).
 """
 
@@ -67,7 +67,10 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
     }
     for _ in range(repeat):
         if delay_ms:
-            await trio.sleep(delay_ms / 1000)
+            with trio.move_on_after(delay_ms / 1000):
+                await context.stopped()  # a stop ends the wait (a kill cancels it)
+        if context.is_killed():
+            await trio.lowlevel.checkpoint()  # the kill's cancellation, if the wake came first
         if context.is_stopped():
             return
         yield {

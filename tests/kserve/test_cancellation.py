@@ -156,3 +156,26 @@ async def test_a_full_stream_refuses_one_more_and_closing_it_counts_each_once(
     finally:
         client.close()
     assert {(e["how"], e["reason"]) for e in exits} == {("Cancelled", "client disconnect")}
+
+
+async def test_with_the_stop_policy_the_worker_drains_and_ends_on_its_own(
+    grpc_stack: StartGrpcStack,
+) -> None:
+    stack = await grpc_stack("--on-disconnect", "stop")
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+    try:
+        future = await trio.to_thread.run_sync(
+            lambda: client.async_infer(MODEL, [tensor([1])], callback=results, parameters=SLOW)
+        )
+        await wait_for_events(stack.worker, "start", 1)
+        future.cancel()
+        [exit_] = await wait_for_events(stack.worker, "exit", 1)
+        await eventually(lambda: stack.cancellations("unary"), (1, 1))
+    finally:
+        client.close()
+    assert (exit_["how"], exit_["state"], exit_["reason"]) == (
+        "returned",
+        "STOPPED",
+        "client disconnect",
+    )

@@ -31,6 +31,8 @@ async def still_serves(stack: GrpcStack) -> None:
     finally:
         client.close()
     assert result.as_numpy("OUTPUT0").tolist() == [4, 2]
+    async with httpx.AsyncClient(base_url=stack.stack.url) as http:  # HTTP undisturbed
+        assert (await http.get("/health")).status_code == 200
     assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
     assert b"Traceback" not in stack.frontend.stderr
 
