@@ -40,7 +40,14 @@ import trio
 
 from .._contain import split_live_cancellation
 from .._context import CancelReason, Context, ContextState
-from .._tracing import TraceContext
+from .._tracing import (
+    TRACEPARENT,
+    TRACESTATE,
+    X_DYNAMO_REQUEST_ID,
+    X_REQUEST_ID,
+    TraceContext,
+    request_ids,
+)
 from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
@@ -89,6 +96,30 @@ class _Call:
         self.running = 0
         """Inferences of a ``ModelStreamInfer`` call started and not yet ended."""
         self._incoming, self.messages = trio.open_memory_channel[bytes | WireError](0)
+        self.deadline: float | None = None
+        """When (``time.monotonic()``) the call's ``grpc-timeout`` ends it, if it has one."""
+        self.request_id: str | None = None
+        """The id the client gave the call (``x-dynamo-request-id``, ``x-request-id``)."""
+        self.trace = TraceContext.new()
+        """The call's trace: a span under the client's ``traceparent``, or a new trace."""
+
+    def identify(self, headers: dict[str, bytes]) -> None:
+        """Read the call's id and trace from its metadata, as the HTTP routes read theirs.
+
+        Raises:
+            InvalidRequestId: an id that is not one (``INVALID_ARGUMENT``).
+        """
+
+        def text(name: str) -> str | None:
+            value = headers.get(name)
+            return None if value is None else value.decode("latin-1")
+
+        ids = request_ids(text(X_REQUEST_ID), text(X_DYNAMO_REQUEST_ID))
+        if ids.source != "generated":
+            self.request_id = ids.request_id
+        self.trace = TraceContext.continued(
+            text(TRACEPARENT), text(TRACESTATE), x_request_id=ids.x_request_id
+        )
 
     async def read(self, cancel: trio.CancelScope | None) -> None:
         """Take the request apart into messages until its end.
@@ -184,10 +215,10 @@ def _decode(message_type: type[Any], data: bytes) -> Any:
 @dataclass(frozen=True, slots=True)
 class _Method:
     """One unary method of the service: its request type, and what answers it
-    (given the call, its request, and its deadline in ``time.monotonic()`` seconds)."""
+    (given the call and its request)."""
 
     request: str
-    respond: Callable[[KServeApp, _Call, Any, float | None], Awaitable[Any]]
+    respond: Callable[[KServeApp, _Call, Any], Awaitable[Any]]
 
 
 @final
@@ -230,8 +261,9 @@ class KServeApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
             try:
-                deadline = self._deadline(headers.get("grpc-timeout"))
-                await self._dispatch(call, scope["path"], deadline)
+                call.deadline = self._deadline(headers.get("grpc-timeout"))
+                call.identify(headers)
+                await self._dispatch(call, scope["path"])
             except BaseException as exc:
                 live, failure = split_live_cancellation(exc)
                 if live is not None:
@@ -252,28 +284,28 @@ class KServeApp:
             seconds = limit
         return None if seconds is None else time.monotonic() + seconds
 
-    async def _dispatch(self, call: _Call, path: str, deadline: float | None) -> None:
+    async def _dispatch(self, call: _Call, path: str) -> None:
         if path == f"/{SERVICE}/ModelStreamInfer":
-            await self._stream_infer(call, deadline)
+            await self._stream_infer(call)
             return
         service, _, name = path.lstrip("/").partition("/")
         method = _METHODS.get(name) if service == SERVICE else None
         if method is None:
             raise GrpcError(Status.UNIMPLEMENTED, f"no method {path[:100]!r} is served")
         request = _decode(message_class(method.request), await _one_message(call))
-        response = await method.respond(self, call, request, deadline)
+        response = await method.respond(self, call, request)
         await call.respond(response)
         await call.finish(Status.OK)
 
     # ------------------------------------------------------------------ metadata
 
-    async def _server_live(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _server_live(self, call: _Call, request: Any) -> Any:
         return message_class("ServerLiveResponse")(live=True)
 
-    async def _server_ready(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _server_ready(self, call: _Call, request: Any) -> Any:
         return message_class("ServerReadyResponse")(ready=not self._pipeline.shutting_down)
 
-    async def _model_ready(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _model_ready(self, call: _Call, request: Any) -> Any:
         ready = bool(self._pipeline.models.cards(request.name, "tensor"))
         return message_class("ModelReadyResponse")(ready=ready)
 
@@ -286,7 +318,7 @@ class KServeApp:
     def _route(self, name: str) -> ModelRoute:
         return self._pipeline.models.route(name, "tensor")
 
-    async def _model_metadata(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _model_metadata(self, call: _Call, request: Any) -> Any:
         card = self._card(request.name)
         config = card.tensor_model_config
         assert config is not None
@@ -298,7 +330,7 @@ class KServeApp:
                 into.add(name=spec.name, datatype=_kserve_name(spec), shape=list(spec.shape))
         return response
 
-    async def _model_config(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _model_config(self, call: _Call, request: Any) -> Any:
         card = self._card(request.name)
         config = card.tensor_model_config
         assert config is not None
@@ -314,7 +346,7 @@ class KServeApp:
 
     # ------------------------------------------------------------------ inference
 
-    async def _infer(self, call: _Call, request: Any, deadline: float | None) -> Any:
+    async def _infer(self, call: _Call, request: Any) -> Any:
         """``ModelInfer``: exactly one response, or the call's status."""
         responses: list[Any] = []
 
@@ -323,12 +355,12 @@ class KServeApp:
                 raise GrpcError(Status.INTERNAL, "the worker answered a unary infer more than once")
             responses.append(response)
 
-        await self._run_inference(call, request, deadline, "unary", keep)
+        await self._run_inference(call, request, "unary", keep)
         if not responses:
             raise GrpcError(Status.INTERNAL, "the worker answered the infer with nothing")
         return responses[0]
 
-    async def _stream_infer(self, call: _Call, deadline: float | None) -> None:
+    async def _stream_infer(self, call: _Call) -> None:
         """``ModelStreamInfer``: each request an inference of its own, run beside the
         others; each response (or ``error_message``) tagged with its request's id.
 
@@ -342,12 +374,12 @@ class KServeApp:
                 if isinstance(message, WireError):
                     failure = message
                     break
-                inferences.start_soon(self._stream_one, call, message, deadline)
+                inferences.start_soon(self._stream_one, call, message)
         if failure is not None:
             raise failure
         await call.finish(Status.OK)
 
-    async def _stream_one(self, call: _Call, data: bytes, deadline: float | None) -> None:
+    async def _stream_one(self, call: _Call, data: bytes) -> None:
         request_id = ""
         call.running += 1
         try:
@@ -362,7 +394,7 @@ class KServeApp:
             async def send(response: Any) -> None:
                 await call.respond(_ModelStreamInferResponse(infer_response=response))
 
-            await self._run_inference(call, request, deadline, "stream", send)
+            await self._run_inference(call, request, "stream", send)
         except BaseException as exc:
             live, failure = split_live_cancellation(exc)
             if live is not None:
@@ -384,7 +416,6 @@ class KServeApp:
         self,
         call: _Call,
         request: Any,
-        deadline: float | None,
         request_type: Any,
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
@@ -401,9 +432,11 @@ class KServeApp:
         config = route.card.tensor_model_config
         inputs = None if config is None else {spec.name for spec in config.inputs}
         worker_input, raw = worker_request(request, inputs)
-        context = Context(trace=TraceContext.new())
-        if deadline is not None:
-            context.set_deadline(deadline)
+        # A unary call's inference takes the call's id; a stream's each have their own.
+        context_id = call.request_id if request_type == "unary" else None
+        context = Context(context_id, trace=call.trace)
+        if call.deadline is not None:
+            context.set_deadline(call.deadline)
         context.attributes.update(model=route.name, route="tensor", kind=request_type)
         tracker = pipeline.metrics.start_request(route.name, "tensor", request_type)
         lifecycle = RequestLifecycle(

@@ -128,3 +128,26 @@ async def test_debug_requests_lists_grpc_calls_and_a_shutdown_drains_them(
     assert "UNAVAILABLE" in str(error.status())
     assert (exit_["how"], exit_["reason"]) == ("Cancelled", "shutdown")
     assert await stack.frontend.wait_exit(within=30) == 0
+
+
+@pytest.mark.slow
+async def test_a_calls_request_id_and_trace_reach_the_worker(
+    grpc_stack: StartGrpcStack,
+) -> None:
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"x-request-id": "grpc-7", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    try:
+        await trio.to_thread.run_sync(lambda: client.infer(MODEL, [tensor([1])], headers=headers))
+        with pytest.raises(InferenceServerException) as refused:
+            await trio.to_thread.run_sync(
+                lambda: client.infer(MODEL, [tensor([1])], headers={"x-request-id": "a b"})
+            )
+    finally:
+        client.close()
+    assert "INVALID_ARGUMENT" in str(refused.value.status())
+    assert "x-request-id" in str(refused.value.message())
+    [start] = await wait_for_events(stack.worker, "start", 1)
+    assert start["id"] == "grpc-7"
+    assert start["trace_id"] == trace_id
