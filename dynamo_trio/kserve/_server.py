@@ -11,15 +11,18 @@ into messages (:class:`~._wire.Deframer`) and watches for the end of the call
 from the client's side (``http.disconnect``: a ``RST_STREAM``, a connection
 dropped, the client killed); the method's handler runs beside it.  Each
 inference (the one of ``ModelInfer``, each of ``ModelStreamInfer``) has its own
-:class:`~dynamo_trio.Context`, a child of nothing, in flight on
+:class:`~dynamo_trio.Context`, the root of its tree, in flight on
 ``/debug/requests`` and in the frontend's drain, with the call's
-``grpc-timeout`` as its deadline (it travels to the worker).
+``grpc-timeout`` as its deadline (it travels to the worker); the call's
+metadata gives it its id and trace as an HTTP request's headers do.
 
 Cancellation, counted once in ``dynamo_frontend_model_cancellation_total
 {endpoint="tensor"}``: the client's end of a call applies the frontend's
 hang-up rule (:class:`~dynamo_trio.frontend._hangup.RequestLifecycle`) to every
 inference of the call still running, which kills (or stops) its context with
-reason ``client disconnect``; a deadline that passes kills it with reason
+reason ``client disconnect`` (with the ``stop`` policy the call then waits for
+its inferences to drain; with ``kill``, the call's nursery is cancelled at
+once); a deadline that passes kills it with reason
 ``deadline`` and counts too, since a gRPC deadline is the client's (its
 client cancels at the same moment).  An inference whose response is complete
 is never counted, whatever happens after.
