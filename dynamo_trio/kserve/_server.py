@@ -81,6 +81,10 @@ MAX_STREAM_INFERENCES: Final = 1024
 answered ``RESOURCE_EXHAUSTED`` at once (the call's reader is never held up, so it always
 sees the client leave)."""
 
+STREAM_BUDGET: Final = 4
+"""The bytes of requests one ``ModelStreamInfer`` call may have running, in largest
+messages (the frontend's ``max_body_size``); one request is always let run."""
+
 
 @final
 class _Call:
@@ -98,6 +102,8 @@ class _Call:
         """The call's inferences still running (the hang-up rule applies to them)."""
         self.running = 0
         """Inferences of a ``ModelStreamInfer`` call started and not yet ended."""
+        self.running_bytes = 0
+        """The size of their requests."""
         self._incoming, self.messages = trio.open_memory_channel[bytes | WireError](0)
         self.deadline: float | None = None
         """When (``time.monotonic()``) the call's ``grpc-timeout`` ends it, if it has one."""
@@ -368,8 +374,9 @@ class KServeApp:
         others; each response (or ``error_message``) tagged with its request's id.
 
         Each request starts its inference at once, up to :data:`MAX_STREAM_INFERENCES`
-        running; one beyond is refused at once.  So the call's reader is never held up
-        and always sees the client leave.
+        running and :data:`STREAM_BUDGET` largest messages of requests; one beyond is
+        refused at once.  So the call's reader is never held up (it always sees the
+        client leave), and a call holds a bounded amount of memory.
         """
         failure: WireError | None = None
         async with trio.open_nursery() as inferences:
@@ -385,6 +392,7 @@ class KServeApp:
     async def _stream_one(self, call: _Call, data: bytes) -> None:
         request_id = ""
         call.running += 1
+        call.running_bytes += len(data)
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
@@ -392,6 +400,12 @@ class KServeApp:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"{MAX_STREAM_INFERENCES} inferences are running on this call already",
+                )
+            budget = STREAM_BUDGET * self._max_message_size
+            if call.running > 1 and call.running_bytes > budget:
+                raise GrpcError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the requests running on this call would hold over {budget} bytes",
                 )
 
             async def send(response: Any) -> None:
@@ -414,6 +428,7 @@ class KServeApp:
                 await call.respond(error)
         finally:
             call.running -= 1
+            call.running_bytes -= len(data)
 
     async def _run_inference(
         self,

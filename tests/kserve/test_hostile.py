@@ -172,3 +172,34 @@ async def test_an_http11_client_on_the_grpc_port(stack: GrpcStack) -> None:
     assert "gRPC" in response.text
     assert get.status_code == 505
     await still_serves(stack)
+
+
+async def test_a_stream_holds_a_bounded_number_of_bytes(
+    grpc_stack: StartGrpcStack, env: dict[str, str]
+) -> None:
+    """With 64 KiB messages, a call may have 4 x 64 KiB of requests running: the fifth
+    large one is refused, the small one after it is not."""
+    env["DYN_HTTP_MAX_BODY_SIZE"] = str(64 * 1024)
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+    large = np.arange(15_000, dtype=np.int32)  # 60,000 bytes
+
+    def run() -> list[tuple[object, object]]:
+        client.start_stream(callback=results)
+        for n in range(5):
+            client.async_stream_infer(
+                MODEL, [tensor(large)], request_id=f"large{n}", parameters={"delay_ms": 60_000}
+            )
+        client.async_stream_infer(MODEL, [tensor([3])], request_id="small")
+        return results.take(2)
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        await trio.to_thread.run_sync(lambda: client.stop_stream(cancel_requests=True))
+        client.close()
+    [refused] = [error for _, error in received if error is not None]
+    assert "RESOURCE_EXHAUSTED" in str(refused) and "bytes" in str(refused)
+    [small] = [result for result, error in received if error is None]
+    assert small.get_response().id == "small"
