@@ -59,6 +59,7 @@ frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = 
 frontend.cleartext_http2           DYN_HTTP_CLEARTEXT_HTTP2 (1/0)        0 (HTTP/1.1 only)
 frontend.backlog                   DYN_HTTP_BACKLOG                      the kernel's somaxconn
 frontend.http2_max_resets          DYN_HTTP2_MAX_RESETS                  100 per connection
+frontend.kserve_grpc_port          DYN_KSERVE_GRPC_PORT                  none (no gRPC server)
 log_level                          DYN_LOG                               ``info``
 gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
 =================================  ====================================  ===============
@@ -243,8 +244,13 @@ class FrontendConfig:
     """Streams an HTTP/2 client may reset on one connection in a burst (they come
     back at a tenth of this per second); beyond it the connection gets GOAWAY
     (ENHANCE_YOUR_CALM) and is closed: the "rapid reset" flood."""
+    kserve_grpc_port: int | None = None
+    """The port of the KServe v2 gRPC server (on ``host``, beside HTTP; 0: any free
+    port); ``None``: no gRPC server."""
 
     def __post_init__(self) -> None:
+        if self.kserve_grpc_port is not None and self.http_workers > 1:
+            raise ValueError("the KServe gRPC server runs in one frontend process: http_workers 1")
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
             raise ValueError(
                 f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
@@ -427,6 +433,7 @@ class Config:
                     "DYN_HTTP2_MAX_RESETS", _positive_int, frontend.http2_max_resets
                 ),
                 backlog=env.get("DYN_HTTP_BACKLOG", _positive_int, frontend.backlog),
+                kserve_grpc_port=env.get("DYN_KSERVE_GRPC_PORT", _port, frontend.kserve_grpc_port),
             ),
             log_level=env.get("DYN_LOG", _log_level, "info"),
             gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),

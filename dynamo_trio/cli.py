@@ -126,12 +126,21 @@ def _frontend_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds within which a client whose network went silent is found out and its "
         "request killed (DYN_HTTP_DEAD_CLIENT_SECS; default 10; 0 turns it off)",
     )
+    parser.add_argument(
+        "--kserve-grpc-port",
+        type=int,
+        help="also serve tensor models over KServe v2 gRPC on this port, beside HTTP "
+        "(DYN_KSERVE_GRPC_PORT; default: no gRPC server; 0: any free port)",
+    )
 
 
 def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
     if names:
         parser.add_argument("--model-name", help="the chat/completions model to serve")
         parser.add_argument("--embedding-model-name", help="an embeddings model to serve")
+        parser.add_argument(
+            "--tensor-model-name", help="a tensor model to serve (OUTPUT0 = INPUT0; KServe gRPC)"
+        )
     defaults = MockerSettings()
     parser.add_argument("--ttft-ms", type=float, default=defaults.ttft_ms)
     parser.add_argument(
@@ -174,6 +183,7 @@ def _config(args: argparse.Namespace) -> Config:
         "backend_stream_timeout": getattr(args, "backend_stream_timeout", None),
         "max_request_timeout": getattr(args, "max_request_timeout", None),
         "dead_client_timeout": getattr(args, "dead_client_timeout", None),
+        "kserve_grpc_port": getattr(args, "kserve_grpc_port", None),
     }
     frontend = dataclasses.replace(
         frontend, **{key: value for key, value in overrides.items() if value is not None}
@@ -260,14 +270,18 @@ async def run_frontend(
                         shutdown_trigger=stop.wait,
                         shutdown_grace=config.worker.shutdown_grace,
                         sockets=sockets,
+                        on_grpc_listening=grpc.append,
                         task_status=task_status,
                         **shared,
                     )
                 finally:
                     drained.set()
 
+            grpc: list[str] = []
             url: str = await serving.start(serve)
             print(f"dynamo-trio frontend listening on {url}", flush=True)
+            for address in grpc:  # after the HTTP line, which scripts read first
+                print(f"dynamo-trio kserve grpc listening on {address}", flush=True)
             if on_listening is not None:
                 on_listening(url)
         nursery.cancel_scope.cancel()  # served and drained: stop watching for signals
@@ -371,8 +385,8 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
     _mocker_flags(parser)
     _gc_flag(parser)
     args = parser.parse_args(argv)
-    if args.model_name is None and args.embedding_model_name is None:
-        parser.error("give --model-name, --embedding-model-name, or both")
+    if args.model_name is None and args.embedding_model_name is None and not args.tensor_model_name:
+        parser.error("give --model-name, --embedding-model-name, --tensor-model-name")
     config = _config(args)
     settings = _settings(args)
     tune_gc(config.gc_threshold)
@@ -385,6 +399,7 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
             settings,
             model_name=args.model_name,
             embedding_model_name=args.embedding_model_name,
+            tensor_model_name=args.tensor_model_name,
             namespace=config.frontend.namespace,
             component=args.component,
         )
@@ -404,6 +419,11 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="mock workers to start")
     parser.add_argument("--model-name", default="mock-model")
     parser.add_argument("--embedding-model-name", default="mock-embedding")
+    parser.add_argument(
+        "--tensor-model-name",
+        default="mock-tensor",
+        help="the tensor model served with --kserve-grpc-port",
+    )
     _frontend_flags(parser)
     _gc_flag(parser)
     parser.add_argument("--namespace", help="the namespace to serve (default dynamo)")
@@ -417,7 +437,12 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     if own_kv:
         env["DYN_FILE_KV"] = tempfile.mkdtemp(prefix="dynamo-trio-kv-")
     os.environ.update(env)
-    config = _config(args)
+    try:
+        config = _config(args)
+    except ValueError as exc:  # an invalid DYN_* value or flag combination
+        if own_kv:
+            shutil.rmtree(env["DYN_FILE_KV"], ignore_errors=True)
+        parser.error(str(exc))
     configure_logging(config.log_level)
     worker_argv = [
         sys.executable,
@@ -444,11 +469,14 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         "--gc-threshold",
         str(config.gc_threshold),
     ]
+    models = {args.model_name, args.embedding_model_name}
+    if config.frontend.kserve_grpc_port is not None:
+        worker_argv += ["--tensor-model-name", args.tensor_model_name]
+        models.add(args.tensor_model_name)
     from .frontend import _workers  # noqa: F401 (loaded before tune_gc freezes it all)
 
     tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
     give_back_large_buffers()
-    models = {args.model_name, args.embedding_model_name}
     try:
         trio.run(_run_all, config, worker_argv, args.workers, env, _frontend_argv(args), models)
     finally:

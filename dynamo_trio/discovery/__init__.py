@@ -26,10 +26,13 @@ from ._memory import (
 )
 from ._open import make_discovery as make_discovery, open_discovery as open_discovery
 from ._records import (
+    TENSOR_DATA_TYPES as TENSOR_DATA_TYPES,
     Instance as Instance,
     InvalidRecord as InvalidRecord,
     ModelCard as ModelCard,
     ModelType as ModelType,
+    TensorModelConfig as TensorModelConfig,
+    TensorSpec as TensorSpec,
     decode_instance as decode_instance,
     decode_model_card as decode_model_card,
     encode_record as encode_record,
@@ -63,6 +66,9 @@ __all__ = [
     "MemoryStore",
     "ModelCard",
     "ModelType",
+    "TENSOR_DATA_TYPES",
+    "TensorModelConfig",
+    "TensorSpec",
     "PrefixView",
     "Watch",
     "WatchEvent",

@@ -16,7 +16,7 @@ percent-encoded, the value carries the real name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Final, Literal
 from urllib.parse import quote
 
 import msgspec
@@ -28,6 +28,9 @@ __all__ = [
     "InvalidRecord",
     "ModelCard",
     "ModelType",
+    "TENSOR_DATA_TYPES",
+    "TensorModelConfig",
+    "TensorSpec",
     "decode_instance",
     "decode_model_card",
     "encode_record",
@@ -35,7 +38,24 @@ __all__ = [
     "model_prefix",
 ]
 
-ModelType = Literal["chat", "completions", "embeddings"]
+ModelType = Literal["chat", "completions", "embeddings", "tensor"]
+
+TENSOR_DATA_TYPES: Final = {
+    "BOOL": "Bool",
+    "UINT8": "Uint8",
+    "UINT16": "Uint16",
+    "UINT32": "Uint32",
+    "UINT64": "Uint64",
+    "INT8": "Int8",
+    "INT16": "Int16",
+    "INT32": "Int32",
+    "INT64": "Int64",
+    "FP32": "Float32",
+    "FP64": "Float64",
+}
+"""The tensor datatypes served: KServe's name to a worker's (Dynamo's) name."""
+
+_DYNAMO_DATA_TYPES: Final = {value: value for value in TENSOR_DATA_TYPES.values()}
 
 _MAX_INSTANCE_ID = 2**63 - 1
 
@@ -93,6 +113,59 @@ class Instance(msgspec.Struct, frozen=True):
         return f"{prefix}{self.instance_id:x}"
 
 
+class TensorSpec(msgspec.Struct, frozen=True):
+    """One input or output of a tensor model: its name, datatype (a worker's name,
+    ``"Int32"``) and shape (``-1``: any size in that dimension)."""
+
+    name: str
+    data_type: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a tensor's name must not be empty")
+        if self.data_type not in _DYNAMO_DATA_TYPES:
+            raise ValueError(
+                f"tensor {self.name!r}: datatype {self.data_type!r} is not one of "
+                f"{sorted(_DYNAMO_DATA_TYPES)}"
+            )
+        if any(dim < -1 for dim in self.shape):
+            raise ValueError(f"tensor {self.name!r}: invalid shape {list(self.shape)}")
+
+
+class TensorModelConfig(msgspec.Struct, frozen=True):
+    """What a tensor model takes and gives (Dynamo's ``tensor_model_config``)."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> TensorModelConfig:
+        """From Dynamo's dict form; datatypes may be spelled KServe's way (``"INT32"``).
+
+        Raises:
+            ValueError: a config that is not one.
+        """
+
+        def spec(tensor: dict[str, Any]) -> TensorSpec:
+            data_type = str(tensor["data_type"])
+            return TensorSpec(
+                name=str(tensor["name"]),
+                data_type=TENSOR_DATA_TYPES.get(data_type, data_type),
+                shape=tuple(int(dim) for dim in tensor["shape"]),
+            )
+
+        try:
+            return cls(
+                name=str(config["name"]),
+                inputs=tuple(spec(tensor) for tensor in config["inputs"]),
+                outputs=tuple(spec(tensor) for tensor in config["outputs"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"invalid tensor_model_config: {exc!r}") from None
+
+
 class ModelCard(msgspec.Struct, frozen=True):
     """A model served by one instance of an endpoint.
 
@@ -109,6 +182,8 @@ class ModelCard(msgspec.Struct, frozen=True):
         accepts_continuation: The engine honours a generate request's
             ``continuation`` (see :mod:`dynamo_trio.llm`), so the frontend may
             migrate an interrupted request to it.
+        tensor_model_config: A ``tensor`` model's inputs and outputs (the
+            KServe frontend's metadata and config answers).
     """
 
     name: str
@@ -120,6 +195,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     context_length: int | None = None
     max_output_tokens: int | None = None
     accepts_continuation: bool = False
+    tensor_model_config: TensorModelConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -82,6 +83,7 @@ from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
 from ._chunks import CONNECTION_WRITER
 from ._guard import GuardedProtocol
+from ._h2 import RoundRobin
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -315,6 +317,11 @@ class _Connection(TCPServer):
         )
 
     async def protocol_send(self, event: Event) -> None:
+        protocol = self.protocol.protocol
+        if type(protocol) is H2Protocol and not isinstance(protocol.priority, RoundRobin):
+            # An HTTP/2 connection's first send (its SETTINGS), before any stream:
+            # its streams are sent in turn (see ._h2), not by hypercorn's priority tree.
+            protocol.priority = RoundRobin()  # type: ignore[assignment]  # the tree's interface
         if isinstance(event, RawData) and not event.data:
             # h11's end of a body whose length was declared: nothing to write, and
             # no reason to take the locks (three passes of the scheduler).

@@ -225,11 +225,15 @@ async def serve_frontend(
     sockets: list[socket.socket] | None = None,
     metrics: MetricsSource | None = None,
     inflight: Callable[[], Any] | None = None,
+    on_grpc_listening: Callable[[str], object] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns, then drain.
 
     Reports the bound URL (``http://host:port``) through ``task_status``.
+    With ``config.kserve_grpc_port`` it also serves KServe v2 gRPC
+    (:mod:`dynamo_trio.kserve`), whose ``host:port`` it tells
+    ``on_grpc_listening``; its calls are drained with the HTTP requests.
 
     The drain, once ``shutdown_trigger`` returns (or a request asked the
     process to exit): new API requests are refused with 503 and ``Connection:
@@ -266,6 +270,9 @@ async def serve_frontend(
                         either.start_soon(then_cancel, shutdown_trigger)
                     either.start_soon(then_cancel, pipeline.exit_requested.wait)
                 await _drain(pipeline, shutdown_grace)
+                drained.set()
+
+            drained = trio.Event()
 
             edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
             if sockets is None:
@@ -284,6 +291,16 @@ async def serve_frontend(
                 )
             )
             _log.info("frontend listening on %s", binds[0])
+            if config.kserve_grpc_port is not None:
+                from ..kserve import serve_kserve
+
+                grpc_binds: list[str] = await nursery.start(
+                    partial(serve_kserve, pipeline, drained.wait, flush_grace=FLUSH_GRACE)
+                )
+                address = grpc_binds[0].removeprefix("http://")
+                _log.info("KServe gRPC listening on %s", address)
+                if on_grpc_listening is not None:
+                    on_grpc_listening(address)
             task_status.started(binds[0])
     finally:
         if turns is not None:

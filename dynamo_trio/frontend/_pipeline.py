@@ -71,6 +71,7 @@ keep answering; the requests in flight may finish until the grace ends, and
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -96,7 +97,7 @@ from ._models import ModelRegistry, StreamFaults
 from ._turns import Turns
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
@@ -376,21 +377,32 @@ class Pipeline:
     ) -> None:
         context = lifecycle.context
         grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
+        with self.in_flight_request(context):
+            try:
+                with self.runtime.track(context):
+                    try:
+                        status, error_type = await self._guarded(
+                            produce, emit, lifecycle, grace, *args
+                        )
+                    finally:
+                        send.close()  # synchronous: the stream's end, without a checkpoint
+                lifecycle.tracker.finish(status, error_type)
+            finally:
+                lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above ran
+                # The request is over: nothing it hears now matters, and the callback is
+                # the one reference cycle (context -> callback -> lifecycle -> context)
+                # that would keep the request's objects for the cyclic collector.
+                context.remove_cancel_callback(lifecycle.heard_cancel)
+
+    @contextmanager
+    def in_flight_request(self, context: Context) -> Iterator[None]:
+        """Count ``context`` among the requests a drain waits for and :meth:`end_all`
+        ends, for the block (every request of every protocol the frontend serves)."""
         self._contexts.add(context)
         try:
-            with self.runtime.track(context):
-                try:
-                    status, error_type = await self._guarded(produce, emit, lifecycle, grace, *args)
-                finally:
-                    send.close()  # synchronous: the stream's end, without a checkpoint
-            lifecycle.tracker.finish(status, error_type)
+            yield
         finally:
             self._contexts.discard(context)
-            lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above did not run
-            # The request is over: nothing it hears now matters, and the callback is
-            # the one reference cycle (context -> callback -> lifecycle -> context)
-            # that would keep the request's objects for the cyclic collector.
-            context.remove_cancel_callback(lifecycle.heard_cancel)
             if not self._contexts and self._drained is not None:
                 self._drained.set()
 

@@ -40,6 +40,7 @@ from .._signals import shut_down_on_signals
 from ..discovery import (
     Instance,
     ModelCard,
+    TensorModelConfig,
     decode_instance,
     encode_record,
     instance_prefix,
@@ -306,6 +307,7 @@ class DistributedRuntime:
         context_length: int | None = None,
         max_output_tokens: int | None = None,
         accepts_continuation: bool = False,
+        tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
         """Announce that ``endpoint`` (served by this process) serves model ``name``.
 
@@ -313,7 +315,17 @@ class DistributedRuntime:
         limits; the frontend refuses requests over them before calling a worker.
         ``accepts_continuation``: the handler honours a generate request's
         ``continuation``, so the frontend may migrate interrupted requests to it.
+        ``tensor_model_config`` (a ``tensor`` model's, required for one):
+        ``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``.
+
+        Raises:
+            ValueError: a tensor model without a valid ``tensor_model_config``.
         """
+        tensor_config = None
+        if model_type == "tensor" or tensor_model_config is not None:
+            if tensor_model_config is None:
+                raise ValueError("a tensor model needs its tensor_model_config")
+            tensor_config = TensorModelConfig.from_dict(tensor_model_config)
         card = ModelCard(
             name=name,
             model_type=model_type,
@@ -324,6 +336,7 @@ class DistributedRuntime:
             context_length=context_length,
             max_output_tokens=max_output_tokens,
             accepts_continuation=accepts_continuation,
+            tensor_model_config=tensor_config,
         )
         await self._register(card.key, encode_record(card))
 
@@ -570,10 +583,13 @@ class Endpoint:
         context_length: int | None = None,
         max_output_tokens: int | None = None,
         accepts_continuation: bool = False,
+        tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
-        """Announce that this endpoint serves model ``name`` (chat, completions or embeddings),
-        with its token limits if known (the frontend enforces them), and whether its
-        handler honours continuations (the frontend migrates requests only to those)."""
+        """Announce that this endpoint serves model ``name`` (chat, completions, embeddings
+        or tensor), with its token limits if known (the frontend enforces them), whether
+        its handler honours continuations (the frontend migrates requests only to those),
+        and a tensor model's inputs and outputs (see
+        :meth:`DistributedRuntime.register_model`)."""
         await self.runtime.register_model(
             self,
             name,
@@ -581,6 +597,7 @@ class Endpoint:
             context_length=context_length,
             max_output_tokens=max_output_tokens,
             accepts_continuation=accepts_continuation,
+            tensor_model_config=tensor_model_config,
         )
 
 

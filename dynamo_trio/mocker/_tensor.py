@@ -1,0 +1,81 @@
+"""The mock tensor model: ``OUTPUT0`` is ``INPUT0``, for the KServe gRPC frontend.
+
+Its requests and responses have Dynamo's tensor shape (see
+:mod:`dynamo_trio.kserve._tensors`).  ``INPUT0`` may be ``Int32`` or
+``Float32``, of any shape.  Request parameters: ``delay_ms`` waits that long
+before each response (a kill cancels the wait; a stop ends it, and the request
+with it, without another response), ``repeat`` is how many responses one request gets (on a
+``ModelStreamInfer`` call; a unary infer takes exactly one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._context import Context
+
+__all__ = ["MAX_REPEAT", "echo_tensor", "tensor_model_config"]
+
+MAX_REPEAT: Final = 100_000
+_TYPES: Final = ("Int32", "Float32")
+
+
+def tensor_model_config(name: str) -> dict[str, Any]:
+    """The ``tensor_model_config`` the mock tensor model registers with."""
+    return {
+        "name": name,
+        "inputs": [{"name": "INPUT0", "data_type": "Int32", "shape": [-1]}],
+        "outputs": [{"name": "OUTPUT0", "data_type": "Int32", "shape": [-1]}],
+    }
+
+
+def _parameter(parameters: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = parameters.get(name, default)
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"parameter {name!r} must be an integer from {low} to {high}")
+    return value
+
+
+async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterator[dict[str, Any]]:
+    """The handler: ``repeat`` responses, each ``delay_ms`` after the one before.
+
+    Raises:
+        ValueError: no ``INPUT0``, a datatype other than ``Int32``/``Float32``,
+            or an invalid parameter (the caller's ``INVALID_ARGUMENT``).
+    """
+    parameters = request.get("parameters") or {}
+    delay_ms = _parameter(parameters, "delay_ms", 0, 0, 3_600_000)
+    repeat = _parameter(parameters, "repeat", 1, 1, MAX_REPEAT)
+    tensor = next((t for t in request["tensors"] if t["metadata"]["name"] == "INPUT0"), None)
+    if tensor is None:
+        raise ValueError("the request has no INPUT0")
+    data_type = tensor["metadata"]["data_type"]
+    if data_type not in _TYPES or tensor["data"]["data_type"] != data_type:
+        raise ValueError(f"INPUT0 must be one of {', '.join(_TYPES)}, not {data_type}")
+    output = {
+        "metadata": {
+            "name": "OUTPUT0",
+            "data_type": data_type,
+            "shape": tensor["metadata"]["shape"],
+        },
+        "data": tensor["data"],
+    }
+    for _ in range(repeat):
+        if delay_ms:
+            with trio.move_on_after(delay_ms / 1000):
+                await context.stopped()  # a stop ends the wait (a kill cancels it)
+        if context.is_killed():
+            await trio.lowlevel.checkpoint()  # the kill's cancellation, if the wake came first
+        if context.is_stopped():
+            return
+        yield {
+            "model": request["model"],
+            "id": request["id"],
+            "tensors": [output],
+            "parameters": {},
+        }

@@ -1,0 +1,207 @@
+"""What a hostile or confused client sends to the gRPC port gets a clear status, and the
+server goes on serving everyone: malformed protobuf, wrong shapes and datatypes, huge
+declared sizes, compressed messages, methods that do not exist, an HTTP/1.1 client.
+
+None of it is counted as a cancellation, and the frontend logs no traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import trio
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ._client import StreamResults, tensor
+from ._h2 import h2_call
+from .conftest import CANCELLED, MODEL, GrpcStack, StartGrpcStack
+
+pytestmark = pytest.mark.slow
+
+SERVICE = "/inference.GRPCInferenceService"
+
+
+async def still_serves(stack: GrpcStack) -> None:
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    try:
+        result = await trio.to_thread.run_sync(lambda: client.infer(MODEL, [tensor([4, 2])]))
+    finally:
+        client.close()
+    assert result.as_numpy("OUTPUT0").tolist() == [4, 2]
+    async with httpx.AsyncClient(base_url=stack.stack.url) as http:  # HTTP undisturbed
+        assert (await http.get("/health")).status_code == 200
+    assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
+    assert b"Traceback" not in stack.frontend.stderr
+
+
+def raw_unary(address: str, method: str, body: bytes) -> grpc.RpcError:
+    """Call ``method`` with ``body`` as its serialized request; the error it ends with."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(method)
+        try:
+            call(body, timeout=10)
+        except grpc.RpcError as error:
+            return error
+    raise AssertionError(f"{method} succeeded with {body!r}")
+
+
+@pytest.fixture
+async def stack(grpc_stack: StartGrpcStack) -> GrpcStack:
+    return await grpc_stack()
+
+
+async def test_malformed_protobuf_and_unknown_methods(stack: GrpcStack) -> None:
+    cases = [
+        (f"{SERVICE}/ModelInfer", b"\x0a\xff\xff\xff\x0f", grpc.StatusCode.INVALID_ARGUMENT),
+        (f"{SERVICE}/ModelMetadata", b"\x08", grpc.StatusCode.INVALID_ARGUMENT),
+        (f"{SERVICE}/RepositoryIndex", b"", grpc.StatusCode.UNIMPLEMENTED),
+        ("/no.Such/Method", b"", grpc.StatusCode.UNIMPLEMENTED),
+    ]
+    for method, body, code in cases:
+        error = await trio.to_thread.run_sync(raw_unary, stack.grpc, method, body)
+        assert error.code() == code, (method, error)
+        assert error.details(), method
+    await still_serves(stack)
+
+
+def infer_error(address: str, inputs: list[grpcclient.InferInput], model: str = MODEL) -> str:
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        client.infer(model, inputs)
+    except InferenceServerException as error:
+        return f"{error.status()} {error.message()}"
+    finally:
+        client.close()
+    raise AssertionError("the infer succeeded")
+
+
+async def test_wrong_shapes_datatypes_and_names(stack: GrpcStack) -> None:
+    short = tensor([1, 2, 3, 4])
+    short._input.shape[:] = [5]  # 16 bytes for 5 INT32s
+    negative = tensor([1, 2])
+    negative._input.shape[:] = [-2, -1]
+    fp16 = grpcclient.InferInput("INPUT0", [2], "FP16")
+    fp16.set_data_from_numpy(np.array([1, 2], dtype=np.float16))
+    cases = [
+        ([short], "INVALID_ARGUMENT", "raw bytes"),
+        ([negative], "INVALID_ARGUMENT", "negative dimension"),
+        ([fp16], "INVALID_ARGUMENT", "FP16"),
+        ([tensor(np.array([1, 2], dtype=np.int64), "INT64")], "INVALID_ARGUMENT", "Int64"),
+        ([tensor([1], name="INPUT9")], "INVALID_ARGUMENT", "INPUT9"),
+        ([], "INVALID_ARGUMENT", "INPUT0"),
+    ]
+    for inputs, status, says in cases:
+        error = await trio.to_thread.run_sync(infer_error, stack.grpc, inputs)
+        assert status in error and says in error, error
+    error = await trio.to_thread.run_sync(infer_error, stack.grpc, [tensor([1])], "nope")
+    assert "NOT_FOUND" in error, error
+    await still_serves(stack)
+
+
+async def test_a_bad_request_on_a_stream_is_answered_and_the_stream_goes_on(
+    stack: GrpcStack,
+) -> None:
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+    bad = tensor([1, 2])
+    bad._input.shape[:] = [3]
+
+    def run() -> list[tuple[Any, Any]]:
+        client.start_stream(callback=results)
+        try:
+            client.async_stream_infer(MODEL, [bad], request_id="bad")
+            client.async_stream_infer("nope", [tensor([1])], request_id="unknown")
+            client.async_stream_infer(MODEL, [tensor([8])], request_id="good")
+            return results.take(3)
+        finally:
+            client.stop_stream()
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        client.close()
+    errors = sorted(str(error) for _, error in received if error is not None)
+    assert len(errors) == 2
+    assert "INVALID_ARGUMENT" in errors[0] and "raw bytes" in errors[0], errors
+    assert "NOT_FOUND" in errors[1], errors
+    [good] = [result for result, error in received if error is None]
+    assert good.get_response().id == "good"
+    assert good.as_numpy("OUTPUT0").tolist() == [8]
+    await still_serves(stack)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b"\x00\xff\xff\xff\xff" + b"x" * 10, "8", "over the limit"),  # RESOURCE_EXHAUSTED
+        (b"\x01\x00\x00\x00\x02ab", "12", "compressed"),  # UNIMPLEMENTED
+        (b"\x07\x00\x00\x00\x00", "3", "flag"),  # INVALID_ARGUMENT
+        (b"\x00\x00\x00\x00\x09abc", "3", "ended inside a message"),
+        (b"\x00\x00\x00\x00\x00" * 2, "3", "one message, not more"),
+        (b"", "3", "one message, not none"),
+    ],
+)
+async def test_framing_errors_end_the_call_with_a_status(
+    stack: GrpcStack, body: bytes, status: str, says: str
+) -> None:
+    reply = await h2_call(stack.grpc, f"{SERVICE}/ModelInfer", body)
+    assert reply.headers[":status"] == "200"
+    assert reply.trailers["grpc-status"] == status, reply
+    assert says in reply.trailers["grpc-message"], reply
+    await still_serves(stack)
+
+
+async def test_a_huge_declared_size_on_a_stream_ends_it_without_waiting_for_the_body(
+    stack: GrpcStack,
+) -> None:
+    reply = await h2_call(
+        stack.grpc, f"{SERVICE}/ModelStreamInfer", b"\x00\xff\xff\xff\xf0", end_stream=False
+    )
+    assert reply.trailers["grpc-status"] == "8", reply
+    await still_serves(stack)
+
+
+async def test_an_http11_client_on_the_grpc_port(stack: GrpcStack) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{stack.grpc}") as http:
+        response = await http.post(f"{SERVICE}/ModelInfer", content=b"\x00\x00\x00\x00\x00")
+        get = await http.get("/")
+    assert response.status_code == 505
+    assert "gRPC" in response.text
+    assert get.status_code == 505
+    await still_serves(stack)
+
+
+async def test_a_stream_holds_a_bounded_number_of_bytes(
+    grpc_stack: StartGrpcStack, env: dict[str, str]
+) -> None:
+    """With 64 KiB messages, a call may have 4 x 64 KiB of requests running: the fifth
+    large one is refused, the small one after it is not."""
+    env["DYN_HTTP_MAX_BODY_SIZE"] = str(64 * 1024)
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+    large = np.arange(15_000, dtype=np.int32)  # 60,000 bytes
+
+    def run() -> list[tuple[Any, Any]]:
+        client.start_stream(callback=results)
+        for n in range(5):
+            client.async_stream_infer(
+                MODEL, [tensor(large)], request_id=f"large{n}", parameters={"delay_ms": 60_000}
+            )
+        client.async_stream_infer(MODEL, [tensor([3])], request_id="small")
+        return results.take(2)
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        await trio.to_thread.run_sync(lambda: client.stop_stream(cancel_requests=True))
+        client.close()
+    [refused] = [error for _, error in received if error is not None]
+    assert "RESOURCE_EXHAUSTED" in str(refused) and "bytes" in str(refused)
+    [small] = [result for result, error in received if error is None]
+    assert small.get_response().id == "small"

@@ -1,0 +1,144 @@
+"""The official Triton client against the frontend's KServe gRPC server: readiness,
+metadata, unary infers of INT32 and FP32 tensors, and a stream of infers on one call.
+
+None of these calls is cancelled, so none is counted as a cancellation.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import tritonclient.grpc as grpcclient
+
+from ._client import StreamResults, tensor
+from .conftest import CANCELLED, MODEL, REQUESTS, StartGrpcStack
+
+pytestmark = pytest.mark.slow
+
+
+async def test_readiness_metadata_and_config(grpc_stack: StartGrpcStack) -> None:
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    try:
+        assert await trio.to_thread.run_sync(client.is_server_live)
+        assert await trio.to_thread.run_sync(client.is_server_ready)
+        assert await trio.to_thread.run_sync(client.is_model_ready, MODEL)
+        assert not await trio.to_thread.run_sync(client.is_model_ready, "no-such-model")
+        metadata = await trio.to_thread.run_sync(
+            lambda: client.get_model_metadata(MODEL, as_json=True)
+        )
+        assert metadata["name"] == MODEL
+        assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "INT32", "shape": ["-1"]}]
+        assert metadata["outputs"] == [{"name": "OUTPUT0", "datatype": "INT32", "shape": ["-1"]}]
+        config = await trio.to_thread.run_sync(lambda: client.get_model_config(MODEL).config)
+        assert config.name == MODEL
+        assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+            ("INPUT0", 8, [-1])  # TYPE_INT32
+        ]
+        assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+            ("OUTPUT0", 8, [-1])
+        ]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("datatype", "dtype"), [("INT32", np.int32), ("FP32", np.float32)])
+async def test_unary_infer_echoes_the_tensor(
+    grpc_stack: StartGrpcStack, datatype: str, dtype: type
+) -> None:
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    values: Any = (np.arange(24).reshape(2, 3, 4) * 1.5 - 7).astype(dtype)
+    try:
+        result = await trio.to_thread.run_sync(
+            lambda: client.infer(MODEL, [tensor(values, datatype)], request_id="req-1")
+        )
+    finally:
+        client.close()
+    output = result.as_numpy("OUTPUT0")
+    assert output.dtype == dtype
+    assert output.shape == (2, 3, 4)
+    assert np.array_equal(output, values)
+    assert result.get_response().id == "req-1"
+    assert result.get_response().model_name == MODEL
+    success = await stack.stack.metric(REQUESTS, endpoint="tensor", status="success")
+    assert success == 1
+    assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
+
+
+async def test_a_stream_of_100_infers_on_one_call(grpc_stack: StartGrpcStack) -> None:
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    results = StreamResults()
+
+    def run() -> list[tuple[Any, Any]]:
+        client.start_stream(callback=results)
+        try:
+            for n in range(100):
+                client.async_stream_infer(MODEL, [tensor([n, -n, 2 * n])], request_id=f"r{n}")
+            # One request may ask for several responses on a stream: three, tagged alike.
+            client.async_stream_infer(
+                MODEL, [tensor([7])], request_id="thrice", parameters={"repeat": 3}
+            )
+            return results.take(103)
+        finally:
+            client.stop_stream()
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        client.close()
+    assert [error for _, error in received if error is not None] == []
+    by_id: dict[str, list[list[int]]] = {}
+    for result, _ in received:
+        response = result.get_response()
+        by_id.setdefault(response.id, []).append(result.as_numpy("OUTPUT0").tolist())
+    assert by_id.pop("thrice") == [[7], [7], [7]]
+    assert by_id == {f"r{n}": [[n, -n, 2 * n]] for n in range(100)}
+    assert await stack.stack.metric(REQUESTS, endpoint="tensor", request_type="stream") == 101
+    assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
+    assert await stack.stack.metric("dynamo_component_cancellation_total", worker=True) == 0
+
+
+async def test_one_connection_serves_calls_for_ever(grpc_stack: StartGrpcStack) -> None:
+    """A channel is one connection: more calls on it than hypercorn's default cap (1000)."""
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+
+    def run() -> list[int]:
+        return [int(client.infer(MODEL, [tensor([n])]).as_numpy("OUTPUT0")[0]) for n in range(1100)]
+
+    try:
+        assert await trio.to_thread.run_sync(run) == list(range(1100))
+    finally:
+        client.close()
+
+
+async def test_many_calls_in_flight_on_one_channel(grpc_stack: StartGrpcStack) -> None:
+    """32 calls in flight at a time, 2000 in all, on one connection: every one answered
+    (ended streams leave the connection's sending order at once: ``edge/_h2.py``)."""
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    slots = threading.Semaphore(32)
+    results = StreamResults()
+
+    def answered(result: object, error: object) -> None:
+        slots.release()
+        results(result, error)
+
+    def run() -> list[tuple[Any, Any]]:
+        for n in range(2000):
+            slots.acquire()
+            client.async_infer(MODEL, [tensor([n])], callback=answered, request_id=str(n))
+        return results.take(2000)
+
+    try:
+        received = await trio.to_thread.run_sync(run)
+    finally:
+        client.close()
+    assert [error for _, error in received if error is not None] == []
+    assert sorted(int(result.get_response().id) for result, _ in received) == list(range(2000))
