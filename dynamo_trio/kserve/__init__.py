@@ -61,5 +61,7 @@ async def serve_kserve(
         shutdown_trigger,
         sockets=sockets,
         dead_peer_timeout=config.dead_client_timeout,
+        cleartext_http2=True,  # gRPC is HTTP/2 with prior knowledge
+        http2_max_resets=config.http2_max_resets,
         task_status=task_status,
     )
