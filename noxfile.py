@@ -1,4 +1,5 @@
-"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``.
+"""Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``, and
+``nox -s engines`` (the real engines on a tiny local model; not a default session).
 
 Every session runs on the interpreter that runs nox (any of Python 3.11, 3.12
 and 3.13: ``python3 -m nox`` on a machine that has only one of them just works),
@@ -54,6 +55,21 @@ def tests(session: nox.Session) -> None:
     # so two fill a 2-core machine (the suite: 739 s -> 449 s).  Work stealing keeps
     # both busy to the end.
     session.run("pytest", "-n", "2", "--dist", "worksteal", *session.posargs)
+
+
+# The engines session's libraries.  torch comes from the local CPU wheel (pip's find-links
+# on machines that have one, else PyPI); pip, not uv: uv does not read pip's configuration.
+ENGINE_PACKAGES = ("torch==2.13.0", "transformers", "tokenizers")
+
+
+@nox.session(python=None, venv_backend="venv", default=False)
+def engines(session: nox.Session) -> None:
+    """tests/engines with torch and transformers installed: real models, real processes."""
+    _check_interpreter(session)
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "test"))
+    session.install(*ENGINE_PACKAGES)
+    session.run("python", "-m", "compileall", "-q", "dynamo_trio", "tests")
+    session.run("pytest", "-n", "0", "tests/engines", *session.posargs)
 
 
 @nox.session(python=None)
