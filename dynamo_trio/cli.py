@@ -29,7 +29,7 @@ import trio
 
 from ._config import Config
 from ._gc import tune_gc
-from .engines._commands import transformers_main
+from .engines._commands import transformers_main, vllm_main
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -560,14 +560,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "mocker": mocker_main,
         "run": run_main,
         "transformers": transformers_main,
+        "vllm": vllm_main,
     }
     if not argv or argv[0] not in commands:
         print(
-            "usage: dynamo-trio {frontend,mocker,run,transformers} [options]\n\n"
+            "usage: dynamo-trio {frontend,mocker,run,transformers,vllm} [options]\n\n"
             "  run           a frontend and N mock workers on this machine (the quick start)\n"
             "  frontend      the OpenAI-compatible HTTP frontend\n"
             "  mocker        a mock LLM worker\n"
-            "  transformers  a worker serving a Hugging Face transformers checkpoint\n\n"
+            "  transformers  a worker serving a Hugging Face transformers checkpoint\n"
+            "  vllm          a worker serving a checkpoint with vLLM\n\n"
             "`dynamo-trio COMMAND --help` for a command's options.",
             file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
         )

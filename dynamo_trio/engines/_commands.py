@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..runtime import DistributedRuntime
 
-__all__ = ["transformers_main"]
+__all__ = ["transformers_main", "vllm_main"]
 
 
 def _common_flags(parser: argparse.ArgumentParser, engine: str) -> None:
@@ -98,3 +99,34 @@ def transformers_main(argv: Sequence[str] | None = None) -> None:
         )
 
     trio.run(worker)
+
+
+def vllm_main(argv: Sequence[str] | None = None) -> None:
+    """``python -m dynamo_trio vllm --model DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="dynamo-trio vllm",
+        description="A worker serving a checkpoint with vLLM's AsyncLLM (chat, completions).",
+    )
+    _common_flags(parser, "vllm")
+    parser.add_argument("--dtype", help="vLLM's dtype (default: auto; float32 on CPU is safest)")
+    parser.add_argument("--max-model-len", type=int, help="vLLM's max_model_len")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's gpu_memory_utilization (on CPU: the share of memory for the KV cache)",
+    )
+    args = _parse(parser, argv)
+    from ._vllm import run_vllm_worker
+
+    trio.run(
+        partial(
+            run_vllm_worker,
+            args.config,
+            args.model,
+            model_name=args.served_model_name,
+            endpoint=args.endpoint,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+    )

@@ -22,14 +22,10 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
 
-from ..llm import (
-    ContextLengthExceeded,
-    StopMatcher,
-    Usage,
-    validate_generate_request,
-)
+from ..llm import StopMatcher, Usage, validate_generate_request
 from ._detokenize import Detokenizer
 from ._metrics import EngineMetrics
+from ._prompt import output_budget, prompt_ids
 from ._thread import stream_from_thread
 
 if TYPE_CHECKING:
@@ -116,17 +112,7 @@ class TransformersEngine:
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
         """The request's prompt as token ids: chat messages through the model's template."""
-        tokenizer = self._tokenizer
-        if request["request_type"] == "completion":
-            return list(tokenizer(request.get("prompt", ""))["input_ids"])
-        messages = [dict(message) for message in request.get("messages", ())]
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        else:  # a base model: plain turns
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return prompt_ids(self._tokenizer, request)
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
         """Generate text for an engine request, one item per token (see the module docstring).
@@ -212,7 +198,9 @@ class TransformersEngine:
 
         prompt = self.prompt_ids(request)
         plan["prompt_tokens"] = len(prompt)
-        max_tokens = self._max_tokens(request, len(prompt))
+        max_tokens = output_budget(
+            request, len(prompt), self.context_length, self.default_max_tokens
+        )
         plan["max_tokens"] = max_tokens
         detokenizer = Detokenizer(self._tokenizer, prompt)
 
@@ -255,18 +243,6 @@ class TransformersEngine:
                 )
         finally:
             running.dec()
-
-    def _max_tokens(self, request: GenerateRequest, prompt_tokens: int) -> int:
-        requested = request.get("max_tokens")
-        room = self.context_length - prompt_tokens
-        if room <= 0 or (requested is not None and requested > room):
-            raise ContextLengthExceeded(
-                context_length=self.context_length,
-                prompt_tokens=prompt_tokens,
-                max_tokens=requested if room > 0 else None,
-                prompt_kind="prompt" if request["request_type"] == "completion" else "messages",
-            )
-        return requested if requested is not None else min(self.default_max_tokens, room)
 
     def _sampling(self, request: GenerateRequest, max_tokens: int) -> dict[str, Any]:
         """``generate()``'s keyword arguments for the request's sampling fields."""

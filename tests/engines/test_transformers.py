@@ -26,7 +26,6 @@ from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
 
-from ._tiny_model import write_tiny_model
 from .test_asyncio_bridge import consume
 
 if TYPE_CHECKING:
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engines
 
 MESSAGES = [{"role": "user", "content": "tell me a long story"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
