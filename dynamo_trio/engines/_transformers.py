@@ -123,15 +123,17 @@ class TransformersEngine:
         """
         valid = validate_generate_request(request)
         await self._slots.acquire()
+        items = self._generate(valid, context)
         try:
-            async for item in self._generate(valid, context):
+            async for item in items:
                 yield item
         finally:
+            await items.aclose()  # its thread joined before the next request may start
             self._slots.release()
 
     async def _generate(
         self, request: GenerateRequest, context: Context
-    ) -> AsyncIterator[GenerateOutput]:
+    ) -> AsyncGenerator[GenerateOutput, None]:
         plan: dict[str, Any] = {}
         items: AsyncGenerator[tuple[int, str], None] = stream_from_thread(
             lambda emit, should_stop: self._run(request, plan, emit, should_stop),

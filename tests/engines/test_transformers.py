@@ -102,6 +102,22 @@ async def test_a_kill_ends_the_generation_at_the_next_token(engine: Transformers
     assert set(threading.enumerate()) == before_threads
 
 
+async def test_closing_the_handler_joins_the_generation_thread(
+    engine: TransformersEngine,
+) -> None:
+    before_threads = set(threading.enumerate())
+    before = generated(engine)
+    handler = engine.generate(chat(max_tokens=1000, ignore_eos=True), Context())
+    for _ in range(3):
+        await handler.__anext__()
+    await handler.aclose()  # what the runtime does when the stream is abandoned
+    assert set(threading.enumerate()) == before_threads
+    assert engine.metrics.requests_running._value.get() == 0
+    assert generated(engine) - before in (3, 4)
+    items = await run(engine, chat(max_tokens=2, ignore_eos=True))  # the slot is free again
+    assert items[-1]["finish_reason"] == "length"
+
+
 async def test_a_stop_ends_with_a_cancelled_item_and_usage(engine: TransformersEngine) -> None:
     before = generated(engine)
     items = await run(engine, chat(max_tokens=1000, ignore_eos=True), stop_after=3)
