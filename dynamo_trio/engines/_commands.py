@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,10 +44,18 @@ def _common_flags(parser: argparse.ArgumentParser, engine: str) -> None:
     )
 
 
-def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+def _parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, needs: tuple[str, ...]
+) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.model.is_dir():
         parser.error(f"--model {args.model}: not a directory")
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        parser.error(
+            f"this worker needs {', '.join(missing)}: not installed here "
+            "(docs/engines.md has the install line)"
+        )
     if args.served_model_name is None:
         args.served_model_name = args.model.resolve().name
     try:
@@ -82,7 +91,7 @@ def transformers_main(argv: Sequence[str] | None = None) -> None:
         default=512,
         help="tokens generated for a request that names no max_tokens (default 512)",
     )
-    args = _parse(parser, argv)
+    args = _parse(parser, argv, needs=("torch", "transformers"))
     from ..runtime._runtime import dynamo_worker
     from ._transformers import serve_transformers
 
@@ -115,7 +124,7 @@ def vllm_main(argv: Sequence[str] | None = None) -> None:
         type=float,
         help="vLLM's gpu_memory_utilization (on CPU: the share of memory for the KV cache)",
     )
-    args = _parse(parser, argv)
+    args = _parse(parser, argv, needs=("torch", "transformers", "vllm"))
     from ._vllm import run_vllm_worker
 
     trio.run(
