@@ -10,8 +10,9 @@ hook: a hang-up, a deadline, a stop or the worker's shutdown aborts the
 request in the engine before its handler returns.  After a stop the handler
 yields a last ``finish_reason: "cancelled"`` item with the usage so far.
 
-The prompt is rendered and tokenized here with the model's Hugging Face
-tokenizer (its chat template), as for the transformers worker; vLLM
+The prompt is rendered and tokenized with the model's Hugging Face tokenizer
+(its chat template), as for the transformers worker, on the engine's loop
+when the request starts (a long prompt never holds up the trio thread); vLLM
 detokenizes and matches stop sequences.  vLLM's own Prometheus series
 (``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ...) are
 served on the worker's ``/metrics`` beside the runtime's.
@@ -75,21 +76,30 @@ class VllmEngine:
         Raises:
             ValueError: if the request is invalid or does not fit the context.
         """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         valid = validate_generate_request(request)
-        prompt = prompt_ids(self._tokenizer, valid)
-        max_tokens = output_budget(valid, len(prompt), self.context_length, None)
-        params = SamplingParams(output_kind=RequestOutputKind.DELTA, **_sampling(valid, max_tokens))
         # vLLM wants ids unique among its running requests; the context's id is the
         # user's, and a client may reuse it.
         request_id = f"{context.id()}-{uuid.uuid4().hex[:8]}"
-        engine = self._engine
+        engine, tokenizer, context_length = self._engine, self._tokenizer, self.context_length
+        prompt: list[int] = []
+
+        def start() -> AsyncIterator[Any]:
+            # On the engine's loop: tokenizing a long prompt never holds up the trio thread.
+            from vllm import SamplingParams
+            from vllm.sampling_params import RequestOutputKind
+
+            prompt.extend(prompt_ids(tokenizer, valid))
+            max_tokens = output_budget(valid, len(prompt), context_length, None)
+            params = SamplingParams(
+                output_kind=RequestOutputKind.DELTA, **_sampling(valid, max_tokens)
+            )
+            outputs: AsyncIterator[Any] = engine.generate(
+                {"prompt_token_ids": prompt}, params, request_id
+            )
+            return outputs
+
         outputs: AsyncGenerator[Any, None] = self._bridge.stream(
-            lambda: engine.generate({"prompt_token_ids": prompt}, params, request_id),
-            abort=lambda: engine.abort(request_id),
-            context=context,
+            start, abort=lambda: engine.abort(request_id), context=context
         )
         generated = 0
         try:
