@@ -12,6 +12,11 @@ Requests run one at a time by default (``max_concurrency``): ``generate()``
 does not batch separate calls, and a request's ``seed`` seeds torch's global
 generator, which only one generation at a time can own.  The items are the
 engine protocol's (:mod:`dynamo_trio.llm`), exactly as the mock engine's.
+
+Continuations (request migration): the earlier attempt's tokens are appended
+to the prompt and count against ``max_tokens``; the text it held back as a
+possible stop sequence (never sent) comes first, so the two attempts read as
+one generation.  The model card says so (``accepts_continuation``).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ class TransformersEngine:
         self, request: GenerateRequest, context: Context
     ) -> AsyncGenerator[GenerateOutput, None]:
         plan: dict[str, Any] = {}
-        items: AsyncGenerator[tuple[int, str], None] = stream_from_thread(
+        items: AsyncGenerator[tuple[int | None, str], None] = stream_from_thread(
             lambda emit, should_stop: self._run(request, plan, emit, should_stop),
             context=context,
             name=f"transformers {context.id()}",
@@ -143,9 +148,26 @@ class TransformersEngine:
         stops = StopMatcher(request.get("stop", ()))
         min_tokens = request.get("min_tokens") or 0
         ignore_eos = bool(request.get("ignore_eos"))
-        generated = 0
+        continuation = request.get("continuation")
+        generated = len(continuation["token_ids"]) if continuation else 0
         try:
             async for token_id, delta in items:
+                if token_id is None:  # a continuation's text the client has not been sent
+                    text, stop = stops.push(delta, active=generated >= min_tokens)
+                    if stop is None and generated < plan["max_tokens"]:
+                        if text:
+                            yield {"text": text, "token_ids": []}
+                        continue
+                    last: GenerateOutput = {
+                        "text": text + stops.flush(),
+                        "token_ids": [],
+                        "finish_reason": "length" if stop is None else "stop",
+                        "usage": _usage(plan["prompt_tokens"], generated),
+                    }
+                    if stop is not None:
+                        last["stop_sequence"] = stop
+                    yield last
+                    return
                 generated += 1
                 usage = _usage(plan["prompt_tokens"], generated)
                 if token_id in self._eos and not ignore_eos:
@@ -190,7 +212,7 @@ class TransformersEngine:
         self,
         request: GenerateRequest,
         plan: dict[str, Any],
-        emit: Emit[tuple[int, str]],
+        emit: Emit[tuple[int | None, str]],
         should_stop: StopFlag,
     ) -> None:
         """In the request's thread: tokenize, check the limits, run ``generate()``."""
@@ -205,6 +227,17 @@ class TransformersEngine:
         )
         plan["max_tokens"] = max_tokens
         detokenizer = Detokenizer(self._tokenizer, prompt)
+        continuation = request.get("continuation")
+        done = continuation["token_ids"] if continuation else []
+        if continuation:
+            # The earlier attempt's tokens continue the prompt; their text beyond what the
+            # client was sent (held back as a possible stop sequence) comes first.
+            text = "".join(detokenizer.push(token_id) for token_id in done)
+            sent = continuation["text"]
+            emit((None, text[len(sent) :] if text.startswith(sent) else ""))
+        new_tokens = max_tokens - len(done)
+        if new_tokens <= 0:
+            return
 
         class Streamer(BaseStreamer):  # type: ignore[misc]
             """Hands each new token to the handler (the first ``put`` is the prompt)."""
@@ -228,7 +261,7 @@ class TransformersEngine:
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
                 return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool)
 
-        options = self._sampling(request, max_tokens)
+        options = self._sampling(request, new_tokens, len(done))
         generated_tokens = self.metrics.generated_tokens
         if should_stop():
             return
@@ -237,8 +270,8 @@ class TransformersEngine:
         try:
             with torch.inference_mode():
                 self._model.generate(
-                    torch.tensor([prompt], dtype=torch.long),
-                    attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                    torch.tensor([prompt + done], dtype=torch.long),
+                    attention_mask=torch.ones((1, len(prompt) + len(done)), dtype=torch.long),
                     streamer=Streamer(),
                     stopping_criteria=StoppingCriteriaList([Stop()]),
                     **options,
@@ -246,16 +279,18 @@ class TransformersEngine:
         finally:
             running.dec()
 
-    def _sampling(self, request: GenerateRequest, max_tokens: int) -> dict[str, Any]:
-        """``generate()``'s keyword arguments for the request's sampling fields."""
+    def _sampling(self, request: GenerateRequest, new_tokens: int, done: int) -> dict[str, Any]:
+        """``generate()``'s keyword arguments for the request's sampling fields, for
+        ``new_tokens`` more tokens after ``done`` already generated (a continuation)."""
         import torch
 
         temperature = request.get("temperature")
         temperature = 1.0 if temperature is None else temperature
-        min_tokens = max_tokens if request.get("ignore_eos") else request.get("min_tokens") or 0
+        wanted = request.get("min_tokens") or 0
+        min_tokens = new_tokens if request.get("ignore_eos") else max(0, wanted - done)
         options: dict[str, Any] = {
-            "max_new_tokens": max_tokens,
-            "min_new_tokens": min(min_tokens, max_tokens),
+            "max_new_tokens": new_tokens,
+            "min_new_tokens": min(min_tokens, new_tokens),
             "pad_token_id": self._tokenizer.pad_token_id or next(iter(self._eos), 0),
         }
         if temperature == 0:
@@ -294,7 +329,10 @@ async def serve_transformers(
     served = runtime.endpoint(endpoint)
     async with trio.open_nursery() as nursery:
         await nursery.start(served.serve_endpoint, engine.generate)
-        card: dict[str, Any] = {"context_length": engine.context_length}
+        card: dict[str, Any] = {
+            "context_length": engine.context_length,
+            "accepts_continuation": True,
+        }
         await served.register_model(model_name, "chat", **card)
         await served.register_model(model_name, "completions", **card)
         _log.info("serving %s (chat, completions) at %s", model_name, served.path)

@@ -87,6 +87,48 @@ async def test_a_stop_sequence_ends_the_generation_before_it(engine: Transformer
     assert "".join(item["text"] for item in stopped).split() == words[:3]
 
 
+def text_of(items: list[Any]) -> str:
+    return "".join(item.get("text", "") for item in items)
+
+
+def ids_of(items: list[Any]) -> list[int]:
+    return [token for item in items for token in item.get("token_ids", ())]
+
+
+async def test_a_continuation_resumes_the_generation(engine: TransformersEngine) -> None:
+    """Request migration: the earlier attempt's tokens continue the prompt; the two
+    attempts' items read as the one uninterrupted generation, usage included."""
+    request = chat(max_tokens=10, ignore_eos=True, temperature=0)
+    whole = await run(engine, request)
+    for cut in (1, 4, 9, 10):
+        done = whole[:cut]
+        continuation = {"text": text_of(done), "token_ids": ids_of(done)}
+        rest = await run(engine, {**request, "continuation": continuation})
+        assert text_of(done) + text_of(rest) == text_of(whole)
+        assert ids_of(done) + ids_of(rest) == ids_of(whole)
+        assert rest[-1]["finish_reason"] == "length"
+        assert rest[-1]["usage"] == whole[-1]["usage"]
+
+
+async def test_a_continuation_releases_the_text_held_for_a_stop(
+    engine: TransformersEngine,
+) -> None:
+    """Text the earlier attempt held back (it could have begun a stop sequence) was never
+    sent: the continuation sends it first."""
+    plain = chat(max_tokens=10, ignore_eos=True, temperature=0)
+    words = text_of(await run(engine, plain)).split()
+    k = next(i for i in range(1, 9) if words[i] not in words[:i])  # its first appearance
+    request = {**plain, "stop": [f" {words[k]} never"]}
+    whole = await run(engine, request)
+    assert whole[k]["text"] == ""  # held: it may begin the stop sequence
+    done = whole[: k + 1]
+    continuation = {"text": text_of(done), "token_ids": ids_of(done)}
+    rest = await run(engine, {**request, "continuation": continuation})
+    assert rest[0]["text"].startswith(f" {words[k]}")
+    assert text_of(done) + text_of(rest) == text_of(whole)
+    assert rest[-1]["usage"] == whole[-1]["usage"]
+
+
 async def test_a_request_over_the_context_is_refused(engine: TransformersEngine) -> None:
     with pytest.raises(ContextLengthExceeded):
         await run(engine, chat(max_tokens=engine.context_length))
