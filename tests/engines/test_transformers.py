@@ -196,7 +196,7 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
     except BaseException:
         print(worker.stderr.decode(errors="replace")[-3000:])
         raise
-    hang_ups = 10
+    hang_ups = 50
 
     def hang_up_after_five_chunks() -> list[str]:
         texts = []

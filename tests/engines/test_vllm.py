@@ -95,7 +95,7 @@ async def test_hang_ups_abort_the_request_in_vllm(
     engine_core = children(worker.process.pid)
     assert engine_core, "vLLM runs its engine core in a child process"
     try:
-        hang_ups = 10
+        hang_ups = 50
 
         def clients() -> tuple[Any, list[str]]:
             texts = []
