@@ -198,9 +198,15 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
         raise
     hang_ups = 50
 
-    def hang_up_after_five_chunks() -> list[str]:
+    def hang_up_after_five_chunks() -> tuple[Any, list[str]]:
         texts = []
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            whole = client.chat.completions.create(
+                model="tiny",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=5,
+                extra_body={"ignore_eos": True},
+            )
             for _ in range(hang_ups):
                 stream = client.chat.completions.create(
                     model="tiny",
@@ -216,9 +222,12 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
                         break
                 stream.close()  # hang up
                 texts.append("".join(chunks))
-        return texts
+        return whole, texts
 
-    texts = await trio.to_thread.run_sync(hang_up_after_five_chunks)
+    whole, texts = await trio.to_thread.run_sync(hang_up_after_five_chunks)
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 5
+    assert len(whole.choices[0].message.content.split()) == 5  # a word per token
     assert len(texts) == hang_ups and all(texts)
 
     async def idle() -> tuple[float, float, float]:
@@ -232,7 +241,7 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
         while await idle() != (0, hang_ups, hang_ups):  # noqa: ASYNC110 - other processes
             await trio.sleep(0.05)
     tokens = await scrape(status, "dynamo_engine_generated_tokens_total")
-    assert tokens < hang_ups * 1500  # no generation ran to its end
+    assert tokens < 5 + hang_ups * 1500  # no generation ran to its end
     for _ in range(3):
         await trio.sleep(0.1)
         assert await idle() == (0, hang_ups, hang_ups)
