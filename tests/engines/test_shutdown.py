@@ -1,6 +1,7 @@
 """A worker's graceful shutdown with requests inside an engine, through the real runtime:
 each request is stopped (the engine asked to finish, the stream ends with a last
-"cancelled" item), nothing is left in the engine, and the caller sees a clean end."""
+"cancelled" item), nothing is left in the engine, and the caller reads every item and
+then learns the stream was cut short by the shutdown (StreamIncomplete)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import trio
 
 from dynamo_trio.engines import open_asyncio_loop
 
+from .._streams import drain_cut_by_shutdown
 from . import test_asyncio_bridge, test_thread_bridge
 from ._fakes import FakeAsyncEngine, FakeBlockingEngine
 
@@ -26,7 +28,7 @@ async def read_through_shutdown(cluster: Cluster, handler: Any) -> list[Any]:
     items = [(await stream.__anext__()).data() for _ in range(2)]
     cluster.worker.shutdown()
     with trio.fail_after(5):
-        items += [item.data() async for item in stream]
+        items += await drain_cut_by_shutdown(stream)
         await cluster.worker.wait_shut_down()
     return items
 

@@ -322,15 +322,17 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
         async def load(
             count: int, deadline: float, *, enough: Callable[[], bool] = lambda: True
         ) -> None:
-            """Send up to ``count`` requests until ``deadline``, or past it (up to three
-            times as long) until ``enough()``."""
+            """Send up to ``count`` requests until ``deadline``, and on (past ``count``, and
+            past ``deadline`` up to three times as long) until ``enough()``."""
             sent = 0
             start = trio.current_time()
             cap = start + 3 * (deadline - start)
 
             def going() -> bool:
                 now = trio.current_time()
-                return sent < count and (now < deadline or (now < cap and not enough()))
+                if not enough():
+                    return now < cap
+                return sent < count and now < deadline
 
             kinds: list[tuple[str, float]] = [
                 ("stream", 0.3),
