@@ -85,6 +85,7 @@ __all__ = [
     "EdgeResponse",
     "ErrorBody",
     "Route",
+    "answer_lifespan",
     "body_timeout_message",
     "error_json",
     "json_bytes",
@@ -223,7 +224,7 @@ class Edge:
         elif self.app is not None:
             await self.app(scope, receive, send)
         else:
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
 
     def _contain(self, scope: HTTPScope, exc: BaseException) -> None:
         """End the request that raised ``exc`` (not an ``Exception``), and only it;
@@ -417,8 +418,8 @@ async def _respond(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-    """The ASGI lifespan of an edge with no app: nothing to start or stop."""
+async def answer_lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The ASGI lifespan of an app with nothing to start or stop."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

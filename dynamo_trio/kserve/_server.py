@@ -51,6 +51,7 @@ from .._tracing import (
     TraceContext,
     request_ids,
 )
+from ..edge import answer_lifespan
 from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
@@ -242,7 +243,7 @@ class KServeApp:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return  # a WebSocket: refused by ending it unanswered
@@ -274,13 +275,7 @@ class KServeApp:
                 call.identify(headers)
                 await self._dispatch(call, scope["path"])
             except BaseException as exc:
-                live, failure = split_live_cancellation(exc)
-                if live is not None:
-                    raise live from None
-                assert failure is not None
-                status, text = status_for(failure)
-                if status is Status.INTERNAL:
-                    _log.error("a gRPC call failed", exc_info=failure)
+                status, text = _failed(exc, "a gRPC call")
                 await call.finish(status, text)
             nursery.cancel_scope.cancel()
 
@@ -413,13 +408,7 @@ class KServeApp:
 
             await self._run_inference(call, request, "stream", send)
         except BaseException as exc:
-            live, failure = split_live_cancellation(exc)
-            if live is not None:
-                raise live from None
-            assert failure is not None
-            status, text = status_for(failure)
-            if status is Status.INTERNAL:
-                _log.error("a streamed infer failed", exc_info=failure)
+            status, text = _failed(exc, "a streamed infer")
             if not call.gone:
                 error = _ModelStreamInferResponse(
                     error_message=f"{status.name}: {text}",
@@ -553,11 +542,14 @@ async def _plain(send: ASGISendCallable, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+def _failed(exc: BaseException, what: str) -> tuple[Status, str]:
+    """The status a failure ends ``what`` with (logged when it is an internal error);
+    a live cancellation in ``exc`` is raised instead."""
+    live, failure = split_live_cancellation(exc)
+    if live is not None:
+        raise live from None
+    assert failure is not None
+    status, text = status_for(failure)
+    if status is Status.INTERNAL:
+        _log.error("%s failed", what, exc_info=failure)
+    return status, text
