@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-MODELS = {"mock-model", "mock-embedding"}
+MODELS = {"mock-model", "mock-embedding", "mock-image", "mock-video", "mock-speech"}
 
 
 def cmdline(pid: int) -> str:
@@ -65,7 +65,10 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
             await run._changed.wait()
     assert await listed_models(url) == MODELS
     ready = next(line for line in run.stdout_lines if line.startswith("dynamo-trio ready: "))
-    assert ready == f"dynamo-trio ready: mock-embedding, mock-model at {url}"
+    assert ready == (
+        "dynamo-trio ready: mock-embedding, mock-image, mock-model, mock-speech, mock-video "
+        f"at {url}"
+    )
 
     pids = children_of(run.process.pid)
     children = [cmdline(pid) for pid in pids]
