@@ -105,10 +105,10 @@ async def main(
         ("prefill", "generate", never_answers, ("chat", "completions")),
         ("stall", "generate", stalls, ("chat", "completions")),
         ("slow-embed", "embed", never_answers, ("embeddings",)),
+        ("prefill", "media", never_answers, ("images", "videos", "audios")),
         ("mock-image", "images", media.images, ("images",)),
         ("mock-video", "videos", media.videos, ("videos",)),
         ("mock-speech", "speech", media.speech, ("audios",)),
-        ("prefill", "media", never_answers, ("images", "videos", "audios")),
     ]
     async with trio.open_nursery() as nursery:
         for model, endpoint_name, handler, types in served:

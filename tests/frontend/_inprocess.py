@@ -46,6 +46,21 @@ async def frontend_with_worker(
 ) -> QuartTrio:
     """The frontend's app, once it lists model ``m`` served by ``handler`` in
     ``instances`` worker runtimes (each accepts continuations), as a ``model_type`` model."""
+    app, _ = await frontend_and_pipeline(
+        nursery, handler, config=config, instances=instances, model_type=model_type
+    )
+    return app
+
+
+async def frontend_and_pipeline(
+    nursery: trio.Nursery,
+    handler: Callable[..., Any],
+    *,
+    config: FrontendConfig | None = None,
+    instances: int = 1,
+    model_type: ModelType = "chat",
+) -> tuple[QuartTrio, Pipeline]:
+    """:func:`frontend_with_worker`'s app, and the pipeline behind it."""
     store = MemoryStore()
     for _ in range(instances):
         worker: DistributedRuntime = await nursery.start(
@@ -61,7 +76,7 @@ async def frontend_with_worker(
     pipeline.turns.install()  # as serve_frontend does: without it, a waiting stream spins
     await pipeline.start()
     await wait_until(lambda: len(pipeline.models.cards(MODEL, model_type)) >= instances, 5)
-    return build_app(pipeline)
+    return build_app(pipeline), pipeline
 
 
 def chat(stream: bool = False, max_tokens: int = 10) -> dict[str, Any]:

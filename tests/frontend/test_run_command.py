@@ -90,6 +90,14 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
             assert len([event for event in events[:-1] if event.json()["choices"]]) >= 5
         embedded = await http.post("/v1/embeddings", json={"model": "mock-embedding", "input": "x"})
         assert embedded.status_code == 200
+        image = {"model": "mock-image", "prompt": "x", "size": "16x16"}
+        drawn = await http.post("/v1/images/generations", json=image)
+        assert (drawn.status_code, len(drawn.json()["data"])) == (200, 1)
+        spoken = await http.post("/v1/audio/speech", json={"model": "mock-speech", "input": "x"})
+        assert (spoken.status_code, spoken.content[:4]) == (200, b"RIFF")
+        video = {"model": "mock-video", "prompt": "x", "nvext": {"num_frames": 2}}
+        filmed = await http.post("/v1/videos/stream", json=video)
+        assert (filmed.status_code, filmed.content.count(b"\xff\xd8")) == (200, 2)
 
     run.signal(signal.SIGINT)
     assert await run.wait_exit(within=30) == 0
