@@ -421,3 +421,22 @@ async def test_a_complete_media_response_closed_at_once_is_not_counted(
             await trio.sleep(0.05)
     assert await running.metric("dynamo_frontend_model_cancellation_total") == 0
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 0
+
+
+async def test_stop_policy_lets_a_media_engine_return_at_its_step(
+    stack: Callable[..., Any],
+) -> None:
+    running = await stack("--on-disconnect", "stop", "--stop-grace", "3")
+    request_id = f"media-stop-{uuid.uuid4()}"
+    path, body, read_some = MID_STREAM["video-mjpeg"]
+    stream = await open_raw(running, path, body, request_id)
+    await read_some(stream)
+    await hang_up(stream, "fin")
+    exit_event = await running.worker.wait_for("exit", id=request_id, within=3)
+    # Stopped, not killed: the engine's step wait ended and it returned with what it had.
+    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
+    assert exit_event["how"] == "returned"
+    with trio.fail_after(3):
+        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    await assert_counted_once(running, "mock-video", "videos", "stream")
