@@ -323,7 +323,10 @@ class Pipeline:
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
         """Serve one image, video or speech request: unary, or streamed in the body
-        its API opens for it."""
+        its API opens for it.  A failure after that body has started ends it as the
+        body says (:meth:`~._apis.MediaStream.fail`: an SSE error event, an MJPEG error
+        part, nothing more for audio).  A lost worker's request moves to another
+        instance only before its first item: media has no continuation."""
         self._check_open()
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
