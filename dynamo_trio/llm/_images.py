@@ -3,7 +3,8 @@
 Both take JSON.  ``prompt`` and ``model`` are required, ``n`` is 1 to 10,
 ``size`` is ``"WxH"`` or ``"auto"``, ``response_format`` is ``url`` or
 ``b64_json``; an edit also needs ``input_reference`` (the image to edit, a URL
-or base64).  Fields this server does not know are passed to the worker.
+or base64).  ``stream: true`` (partial images) is refused.  Fields this server
+does not know are passed to the worker.
 
 The worker answers with one item, ``{"data": [{"b64_json" | "url",
 "revised_prompt"?}, ...], "size"?, "quality"?, "background"?, "usage"?}``;
@@ -22,11 +23,13 @@ from ._protocol import EngineError
 from ._validate import (
     expect_object,
     model_name,
+    optional_bool,
     optional_int,
     optional_number,
     optional_object,
     optional_str,
     required_str,
+    unsupported,
 )
 
 __all__ = [
@@ -89,6 +92,8 @@ def parse_image_request(body: object) -> ImageRequest:
     optional_choice(obj, "background", _BACKGROUNDS)
     optional_choice(obj, "style", _STYLES)
     optional_str(obj, "user")
+    if optional_bool(obj, "stream"):
+        raise unsupported("stream", "partial images are not streamed; send stream false.")
     nvext = optional_object(obj, "nvext")
     if nvext is not None:
         optional_str(nvext, "negative_prompt", "nvext")

@@ -201,7 +201,7 @@ class MjpegStream:
     keepalive: Final = False
 
     def __init__(self, request: VideoRequest, request_id: str) -> None:
-        pass
+        """(Nothing to keep: each frame is a part of its own.)"""
 
     def feed(self, item: object) -> bytes:
         _, jpeg = _frame(item)

@@ -161,6 +161,7 @@ BAD_INPUT: list[tuple[str, dict[str, Any], str]] = [
     (IMAGES, {"prompt": None}, "prompt"),
     (IMAGES, {"prompt": ""}, "prompt"),
     (IMAGES, {"model": None}, "model"),
+    (IMAGES, {"stream": True}, "stream"),
     (SPEECH, {"input": None}, "input"),
     (SPEECH, {"input": ""}, "input"),
     (SPEECH, {"speed": 0.2}, "speed"),
