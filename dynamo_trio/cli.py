@@ -142,6 +142,7 @@ def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> Non
         parser.add_argument(
             "--tensor-model-name", help="a tensor model to serve (OUTPUT0 = INPUT0; KServe gRPC)"
         )
+        _media_names(parser, default=False)
     defaults = MockerSettings()
     parser.add_argument("--ttft-ms", type=float, default=defaults.ttft_ms)
     parser.add_argument(
@@ -161,6 +162,32 @@ def _mocker_flags(parser: argparse.ArgumentParser, *, names: bool = True) -> Non
         default=defaults.max_output_tokens,
         help=f"the most tokens one request may generate (default {defaults.max_output_tokens})",
     )
+    parser.add_argument(
+        "--media-step-ms",
+        type=float,
+        default=defaults.media_step_ms,
+        help="time of a denoising step, a video frame or a speech chunk of the media models "
+        f"(default {defaults.media_step_ms:g})",
+    )
+    parser.add_argument(
+        "--denoising-steps",
+        type=int,
+        default=defaults.denoising_steps,
+        help="an image's denoising steps when the request names none "
+        f"(default {defaults.denoising_steps})",
+    )
+
+
+_MEDIA_MODELS: Final = (
+    ("--image-model-name", "mock-image", "an images model to serve (PNG or JPEG pictures)"),
+    ("--video-model-name", "mock-video", "a videos model to serve (JPEG frames)"),
+    ("--speech-model-name", "mock-speech", "an audio speech model to serve (a WAV or PCM tone)"),
+)
+
+
+def _media_names(parser: argparse.ArgumentParser, *, default: bool) -> None:
+    for flag, name, help_text in _MEDIA_MODELS:
+        parser.add_argument(flag, default=name if default else None, help=help_text)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -219,6 +246,8 @@ def _settings(args: argparse.Namespace) -> MockerSettings:
         embedding_dimensions=args.embedding_dimensions,
         context_length=args.context_length,
         max_output_tokens=args.max_output_tokens,
+        media_step_ms=args.media_step_ms,
+        denoising_steps=args.denoising_steps,
     )
 
 
@@ -386,8 +415,12 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
     _mocker_flags(parser)
     _gc_flag(parser)
     args = parser.parse_args(argv)
-    if args.model_name is None and args.embedding_model_name is None and not args.tensor_model_name:
-        parser.error("give --model-name, --embedding-model-name, --tensor-model-name")
+    kinds = ("", "embedding_", "tensor_", "image_", "video_", "speech_")
+    if not any(getattr(args, f"{kind}model_name") for kind in kinds):
+        parser.error(
+            "give --model-name, --embedding-model-name, --tensor-model-name, "
+            "--image-model-name, --video-model-name or --speech-model-name"
+        )
     config = _config(args)
     settings = _settings(args)
     tune_gc(config.gc_threshold)
@@ -401,6 +434,9 @@ def mocker_main(argv: Sequence[str] | None = None) -> None:
             model_name=args.model_name,
             embedding_model_name=args.embedding_model_name,
             tensor_model_name=args.tensor_model_name,
+            image_model_name=args.image_model_name,
+            video_model_name=args.video_model_name,
+            speech_model_name=args.speech_model_name,
             namespace=config.frontend.namespace,
             component=args.component,
         )
@@ -425,6 +461,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         default="mock-tensor",
         help="the tensor model served with --kserve-grpc-port",
     )
+    _media_names(parser, default=True)
     _frontend_flags(parser)
     _gc_flag(parser)
     parser.add_argument("--namespace", help="the namespace to serve (default dynamo)")
@@ -467,10 +504,26 @@ def run_main(argv: Sequence[str] | None = None) -> None:
         str(args.context_length),
         "--max-output-tokens",
         str(args.max_output_tokens),
+        "--media-step-ms",
+        str(args.media_step_ms),
+        "--denoising-steps",
+        str(args.denoising_steps),
+        "--image-model-name",
+        args.image_model_name,
+        "--video-model-name",
+        args.video_model_name,
+        "--speech-model-name",
+        args.speech_model_name,
         "--gc-threshold",
         str(config.gc_threshold),
     ]
-    models = {args.model_name, args.embedding_model_name}
+    models = {
+        args.model_name,
+        args.embedding_model_name,
+        args.image_model_name,
+        args.video_model_name,
+        args.speech_model_name,
+    }
     if config.frontend.kserve_grpc_port is not None:
         worker_argv += ["--tensor-model-name", args.tensor_model_name]
         models.add(args.tensor_model_name)

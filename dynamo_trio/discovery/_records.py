@@ -38,7 +38,7 @@ __all__ = [
     "model_prefix",
 ]
 
-ModelType = Literal["chat", "completions", "embeddings", "tensor"]
+ModelType = Literal["chat", "completions", "embeddings", "tensor", "images", "videos", "audios"]
 
 TENSOR_DATA_TYPES: Final = {
     "BOOL": "Bool",

@@ -3,7 +3,9 @@
 The frontend runs every text-generating route through one pipeline; what
 differs between OpenAI chat, OpenAI completions, the Responses API and
 Anthropic Messages is captured here, one :class:`TextApi` per route, on top of
-the sans-IO shapes in :mod:`dynamo_trio.llm`.
+the sans-IO shapes in :mod:`dynamo_trio.llm`.  Embeddings are an
+:class:`EmbeddingsApi`; images, videos and audio speech a :class:`MediaApi`
+each (a route's request says whether it streams, and in what body).
 """
 
 from __future__ import annotations
@@ -26,8 +28,15 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "EMBEDDINGS",
+    "IMAGE_EDITS",
+    "IMAGE_GENERATIONS",
     "RESPONSES",
+    "SPEECH",
+    "VIDEOS",
+    "VIDEOS_MJPEG",
     "ErrorBody",
+    "MediaApi",
+    "MediaStream",
     "TextApi",
     "api_for_path",
     "edge_error_body",
@@ -136,6 +145,12 @@ def _openai_error(status: int, message: str) -> dict[str, object]:
     return llm.openai_error_body(status, message)
 
 
+def _openai_error_body(
+    status: int, message: str, cause: BaseException | None = None
+) -> dict[str, object]:
+    return llm.openai_error_body(status, message)
+
+
 def _anthropic_error(status: int, message: str) -> dict[str, object]:
     return llm.anthropic_error_body(status, message)
 
@@ -213,6 +228,78 @@ class EmbeddingsApi:
 
 
 EMBEDDINGS: Final = EmbeddingsApi()
+
+
+class MediaStream(Protocol):
+    """A streamed media body (SSE, MJPEG, audio): the bytes for each worker item."""
+
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def keepalive(self) -> bool:
+        """Whether silences may be filled with SSE keep-alive comments."""
+        ...
+
+    def feed(self, item: object) -> bytes: ...
+    def finish(self) -> bytes: ...
+    def fail(self, status: int, message: str) -> bytes:
+        """What ends the body after a failure once it has started (may be nothing)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaApi:
+    """One media route: its request says whether it streams (``request.stream``)."""
+
+    label: FrontendEndpoint
+    model_type: ModelType
+    parse: Callable[[object], Any]
+    """The body to a request with ``model``, ``stream`` and ``to_engine()``."""
+    unary: Callable[[Any, str, list[object], float], dict[str, object] | llm.BinaryBody]
+    """``(request, request_id, items, started)`` to the whole answer."""
+    open_stream: Callable[[Any, str], MediaStream] | None = None
+    """``(request, request_id)`` to a streamed body (``None``: the route never streams)."""
+    error_body: ErrorBody = _openai_error_body
+    request_error_body: Callable[[llm.RequestError], dict[str, object]] = (
+        llm.RequestError.openai_body
+    )
+
+
+def _images(request: Any, request_id: str, items: list[object], started: float) -> Any:
+    return llm.image_response(request, items)
+
+
+def _speech(request: Any, request_id: str, items: list[object], started: float) -> Any:
+    return llm.speech_body(request, items)
+
+
+IMAGE_GENERATIONS: Final = MediaApi(
+    label="images", model_type="images", parse=llm.parse_image_request, unary=_images
+)
+IMAGE_EDITS: Final = MediaApi(
+    label="images", model_type="images", parse=llm.parse_image_edit_request, unary=_images
+)
+SPEECH: Final = MediaApi(
+    label="audios",
+    model_type="audios",
+    parse=llm.parse_speech_request,
+    unary=_speech,
+    open_stream=llm.SpeechStream,
+)
+VIDEOS: Final = MediaApi(
+    label="videos",
+    model_type="videos",
+    parse=llm.parse_video_request,
+    unary=llm.video_response,
+    open_stream=llm.VideoEventStream,
+)
+VIDEOS_MJPEG: Final = MediaApi(
+    label="videos",
+    model_type="videos",
+    parse=llm.parse_video_stream_request,
+    unary=llm.video_response,
+    open_stream=llm.MjpegStream,
+)
 
 _ANTHROPIC_PATH: Final = "/v1/messages"
 

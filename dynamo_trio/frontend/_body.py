@@ -1,4 +1,5 @@
-"""The SSE response body: reads a channel, gathers what waits, sends keep-alives.
+"""A streamed response body (SSE, MJPEG, audio): reads a channel, gathers what waits,
+sends SSE keep-alives (never into a body that is not SSE: ``keepalive`` 0).
 
 quart sends a body as ``async with body: async for chunk in body: send(chunk)``.
 :class:`StreamBody` reads the producer's chunks from a memory channel; when
@@ -47,7 +48,7 @@ _COALESCE_LIMIT: Final = 64 * 1024
 
 
 class StreamBody(ResponseBody):
-    """An SSE body fed by a memory channel of byte chunks.
+    """A streamed body fed by a memory channel of byte chunks.
 
     Args:
         first: The chunk that was ready before the response started.

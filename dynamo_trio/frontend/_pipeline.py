@@ -71,6 +71,7 @@ keep answering; the requests in flight may finish until the grace ends, and
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -82,6 +83,7 @@ from .._context import CancelReason, Context
 from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
 from ..llm import (
+    BinaryBody,
     EmbeddingRequest,
     Generation,
     RequestError,
@@ -101,10 +103,10 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import EmbeddingsApi, ErrorBody, TextApi
+    from ._apis import EmbeddingsApi, ErrorBody, MediaApi, MediaStream, TextApi
     from ._models import ModelRoute
 
-__all__ = ["JsonReply", "Pipeline", "StreamReply"]
+__all__ = ["BytesReply", "JsonReply", "Pipeline", "StreamReply"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
@@ -132,10 +134,20 @@ class JsonReply:
 
 
 @dataclass(frozen=True)
+class BytesReply:
+    """Answer with this body (not JSON: audio) and content type."""
+
+    status: int
+    content: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
 class StreamReply:
-    """Answer with this server-sent event stream."""
+    """Answer with this stream: server-sent events, unless ``content_type`` says otherwise."""
 
     body: StreamBody
+    content_type: str = "text/event-stream"
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,7 @@ class _Failed:
     cause: BaseException | None = None
 
 
-_Event = bytes | JsonReply | _Failed
+_Event = bytes | JsonReply | BytesReply | _Failed
 
 
 class _Emitter:
@@ -217,6 +229,8 @@ class Pipeline:
         self._embed_faults: Final = StreamFaults(
             idle_timeout=idle_timeout, on_migration=self.metrics.migrated
         )
+        """Embeddings and media: a lost worker's request moves only before its first item
+        (media has no continuation)."""
         self._nursery = nursery
         self.turns: Final = Turns(config.stream_writes_per_pass, nursery)
         """Which running streams write in a scheduler pass (see :mod:`._turns`)."""
@@ -265,7 +279,7 @@ class Pipeline:
         trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
-    ) -> JsonReply | StreamReply:
+    ) -> JsonReply | BytesReply | StreamReply:
         """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds.
 
         Raises:
@@ -291,13 +305,49 @@ class Pipeline:
         trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
-    ) -> JsonReply | StreamReply:
+    ) -> JsonReply | BytesReply | StreamReply:
         """Serve one embeddings request (always unary)."""
         self._check_open()
         request = parse_embedding_request(payload)
         route = self.models.route(request.model, api.model_type)
         lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace, deadline)
         return await self._run(lifecycle, api.error_body, self._embed, request, route)
+
+    async def media(
+        self,
+        api: MediaApi,
+        payload: object,
+        request_id: str,
+        trace: TraceContext | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> JsonReply | BytesReply | StreamReply:
+        """Serve one image, video or speech request: unary, or streamed in the body
+        its API opens for it.  A failure after that body has started ends it as the
+        body says (:meth:`~._apis.MediaStream.fail`: an SSE error event, an MJPEG error
+        part, nothing more for audio).  A lost worker's request moves to another
+        instance only before its first item: media has no continuation."""
+        self._check_open()
+        request = api.parse(payload)
+        route = self.models.route(request.model, api.model_type)
+        request_type = "stream" if request.stream else "unary"
+        lifecycle = self._lifecycle(
+            request.model, api.label, request_type, request_id, trace, deadline
+        )
+        if request.stream and api.open_stream is not None:
+            body = api.open_stream(request, request_id)
+            keepalive = body.keepalive
+            return await self._run(
+                lifecycle,
+                api.error_body,
+                self._stream_media,
+                body,
+                request,
+                route,
+                content_type=body.content_type,
+                keepalive=keepalive,
+            )
+        return await self._run(lifecycle, api.error_body, self._unary_media, api, request, route)
 
     def _check_open(self) -> None:
         if self.shutting_down:
@@ -339,7 +389,9 @@ class Pipeline:
         error_body: ErrorBody,
         produce: Any,
         *args: Any,
-    ) -> JsonReply | StreamReply:
+        content_type: str = "text/event-stream",
+        keepalive: bool = True,
+    ) -> JsonReply | BytesReply | StreamReply:
         send, receive = trio.open_memory_channel[_Event](_CHANNEL_DEPTH)
         emit = _Emitter(send)
         self._nursery.start_soon(self._produce, lifecycle, send, emit, produce, *args)
@@ -357,9 +409,9 @@ class Pipeline:
         if isinstance(first, bytes):
             # Once a stream has started, its producer only ever sends bytes.
             chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
-            keepalive = self.config.keepalive_interval
-            body = StreamBody(first, chunks, keepalive=keepalive, hand_over=emit.hand_over)
-            return StreamReply(body)
+            interval = self.config.keepalive_interval if keepalive else 0.0
+            body = StreamBody(first, chunks, keepalive=interval, hand_over=emit.hand_over)
+            return StreamReply(body, content_type)
         receive.close()
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
@@ -560,3 +612,50 @@ class Pipeline:
         reply = JsonReply(200, embedding_response(request, output))
         lifecycle.completed()
         await emit(reply)
+
+    async def _unary_media(
+        self,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        api: MediaApi,
+        request: Any,
+        route: ModelRoute,
+    ) -> None:
+        started = time.monotonic()
+        items: list[object] = []
+        async with await route.call(
+            request.to_engine(), lifecycle.context, self._embed_faults
+        ) as stream:
+            while batch := await stream.receive_batch():
+                items.extend(batch)
+        answer = api.unary(request, lifecycle.context.id(), items, started)
+        if isinstance(answer, BinaryBody):
+            reply: JsonReply | BytesReply = BytesReply(200, answer.content, answer.content_type)
+        else:
+            reply = JsonReply(200, answer)
+        lifecycle.completed()
+        await emit(reply)
+
+    async def _stream_media(
+        self,
+        emit: _Emitter,
+        lifecycle: RequestLifecycle,
+        body: MediaStream,
+        request: Any,
+        route: ModelRoute,
+    ) -> None:
+        emit.stream_failure = body.fail
+        async with await route.call(
+            request.to_engine(), lifecycle.context, self._embed_faults
+        ) as stream:
+            first = True
+            while batch := await stream.receive_batch():
+                if not first:
+                    await self.turns.take()
+                first = False
+                data = b"".join(body.feed(item) for item in batch)
+                if data:
+                    await emit(data)
+        last = body.finish()
+        lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
+        await emit(last)

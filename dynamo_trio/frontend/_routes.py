@@ -8,6 +8,11 @@ POST     ``/v1/completions``         :func:`generate_view` with ``COMPLETIONS``
 POST     ``/v1/responses``           :func:`generate_view` with ``RESPONSES``
 POST     ``/v1/messages``            :func:`generate_view` with ``ANTHROPIC_MESSAGES``
 POST     ``/v1/embeddings``          :func:`embeddings_view`
+POST     ``/v1/images/generations``  :func:`generate_view` with ``IMAGE_GENERATIONS``
+POST     ``/v1/images/edits``        :func:`generate_view` with ``IMAGE_EDITS``
+POST     ``/v1/audio/speech``        :func:`generate_view` with ``SPEECH``
+POST     ``/v1/videos``              :func:`generate_view` with ``VIDEOS``
+POST     ``/v1/videos/stream``       :func:`generate_view` with ``VIDEOS_MJPEG``
 GET      ``/v1/models``              :func:`models_view`
 =======  ==========================  ==============================================
 
@@ -49,8 +54,20 @@ from .._tracing import (
 )
 from ..edge import BodyPrefetch, ChunkWriter, json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
-from ._apis import ANTHROPIC_MESSAGES, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
-from ._pipeline import JsonReply, StreamReply
+from ._apis import (
+    ANTHROPIC_MESSAGES,
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    IMAGE_EDITS,
+    IMAGE_GENERATIONS,
+    RESPONSES,
+    SPEECH,
+    VIDEOS,
+    VIDEOS_MJPEG,
+    MediaApi,
+)
+from ._pipeline import BytesReply, JsonReply, StreamReply
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -154,20 +171,26 @@ def _decode_json(body: bytes, max_depth: int) -> object:
     return decode_json_body(body, max_depth=max_depth)
 
 
-def _reply(result: JsonReply | StreamReply, ids: RequestIds) -> Response:
+def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Response:
     if isinstance(result, JsonReply):
         return json_response(result.payload, result.status, ids)
+    if isinstance(result, BytesReply):
+        whole: Response = current_app.response_class(
+            result.content, status=result.status, content_type=result.content_type
+        )
+        whole.headers.update(ids.response_headers())
+        return whole
     result.body.write_through(ChunkWriter.of(request.scope))
     response: Response = current_app.response_class(
-        result.body, content_type="text/event-stream", headers=_SSE_HEADERS
+        result.body, content_type=result.content_type, headers=_SSE_HEADERS
     )
     response.timeout = None
     response.headers.update(ids.response_headers())
     return response
 
 
-async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Response:
-    """``POST`` to a generating route: parse, route, run, answer (JSON or SSE)."""
+async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | MediaApi) -> Response:
+    """``POST`` to a generating route: parse, route, run, answer (JSON, SSE, or a media body)."""
     body = BodyPrefetch.take(request.scope)
     if body is None:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
@@ -181,10 +204,13 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi) -> Res
             time.monotonic(),
         )
         payload = _decode_json(body, pipeline.config.max_json_depth)
+        result: JsonReply | BytesReply | StreamReply
         if api is EMBEDDINGS:
             result = await pipeline.embeddings(
                 EMBEDDINGS, payload, ids.request_id, trace, deadline=deadline
             )
+        elif isinstance(api, MediaApi):
+            result = await pipeline.media(api, payload, ids.request_id, trace, deadline=deadline)
         else:
             result = await pipeline.text(
                 api,  # type: ignore[arg-type]
@@ -226,7 +252,7 @@ class ApiRoute:
     view: Callable[[Pipeline], Callable[[], Awaitable[Response]]]
 
 
-def _generate(api: TextApi) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
+def _generate(api: TextApi | MediaApi) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
     def bind(pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
         async def view() -> Response:
             return await generate_view(pipeline, api)
@@ -254,6 +280,11 @@ ROUTES: Final = (
     ApiRoute("POST", "/v1/responses", "responses", _generate(RESPONSES)),
     ApiRoute("POST", "/v1/messages", "anthropic_messages", _generate(ANTHROPIC_MESSAGES)),
     ApiRoute("POST", "/v1/embeddings", "embeddings", _bound(embeddings_view)),
+    ApiRoute("POST", "/v1/images/generations", "images_generations", _generate(IMAGE_GENERATIONS)),
+    ApiRoute("POST", "/v1/images/edits", "images_edits", _generate(IMAGE_EDITS)),
+    ApiRoute("POST", "/v1/audio/speech", "audio_speech", _generate(SPEECH)),
+    ApiRoute("POST", "/v1/videos", "videos", _generate(VIDEOS)),
+    ApiRoute("POST", "/v1/videos/stream", "videos_stream", _generate(VIDEOS_MJPEG)),
     ApiRoute("GET", "/v1/models", "models", _bound(models_view)),
 )
 """The API routes, registered on the app in this order."""

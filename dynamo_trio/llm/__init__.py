@@ -12,6 +12,8 @@ Layout (each module has one job; nothing here does I/O):
 - ``_limits``: a model's token limits and the errors for requests over them;
 - ``_openai``: chat completions, completions and models;
 - ``_embeddings``: embeddings;
+- ``_images``, ``_speech``, ``_videos``: images, audio speech and videos (``_media``:
+  what they share);
 - ``_responses``: the Responses API;
 - ``_anthropic``: the Anthropic Messages API;
 - ``_sse``: server-sent event encoding;
@@ -43,6 +45,12 @@ from ._errors import (
     status_for_error as status_for_error,
 )
 from ._generation import Generation as Generation
+from ._images import (
+    ImageRequest as ImageRequest,
+    image_response as image_response,
+    parse_image_edit_request as parse_image_edit_request,
+    parse_image_request as parse_image_request,
+)
 from ._json import INTEGER_RANGE as INTEGER_RANGE, decode_json_body as decode_json_body
 from ._limits import (
     CONTEXT_LENGTH_EXCEEDED as CONTEXT_LENGTH_EXCEEDED,
@@ -51,6 +59,7 @@ from ._limits import (
     check_output_tokens as check_output_tokens,
     context_length_error as context_length_error,
 )
+from ._media import BinaryBody as BinaryBody
 from ._openai import (
     ChatCompletionStream as ChatCompletionStream,
     ChatRequest as ChatRequest,
@@ -89,6 +98,13 @@ from ._responses import (
     responses_usage as responses_usage,
 )
 from ._sampling import SamplingParams as SamplingParams
+from ._speech import (
+    AUDIO_TYPES as AUDIO_TYPES,
+    SpeechRequest as SpeechRequest,
+    SpeechStream as SpeechStream,
+    parse_speech_request as parse_speech_request,
+    speech_body as speech_body,
+)
 from ._sse import (
     DONE as DONE,
     encode_comment as encode_comment,
@@ -97,8 +113,36 @@ from ._sse import (
     keepalive_comment as keepalive_comment,
 )
 from ._stops import StopMatcher as StopMatcher
+from ._videos import (
+    MJPEG_TYPE as MJPEG_TYPE,
+    MjpegStream as MjpegStream,
+    VideoEventStream as VideoEventStream,
+    VideoRequest as VideoRequest,
+    mjpeg_part as mjpeg_part,
+    parse_video_request as parse_video_request,
+    parse_video_stream_request as parse_video_stream_request,
+    video_response as video_response,
+)
 
 __all__ = [
+    "ImageRequest",
+    "image_response",
+    "parse_image_edit_request",
+    "parse_image_request",
+    "BinaryBody",
+    "AUDIO_TYPES",
+    "SpeechRequest",
+    "SpeechStream",
+    "parse_speech_request",
+    "speech_body",
+    "MJPEG_TYPE",
+    "MjpegStream",
+    "VideoEventStream",
+    "VideoRequest",
+    "mjpeg_part",
+    "parse_video_request",
+    "parse_video_stream_request",
+    "video_response",
     "CONTEXT_LENGTH_EXCEEDED",
     "DONE",
     "INTEGER_RANGE",

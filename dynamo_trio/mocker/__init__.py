@@ -1,10 +1,12 @@
 """The mock LLM engine, for testing the runtime and frontend without a model.
 
 ``MockEngine(settings).generate`` and ``.embed`` are endpoint handlers
-speaking the engine protocol of :mod:`dynamo_trio.llm`.
+speaking the engine protocol of :mod:`dynamo_trio.llm`; ``MediaEngine(settings)``'s
+``.images``, ``.videos`` and ``.speech`` serve the media models.
 """
 
 from ._engine import MockEngine as MockEngine
+from ._media import MediaEngine as MediaEngine
 from ._settings import MockerSettings as MockerSettings
 from ._text import (
     VOCABULARY as VOCABULARY,
@@ -15,6 +17,7 @@ from ._text import (
 
 __all__ = [
     "VOCABULARY",
+    "MediaEngine",
     "MockEngine",
     "MockerSettings",
     "TokenSource",

@@ -32,9 +32,15 @@ class MockerSettings:
     max_output_tokens: int = 16384
     """The most tokens one request may ask for (``--max-output-tokens``).  Registered on
     the model card; a larger ``max_tokens`` is refused."""
+    media_step_ms: float = 20.0
+    """Time of one step of the media models (``--media-step-ms``): a denoising step of an
+    image or a video frame, a chunk of speech."""
+    denoising_steps: int = 8
+    """Denoising steps of an image when the request sets no ``nvext.num_inference_steps``
+    (``--denoising-steps``)."""
 
     def __post_init__(self) -> None:
-        for name in ("ttft_ms", "inter_token_latency_ms"):
+        for name in ("ttft_ms", "inter_token_latency_ms", "media_step_ms"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
@@ -43,6 +49,7 @@ class MockerSettings:
             "embedding_dimensions",
             "context_length",
             "max_output_tokens",
+            "denoising_steps",
         ):
             value = getattr(self, name)
             if value < 1:

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._engine import MockEngine
+from ._media import MediaEngine
 from ._tensor import echo_tensor, tensor_model_config
 
 if TYPE_CHECKING:
+    from ..discovery import ModelType
     from ..runtime import DistributedRuntime
     from ._settings import MockerSettings
 
@@ -26,6 +28,9 @@ async def serve_mocker(
     model_name: str | None,
     embedding_model_name: str | None = None,
     tensor_model_name: str | None = None,
+    image_model_name: str | None = None,
+    video_model_name: str | None = None,
+    speech_model_name: str | None = None,
     namespace: str = "dynamo",
     component: str = "mocker",
 ) -> None:
@@ -35,14 +40,23 @@ async def serve_mocker(
     ``{namespace}/{component}/generate``; ``embedding_model_name`` as an
     embeddings model on ``{namespace}/{component}/embed``; ``tensor_model_name``
     as a tensor model (``OUTPUT0 = INPUT0``, see :mod:`._tensor`) on
-    ``{namespace}/{component}/infer``.  The cards carry
+    ``{namespace}/{component}/infer``; ``image_model_name``, ``video_model_name`` and
+    ``speech_model_name`` as ``images``, ``videos`` and ``audios`` models (see
+    :mod:`._media`) on ``{namespace}/{component}/images``, ``videos``, ``speech``.  The cards carry
     the settings' ``context_length`` (and ``max_output_tokens`` for text), so
     the frontend refuses requests over them before calling the worker; the
     text cards say the engine accepts continuations (request migration).
     """
-    if model_name is None and embedding_model_name is None and tensor_model_name is None:
-        raise ValueError("give a model name, an embedding model name, a tensor model name")
+    media: list[tuple[str | None, str, ModelType]] = [
+        (image_model_name, "images", "images"),
+        (video_model_name, "videos", "videos"),
+        (speech_model_name, "speech", "audios"),
+    ]
+    names = (model_name, embedding_model_name, tensor_model_name, *(m for m, _, _ in media))
+    if all(name is None for name in names):
+        raise ValueError("give the name of at least one model to serve")
     engine = MockEngine(settings)
+    media_engine = MediaEngine(settings)
     service = runtime.namespace(namespace).component(component)
     async with trio.open_nursery() as nursery:
         if model_name is not None:
@@ -72,3 +86,10 @@ async def serve_mocker(
                 tensor_model_config=tensor_model_config(tensor_model_name),
             )
             _log.info("serving %s (tensor) at %s", tensor_model_name, infer.path)
+        for name, endpoint_name, model_type in media:
+            if name is None:
+                continue
+            endpoint = service.endpoint(endpoint_name)
+            await nursery.start(endpoint.serve_endpoint, getattr(media_engine, endpoint_name))
+            await endpoint.register_model(name, model_type)
+            _log.info("serving %s (%s) at %s", name, model_type, endpoint.path)

@@ -585,10 +585,10 @@ class Endpoint:
         accepts_continuation: bool = False,
         tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
-        """Announce that this endpoint serves model ``name`` (chat, completions, embeddings
-        or tensor), with its token limits if known (the frontend enforces them), whether
-        its handler honours continuations (the frontend migrates requests only to those),
-        and a tensor model's inputs and outputs (see
+        """Announce that this endpoint serves model ``name`` (chat, completions, embeddings,
+        tensor, or the media types images, videos, audios), with its token limits if known
+        (the frontend enforces them), whether its handler honours continuations (the
+        frontend migrates requests only to those), and a tensor model's inputs and outputs (see
         :meth:`DistributedRuntime.register_model`)."""
         await self.runtime.register_model(
             self,

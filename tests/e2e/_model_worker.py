@@ -7,7 +7,10 @@ Registers, in namespace ``dynamo``:
   (its text cards accept continuations, so requests can migrate to it);
 * ``prefill`` (chat, completions): a "prefill" that never ends: no token, ever;
 * ``stall`` (chat, completions): three tokens, then silence for ever (a stuck engine);
-* ``slow-embed`` (embeddings): an embedding that never comes.
+* ``slow-embed`` (embeddings): an embedding that never comes;
+* ``mock-image``, ``mock-video``, ``mock-speech`` (images, videos, audios): the mock
+  media engine, a step every ``--media-step-ms``; ``prefill`` is also an images,
+  videos and audios model whose answer never comes.
 
 Every handler reports ``start`` (with the context's trace fields, the length of
 a continuation it was given, and the seconds left before the request's
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from dynamo_trio.mocker import MockEngine, MockerSettings
+from dynamo_trio.mocker import MediaEngine, MockEngine, MockerSettings
 from dynamo_trio.runtime import DistributedRuntime, dynamo_worker
 
 if TYPE_CHECKING:
@@ -87,10 +90,14 @@ async def stalls(request: Any, context: Context) -> AsyncIterator[Any]:
 
 
 @dynamo_worker()
-async def main(runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_ms: float) -> None:
-    engine = MockEngine(
-        MockerSettings(inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms)
+async def main(
+    runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_ms: float, media_step_ms: float
+) -> None:
+    settings = MockerSettings(
+        inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms, media_step_ms=media_step_ms
     )
+    engine = MockEngine(settings)
+    media = MediaEngine(settings)
     namespace = runtime.namespace("dynamo")
     served: list[tuple[str, str, Callable[..., Any], tuple[str, ...]]] = [
         ("mock", "generate", engine.generate, ("chat", "completions")),
@@ -98,6 +105,10 @@ async def main(runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_
         ("prefill", "generate", never_answers, ("chat", "completions")),
         ("stall", "generate", stalls, ("chat", "completions")),
         ("slow-embed", "embed", never_answers, ("embeddings",)),
+        ("prefill", "media", never_answers, ("images", "videos", "audios")),
+        ("mock-image", "images", media.images, ("images",)),
+        ("mock-video", "videos", media.videos, ("videos",)),
+        ("mock-speech", "speech", media.speech, ("audios",)),
     ]
     async with trio.open_nursery() as nursery:
         for model, endpoint_name, handler, types in served:
@@ -116,5 +127,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--inter-token-latency-ms", type=float, default=20.0)
     parser.add_argument("--ttft-ms", type=float, default=0.0)
+    parser.add_argument("--media-step-ms", type=float, default=20.0)
     args = parser.parse_args()
-    trio.run(main, args.inter_token_latency_ms, args.ttft_ms)
+    trio.run(main, args.inter_token_latency_ms, args.ttft_ms, args.media_step_ms)

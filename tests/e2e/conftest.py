@@ -234,7 +234,7 @@ async def stack(spawn: Callable[..., Any], env: dict[str, str]) -> Callable[...,
             with trio.fail_after(15):
                 while True:
                     names = {m["id"] for m in (await http.get("/v1/models")).json()["data"]}
-                    if {"mock", "mock-embed", "prefill", "slow-embed"} <= names:
+                    if {"mock", "mock-embed", "prefill", "slow-embed", "mock-speech"} <= names:
                         break
                     await trio.sleep(0.05)
         return Stack(frontend, worker, url, ready["status_url"])

@@ -240,3 +240,203 @@ async def test_the_frontend_counter_is_exact_over_many_requests(stack: Callable[
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 12
     succeeded = await running.metric("dynamo_frontend_requests_total", status="success")
     assert succeeded == 60
+
+
+# ---------------------------------------------------------------------------- media
+
+LONG_INPUT = "x" * 4000
+"""Speech that takes minutes to say: 2000 chunks, a step each."""
+
+MEDIA: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    # name: (path, endpoint label, request_type, body without model)
+    "image": ("/v1/images/generations", "images", "unary", {"prompt": "hi", "size": "16x16"}),
+    "image-edit": (
+        "/v1/images/edits",
+        "images",
+        "unary",
+        {"prompt": "hi", "size": "16x16", "input_reference": "data:image/png;base64,AA=="},
+    ),
+    "speech-unary": ("/v1/audio/speech", "audios", "unary", {"input": "hi", "speed": 2}),
+    "speech-mp3": (
+        "/v1/audio/speech",
+        "audios",
+        "unary",
+        {"input": "hi", "response_format": "mp3"},
+    ),
+    "speech-stream": ("/v1/audio/speech", "audios", "stream", {"input": "hi"}),
+    "speech-pcm": (
+        "/v1/audio/speech",
+        "audios",
+        "stream",
+        {"input": "hi", "response_format": "pcm"},
+    ),
+    "video-json": ("/v1/videos", "videos", "unary", {"prompt": "hi", "size": "16x16"}),
+    "video-sse": ("/v1/videos", "videos", "stream", {"prompt": "hi", "stream": True}),
+    "video-mjpeg": ("/v1/videos/stream", "videos", "stream", {"prompt": "hi", "size": "16x16"}),
+}
+
+
+async def assert_counted_once(running: Stack, model: str, endpoint: str, request_type: str) -> None:
+    counted = await running.metric(
+        "dynamo_frontend_model_cancellation_total",
+        endpoint=endpoint,
+        request_type=request_type,
+        model=model,
+    )
+    assert counted == 1
+    assert await running.metric("dynamo_frontend_model_cancellation_total") == 1, "no other label"
+    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
+
+
+@pytest.mark.parametrize("route", list(MEDIA))
+async def test_media_hang_up_before_the_first_byte(stack: Callable[..., Any], route: str) -> None:
+    running = await stack()
+    path, endpoint, request_type, body = MEDIA[route]
+    request_id = f"media-first-{uuid.uuid4()}"
+    stream = await open_raw(running, path, {**body, "model": "prefill"}, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await hang_up(stream, "fin")
+    await assert_killed_on_worker(running, request_id)
+    await assert_counted_once(running, "prefill", endpoint, request_type)
+
+
+async def test_hang_up_during_a_unary_images_steps(stack: Callable[..., Any]) -> None:
+    running = await stack()
+    request_id = f"image-steps-{uuid.uuid4()}"
+    body = {"model": "mock-image", "prompt": "hi", "nvext": {"num_inference_steps": 1000}}
+    stream = await open_raw(running, "/v1/images/generations", body, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await hang_up(stream, "rst")
+    await assert_killed_on_worker(running, request_id)
+    exit_event = await running.worker.wait_for("exit", id=request_id)
+    assert (exit_event["how"], exit_event["items"]) == ("Cancelled", 0), "cancelled in a step"
+    await assert_counted_once(running, "mock-image", "images", "unary")
+
+
+async def read_bytes(stream: Any, count: int) -> bytes:
+    """The response's first ``count`` bytes after its head (more may come with them)."""
+    received = b""
+    with trio.fail_after(10):
+        while len(received.partition(b"\r\n\r\n")[2]) < count:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the frontend closed the stream early: {received[:300]!r}"
+            received += chunk
+    return received
+
+
+MID_STREAM: dict[str, tuple[str, dict[str, Any], Callable[[Any], Any]]] = {
+    "video-sse": (
+        "/v1/videos",
+        {"model": "mock-video", "prompt": "hi", "stream": True, "nvext": {"num_frames": 5000}},
+        lambda stream: read_until(stream, b"data:", 3),
+    ),
+    "video-mjpeg": (
+        "/v1/videos/stream",
+        {"model": "mock-video", "prompt": "hi", "size": "16x16", "nvext": {"num_frames": 5000}},
+        lambda stream: read_until(stream, b"--frame\r\n", 3),
+    ),
+    "speech-stream": (
+        "/v1/audio/speech",
+        {"model": "mock-speech", "input": LONG_INPUT},
+        lambda stream: read_bytes(stream, 3 * 4800),
+    ),
+}
+
+
+@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("route", list(MID_STREAM))
+async def test_media_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
+    running = await stack()
+    path, body, read_some = MID_STREAM[route]
+    request_id = f"media-mid-{uuid.uuid4()}"
+    stream = await open_raw(running, path, body, request_id)
+    await read_some(stream)
+    await hang_up(stream, how)
+    await assert_killed_on_worker(running, request_id)
+    exit_event = await running.worker.wait_for("exit", id=request_id)
+    assert 3 <= exit_event["items"] < 2000, exit_event
+    endpoint = "audios" if route.startswith("speech") else "videos"
+    await assert_counted_once(running, str(body["model"]), endpoint, "stream")
+    assert await running.metric("dynamo_frontend_inflight_requests") == 0
+
+
+COMPLETE: dict[str, tuple[str, dict[str, Any], bytes | None]] = {
+    # route: (path, body, the response's last bytes; None: as many as its Content-Length)
+    "image": (
+        "/v1/images/generations",
+        {"model": "mock-image", "prompt": "hi", "size": "8x8"},
+        b"}",
+    ),
+    "speech-unary": ("/v1/audio/speech", {"model": "mock-speech", "input": "hi", "speed": 2}, None),
+    "speech-stream": ("/v1/audio/speech", {"model": "mock-speech", "input": "hi"}, b"0\r\n\r\n"),
+    "video-json": ("/v1/videos", {"model": "mock-video", "prompt": "hi", "size": "8x8"}, b"}"),
+    "video-sse": (
+        "/v1/videos",
+        {"model": "mock-video", "prompt": "hi", "size": "8x8", "stream": True},
+        b"data: [DONE]\n\n",
+    ),
+    "video-mjpeg": (
+        "/v1/videos/stream",
+        {"model": "mock-video", "prompt": "hi", "size": "8x8"},
+        b"--frame--\r\n",
+    ),
+}
+
+
+def whole(received: bytes, last: bytes | None) -> bool:
+    """Whether ``received`` holds a response's head and its body up to ``last``."""
+    head, found, body = received.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    if last is not None:
+        return last in body
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return len(body) == length
+
+
+@pytest.mark.parametrize("route", list(COMPLETE))
+async def test_a_complete_media_response_closed_at_once_is_not_counted(
+    stack: Callable[..., Any], route: str
+) -> None:
+    running = await stack()
+    path, body, last = COMPLETE[route]
+    request_id = f"media-done-{uuid.uuid4()}"
+    stream = await open_raw(running, path, body, request_id)
+    exit_event = await running.worker.wait_for("exit", id=request_id)
+    received = b""
+    with trio.fail_after(10):
+        while not whole(received, last):
+            chunk = await stream.receive_some(65536)
+            assert chunk, received[:300]
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200"), received[:300]
+    await hang_up(stream, "rst")
+    assert (exit_event["how"], exit_event["state"]) == ("returned", "LIVE"), exit_event
+    with trio.fail_after(3):
+        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert await running.metric("dynamo_frontend_model_cancellation_total") == 0
+    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 0
+
+
+async def test_stop_policy_lets_a_media_engine_return_at_its_step(
+    stack: Callable[..., Any],
+) -> None:
+    running = await stack("--on-disconnect", "stop", "--stop-grace", "3")
+    request_id = f"media-stop-{uuid.uuid4()}"
+    path, body, read_some = MID_STREAM["video-mjpeg"]
+    stream = await open_raw(running, path, body, request_id)
+    await read_some(stream)
+    await hang_up(stream, "fin")
+    exit_event = await running.worker.wait_for("exit", id=request_id, within=3)
+    # Stopped, not killed: the engine's step wait ended and it returned with what it had.
+    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
+    assert exit_event["how"] == "returned"
+    with trio.fail_after(3):
+        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    await assert_counted_once(running, "mock-video", "videos", "stream")

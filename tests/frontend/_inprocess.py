@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from quart_trio import QuartTrio
 
+    from dynamo_trio.discovery import ModelType
+
 MODEL = "m"
 CHAT = "/v1/chat/completions"
 
@@ -40,9 +42,25 @@ async def frontend_with_worker(
     *,
     config: FrontendConfig | None = None,
     instances: int = 1,
+    model_type: ModelType = "chat",
 ) -> QuartTrio:
     """The frontend's app, once it lists model ``m`` served by ``handler`` in
-    ``instances`` worker runtimes (each accepts continuations)."""
+    ``instances`` worker runtimes (each accepts continuations), as a ``model_type`` model."""
+    app, _ = await frontend_and_pipeline(
+        nursery, handler, config=config, instances=instances, model_type=model_type
+    )
+    return app
+
+
+async def frontend_and_pipeline(
+    nursery: trio.Nursery,
+    handler: Callable[..., Any],
+    *,
+    config: FrontendConfig | None = None,
+    instances: int = 1,
+    model_type: ModelType = "chat",
+) -> tuple[QuartTrio, Pipeline]:
+    """:func:`frontend_with_worker`'s app, and the pipeline behind it."""
     store = MemoryStore()
     for _ in range(instances):
         worker: DistributedRuntime = await nursery.start(
@@ -50,14 +68,15 @@ async def frontend_with_worker(
         )
         endpoint = worker.namespace("dynamo").component("backend").endpoint("generate")
         await nursery.start(endpoint.serve_endpoint, handler)
-        await endpoint.register_model(MODEL, "chat", accepts_continuation=True)
+        await endpoint.register_model(MODEL, model_type, accepts_continuation=True)
     frontend: DistributedRuntime = await nursery.start(
         _hold, DistributedRuntime(TEST_CONFIG, memory_store=store)
     )
     pipeline = Pipeline(frontend, config or FrontendConfig(), nursery)
+    pipeline.turns.install()  # as serve_frontend does: without it, a waiting stream spins
     await pipeline.start()
-    await wait_until(lambda: len(pipeline.models.cards(MODEL, "chat")) >= instances, 5)
-    return build_app(pipeline)
+    await wait_until(lambda: len(pipeline.models.cards(MODEL, model_type)) >= instances, 5)
+    return build_app(pipeline), pipeline
 
 
 def chat(stream: bool = False, max_tokens: int = 10) -> dict[str, Any]:

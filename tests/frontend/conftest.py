@@ -32,7 +32,18 @@ from tests.e2e.conftest import (
     spawn as spawn,
 )
 
-MODELS = frozenset({"mock", "mock-embed", "prefill", "stall", "slow-embed"})
+MODELS = frozenset(
+    {
+        "mock",
+        "mock-embed",
+        "prefill",
+        "stall",
+        "slow-embed",
+        "mock-image",
+        "mock-video",
+        "mock-speech",
+    }
+)
 """What ``tests/e2e/_model_worker.py`` registers."""
 
 CHAT_BODY: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}

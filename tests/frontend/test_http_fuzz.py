@@ -94,6 +94,14 @@ def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
             "mock",
             "--embedding-model-name",
             "mock-embed",
+            "--image-model-name",
+            "mock-image",
+            "--video-model-name",
+            "mock-video",
+            "--speech-model-name",
+            "mock-speech",
+            "--media-step-ms",
+            "0",
             "--inter-token-latency-ms",
             "0",
             "--context-length",
@@ -122,10 +130,7 @@ def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
         url = line.rsplit(" ", 1)[1].strip()
         deadline = time.monotonic() + 20
         with httpx.Client(base_url=url) as http:
-            while {m["id"] for m in http.get("/v1/models").json()["data"]} != {
-                "mock",
-                "mock-embed",
-            }:
+            while {m["id"] for m in http.get("/v1/models").json()["data"]} != MODELS:
                 assert time.monotonic() < deadline, "the mocker's models never appeared"
                 time.sleep(0.05)
         yield Frontend(url, process, mocker, tmp / "frontend.log")
@@ -150,12 +155,18 @@ def http(frontend: Frontend) -> Iterator[httpx.Client]:
 
 # ---------------------------------------------------------------------------- checking answers
 
+MODELS = {"mock", "mock-embed", "mock-image", "mock-video", "mock-speech"}
 ROUTES = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/audio/speech",
+    "/v1/videos",
+    "/v1/videos/stream",
 ]
 
 VALID: dict[str, dict[str, Any]] = {
@@ -166,6 +177,16 @@ VALID: dict[str, dict[str, Any]] = {
     },
     "/v1/completions": {"model": "mock", "prompt": "hi", "max_tokens": 4},
     "/v1/embeddings": {"model": "mock-embed", "input": "hi"},
+    "/v1/images/generations": {"model": "mock-image", "prompt": "hi", "size": "8x8"},
+    "/v1/images/edits": {
+        "model": "mock-image",
+        "prompt": "hi",
+        "size": "8x8",
+        "input_reference": "data:image/png;base64,AA==",
+    },
+    "/v1/audio/speech": {"model": "mock-speech", "input": "hi"},
+    "/v1/videos": {"model": "mock-video", "prompt": "hi", "size": "8x8"},
+    "/v1/videos/stream": {"model": "mock-video", "prompt": "hi", "size": "8x8"},
     "/v1/responses": {"model": "mock", "input": "hi", "max_output_tokens": 4},
     "/v1/messages": {
         "model": "mock",
@@ -201,6 +222,7 @@ STREAM_ENDS = {
         "event: response.failed\n",
     ),
     "/v1/messages": ("event: message_stop\n", "event: error\n"),
+    "/v1/videos": ("data: [DONE]\n\n", "event: error\n"),
 }
 
 
@@ -208,10 +230,16 @@ def check(path: str, response: httpx.Response) -> None:
     status = response.status_code
     assert status < 500, (path, status, response.text[:500])
     if status == 200:
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
+        content_type = response.headers.get("content-type", "")
+        if content_type.startswith("text/event-stream"):
             text = response.text
             assert any(end in text for end in STREAM_ENDS[path]), text[-500:]
             assert "Traceback" not in text
+        elif content_type.startswith("multipart/x-mixed-replace"):
+            body = response.content
+            assert body.endswith(b"--frame--\r\n") or b"Content-Type: application/json" in body
+        elif content_type.startswith("audio/"):
+            assert response.content, "an empty audio file"
         else:
             assert isinstance(response.json(), dict)
     else:
@@ -284,6 +312,30 @@ hostile = json_values | st.builds(
     lambda n: [[]] if n == 0 else json.loads("[" * n + "]" * n), st.integers(60, 80)
 )
 
+IMAGE_FIELDS = [
+    "model",
+    "prompt",
+    "n",
+    "size",
+    "quality",
+    "response_format",
+    "output_format",
+    "output_compression",
+    "background",
+    "style",
+    "user",
+    "nvext",
+]
+VIDEO_FIELDS = [
+    "model",
+    "prompt",
+    "seconds",
+    "size",
+    "input_reference",
+    "response_format",
+    "stream",
+    "nvext",
+]
 FIELDS: dict[str, list[str]] = {
     "/v1/chat/completions": [
         "model",
@@ -326,6 +378,19 @@ FIELDS: dict[str, list[str]] = {
         "logit_bias",
     ],
     "/v1/embeddings": ["model", "input", "encoding_format", "dimensions", "user"],
+    "/v1/images/generations": [*IMAGE_FIELDS],
+    "/v1/images/edits": [*IMAGE_FIELDS, "input_reference"],
+    "/v1/audio/speech": [
+        "model",
+        "input",
+        "voice",
+        "response_format",
+        "speed",
+        "instructions",
+        "language",
+    ],
+    "/v1/videos": [*VIDEO_FIELDS],
+    "/v1/videos/stream": [*VIDEO_FIELDS],
     "/v1/responses": [
         "model",
         "input",

@@ -8,14 +8,17 @@ checks of ``test_routes.py``.
 from __future__ import annotations
 
 import base64
+import io
 import struct
+import wave
 from typing import TYPE_CHECKING
 
 import anthropic
+import httpx
 import openai
 import pytest
 from anthropic.types import Message
-from openai.types import Completion, CreateEmbeddingResponse
+from openai.types import Completion, CreateEmbeddingResponse, ImagesResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 from openai.types.responses import (
     Response,
@@ -24,8 +27,10 @@ from openai.types.responses import (
     ResponseIncompleteEvent,
     ResponseTextDeltaEvent,
 )
+from PIL import Image
 
-from .conftest import openai_client_leaves_generators
+from .conftest import openai_client_leaves_generators, parse_sse
+from .test_media import mjpeg_parts
 
 if TYPE_CHECKING:
     from .conftest import StartStack
@@ -209,3 +214,101 @@ async def test_anthropic_messages(stack: StartStack) -> None:
     assert [event.type for event in events][-1] == "message_stop"
     assert raw_types[0] == "message_start"
     assert raw_types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+# ---------------------------------------------------------------------------- media
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR", data[:24]
+    width, height = struct.unpack(">II", data[16:24])
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    assert image.size == (width, height)
+    return width, height
+
+
+async def test_openai_images_generate_and_edit(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        generated = await client.images.generate(
+            model="mock-image", prompt="a cat", n=2, size="32x16", response_format="b64_json"
+        )
+        # Dynamo's edits route takes JSON with an input_reference (the client's own
+        # images.edit sends multipart form data): the client's JSON call, parsed as its type.
+        edited = await client.post(
+            "/images/edits",
+            body={
+                "model": "mock-image",
+                "prompt": "bluer",
+                "size": "16x16",
+                "response_format": "b64_json",
+                "input_reference": "data:image/png;base64,AA==",
+            },
+            cast_to=ImagesResponse,
+        )
+    assert isinstance(generated, ImagesResponse)
+    assert generated.data is not None and len(generated.data) == 2
+    for image in generated.data:
+        assert image.b64_json is not None
+        assert png_size(base64.b64decode(image.b64_json)) == (32, 16)
+        assert image.revised_prompt == "a cat"
+    assert (generated.size, generated.output_format) == ("32x16", "png")
+    assert edited.data is not None and edited.data[0].b64_json is not None
+    assert png_size(base64.b64decode(edited.data[0].b64_json)) == (16, 16)
+
+
+def wav_frames(data: bytes) -> int:
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt ", data[:16]
+    with wave.open(io.BytesIO(data), "rb") as reader:
+        assert (reader.getnchannels(), reader.getframerate()) == (1, 24000)
+        return reader.getnframes()
+
+
+async def test_openai_speech_streamed_and_whole(stack: StartStack) -> None:
+    running = await stack()
+    async with openai_client(running.url) as client:
+        async with client.audio.speech.with_streaming_response.create(
+            model="mock-speech", voice="alloy", input="x" * 20, response_format="wav"
+        ) as response:
+            assert response.headers["content-type"] == "audio/wav"
+            chunks = [chunk async for chunk in response.iter_bytes()]
+        whole = await client.audio.speech.create(
+            model="mock-speech", voice="alloy", input="x" * 20, speed=2.0
+        )
+        async with client.audio.speech.with_streaming_response.create(
+            model="mock-speech", voice="alloy", input="x" * 20, response_format="pcm"
+        ) as response:
+            pcm = b"".join([chunk async for chunk in response.iter_bytes()])
+    streamed = b"".join(chunks)
+    assert wav_frames(streamed) == 24000, "one second: 20 characters at 0.05 s"
+    assert len(streamed) == 44 + 2 * 24000
+    assert wav_frames(whole.content) == 12000, "at twice the speed"
+    assert pcm == streamed[44:], "pcm is the wav's samples"
+
+
+async def test_httpx_videos_json_sse_and_mjpeg(stack: StartStack) -> None:
+    running = await stack()
+    body = {"model": "mock-video", "prompt": "waves", "size": "16x8", "nvext": {"num_frames": 3}}
+    async with httpx.AsyncClient(base_url=running.url, timeout=10) as http:
+        unary = await http.post("/v1/videos", json=body)
+        events = await http.post("/v1/videos", json={**body, "stream": True})
+        mjpeg = await http.post("/v1/videos/stream", json=body)
+    video = unary.json()
+    assert (video["object"], video["status"], video["progress"]) == ("video", "completed", 100)
+    frames = mjpeg_parts(base64.b64decode(video["data"][0]["b64_json"]))
+    sse = parse_sse(events.text)
+    assert sse[-1].data == "[DONE]"
+    sse_frames = [base64.b64decode(event.json()["b64_json"]) for event in sse[:-1]]
+    assert mjpeg.headers["content-type"] == "multipart/x-mixed-replace; boundary=frame"
+    for jpegs in (
+        [jpeg for _, jpeg in frames],
+        sse_frames,
+        [j for _, j in mjpeg_parts(mjpeg.content)],
+    ):
+        assert len(jpegs) == 3
+        for jpeg in jpegs:
+            assert jpeg[:3] == b"\xff\xd8\xff"
+            image = Image.open(io.BytesIO(jpeg))
+            image.load()
+            assert (image.format, image.size) == ("JPEG", (16, 8))

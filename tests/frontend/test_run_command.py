@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-MODELS = {"mock-model", "mock-embedding"}
+MODELS = {"mock-model", "mock-embedding", "mock-image", "mock-video", "mock-speech"}
 
 
 def cmdline(pid: int) -> str:
@@ -65,7 +65,10 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
             await run._changed.wait()
     assert await listed_models(url) == MODELS
     ready = next(line for line in run.stdout_lines if line.startswith("dynamo-trio ready: "))
-    assert ready == f"dynamo-trio ready: mock-embedding, mock-model at {url}"
+    assert ready == (
+        "dynamo-trio ready: mock-embedding, mock-image, mock-model, mock-speech, mock-video "
+        f"at {url}"
+    )
 
     pids = children_of(run.process.pid)
     children = [cmdline(pid) for pid in pids]
@@ -87,6 +90,14 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
             assert len([event for event in events[:-1] if event.json()["choices"]]) >= 5
         embedded = await http.post("/v1/embeddings", json={"model": "mock-embedding", "input": "x"})
         assert embedded.status_code == 200
+        image = {"model": "mock-image", "prompt": "x", "size": "16x16"}
+        drawn = await http.post("/v1/images/generations", json=image)
+        assert (drawn.status_code, len(drawn.json()["data"])) == (200, 1)
+        spoken = await http.post("/v1/audio/speech", json={"model": "mock-speech", "input": "x"})
+        assert (spoken.status_code, spoken.content[:4]) == (200, b"RIFF")
+        video = {"model": "mock-video", "prompt": "x", "nvext": {"num_frames": 2}}
+        filmed = await http.post("/v1/videos/stream", json=video)
+        assert (filmed.status_code, filmed.content.count(b"\xff\xd8")) == (200, 2)
 
     run.signal(signal.SIGINT)
     assert await run.wait_exit(within=30) == 0

@@ -86,7 +86,8 @@ async def test_run_serves_mock_tensor_beside_the_text_models(
         while not any(line.startswith("dynamo-trio ready: ") for line in run.stdout_lines):
             assert not run.stdout_closed, run.stderr.decode(errors="replace")[-3000:]
             await run._changed.wait()
-    assert await listed_models(url) == {"mock-model", "mock-embedding", MODEL}
+    served = {"mock-model", "mock-embedding", "mock-image", "mock-video", "mock-speech", MODEL}
+    assert await listed_models(url) == served
     client = grpcclient.InferenceServerClient(address)
     try:
         result = await trio.to_thread.run_sync(

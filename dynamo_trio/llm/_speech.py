@@ -1,0 +1,113 @@
+"""The OpenAI speech API (``POST /v1/audio/speech``): parsing and the audio body.
+
+``input`` and ``model`` are required; ``response_format`` is one of wav, mp3,
+pcm, flac, aac, opus (default wav); ``speed`` is 0.25 to 4 (default 1);
+``voice``, ``instructions`` and ``language`` are strings.  Fields this server
+does not know are passed to the worker.
+
+The worker yields the audio as it makes it, ``{"audio": BASE64}`` items whose
+bytes, concatenated, are the file (a WAV's header in the first).  For pcm and
+wav at speed 1 the response streams those bytes chunk by chunk; otherwise
+(a codec that needs the whole signal, or a tempo change) it is one body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ._media import BinaryBody, engine_bytes, engine_object, optional_choice
+from ._validate import expect_object, model_name, optional_number, optional_str, required_str
+
+__all__ = ["AUDIO_TYPES", "SpeechRequest", "SpeechStream", "parse_speech_request", "speech_body"]
+
+AUDIO_TYPES: Final = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "pcm": "audio/pcm",
+    "flac": "audio/flac",
+    "aac": "audio/aac",
+    "opus": "audio/opus",
+}
+"""Each ``response_format`` and the content type its body is sent with."""
+_STREAMABLE: Final = ("wav", "pcm")
+_MAX_INPUT: Final = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechRequest:
+    """A validated speech body; ``body`` keeps every field for the worker."""
+
+    model: str
+    body: dict[str, Any]
+    response_format: str = "wav"
+    speed: float = 1.0
+
+    @property
+    def stream(self) -> bool:
+        """Whether the body streams as the worker makes it (pcm or wav at speed 1)."""
+        return self.response_format in _STREAMABLE and self.speed == 1.0
+
+    @property
+    def content_type(self) -> str:
+        return AUDIO_TYPES[self.response_format]
+
+    def to_engine(self) -> dict[str, Any]:
+        return {**self.body, "response_format": self.response_format, "speed": self.speed}
+
+
+def parse_speech_request(body: object) -> SpeechRequest:
+    """Validate a speech body.
+
+    Raises:
+        RequestError: 400, naming the parameter.
+    """
+    obj = expect_object(body, None)
+    model = model_name(obj)
+    required_str(obj, "input", nonempty=True, max_length=_MAX_INPUT)
+    response_format = optional_choice(obj, "response_format", tuple(AUDIO_TYPES))
+    speed = optional_number(obj, "speed", minimum=0.25, maximum=4.0)
+    for key in ("voice", "instructions", "language"):
+        optional_str(obj, key)
+    return SpeechRequest(
+        model=model,
+        body=dict(obj),
+        response_format=response_format or "wav",
+        speed=1.0 if speed is None else speed,
+    )
+
+
+def _chunk(item: object) -> bytes:
+    return engine_bytes(engine_object(item, "an audio chunk"), "audio", "an audio chunk")
+
+
+def speech_body(request: SpeechRequest, items: list[object]) -> BinaryBody:
+    """The whole audio file from the worker's chunks.
+
+    Raises:
+        EngineError: a chunk is malformed.
+    """
+    return BinaryBody(b"".join(_chunk(item) for item in items), request.content_type)
+
+
+class SpeechStream:
+    """The streamed audio body: each chunk's bytes as they come; nothing else to say.
+
+    Audio has no way to carry an error: a stream that fails after its first
+    chunk just ends (a WAV's header gave its full length, so the file reads as
+    cut short).
+    """
+
+    keepalive: Final = False
+
+    def __init__(self, request: SpeechRequest, request_id: str) -> None:
+        self.content_type: Final = request.content_type
+
+    def feed(self, item: object) -> bytes:
+        return _chunk(item)
+
+    def finish(self) -> bytes:
+        return b""
+
+    def fail(self, status: int, message: str) -> bytes:
+        return b""
