@@ -48,10 +48,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+import trio
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -62,6 +65,7 @@ __all__ = [
     "Network",
     "NetworkUnavailable",
     "in_netns",
+    "process_sits_in",
     "remove_stale_namespaces",
 ]
 
@@ -105,6 +109,51 @@ def in_netns(namespace: str) -> Iterator[None]:
             _setns(own)
     finally:
         os.close(own)
+
+
+@contextlib.contextmanager
+def process_sits_in(namespace: str) -> Iterator[None]:
+    """:func:`in_netns` for this thread, for as long as the block runs; on the way out,
+    the worker threads trio cached meanwhile are moved back too.
+
+    A new thread starts in its creator's namespace, and trio keeps its worker threads
+    for reuse: without this, a thread made during the block would later open sockets,
+    or start child processes, in ``namespace`` for tests that know nothing of it.
+    """
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        with in_netns(namespace):
+            yield
+        _move_cached_threads(own)
+    finally:
+        os.close(own)
+
+
+# More than trio ever keeps: its thread limiter lets 40 run at once.
+_CACHED_THREADS_AT_MOST: Final = 256
+
+
+def _move_cached_threads(namespace_fd: int) -> None:
+    """Give every idle cached trio worker thread a job that moves it to ``namespace_fd``.
+
+    The jobs wait for each other, so no thread takes two and every idle one takes
+    one; threads started for the extra jobs start here, in this thread's namespace.
+    """
+    release = threading.Event()
+    moved = threading.Semaphore(0)
+
+    def move() -> None:
+        try:
+            _setns(namespace_fd)
+        finally:
+            moved.release()
+            release.wait()
+
+    for _ in range(_CACHED_THREADS_AT_MOST):
+        trio.lowlevel.start_thread_soon(move, lambda _outcome: None)
+    for _ in range(_CACHED_THREADS_AT_MOST):
+        moved.acquire()
+    release.set()
 
 
 def _run(*argv: str, input: str | None = None, check: bool = True) -> str:

@@ -17,7 +17,7 @@ import trio
 from ..discovery._etcd_server import etcd_binary
 from ._bed import Bed, Deployment, Timings
 from ._etcd_cluster import EtcdCluster
-from ._netns import Network, NetworkUnavailable, in_netns
+from ._netns import Network, NetworkUnavailable, process_sits_in
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -52,7 +52,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     etcd = EtcdCluster(binary, network, ETCD_HOSTS, scratch / "etcd")
     try:
         etcd.start()
-        with in_netns(network.host("client").namespace):
+        with process_sits_in(network.host("client").namespace):
             yield Bed(network, etcd, scratch)
     finally:
         etcd.stop()
