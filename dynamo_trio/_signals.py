@@ -6,20 +6,20 @@ import contextlib
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
     from types import FrameType
 
-__all__ = ["on_forced_exit", "shut_down_on_signals"]
+__all__ = ["killed_on_forced_exit", "shut_down_on_signals"]
 
 _log = logging.getLogger("dynamo_trio")
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
-_forced_exit_hooks: list[Callable[[], object]] = []
+_children: list[Iterable[_Killable]] = []
 
 
 async def shut_down_on_signals(shutdown: Callable[[], object]) -> None:
@@ -45,21 +45,26 @@ async def shut_down_on_signals(shutdown: Callable[[], object]) -> None:
             _exit_now(signum, None)
 
 
+class _Killable(Protocol):
+    def kill(self) -> None: ...
+
+
 @contextlib.contextmanager
-def on_forced_exit(hook: Callable[[], object]) -> Iterator[None]:
-    """Call ``hook()`` (quick, synchronous) before a second signal ends the process:
-    a supervisor kills its child processes there, which would otherwise outlive it."""
-    _forced_exit_hooks.append(hook)
+def killed_on_forced_exit(children: Iterable[_Killable]) -> Iterator[None]:
+    """Kill ``children`` (a supervisor's child processes, read when the signal comes)
+    before a second signal ends the process: they would otherwise outlive it."""
+    _children.append(children)
     try:
         yield
     finally:
-        _forced_exit_hooks.remove(hook)
+        _children.remove(children)
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
     # No logging here: the signal may have interrupted the logging machinery itself.
     os.write(2, f"second {signal.Signals(signum).name}: exiting now\n".encode())
-    for hook in tuple(_forced_exit_hooks):
-        with contextlib.suppress(Exception):
-            hook()
+    for children in tuple(_children):
+        for child in tuple(children):
+            with contextlib.suppress(Exception):
+                child.kill()
     os._exit(128 + signum)

@@ -32,7 +32,7 @@ from ._config import Config
 from ._gc import tune_gc
 from ._lifeline import lifeline
 from ._malloc import give_back_large_buffers
-from ._signals import on_forced_exit, shut_down_on_signals
+from ._signals import killed_on_forced_exit, shut_down_on_signals
 from .engines._commands import transformers_main, vllm_main
 from .mocker import MockerSettings
 from .mocker._worker import serve_mocker
@@ -578,7 +578,7 @@ async def _run_all(
                 "started %d mock worker(s); file discovery in %s", workers, env["DYN_FILE_KV"]
             )
             try:
-                with on_forced_exit(partial(_kill_all, processes)):
+                with killed_on_forced_exit(processes):
                     if config.frontend.http_workers > 1:  # --http-workers N: N processes
                         await _run_workers(config, frontend_argv, on_listening)
                     else:
@@ -617,12 +617,6 @@ async def _announce_ready(url: str, models: set[str]) -> None:
         ", ".join(sorted(models)),
         READY_TIMEOUT,
     )
-
-
-def _kill_all(processes: list[trio.Process]) -> None:
-    for process in processes:
-        with contextlib.suppress(OSError):
-            process.kill()
 
 
 async def _stop_workers(processes: list[trio.Process], grace: float) -> None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -53,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from .._lifeline import lifeline, parent_gone, take_lifeline
-from .._signals import on_forced_exit, shut_down_on_signals
+from .._signals import killed_on_forced_exit, shut_down_on_signals
 from ..edge import listen_sockets
 from ._app import DRAIN_OVERHEAD
 
@@ -121,7 +120,7 @@ async def run_frontend_workers(
         # remove it ourselves (below), whichever way we end.
         with (
             holding_shared(shared, remove=False),
-            on_forced_exit(functools.partial(_kill_all, children)),
+            killed_on_forced_exit(children),
         ):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(shut_down_on_signals, stop.set)
@@ -245,12 +244,6 @@ class _Child:
     def kill(self) -> None:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
-
-
-def _kill_all(children: list[_Child]) -> None:
-    for child in children:
-        with contextlib.suppress(OSError):
-            child.kill()
 
 
 def _without_workers(argv: Sequence[str]) -> list[str]:
