@@ -386,18 +386,24 @@ class KServeApp:
 
     async def _stream_one(self, call: _Call, data: bytes) -> None:
         request_id = ""
-        call.running += 1
-        call.running_bytes += len(data)
+        # Admitted or refused before this task first yields, and a refused request holds
+        # nothing: so what another request finds running never counts one being refused.
+        budget = STREAM_BUDGET * self._max_message_size
+        too_many = call.running >= MAX_STREAM_INFERENCES
+        too_large = call.running > 0 and call.running_bytes + len(data) > budget
+        admitted = not (too_many or too_large)
+        if admitted:
+            call.running += 1
+            call.running_bytes += len(data)
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
-            if call.running > MAX_STREAM_INFERENCES:
+            if too_many:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"{MAX_STREAM_INFERENCES} inferences are running on this call already",
                 )
-            budget = STREAM_BUDGET * self._max_message_size
-            if call.running > 1 and call.running_bytes > budget:
+            if too_large:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"the requests running on this call would hold over {budget} bytes",
@@ -416,8 +422,9 @@ class KServeApp:
                 )
                 await call.respond(error)
         finally:
-            call.running -= 1
-            call.running_bytes -= len(data)
+            if admitted:
+                call.running -= 1
+                call.running_bytes -= len(data)
 
     async def _run_inference(
         self,
