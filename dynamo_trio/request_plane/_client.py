@@ -1,32 +1,9 @@
 """The caller side of the request plane: pooled connections and their streams.
 
-One :class:`ClientConnection` per worker address carries any number of
-concurrent streams.  Its reader routes each ``item``/``end``/``err`` frame to
-the :class:`ClientStream` it belongs to, synchronously and without ever
-blocking: a stream's queue cannot grow past the credit window it granted, so
-one slow consumer never holds up the others on the same connection.
-
-Consumption drives flow control: when a consumer has taken half a window of
-items, the stream returns that many credits to the worker.
-
-Cancellation is synchronous and immediate: :meth:`ClientStream.kill` queues a
-``ctl kill`` frame for the writer task, forgets the stream (late frames for it
-are dropped by the protocol) and wakes a consumer blocked in
-:meth:`ClientStream.receive`, all without a checkpoint, so it can run from a
-``finally`` block, a cancel callback, or a garbage-collection finaliser.
-
-When a connection is lost (EOF, reset, heartbeats, a protocol violation, the
-worker's ``close``, or an internal error in this module), every stream on it
-learns so at once: a consumer blocked in ``receive`` gets
-:class:`~dynamo_trio.Disconnected`.  Nothing a worker sends can raise into
-the pool's nursery: a misbehaving worker ends its own connection only.
-
-:class:`ConnectionPool` shares one connection attempt per address among all
-the callers that want it: the attempt runs in the pool's nursery (a caller
-giving up does not cancel it for the others), is bounded by
-``connect_timeout`` from the TCP connect to ``welcome``, and its failure
-reaches every waiter as :class:`~dynamo_trio.CannotConnect`; the next caller
-after a failure starts a fresh attempt.
+One :class:`ClientConnection` per worker address multiplexes streams, each
+bounded by its credit window; :meth:`ClientStream.kill` is synchronous, and a
+lost connection reaches every stream on it as :class:`~dynamo_trio.Disconnected`
+(docs/protocol.md, "The caller side").
 """
 
 from __future__ import annotations

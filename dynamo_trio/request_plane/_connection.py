@@ -1,45 +1,8 @@
 """The trio edge of one request-plane connection: reader, coalescing writer, heartbeats.
 
-:class:`FrameConnection` owns a byte stream and a
-:class:`~dynamo_trio.request_plane._protocol.ProtocolConnection` whose
-handshake is complete (the server and client modules run the handshake
-first, under its own deadline), and runs three tasks in its own nursery for
-as long as the connection lives:
-
-* the **reader** feeds received bytes to the protocol and hands the frames it
-  returns to a synchronous callback (which must not block: it only routes
-  frames to streams);
-* the **writer** sends what the senders queued.  Senders call the synchronous
-  :meth:`FrameConnection.send`, which encodes into the protocol's outbox.  A
-  frame sent while the writer is idle goes straight to the socket, from the
-  sender's task (a TCP socket, checked open right before the write, nothing
-  awaited in between: no later frame can overtake it), and what the socket
-  does not take at once goes back to the head of the outbox for the writer.
-  Otherwise the writer is woken, and everything queued while a write
-  is in progress goes out in the next single ``send_all``, so many small
-  frames cost one system call.  Only a connection carrying at most one
-  stream writes directly, and only the first few frames after a quiet moment
-  (:data:`_DIRECT_BURST` per millisecond, and again after each received batch
-  or write): bursts, and the frames of many streams, are the writer's to
-  coalesce.  (A request and its answer then cost no writer task step on
-  either side; with many streams the receiving side would pay for the
-  smaller batches);
-* the **heartbeat** sends a ``ping`` every interval and declares the
-  connection dead when no valid frame has arrived for ``heartbeat_timeout``
-  seconds (a half-open peer: its kernel may ACK, but its process is gone).
-  Only whole, valid frames count as life, never stray bytes: a peer that
-  trickles a byte at a time is cut off like a silent one.  Silence only
-  counts while this process was awake to hear it: after a local stall (a long
-  GC pause, a handler blocking the loop) the peer gets a fresh window, since
-  its frames may be waiting unread in the socket.
-
-:meth:`FrameConnection.run` returns when the connection is over, for whatever
-reason (EOF, reset, heartbeat timeout, protocol violation, the peer's
-``close``, local close), and records why in
-:attr:`FrameConnection.close_reason`.  Network failures never escape as
-exceptions: for this layer they are how connections end.  Nor does anything
-the peer does make :meth:`FrameConnection.send` raise: on a closed connection
-a frame is simply dropped (``send`` returns ``False``).
+:class:`FrameConnection` runs the three tasks of an authenticated connection in
+its own nursery until the connection ends, for whatever reason; network failures
+end it and never escape as exceptions (docs/protocol.md, "One connection's tasks").
 """
 
 from __future__ import annotations
@@ -135,8 +98,8 @@ class FrameConnection:
         self._last_received = 0.0
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
-        # A plain TCP socket can take a frame from the sender's task (see the
-        # module docstring); a TLS stream always goes through the writer.
+        # A plain TCP socket can take a frame from the sender's task (docs/protocol.md,
+        # "One connection's tasks"); a TLS stream always goes through the writer.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._direct_left = _DIRECT_BURST
         self._direct_since = 0.0

@@ -1,75 +1,8 @@
-"""The request plane's connection state machine, sans I/O.
+"""The request plane's connection state machine, sans I/O (in the manner of h11).
 
-Theory of operation
-===================
-
-:class:`ProtocolConnection` knows everything about what may be said on one
-connection and nothing about sockets or trio, in the manner of h11: bytes go
-in through :meth:`~ProtocolConnection.receive_data` and come back as the frames
-the caller must act on; frames go out through :meth:`~ProtocolConnection.send`
-and accumulate as bytes for :meth:`~ProtocolConnection.data_to_send`.
-
-States
-------
-
-A connection is in one :class:`ConnectionState` at a time; each role uses its
-own subset::
-
-    server:  AWAIT_HELLO -> AWAIT_AUTH -> AUTHENTICATING -> OPEN -> DRAINING
-    client:  AWAIT_CHALLENGE -> AWAIT_WELCOME -> OPEN -> DRAINING
-    both:    any state -> CLOSED  (a close frame either way, or a violation)
-
-``AUTHENTICATING`` is the server holding a client's proof until the I/O layer
-lets it be judged (:meth:`~ProtocolConnection.authenticate`): that is where a
-worker paces failed authentications from one address.  ``DRAINING`` is after
-``goaway`` (sent by a server, received by a client): open streams go on, new
-ones are refused.  ``CLOSED`` is final.
-
-The tables
-----------
-
-What *receiving* each frame type does, in each state, is written down as data:
-:data:`RECEIVE` maps ``(role, state, frame type)`` to a :class:`Receive`
-action and the state it leads to.  What local code may *send* is the same kind
-of table, :data:`SEND`, with :class:`Send` actions.  Every combination is in
-the tables (a test checks it), so nothing is decided by a fall-through.  The
-rules the tables encode:
-
-1. Before ``welcome`` a peer can do nothing but the next handshake step or
-   ``close``: any other frame is a violation, answered with ``close`` and the
-   end of the connection.  An unauthenticated peer never reaches the stream
-   table, and the decoder accepts at most
-   :data:`~dynamo_trio.request_plane._frames.HANDSHAKE_MAX_FRAME_SIZE` bytes
-   per frame until then.
-2. A ``close`` received in any state ends the connection in order: the state
-   becomes ``CLOSED`` and the frame is returned, so the I/O layer ends its
-   streams (transport lost / Disconnected).  Nothing after it counts.
-3. In ``CLOSED`` everything received is dropped, and every send of a frame
-   this role may send is *dropped* (``send`` returns ``False``), never an
-   error: whether the connection is still open is the peer's decision, and
-   nothing a peer sends may make a local send raise.  Only a frame this role
-   may never send (a server sending ``req``), or a broken stream rule (an
-   ``item`` without credit), raises ``RuntimeError``: that is a local bug.
-4. Benign races are absorbed silently: a ``ctl`` or ``credit`` that crossed
-   its stream's terminal frame, an ``item`` or ``end`` for a stream the client
-   already killed.  Such frames are not returned.  Anything else out of place
-   raises :class:`~dynamo_trio.ProtocolError`, after queueing a ``close`` frame
-   that tells the peer why (the caller flushes it best-effort and drops the
-   connection).
-
-Some requests are answered here without involving the caller: a ``req`` whose
-fields are out of range gets ``err InvalidArgument`` (the stream never opens),
-one beyond the stream limit ``err ResourceExhausted``, and one after ``goaway``
-``err EngineShutdown``.
-
-Credits: the client grants ``window`` credits in ``req`` and more with
-``credit``; each ``item`` costs one.  The server must hold a credit to send an
-item (:meth:`ProtocolConnection.credits`); a client that receives more items
-than it granted has a misbehaving peer.
-
-:attr:`ProtocolConnection.frames_received` counts every valid frame received
-(including pings and absorbed races): the I/O layer treats only that as a sign
-of life, never a stray byte.
+:data:`RECEIVE` and :data:`SEND` map ``(role, state, frame type)`` to an action
+and the next state; each action names the one method that carries it out, so
+the tables are the dispatch.  docs/protocol.md has the rules they encode.
 """
 
 from __future__ import annotations
@@ -79,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 from contextlib import closing, suppress
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from .._errors import (
     DynamoError,
@@ -113,9 +46,13 @@ from ._frames import (
 from ._validate import MAX_CREDIT, validate_request
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ._frames import Frame, WireFrame
+
+    # A method carrying out one action; its frame is the types its table cells admit.
+    _OnReceive = Callable[["ProtocolConnection", Any], Frame | None]
+    _OnSend = Callable[["ProtocolConnection", Any], bool]
 
 __all__ = [
     "RECEIVE",
@@ -201,6 +138,8 @@ class Send(enum.Enum):
 
 _S = ConnectionState
 _Cell = TypeVar("_Cell")
+_Action = TypeVar("_Action")
+_Method = TypeVar("_Method")
 _Transition = tuple[Receive, ConnectionState | None]
 _V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
 _DROP: Final[_Transition] = (Receive.DROP, None)
@@ -299,11 +238,6 @@ RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
     **_CLIENT_RECEIVES,
 }
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
-
-# The same table regrouped for the receive path: one lookup by frame type per frame.
-_RECEIVE_BY_STATE: Final[dict[tuple[Role, ConnectionState], dict[type, _Transition]]] = {}
-for (_role, _state, _type), _rule in RECEIVE.items():
-    _RECEIVE_BY_STATE.setdefault((_role, _state), {})[_type] = _rule
 
 _SendRule = tuple[Send, ConnectionState | None]
 _BUG: Final[_SendRule] = (Send.BUG, None)
@@ -425,7 +359,8 @@ class ProtocolConnection:
         nonce: bytes | None = None,
     ) -> None:
         self.role: Final = role
-        self._actions: dict[type, _Transition] = {}
+        self._on_receive: Mapping[type, tuple[_OnReceive, ConnectionState | None]] = {}
+        self._on_send: Mapping[type, tuple[_OnSend, ConnectionState | None]] = {}
         self.state = _S.AWAIT_HELLO if role is Role.SERVER else _S.AWAIT_CHALLENGE
         self.peer_name = ""
         """The other end's name, from its handshake frame."""
@@ -450,20 +385,19 @@ class ProtocolConnection:
         self._streams: dict[int, _StreamState] = {}
         self._killed: set[int] = set()  # (client) killed streams still owed a terminal frame
         self._last_sid = 0
-        self._table: Final = _SERVER_RECEIVES if role is Role.SERVER else _CLIENT_RECEIVES
-        self._send_table: Final = _SERVER_SENDS if role is Role.SERVER else _CLIENT_SENDS
 
     # ------------------------------------------------------------------ queries
 
     @property
     def state(self) -> ConnectionState:
-        """Where the connection is in its life (see the module docstring)."""
+        """Where the connection is in its life (docs/protocol.md has the states)."""
         return self._state
 
     @state.setter
     def state(self, state: ConnectionState) -> None:
         self._state = state
-        self._actions = _RECEIVE_BY_STATE[self.role, state]
+        self._on_receive = _RECEIVE_DISPATCH[self.role, state]
+        self._on_send = _SEND_DISPATCH[self.role, state]
 
     @property
     def closed(self) -> bool:
@@ -523,54 +457,64 @@ class ProtocolConnection:
                 rule is broken (a local bug, never the peer's doing).
         """
         key = RawRequest if isinstance(frame, Request) else type(frame)
-        action, next_state = self._send_table[self.role, self.state, key]
-        if action is Send.BUG:
-            raise RuntimeError(
-                f"a {self.role.value} may not send {frame_tag(frame)!r} "
-                f"frames when {self.state.value}"
-            )
-        if action is Send.DROP:
+        on_send, next_state = self._on_send[key]
+        if not on_send(self, frame):
             return False
-        if action is Send.ITEM:
-            assert isinstance(frame, Item)
-            stream = self._streams.get(frame.sid)
-            if stream is None or stream.credits <= 0:
-                raise RuntimeError(f"no credit to send an item on stream {frame.sid}")
-            self._encode(frame)
-            stream.credits -= 1
-        elif action is Send.TERMINAL:
-            assert isinstance(frame, End | Error)
-            if frame.sid not in self._streams:
-                raise RuntimeError(f"stream {frame.sid} is not open")
-            self._encode(frame)
-            del self._streams[frame.sid]
-        elif action is Send.REQUEST:
-            assert isinstance(frame, Request)
-            if frame.sid <= self._last_sid or frame.window <= 0:
-                raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
-            self._encode(frame)
-            self._last_sid = frame.sid
-            self._streams[frame.sid] = _StreamState(frame.window)
-        elif action is Send.CONTROL:
-            assert isinstance(frame, Control)
-            if frame.sid not in self._streams:
-                return False
-            self._encode(frame)
-            if frame.action == "kill":
-                # Whatever still arrives for it, up to its terminal frame, is dropped.
-                del self._streams[frame.sid]
-                self._killed.add(frame.sid)
-        elif action is Send.CREDIT:
-            assert isinstance(frame, Credit)
-            stream = self._streams.get(frame.sid)
-            if stream is None:
-                return False
-            self._encode(frame)
-            stream.granted += frame.items
-        else:  # PLAIN, CLOSE, GOAWAY
-            self._encode(frame)
         if next_state is not None:
             self._enter(next_state)
+        return True
+
+    def _send_bug(self, frame: Frame) -> NoReturn:
+        raise RuntimeError(
+            f"a {self.role.value} may not send {frame_tag(frame)!r} frames when {self.state.value}"
+        )
+
+    def _send_drop(self, frame: Frame) -> bool:
+        return False
+
+    def _send_plain(self, frame: Frame) -> bool:
+        self._encode(frame)
+        return True
+
+    def _send_request(self, frame: Request) -> bool:
+        if frame.sid <= self._last_sid or frame.window <= 0:
+            raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
+        self._encode(frame)
+        self._last_sid = frame.sid
+        self._streams[frame.sid] = _StreamState(frame.window)
+        return True
+
+    def _send_item(self, frame: Item) -> bool:
+        stream = self._streams.get(frame.sid)
+        if stream is None or stream.credits <= 0:
+            raise RuntimeError(f"no credit to send an item on stream {frame.sid}")
+        self._encode(frame)
+        stream.credits -= 1
+        return True
+
+    def _send_terminal(self, frame: End | Error) -> bool:
+        if frame.sid not in self._streams:
+            raise RuntimeError(f"stream {frame.sid} is not open")
+        self._encode(frame)
+        del self._streams[frame.sid]
+        return True
+
+    def _send_control(self, frame: Control) -> bool:
+        if frame.sid not in self._streams:
+            return False
+        self._encode(frame)
+        if frame.action == "kill":
+            # Whatever still arrives for it, up to its terminal frame, is dropped.
+            del self._streams[frame.sid]
+            self._killed.add(frame.sid)
+        return True
+
+    def _send_credit(self, frame: Credit) -> bool:
+        stream = self._streams.get(frame.sid)
+        if stream is None:
+            return False
+        self._encode(frame)
+        stream.granted += frame.items
         return True
 
     def data_to_send(self) -> bytearray:
@@ -616,52 +560,28 @@ class ProtocolConnection:
         return accepted
 
     def _receive(self, frame: WireFrame) -> Frame | None:
-        action, next_state = self._actions[type(frame)]
-        if action is Receive.STREAM_RESPONSE and next_state is None:
-            # The hot path, checked first: an item or terminal frame mid-stream.
-            self.frames_received += 1
-            return self._on_stream_response(frame)  # type: ignore[arg-type]
-        if action is Receive.DROP:
-            return None
-        if action is Receive.VIOLATION:
-            raise ProtocolError(self._violation(frame))
+        on_receive, next_state = self._on_receive[type(frame)]
+        result = on_receive(self, frame)
         self.frames_received += 1
-        result: Frame | None = None
-        if action is Receive.PEER_CLOSE:
-            assert isinstance(frame, Close)
-            self.close_frame = frame
-            result = frame
-        elif action is Receive.LIFE:
-            pass
-        elif action is Receive.HELLO:
-            assert isinstance(frame, Hello)
-            self._on_hello(frame)
-        elif action is Receive.CHALLENGE:
-            assert isinstance(frame, Challenge)
-            self._on_challenge(frame)
-        elif action is Receive.AUTH:
-            assert isinstance(frame, Auth)
-            self._proof = frame.proof
-        elif action is Receive.WELCOME:
-            assert isinstance(frame, Welcome)
-            self._on_welcome(frame)
-            result = frame
-        elif action is Receive.GOAWAY:
-            assert isinstance(frame, GoAway)
-            result = frame
-        elif action is Receive.REQUEST:
-            assert isinstance(frame, RawRequest)
-            result = self._on_request(frame)
-        elif action is Receive.STREAM_CONTROL:
-            assert isinstance(frame, Control | Credit)
-            result = self._on_stream_control(frame)
-        else:
-            assert action is Receive.STREAM_RESPONSE
-            assert isinstance(frame, Item | End | Error)
-            result = self._on_stream_response(frame)
         if next_state is not None:
             self._enter(next_state)
         return result
+
+    def _on_violation(self, frame: WireFrame) -> NoReturn:
+        raise ProtocolError(self._violation(frame))
+
+    def _on_drop(self, frame: WireFrame) -> None:
+        raise AssertionError("receive_data() feeds no frame to a closed connection")
+
+    def _on_close(self, frame: Close) -> Close:
+        self.close_frame = frame
+        return frame
+
+    def _on_ping(self, frame: Ping | GoAway) -> None:
+        return None
+
+    def _on_goaway(self, frame: GoAway) -> GoAway:
+        return frame
 
     def _enter(self, state: ConnectionState) -> None:
         self.state = state
@@ -673,7 +593,7 @@ class ProtocolConnection:
     def _violation(self, frame: WireFrame) -> str:
         tag = frame_tag(frame)
         states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
-        if all(self._table[self.role, state, type(frame)] == _V for state in states[:-1]):
+        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
             other = "server" if self.role is Role.CLIENT else "client"
             return f"a {other} may not send {tag!r} frames"
         expected = _EXPECTED.get(self.state)
@@ -744,7 +664,10 @@ class ProtocolConnection:
         )
         return True
 
-    def _on_welcome(self, frame: Welcome) -> None:
+    def _on_auth(self, frame: Auth) -> None:
+        self._proof = frame.proof
+
+    def _on_welcome(self, frame: Welcome) -> Welcome:
         self._check_version(frame.version)
         token = self._token
         if token is not None:
@@ -759,6 +682,7 @@ class ProtocolConnection:
                     "(is DYN_REQUEST_PLANE_TOKEN the same on both sides?)"
                 )
         self.peer_name = frame.peer[:200]
+        return frame
 
     # ---------------------------------------------------------- streams
 
@@ -825,3 +749,48 @@ class ProtocolConnection:
         else:
             del self._streams[frame.sid]
         return frame
+
+
+_ON_RECEIVE: Final[Mapping[Receive, _OnReceive]] = {
+    Receive.VIOLATION: ProtocolConnection._on_violation,
+    Receive.DROP: ProtocolConnection._on_drop,
+    Receive.PEER_CLOSE: ProtocolConnection._on_close,
+    Receive.LIFE: ProtocolConnection._on_ping,
+    Receive.HELLO: ProtocolConnection._on_hello,
+    Receive.CHALLENGE: ProtocolConnection._on_challenge,
+    Receive.AUTH: ProtocolConnection._on_auth,
+    Receive.WELCOME: ProtocolConnection._on_welcome,
+    Receive.GOAWAY: ProtocolConnection._on_goaway,
+    Receive.REQUEST: ProtocolConnection._on_request,
+    Receive.STREAM_CONTROL: ProtocolConnection._on_stream_control,
+    Receive.STREAM_RESPONSE: ProtocolConnection._on_stream_response,
+}
+_ON_SEND: Final[Mapping[Send, _OnSend]] = {
+    Send.BUG: ProtocolConnection._send_bug,
+    Send.DROP: ProtocolConnection._send_drop,
+    Send.PLAIN: ProtocolConnection._send_plain,
+    Send.CLOSE: ProtocolConnection._send_plain,
+    Send.GOAWAY: ProtocolConnection._send_plain,
+    Send.REQUEST: ProtocolConnection._send_request,
+    Send.ITEM: ProtocolConnection._send_item,
+    Send.TERMINAL: ProtocolConnection._send_terminal,
+    Send.CONTROL: ProtocolConnection._send_control,
+    Send.CREDIT: ProtocolConnection._send_credit,
+}
+
+
+def _dispatch(
+    table: Mapping[tuple[Role, ConnectionState, type], tuple[_Action, ConnectionState | None]],
+    methods: Mapping[_Action, _Method],
+) -> dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]:
+    """``table`` regrouped by ``(role, state)``, each action replaced by its method."""
+    assert set(methods) == {action for action, _ in table.values()}
+    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]
+    dispatch = {}
+    for (role, state, frame_type), (action, next_state) in table.items():
+        dispatch.setdefault((role, state), {})[frame_type] = (methods[action], next_state)
+    return dispatch
+
+
+_RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, _ON_RECEIVE)
+_SEND_DISPATCH: Final = _dispatch(SEND, _ON_SEND)

@@ -1,52 +1,10 @@
 """The worker side of the request plane: listening, sessions, and served streams.
 
-A :class:`RequestPlaneServer` accepts TCP connections.  Each becomes a
-:class:`_Session` with its own nursery, which owns the connection's three I/O
-tasks *and* one task per open stream, so nothing a connection started can
-outlive it.
-
-Before a connection may say anything, it must pass the gate, in order:
-
-1. the **connection caps**: at most ``max_connections`` at once (a connection
-   beyond it is refused at once with a ``close`` frame saying why), and at most
-   ``max_handshakes`` of them not yet authenticated: a new connection beyond
-   that one takes the slot of the connection that has been in its handshake
-   longest, which is dropped, so that connections proving nothing cannot keep
-   out one that can;
-2. the **handshake deadline**: TLS (when configured) and the request-plane
-   handshake must complete within ``handshake_timeout`` seconds, reading at
-   most a few KiB (the handshake frame limit);
-3. **authentication**: the client's proof is judged on its turn
-   (:class:`~dynamo_trio.request_plane._throttle.AuthTurns`): failed guesses are
-   paced in total, and turns go round the sources, so guessing neither goes
-   fast nor keeps out a peer that knows the token.
-
-Refusals and failures are logged at most once per kind every few seconds
-(:class:`~dynamo_trio._ratelimit.LogLimiter`), never once per
-hostile frame.
-
-Every ``req`` frame becomes a :class:`ServerStream` holding the worker-side
-:class:`~dynamo_trio.Context` (same request id, the caller's remaining time as
-its deadline) and is handed to the runtime's stream handler in a new task.
-From then on this module translates the wire into context transitions:
-
-* ``ctl stop`` -> ``context.stop(reason)``; ``ctl kill`` -> ``context.kill(reason)``;
-* the connection ending for any reason (the peer's ``close`` included) ->
-  ``context.kill(TRANSPORT_LOST)`` for every stream still open on it;
-* ``credit`` frames wake a handler waiting to send.
-
-The first cancel signal that the handler did not give itself (a control
-frame, the transport, the caller's deadline, the worker's shutdown) is
-recorded once per stream in :attr:`ServerStream.cancel_signal`, which is what
-the worker's cancellation metric counts: a control frame followed by the
-socket closing is one cancellation, and a handler stopping its own context is
-none.
-
-Containment: each stream's task and each connection's task contain every
-exception (``BaseException`` included; ``trio.Cancelled`` always propagates).
-An exception that escapes a stream handler ends that stream with an ``err``;
-one that escapes a connection's own code ends that connection, whose streams
-are killed as transport lost.  Either is logged once, at a bounded rate.
+Each connection is a session whose nursery owns its I/O tasks and one task per
+open stream; a connection passes caps, a handshake deadline and paced
+authentication before it may open a stream, and each ``req`` becomes a
+:class:`ServerStream` driving a worker-side :class:`~dynamo_trio.Context`
+(docs/protocol.md, "The worker side").
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Pacing failed authentications in total, without locking anyone out.
 
-A worker with a token must make guessing it slow, and a peer that guesses must
-not keep out one that knows the token, even from the same address (a NAT, a
-shared host).  Before :class:`AuthTurns` judges a connection's proof, the
-connection waits for its turn:
-
-* **in total**, judged *failures* come at most one per :attr:`AuthTurns.interval`
-  (``penalty / 16`` seconds, ``penalty`` being ``DYN_TCP_AUTH_PENALTY_SECS``),
-  after a burst of :attr:`AuthTurns.burst`; a success costs no turn.  Opening
-  more connections, from more addresses, does not guess faster;
-* **per source** (the IPv4 host, or the IPv6 /64), turns go round the sources
-  with a connection waiting, one each, oldest first within a source: a flood
-  from some addresses delays a peer elsewhere by one turn per flooding source,
-  and a peer behind the same address as guessers by one turn per guess waiting
-  ahead of it, never past its handshake deadline by the flood's choice alone;
-* **per connection**, one proof is judged at most (the handshake has one).
-
-A connection whose turn does not come before its handshake deadline is refused
-(``close throttled``) at that deadline.  Nothing is remembered about a source
-once it has no connection waiting: memory is bounded by the handshake cap.
+Guessing a worker's token must be slow, and a peer that guesses must not keep
+out one that knows the token, even from the same address: :class:`AuthTurns`
+paces judged failures in total and takes turns round the sources
+(docs/protocol.md, "The worker side").
 """
 
 from __future__ import annotations
@@ -59,7 +44,7 @@ class _Waiter:
 
 @final
 class AuthTurns:
-    """Whose proof is judged next, and when (see the module docstring).
+    """Whose proof is judged next, and when (docs/protocol.md, "The worker side").
 
     Args:
         penalty: Failures are judged at most 16 per ``penalty`` seconds in total

@@ -1,19 +1,7 @@
 """TLS for the request plane: building the ``ssl.SSLContext`` of each side.
 
-With ``DYN_TCP_TLS`` on, every request-plane connection runs in a
-:class:`trio.SSLStream`; the frames inside are unchanged.
-
-* A **worker** (server) presents ``tls_cert``/``tls_key``.  With
-  ``tls_client_auth`` it also demands a client certificate signed by
-  ``tls_ca`` (mutual TLS): a caller without one is refused during the TLS
-  handshake, before a single frame is read.  That is the strong form of the
-  shared token: a key that never crosses the wire and can be revoked per client.
-* A **caller** (client) verifies the worker's certificate against ``tls_ca``
-  (or the system's trust store when it is unset), for the host it connects to
-  or ``tls_server_name``; it presents ``tls_cert``/``tls_key`` as its client
-  certificate when they are set.
-
-TLS 1.2 is the minimum.  Contexts are built once per server or pool.
+Workers present a certificate and may demand one from callers (mutual TLS);
+callers verify the worker's.  Contexts are built once per server or pool.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Checks on the fields of a received ``req`` frame, before a stream is opened.
 
-The frame decoder types only ``sid`` (without it the stream cannot even be
-answered); every other field arrives as whatever msgpack carried and is
-checked here, so that a bad value fails *that stream* with a precise
-:class:`~dynamo_trio.InvalidArgument` naming the field, and never reaches the
-runtime (where ``timeout=NaN`` used to become an ``Unknown`` error deep in the
-context code).
-
-========================  =====================================================
-field                     accepted
-========================  =====================================================
-``endpoint``              a string of 1 to :data:`MAX_NAME_LENGTH` characters
-``instance_id``           an integer in 0 .. 2**64 - 1
-``request_id``            a string of 1 to :data:`MAX_NAME_LENGTH` characters
-``payload``               a JSON-like value: dict (string keys), list, str,
-                          int, float, bool, None, nested to any depth msgpack
-                          decoding allows
-``window``                an integer in 1 .. :data:`MAX_WINDOW`
-``timeout``               absent, or a finite number of seconds >= 0
-``headers``               absent, or a map of at most :data:`MAX_HEADERS`
-                          string names (1 to :data:`MAX_HEADER_NAME_LENGTH`
-                          characters) to string values (at most
-                          :data:`MAX_HEADER_VALUE_LENGTH` characters)
-========================  =====================================================
+The decoder types only ``sid``; every other field is checked here, so a bad value
+fails that stream alone with an :class:`~dynamo_trio.InvalidArgument` naming the
+field (the accepted ranges are tabled in docs/protocol.md).
 """
 
 from __future__ import annotations
