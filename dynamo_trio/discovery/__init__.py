@@ -1,13 +1,9 @@
 """Discovery: where workers register and where clients find them.
 
-Three backends share one contract (:class:`Discovery`): ``mem`` (one
-process), ``file`` (a directory shared by the processes of one machine, the
-default) and ``etcd`` (an etcd v3 cluster).  :func:`open_discovery` picks one
-from :class:`~dynamo_trio.DiscoveryConfig`; :func:`view_prefix` keeps a live,
-decoded view of a prefix on top of any of them; :mod:`._records` defines the
-records the runtime stores and their keys.  Every key an instance puts is
-owned by it: if the store loses it while the instance lives, the instance
-writes it back within one lease TTL (see :class:`Discovery`).
+Three backends share one contract (:class:`Discovery`): ``mem``, ``file`` (the
+default) and ``etcd``; :func:`open_discovery` picks one, :func:`view_prefix`
+keeps a live decoded view of a prefix, :mod:`._records` defines the runtime's
+records.  docs/discovery.md has the contract and how each backend keeps it.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING

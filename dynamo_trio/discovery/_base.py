@@ -1,37 +1,8 @@
 """The discovery contract: a key-value store where each process holds one lease.
 
-Every backend (``mem``, ``file``, ``etcd``) implements :class:`Discovery`.  The
-model is etcd's, reduced to what the runtime needs:
-
-* A :class:`Discovery` owns exactly one *lease*, acquired when it is entered
-  (``async with``) and kept alive by a background task for as long as the
-  context lasts.  :attr:`Discovery.lease_id` doubles as the worker's instance
-  id.
-* Every ``put`` attaches the key to that lease.  Closing the discovery
-  (:meth:`Discovery.aclose`, or leaving its context) revokes the lease, and all
-  its keys vanish for every reader at once.  A process that dies without
-  closing loses its keys when the lease times out (``lease_ttl`` seconds, plus
-  the backend's poll latency).
-* Every key put through a :class:`Discovery` is *owned* by it until it
-  deletes the key, another instance overwrites it (the last writer owns a
-  key), or the discovery closes.  Whenever the store loses an owned key while
-  its owner lives (someone deleted it, the lease was revoked or expired behind
-  the owner's back, the store was wiped or restarted empty), the owner writes
-  it back, attached to its lease, within one ``lease_ttl``: every backend
-  checks its owned keys every ``lease_ttl / 3``.  A reader sees the key vanish
-  and come back, with the same value and the same lease id (so the same
-  instance id): no new instance, no duplicate, no restart.  So a delete by
-  anyone but the owner is undone; the way to remove a live worker's
-  registration is to stop the worker.
-* Readers take snapshots (``get_prefix``) or watch a prefix (``watch_prefix``):
-  a snapshot followed by every later change, with nothing missed or repeated in
-  between.
-
-A backend provides the storage primitives plus :meth:`Discovery._lifetime`, an
-async context manager that acquires the lease, runs the keepalive task in a
-nursery it owns, and revokes the lease on exit.  ``async with backend:`` runs
-that lifetime; :func:`~dynamo_trio.discovery.open_discovery` picks the backend
-from the configuration.
+A :class:`Discovery` owns one lease for as long as its context lasts; every key
+it puts is attached to it and written back if the store loses it while the
+owner lives (docs/discovery.md, "The contract").
 """
 
 from __future__ import annotations
@@ -191,7 +162,7 @@ def random_lease_id() -> int:
 
 
 class Discovery(abc.ABC):
-    """A key-value store where this process holds one lease (see the module docstring).
+    """A key-value store where this process holds one lease (docs/discovery.md has the contract).
 
     Use as an async context manager; the operations below are valid inside the
     context, until :meth:`aclose`.  Every operation can be cancelled; a

@@ -1,57 +1,8 @@
 """The ``etcd`` backend: a real etcd v3 cluster, through its JSON gateway.
 
-Theory of operation
-===================
-
-*The lease.*  Entering the context grants a lease of ``ceil(lease_ttl)``
-seconds (etcd may raise it to its minimum, about 2 s for a default single
-node; the granted TTL is what counts).  A keepalive task in the context's
-nursery refreshes it every TTL/3.  Its id is :attr:`EtcdDiscovery.lease_id`.
-
-*Losing the lease.*  A lease can end behind our back: etcd restarted without
-its data, the process was paused for longer than the TTL, the network was
-down, or someone revoked it.  The keepalive then reports a TTL of 0 (or a put
-fails with "lease not found").  The backend re-grants a lease *with the same
-id* (etcd lets a client choose the id, so ``lease_id``, the instance id, never
-changes; if etcd answers that the id exists, the lease is alive after all)
-and re-puts every key this instance owns.  Readers see the keys vanish and
-come back, which is the truth: for that while the worker was not registered.
-A repair that fails half-way (etcd went down again) stays pending and is
-retried on the next keepalive tick.
-
-*Lost keys.*  A key can also vanish while the lease lives (someone ran
-``etcdctl del``, or etcd lost its data and a new lease happened to be
-granted).  After each keepalive the backend reads every key it owns in one
-transaction and re-puts those that are missing (or hold another value under
-its lease), so a registration comes back within ``ttl/3`` plus one round
-trip.
-
-*Shared keys.*  A key belongs to the lease of its last writer, as in etcd.  An
-owned key found attached to another lease was overwritten by another
-instance: it is theirs now, and this instance forgets it.  A recovering
-instance re-puts every key it still owns; the runtime's keys embed the
-instance id, so two instances never write the same key.
-
-*Ownership.*  ``put`` records the key in ``_owned`` and ``delete`` forgets
-it; a lock serialises them with recovery and revocation, so a recovery never
-re-puts a key deleted concurrently and never misses one just put.
-
-*Endpoints.*  Every request tries the current endpoint and fails over to the
-next on connection errors (see :mod:`._etcd_gateway`).  At startup, if no
-endpoint grants a lease, entering raises :class:`DiscoveryError`.  Later
-outages are logged and retried (keepalive every TTL/3, watches with backoff).
-
-*Timeouts follow the TTL.*  One attempt at one endpoint may take
-``ttl/3`` seconds (between 0.5 and 5): a member whose host vanished (no
-reset, every packet lost) costs a keepalive one attempt, and the next
-member still refreshes the lease before it expires: the keepalive is due
-``ttl/3`` after the last, fails over after ``ttl/3`` more, and lands well
-within ``ttl``.  With a fixed 5 s a lease shorter than that expired behind
-a dead member, and every instance vanished from discovery for a while.
-The HTTP client ignores proxy settings from the environment (etcd is reached
-directly) and is closed when the context is left.
-
-*Watches* are described in :mod:`._etcd_watch`.
+A lost lease is re-granted with the same id and lost keys are re-put after each
+keepalive, so an instance keeps its identity through etcd restarts; timeouts
+follow the lease TTL (docs/discovery.md, "The etcd backend").
 """
 
 from __future__ import annotations

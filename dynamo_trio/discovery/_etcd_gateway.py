@@ -1,29 +1,8 @@
 """A small client for etcd v3's JSON gRPC gateway, with endpoint failover.
 
-etcd serves its gRPC API as JSON over HTTP/1.1 at ``/v3/...`` (every etcd
-from 3.4 on).  The encoding follows proto3's JSON mapping, which the message
-types below spell out:
-
-* ``bytes`` fields (keys, values, ``range_end``) are base64 strings;
-* 64-bit integers (revisions, lease ids, TTLs) are JSON *strings*, so
-  responses are decoded with ``msgspec``'s non-strict mode, which accepts
-  ``"42"`` for an ``int``;
-* fields equal to their zero value are omitted (``count`` of 0, a watch
-  event's ``type`` of ``PUT``, a keepalive's ``TTL`` once the lease is gone),
-  hence a default on every field;
-* errors are HTTP 4xx/5xx with ``{"error", "message", "code"}``, where
-  ``code`` is the gRPC status code (5 NOT_FOUND, 9 ALREADY_EXISTS,
-  11 OUT_OF_RANGE for a compacted revision, 14 UNAVAILABLE).
-
-:class:`EtcdGateway` sends each request to the current endpoint and moves to
-the next one on a connection-level failure (refused, reset, timed out) or an
-"unavailable" answer, trying each endpoint once per request before giving up
-with :class:`~dynamo_trio.discovery.DiscoveryError`.  The current endpoint is
-shared by every request of the process, and long-lived watch streams follow
-it (:meth:`EtcdGateway.wait_moved_from`): a member that stops answering
-without closing its connections (its host lost, partitioned away) is found
-out by the next unary request, and the watches leave it too.  Anything that does not
-parse as the expected message is reported the same way, never passed on.
+The message types spell out proto3's JSON mapping (base64 bytes, 64-bit integers
+as strings, zero values omitted); :class:`EtcdGateway` moves every request, and
+the watches, to the next endpoint when the current one fails.
 """
 
 from __future__ import annotations

@@ -1,61 +1,9 @@
 """Following an etcd prefix without missing or repeating a change, across broken streams.
 
-Theory of operation
-===================
-
-etcd numbers every change to the keyspace with a *revision*.  The pump keeps
-``latest``, the prefix as etcd last told it, and ``next_revision``, the first
-revision it has not seen.
-
-1. **Start.**  ``watch_prefix`` reads the prefix with ``/v3/kv/range``; the
-   response header carries the store's revision *R* at that moment, so the
-   snapshot is exactly the state at *R*, and the watch starts at *R + 1*.
-   Nothing can fall between the two.
-2. **Follow.**  Every event carries the revision that made it
-   (``mod_revision``, also for deletes).  etcd never splits one revision
-   across two watch responses (a lease revocation deletes all its keys in one
-   revision and one response), so the cursor moves to the last revision + 1
-   after each response and a revision is either fully seen or not at all.
-3. **Resume.**  If the stream breaks (connection reset, endpoint down, EOF,
-   a line that does not parse), the pump reconnects, failing over to the next
-   endpoint, with a short exponential backoff, and asks for
-   ``next_revision`` again: each change is seen once.
-4. **Resynchronise.**  If the history the pump needs was compacted away, etcd
-   cancels the watch with ``compact_revision`` set.  The pump reads the prefix
-   afresh and turns the difference between ``latest`` and that snapshot into
-   events (a key that changed several times shows its last value; a key
-   created and deleted in the lost history is not seen at all), then resumes
-   from the snapshot's revision + 1.  It does the same if, on reconnecting,
-   etcd's revision is *behind* ``next_revision``: the cluster was replaced
-   (restored or wiped), and waiting for the new one to reach the old revision
-   would hide every change until then.
-
-Two tasks: a reader and a deliverer
------------------------------------
-
-The *reader* follows the HTTP stream and appends events to a queue; the
-*deliverer* sends them, in order, into the consumer's channel.  The split is
-forced by httpx: its streaming API is a chain of nested async generators
-(``aiter_lines`` over ``aiter_text`` over ``aiter_raw`` over ...), and closing
-the outer one leaves the inner ones suspended until the garbage collector
-finds them.  So the reader's loop body never awaits and never raises: it
-only ever leaves the chain from *inside* a read (stream end, network error,
-or a cancellation delivered there).  To drop a stream on purpose (compaction,
-garbage) it cancels its own scope and lets the next read observe it.
-
-A reader that never waits cannot be slowed by the consumer, so the queue is
-bounded differently: past ``_MAX_PENDING`` events it is dropped and the
-deliverer sends the difference between what the consumer has seen and
-``latest`` instead.  A consumer that falls far behind gets coalesced state
-changes, like the file backend's; one that keeps up gets every event.
-
-A half-open connection (the member's host vanished, or it was partitioned
-away, without a reset) is not detected by the watch itself: its stream just
-goes quiet.  The lease keepalive of the same process notices a dead member
-within ``ttl/3`` plus one request timeout and moves the shared endpoint
-cursor; a watch whose endpoint is no longer the cursor's drops its stream
-(a third task waits for that) and resumes on the new one, from
-``next_revision`` as always.
+A watch follows revisions, resumes from the first one it has not seen, and
+resynchronises from a fresh read after a compaction or a replaced cluster; its
+reader and deliverer are separate tasks because of how httpx's streams close
+(docs/discovery.md, "Watches").
 """
 
 from __future__ import annotations
@@ -172,7 +120,7 @@ class WatchPump:
                     nursery.start_soon(self._leave_when_abandoned, endpoint, own_scope)
                     try:
                         async for line in lines:
-                            # No await and no raise in here (see the module docstring).
+                            # No await and no raise in here (docs/discovery.md, "Watches").
                             if not own_scope.cancel_called:
                                 self._take(line, own_scope)
                     except (httpx.TransportError, httpx.StreamError) as exc:

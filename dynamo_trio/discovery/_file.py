@@ -1,22 +1,8 @@
 """The ``file`` backend: discovery through a directory shared by the processes of one machine.
 
-The on-disk rules (atomic files, lease heartbeats, garbage collection) are in
-:mod:`._file_store`; this module adds the trio side.  Every blocking file
-operation runs in a worker thread (``trio.to_thread.run_sync``, one call per
-operation or scan; cancelling waits for the call, which is short, so no thread
-outlives its caller).
-
-Watches poll, all of them with one scanner: every ``poll_interval`` seconds, while
-any watch is open, one scan of the whole directory (a few system calls while
-nothing changed, see rule 8 of :mod:`._file_store`) serves every watch and
-``get_prefix``; each watch compares its prefix's part with the part it saw last
-and the differences become its events.  So an idle process costs one scan per
-interval however many prefixes it watches, and a bad file is reported once by
-the process, not once per watch.  A watch therefore
-reports *states*: a key created and deleted between two polls is never seen,
-and several updates between two polls arrive as one.  Nothing is lost in the
-sense that matters for discovery: applying the events to ``initial`` always
-gives the latest scan.
+The on-disk rules are in :mod:`._file_store`; this module adds the trio side:
+blocking calls in worker threads, and one poller serving every watch, which
+therefore reports states rather than every change (docs/discovery.md).
 """
 
 from __future__ import annotations

@@ -1,67 +1,9 @@
 """The on-disk format of the ``file`` backend (blocking code: run it in a worker thread).
 
-Theory of operation
-===================
-
-Several processes on one machine share a directory and no server, so every
-rule below is about what a reader can conclude from the files alone, while
-writers come and go and may be SIGKILLed at any instruction::
-
-    {root}/leases/{lease_id:016x}.lease   {"ttl": 10.0, "pid": 1234}; its mtime is the heartbeat
-    {root}/kv/{escaped key}               {"key": ..., "lease": ..., "value": <base64>}
-    {root}/kv/.tmp-*  {root}/leases/.tmp-*  writes in flight (or left by a crash)
-    {root}/kv/.gc-*                         entries being garbage-collected
-
-1. **Atomic files.**  Every file is written to a ``.tmp-*`` name in the same
-   directory and renamed over its final name (``os.replace``), so a reader
-   sees the old content or the new one, never half of one.
-2. **Liveness.**  An owner touches its lease file every ``ttl/3`` seconds.  An
-   entry is live only if the lease it names has a file whose mtime is at most
-   that lease's own ``ttl`` old (the ttl is read from the lease file, so
-   processes with different settings agree).  A SIGKILLed owner's entries
-   therefore disappear for every reader within about ``ttl``; closing an owner
-   deletes its lease file first, so all its entries vanish at once.
-3. **Garbage collection by whoever notices.**  A reader that finds a stale
-   lease file, or an entry naming a dead lease, removes it.  It never deletes
-   a file it has not judged: it renames the file aside, checks that the file
-   it moved is the version it judged (same inode, mtime and size), and puts it
-   back (without overwriting anything newer) if a writer replaced it in the
-   meantime.
-4. **Order of reading.**  A scan reads the entries *before* it checks the
-   leases.  An owner creates its lease file before writing entries for it, so
-   every entry a scan read has its lease visible to the check that follows,
-   and a recovering owner's fresh entries are never collected by mistake.
-5. **Ownership.**  An owner whose lease file vanished (collected while the
-   owner was paused longer than ttl, or deleted) recreates it and rewrites its
-   entries, as the etcd backend re-grants a lost lease.  Every ``ttl/3`` it
-   also checks each entry it owns (one ``lstat``: the file is still the
-   version it wrote, by :data:`Signature`) and rewrites any that were deleted
-   or spoiled, so a registration comes back within one ttl whatever happened
-   to the directory.
-6. **Names.**  Keys are mapped to one flat directory by percent-encoding every
-   UTF-8 byte outside ``[A-Za-z0-9._-]`` (``/`` becomes ``%2F``, ``~`` becomes
-   ``%7E``, a leading ``.`` becomes ``%2E``), so no key can name a path
-   outside ``kv/`` or collide with the dot-files above or the hashed names
-   below.  The encoding preserves prefixes, so a prefix scan
-   filters on file names.  A key whose name would be too long for the file
-   system is stored under ``~`` plus its SHA-256; such files are always read
-   and matched on the key stored inside.
-7. **Hostile directories.**  Anything can be dropped into a shared directory:
-   FIFOs, sockets, device nodes, directories, symlinks, unreadable or huge
-   files, garbage.  A reader ``lstat``\\ s every name first and opens only
-   regular files, with ``O_NONBLOCK | O_NOFOLLOW`` (so a FIFO swapped in after
-   the ``lstat`` cannot block it either), and reads at most
-   ``max_record_size`` bytes.  Whatever it cannot use is skipped and its
-   verdict cached by :data:`Signature`, so each bad file is reported once
-   (and a flood of them in one summary line), until it changes.
-8. **Change detection.**  An idle reader must cost next to nothing however
-   many entries the directory holds.  Every writer changes ``kv/`` itself
-   (rule 1's rename, a delete, a collection), which moves the directory's
-   mtime, so a reader lists ``kv/`` again only when that mtime moved (or
-   is too recent to be trusted, or ``full_rescan`` seconds have passed, which
-   also catches files edited in place), and within a listing reads only files
-   whose signature changed.  Between listings a poll is one ``lstat`` of
-   ``kv/`` plus one of each lease file its entries name.
+Processes share a directory and no server, and may be SIGKILLed at any
+instruction: atomic renames, lease files whose mtime is the heartbeat, garbage
+collection by whoever notices, and a reader that trusts no file it finds
+(docs/discovery.md, "The file backend", has the numbered rules cited here).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The ``mem`` backend: discovery inside one process, for tests and single-process setups.
 
-A :class:`MemoryStore` holds the keys, which lease each belongs to, and the
-open watches.  Every operation runs to completion without an await in
-between, so a watch's snapshot and its registration for later changes happen
-atomically and no event can fall between them.  Watch channels are unbounded
-because a writer must never wait for a slow reader; a reader that stops
-reading only grows its own queue, and leaving the watch frees it.
-
-A :class:`MemoryDiscovery` owns the keys it puts like the other backends do:
-every ``lease_ttl / 3`` it checks them against the store, and writes back any
-that were deleted (or whose lease was revoked) by someone else.
+Operations never await midway, so a watch's snapshot and its registration are
+atomic; watch channels are unbounded so a writer never waits for a reader.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The records the runtime keeps in discovery, their keys and their encoding.
 
-Layout (every key starts with a version segment so the format can evolve)::
-
-    v1/instances/{namespace}/{component}/{endpoint}/{instance_id:x}   -> Instance
-    v1/models/{namespace}/{quoted model name}/{model_type}/{instance_id:x}  -> ModelCard
-
-Values are JSON (``msgspec.json``), readable with ``etcdctl get`` or ``cat``.
-Unknown fields are ignored when decoding, so a newer writer can add fields
-without breaking older readers.
-Names are validated when a record is built *and* when one is decoded, so a
-record read back from discovery is as trustworthy as one built locally.
-Model names may contain ``/`` (``Qwen/Qwen3-0.6B``): the key carries them
-percent-encoded, the value carries the real name.
+Keys start with a version segment; values are JSON whose unknown fields are
+ignored; names are validated both when a record is built and when it is
+decoded (docs/discovery.md, "Records", has the layout).
 """
 
 from __future__ import annotations

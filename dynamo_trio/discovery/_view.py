@@ -1,21 +1,13 @@
 """A live, decoded view of a prefix, built once on top of ``watch_prefix``.
 
-:func:`view_prefix` opens a watch and runs a pump task (in a nursery owned by
-the context manager) that applies every event to a dict of decoded records.
-Readers take copies (:meth:`PrefixView.items`) and wait for changes with a
-version number, so they never hold a reference to state that is being
-mutated and never miss a change between looking and waiting::
+Readers take copies and wait for changes by version number, so they never hold
+state being mutated nor miss a change between looking and waiting::
 
-    async with view_prefix(discovery, instance_prefix(ns, comp, ep), decode_instance) as view:
+    async with view_prefix(discovery, prefix, decode_instance) as view:
         version = view.version
         while True:
             route_to(view.items())
             version = await view.wait_changed(version)
-
-A value that fails to decode is treated as absent (so a key whose good record
-is overwritten by a bad one leaves the view) and logged at WARNING once per
-value: the first few of a batch (the initial snapshot, a burst of events) by
-name, the rest in one summary line.
 """
 
 from __future__ import annotations
