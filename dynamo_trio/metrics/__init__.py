@@ -1,12 +1,8 @@
 """Prometheus metrics with Dynamo's exact names, counted once per request, and the status server.
 
-Nothing here is global: each process builds one
-:class:`prometheus_client.CollectorRegistry`, one :class:`WorkerMetrics` and/or
-:class:`FrontendMetrics` on it, and passes them down.  Per request, a tracker
-(:class:`RequestTracker`, :class:`FrontendRequestTracker`) records a
-cancellation at most once and the end exactly once, so no code path can count
-twice.  :func:`serve_status` exposes a worker's registry, health and in-flight
-requests over HTTP.
+Nothing here is global: each process builds one registry and its metrics on it
+and passes them down; per request, a tracker records a cancellation at most once
+and the end exactly once (docs/cancellation.md, "Counting cancellations").
 """
 
 from ._frontend import (

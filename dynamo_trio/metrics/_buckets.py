@@ -1,13 +1,4 @@
-"""Histogram bucket bounds, in seconds.
-
-Roughly log-spaced, chosen for what each histogram measures on an LLM server:
-whole requests run from milliseconds (an embedding) to minutes (a long
-generation), first tokens arrive within a few seconds unless a queue or a long
-prefill is in the way, tokens follow each other within tens of milliseconds,
-and a cancellation should take effect within a millisecond or two (anything
-past a second means something ignored it).  ``prometheus_client`` adds the
-``+Inf`` bucket itself.
-"""
+"""Histogram bucket bounds, in seconds, roughly log-spaced for what each histogram measures."""
 
 from __future__ import annotations
 

@@ -3,37 +3,9 @@
 One :class:`FrontendMetrics` per frontend process; one
 :class:`FrontendRequestTracker` per HTTP request::
 
-    tracker = metrics.start_request(model, "chat_completions", "stream")
-    try:
+    with metrics.start_request(model, "chat_completions", "stream") as tracker:
         async for chunk in stream:
             tracker.tokens(chunk.token_count)
-            ...
-    finally:
-        tracker.finish()                 # "success", unless cancelled() came first
-
-or simply ``with metrics.start_request(...) as tracker:``.
-
-Cancellation
-============
-
-``tracker.cancelled(reason)`` counts the request in
-``dynamo_frontend_model_cancellation_total`` *at once* (the client hanging up
-is a fact the moment it is noticed, even if a stop-with-grace keeps the worker
-busy for a few more seconds), and only the first call counts.  A cancelled
-request then finishes as ``status="error", error_type="cancelled"`` whatever
-:meth:`~FrontendRequestTracker.finish` is told: the response never reached the
-client.  Conversely ``finish("error", "cancelled")`` without a prior
-``cancelled()`` counts the cancellation (reason ``"unknown"``), so
-``requests_total{error_type="cancelled"}`` and ``model_cancellation_total``
-always agree.
-
-``dynamo_frontend_disconnected_clients`` keeps Dynamo's name *and* type: a
-gauge that only ever goes up, raised by a cancellation whose reason is
-:attr:`~dynamo_trio.CancelReason.CLIENT_DISCONNECT`.  Dashboards written for
-Dynamo keep working; for a correct counter (rates across restarts) use
-``dynamo_frontend_cancelled_requests_total{reason="client disconnect"}``.  A
-``..._total`` counter under the same base name cannot live beside the gauge in
-one registry, which is why dynamo-trio does not add one.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The once-only bookkeeping behind both request trackers.
 
-Exact counting comes down to two facts about a request, each of which must be
-decided exactly once, and in an order that cannot be argued with:
-
-* *was it told to cancel, when, and why*: the first signal wins; a kill after
-  a stop, or a socket close after a kill frame, is the same cancellation;
-* *has it ended*: the end is recorded once, and a signal arriving after the
-  end is too late to have cancelled anything.
-
-:class:`_Lifecycle` holds both under one lock, so the two questions are
-answered atomically even if a signal and the end race (from a foreign thread,
-say).  The trackers only record metrics when a method here says "this call
-was the one", which is what makes double counting impossible.
+Whether a request was told to cancel, and whether it has ended, are each decided
+exactly once, under one lock, so a signal racing the end (from any thread) is
+still counted once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Metric names, label names and label values, spelled exactly as Dynamo spells them.
 
-Dynamo keeps its names in ``lib/runtime/src/metrics/prometheus_names.rs``
-(modules ``name_prefix``, ``labels``, ``frontend_service`` and
-``work_handler``).  A metric name there is a suffix joined to a prefix with
-``_``: ``dynamo_component`` + ``cancellation_total``.  The constants below are
-the joined names, so that ``grep`` for a name seen on a dashboard finds it.
-
-Names marked *dynamo-trio* do not exist in Dynamo; they carry what Dynamo does
-not measure (the cancellation reason, how long a cancellation took to take
-effect, cancellations still winding down).
-
-Counters keep their exposed ``_total`` spelling here: ``prometheus_client``
-strips a trailing ``_total`` from the name it is given and adds it back on
-exposition, so the same string serves both.
+The constants are Dynamo's prefix and suffix already joined (as in its
+``prometheus_names.rs``), so ``grep`` for a name seen on a dashboard finds it;
+names marked *dynamo-trio* carry what Dynamo does not measure.  Counters keep
+their exposed ``_total`` spelling: ``prometheus_client`` strips and re-adds it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """The worker's status server: ``/metrics``, ``/health``, ``/live``, ``/debug/requests``.
 
-Dynamo's system status server (``lib/runtime/src/system_status_server.rs``),
-on ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``: the status routes of the HTTP edge
-(:mod:`dynamo_trio.edge`), which the frontend answers too, over a worker's
-callbacks.  ``/health`` and ``/live`` are one handler, as in Dynamo:
-``{"status": "ready"|"notready", "uptime": seconds, "endpoints": {name:
-"ready"|"notready"}}`` with 200 or 503; a health callback that raises reads
-as not ready.  Anything else is a 404 (``POST /metrics`` a 405).  There is no
-access log.
-
-No web framework is involved: the edge answers these routes itself, so
-keep-alive connections work (and are closed at shutdown), and a process that
-turns the status server on pays for hypercorn only.
-
-Stopping
---------
-
-Pass ``shutdown_trigger`` (e.g. ``event.wait``) and let it return: the server
-stops accepting, closes idle connections, and gives in-flight scrapes
-:data:`_GRACEFUL_TIMEOUT` seconds.  Cancelling the server's scope also ends
-it at once.
+Dynamo's system status server, on ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``: the HTTP
+edge answers these routes itself, with no web framework, over a worker's
+callbacks; ``shutdown_trigger`` stops it gracefully, cancelling it stops it now.
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """Worker-side request metrics: Dynamo's ``dynamo_component_*`` families, counted exactly.
 
-One :class:`WorkerMetrics` per process, built on the process's registry; one
-:class:`EndpointMetrics` per served endpoint (label children bound once); one
-:class:`RequestTracker` per request::
-
-    metrics = WorkerMetrics(registry)
-    generate = metrics.endpoint("dynamo", "backend", "generate")
+One :class:`WorkerMetrics` per process, one :class:`EndpointMetrics` per served
+endpoint, one :class:`RequestTracker` per request; the request's *outcome*
+decides whether it was cancelled (docs/cancellation.md, "Counting cancellations")::
 
     with generate.start_request() as tracker:
         ctx.add_cancel_callback(lambda _ctx, _state, reason: tracker.cancelled(reason))
-        async with ctx.scope(drain_grace=5.0):
-            ...                                  # run the handler to its end
-        outcome = "killed" if ctx.is_killed() else "stopped" if ctx.is_stopped() else "complete"
+        ...
         tracker.finish(outcome)
-
-What counts as a cancellation
-=============================
-
-``tracker.cancelled(reason)`` says that a cancel signal reached the worker
-(a ``stop`` or ``kill`` frame, the caller's connection dropping, a deadline).
-The first call wins; later ones (the socket closing after the kill frame) are
-ignored.  ``tracker.finish(outcome)`` says how the work ended, once; and it is
-the *outcome* that decides whether the request was cancelled:
-
-* ``"complete"``: the handler produced all of its output.  **Never** a
-  cancellation, even if a signal arrived after the last item (the race that
-  made Dynamo 1.1.0 count ~10% of normal completions);
-* ``"stopped"`` / ``"killed"``: the work was cut short.  **Always** exactly
-  one cancellation, with the signal's reason, or ``"unknown"`` if nobody
-  called ``cancelled()`` (so a cancellation is never missed);
-* ``"error"``: the handler raised; counted in ``errors_total`` and, if a
-  signal had arrived, also as a cancellation.
-
-So ``dynamo_component_cancellation_total`` equals the number of requests that
-ended stopped or killed, plus those that failed after being told to cancel.
 """
 
 from __future__ import annotations
@@ -432,8 +406,9 @@ class RequestTracker:
         here.
 
         Args:
-            outcome: ``"complete"``, ``"stopped"``, ``"killed"`` or ``"error"``;
-                see the module docstring for what each one counts.
+            outcome: ``"complete"`` (never a cancellation), ``"stopped"`` or
+                ``"killed"`` (always exactly one), or ``"error"`` (one if a
+                signal had arrived).
             error_type: Only with ``"error"``; defaults to ``"generate"``
                 (Dynamo's type for a failing handler).
 
