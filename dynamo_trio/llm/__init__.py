@@ -1,23 +1,9 @@
-"""The LLM wire shapes: the engine protocol and the three HTTP APIs, sans-IO.
+"""The LLM wire shapes, sans-IO: the engine protocol and the HTTP APIs translated into it.
 
-Layout (each module has one job; nothing here does I/O):
-
-- ``_protocol``: the engine protocol between frontend and workers (requests,
-  output items, validation on both ends);
-- ``_generation``: folding engine output items into text, finish reason, usage;
-- ``_sampling``: the sampling options every text API maps onto;
-- ``_validate``: reading JSON fields with 400 errors that name the parameter;
-- ``_errors``: :class:`RequestError` and the OpenAI / Anthropic error bodies;
-- ``_json``: decoding request bodies (strict, depth-limited, 400s that say why);
-- ``_limits``: a model's token limits and the errors for requests over them;
-- ``_openai``: chat completions, completions and models;
-- ``_embeddings``: embeddings;
-- ``_images``, ``_speech``, ``_videos``: images, audio speech and videos (``_media``:
-  what they share);
-- ``_responses``: the Responses API;
-- ``_anthropic``: the Anthropic Messages API;
-- ``_sse``: server-sent event encoding;
-- ``_stops``: stop-sequence matching for engines.
+Each private module has one job (``_protocol`` the engine protocol, ``_openai``,
+``_responses``, ``_anthropic``, ``_embeddings``, ``_images``, ``_speech`` and
+``_videos`` an API each, ``_json`` and ``_validate`` reading bodies, ``_sse``
+events); docs/llm.md describes them.
 """
 
 from ._anthropic import (

@@ -1,40 +1,8 @@
 """The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes.
 
-Text conversations only: ``messages`` alternate ``user``/``assistant`` turns
-whose ``content`` is a string or ``text`` blocks; ``system`` is a string or
-``text`` blocks and becomes a leading system message.  ``max_tokens`` is
-required, as in Anthropic's API.  ``top_k`` is passed to the engine,
-``metadata`` is checked and otherwise ignored; other block types (images,
-tool use and results, documents) are refused as unsupported.
-
-Stop reasons:
-
-===================  ======================================================
-engine finish        ``stop_reason`` (``stop_sequence``)
-===================  ======================================================
-stop                 ``end_turn``, or ``stop_sequence`` with the sequence
-                     when the engine names the one it stopped on
-length               ``max_tokens``
-cancelled            ``end_turn``
-===================  ======================================================
-
-A stopped generation is reported as ``end_turn`` with the exact usage of what
-was generated, as Dynamo does (its Anthropic stream is converted from the
-OpenAI one, where ``cancelled`` is already ``stop``).  Anthropic has no
-"cancelled" stop reason; ``refusal``/``pause_turn`` would make clients act on
-something that did not happen.
-
-Streaming events (send each as ``encode_event(event, event=event["type"])``;
-the ``anthropic`` client skips events without an ``event:`` name)::
-
-    message_start, content_block_start, ping,
-    content_block_delta (text_delta) *,
-    content_block_stop, message_delta (stop_reason, usage), message_stop
-
-``message_start`` reports ``input_tokens: 0``: the engine reports usage with
-its last item, so the real input count arrives in ``message_delta``'s usage.
-A failure after the stream started is one ``error`` event
-(:meth:`MessagesStream.fail`), which the client raises.
+Text conversations only (other block types are refused); ``max_tokens`` is
+required, as in Anthropic's API.  A stopped generation is ``end_turn`` with the
+exact usage, as Dynamo reports it (docs/llm.md has the stop reasons and events).
 """
 
 from __future__ import annotations

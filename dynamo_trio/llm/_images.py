@@ -1,15 +1,8 @@
 """The OpenAI images API (``POST /v1/images/generations`` and ``/v1/images/edits``).
 
-Both take JSON.  ``prompt`` and ``model`` are required, ``n`` is 1 to 10,
-``size`` is ``"WxH"`` or ``"auto"``, ``response_format`` is ``url`` or
-``b64_json``; an edit also needs ``input_reference`` (the image to edit, a URL
-or base64).  ``stream: true`` (partial images) is refused.  Fields this server
-does not know are passed to the worker.
-
-The worker answers with one item, ``{"data": [{"b64_json" | "url",
-"revised_prompt"?}, ...], "size"?, "quality"?, "background"?, "usage"?}``;
-it may run for a long time first (its denoising steps) and sends nothing
-meanwhile, so that until then a lost worker's request can go to another one.
+The worker answers with one item after its denoising steps and sends nothing
+meanwhile, so until then a lost worker's request can go to another one
+(docs/media.md has the fields).
 """
 
 from __future__ import annotations

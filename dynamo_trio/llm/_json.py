@@ -1,40 +1,8 @@
 """Decoding JSON request bodies: strict, bounded, and with errors that say what is wrong.
 
-:func:`decode_json_body` turns an HTTP request body into a JSON value, or
-raises a 400 :class:`~dynamo_trio.llm.RequestError` that names the problem.
-It is msgspec's decoder (fast, and strict where Python's ``json`` is lax)
-plus three checks msgspec does not make:
-
-=============================  ==============================================
-refused                        why
-=============================  ==============================================
-nesting deeper than the limit  deep bodies cost stack in every recursive
-                               consumer; msgspec itself only stops at the
-                               interpreter's recursion limit (``RecursionError``)
-an object key given twice      JSON leaves the meaning open, and two parsers
-                               that pick different copies disagree on what
-                               was asked (a proxy checks one ``model``, the
-                               server serves the other)
-an integer outside 64 bits     nothing downstream can carry it (the request
-                               plane's msgpack stops at ``[-2**63, 2**64-1]``)
-=============================  ==============================================
-
-msgspec already refuses the rest: invalid UTF-8 (also inside strings), lone
-UTF-16 surrogate escapes, ``NaN``/``Infinity``, numbers too large for a
-float, trailing commas, trailing data.  Their errors are reworded here so
-that the client reads what is wrong and where (``byte 17``).
-
-Cost
-====
-One walk over the decoded containers (not their scalars: a long array of
-numbers or strings is checked in C) gives the depth and the number of object
-members; ``:`` separators in the raw body are counted with ``bytes.count``
-and compared.  Only when some string holds a ``:`` is a *skeleton* built (the
-body without its string literals, by a few C-speed ``bytes`` operations) to
-count the separators exactly.  The same walk range-checks the integers (a
-long array of numbers by ``min``/``max``), and only an integer out of range
-costs a second walk, to name its path.  A typical request pays a few microseconds on top
-of msgspec's decode; a body of millions of containers about as much again.
+:func:`decode_json_body` is msgspec's decoder plus the checks it does not make:
+nesting depth, duplicate object keys, integers beyond 64 bits, each refused with
+a 400 :class:`~dynamo_trio.llm.RequestError` (docs/llm.md, "Request bodies").
 """
 
 from __future__ import annotations

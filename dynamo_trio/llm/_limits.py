@@ -1,25 +1,8 @@
 """A model's token limits, and the errors for requests that ask for more than it can give.
 
-Two places check them:
-
-- the **frontend**, before any worker is called, against the limits the
-  model's card announces (:class:`TokenLimits`): ``max_tokens`` (and its
-  aliases ``max_completion_tokens``, ``max_output_tokens``) and ``min_tokens``
-  may not exceed the most the model can generate;
-- the **engine**, which alone can count the prompt's tokens: the prompt plus
-  the tokens asked for must fit the context window.  It raises
-  :class:`ContextLengthExceeded` (a ``ValueError``, so the runtime reports it
-  as ``InvalidArgument`` with ``caused_by="ContextLengthExceeded"``), and the
-  frontend answers 400 with ``code: "context_length_exceeded"``.
-
-The messages are OpenAI's (Anthropic's for ``/v1/messages``)::
-
-    max_tokens is too large: 100000. This model supports at most 4096 completion
-    tokens, whereas you provided 100000.                  (param max_tokens, code invalid_value)
-
-    This model's maximum context length is 8192 tokens. However, you requested
-    8390 tokens (7390 in the messages, 1000 in the completion). Please reduce the
-    length of the messages or completion.     (param messages, code context_length_exceeded)
+The frontend checks the token counts asked for against the model's card; only
+the engine can count the prompt, so it raises :class:`ContextLengthExceeded`
+when the prompt and completion do not fit (docs/llm.md, "Token limits").
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
 """The OpenAI chat completions, completions and models APIs: parsing and response shapes.
 
-Sans-IO: a parser turns a decoded JSON body into a typed request (or raises a
-400 :class:`~dynamo_trio.llm.RequestError` naming the parameter), the request
-converts to an engine request, and the builders turn engine output items
-into OpenAI objects.  The frontend does the HTTP::
-
-    request = parse_chat_request(body)
-    stream = await client.round_robin(request.to_engine(), context=ctx)
-    if request.stream:
-        chunks = ChatCompletionStream(request, ctx.id())
-        async for item in stream:
-            for chunk in chunks.feed(item.data()):
-                send(encode_event(chunk))
-        for chunk in chunks.finish():
-            send(encode_event(chunk))
-        send(DONE)
-    else:
-        generation = Generation()
-        async for item in stream:
-            generation.feed(item.data())
-        send_json(chat_completion(request, ctx.id(), generation))
-
-Cancelled generations
----------------------
-The OpenAI schema allows ``finish_reason`` in ``stop | length | tool_calls |
-content_filter | function_call`` only; the official client's types refuse
-``"cancelled"`` (``ChatCompletionChunk.model_validate`` fails).  An engine
-``"cancelled"`` is therefore reported as ``"stop"``, as Dynamo's
-``DeltaGenerator`` does: the text produced before the stop is a valid
-(shorter) answer, and the usage that comes with it is exact, so billing and
-``include_usage`` stay right.  ``"length"`` would misreport why it ended.
-
-Unsupported options are refused, not ignored, when ignoring them would
-return something the client did not ask for: ``n`` or ``best_of`` other
-than 1, batch or token-id prompts, ``logprobs``, ``echo``, ``suffix``, a
-non-empty ``logit_bias`` (checked first: token ids to biases in [-100, 100],
-at most 300).  Token counts (``max_tokens``, ``max_completion_tokens``,
-``min_tokens``) are checked against the model's limits by
-``check_limits`` once the model is known.
-Fields this server does not know are ignored, since OpenAI clients send
-extras.
+Sans-IO: a parser turns a decoded body into a typed request (or a 400
+:class:`~dynamo_trio.llm.RequestError` naming the parameter), the request
+converts to an engine request, and :class:`ChatCompletionStream` (streaming) or
+:class:`Generation` (unary) turn engine items into OpenAI objects.  An engine
+``"cancelled"`` is reported as ``"stop"`` (docs/llm.md says why).
 """
 
 from __future__ import annotations
@@ -166,7 +131,7 @@ def parse_chat_request(body: object) -> ChatRequest:
 
     Raises:
         RequestError: 400, naming the parameter, for anything malformed or
-            unsupported (see the module docstring).
+            unsupported (docs/llm.md, "Request bodies").
     """
     obj = expect_object(body, None)
     model = model_name(obj)

@@ -1,92 +1,8 @@
 """The engine protocol: what the frontend sends a worker, and what the worker streams back.
 
-Everything here is plain JSON on the request plane (dicts, lists, strings,
-numbers), described by ``TypedDict`` s so both sides share one definition.
-The HTTP APIs (OpenAI, Responses, Anthropic) are translated into these shapes
-by the frontend; a worker never sees an HTTP body.
-
-Text generation
-===============
-
-Request (:class:`GenerateRequest`)::
-
-    {"model": "m", "request_type": "chat", "messages": [{"role": "user", "content": "hi"}],
-     "max_tokens": 16, "min_tokens": 0, "temperature": 0.7, "top_p": 1.0, "top_k": null,
-     "seed": 42, "stop": ["\\n\\n"], "ignore_eos": false}
-
-``request_type`` is ``"chat"`` (with ``messages``) or ``"completion"`` (with
-``prompt``).  Only ``model`` and ``request_type`` and the text are required;
-every sampling field may be absent or null, meaning "the engine's default".
-``max_tokens: null`` lets the engine pick its own limit.  ``stop`` sequences
-end generation when produced; they are not part of the output text.
-
-Output items (:class:`GenerateOutput`), streamed in order::
-
-    {"text": " quick", "token_ids": [17]}
-    {"text": " fox", "token_ids": [23], "finish_reason": "length",
-     "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
-
-``text`` is a delta: the concatenation of every item's ``text`` is the
-output.  The item carrying ``finish_reason`` is the last one and carries
-``usage``; items after it are ignored.  ``finish_reason`` is:
-
-- ``"stop"``: the model ended on its own (end of sequence, or a stop
-  sequence: then ``stop_sequence`` names it);
-- ``"length"``: ``max_tokens`` was reached;
-- ``"cancelled"``: the request's context was *stopped* and the engine ended
-  early; the item still carries the usage of what was generated (Dynamo's
-  ``LLMEngineOutput::cancelled()``);
-- ``"error"``: generation failed; ``error`` says why.
-
-A stream that ends without a ``finish_reason`` is treated as ``"stop"``.
-A *killed* request produces no last item at all: its stream is abandoned.
-
-Continuations (request migration)
-=================================
-
-A request may carry a ``continuation``: what an earlier attempt at the same
-request already generated before its worker was lost (:class:`Continuation`)::
-
-    {..., "max_tokens": 16, "continuation": {"text": "The quick", "token_ids": [2, 17]}}
-
-``token_ids`` are every token the earlier attempt generated, in order, and
-``text`` the text of its items (what the client has been sent).  The engine
-generates what comes *after* them, as if it had produced them itself:
-
-- they count against ``max_tokens`` and ``min_tokens`` (the limits are for
-  the whole generation: here 14 more tokens at most);
-- stop sequences are matched across the boundary;
-- the items it yields carry only the new text and token ids, so the
-  concatenation of both attempts' items is one generation;
-- ``usage.completion_tokens`` counts the whole generation (the continued
-  tokens included), ``usage.prompt_tokens`` the original prompt.
-
-An engine that works on token ids appends ``token_ids`` to the prompt's; one
-that works on text continues ``text``.  A worker announces that it honours
-continuations on its model card (``register_model(...,
-accepts_continuation=True)``); the frontend migrates a request only to such
-workers, since one that ignored the field would repeat the output.
-
-Embeddings
-==========
-
-Request (:class:`EmbedRequest`)::
-
-    {"model": "m", "request_type": "embedding", "input": ["a", "b"], "dimensions": 8}
-
-Output, one item (:class:`EmbedOutput`)::
-
-    {"embeddings": [[0.1, ...], [0.3, ...]], "usage": {"prompt_tokens": 2}}
-
-Validation
-==========
-
-A worker validates what it receives with :func:`validate_generate_request` /
-:func:`validate_embed_request`, which raise :class:`ValueError` (the runtime
-reports it to the caller as ``InvalidArgument``).  The frontend validates what
-it gets back with :func:`parse_generate_output` / :func:`parse_embed_output`,
-which raise :class:`EngineError`, so a buggy worker fails one request with a
-500 instead of crashing the server.
+Plain JSON on the request plane, described by ``TypedDict`` s both sides share,
+with validation on both ends so a buggy peer fails one request, never the
+process.  docs/llm.md has the shapes, the finish reasons and continuations.
 """
 
 from __future__ import annotations
@@ -115,7 +31,7 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-"""Why a generation ended, as the engine reports it (see the module docstring)."""
+"""Why a generation ended, as the engine reports it (docs/llm.md)."""
 
 _PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -135,7 +51,7 @@ class EngineMessage(TypedDict):
 
 
 class Continuation(TypedDict):
-    """What an interrupted attempt at a request already generated (see the module docstring)."""
+    """What an interrupted attempt at a request already generated (docs/llm.md)."""
 
     text: str
     """The text of the items already generated (what the client has been sent)."""
@@ -144,7 +60,7 @@ class Continuation(TypedDict):
 
 
 class GenerateRequest(TypedDict):
-    """A text-generation request (see the module docstring)."""
+    """A text-generation request (docs/llm.md)."""
 
     model: str
     request_type: Literal["chat", "completion"]
@@ -176,7 +92,7 @@ class Usage(TypedDict):
 
 
 class GenerateOutput(TypedDict):
-    """One streamed item of a generation (see the module docstring)."""
+    """One streamed item of a generation (docs/llm.md)."""
 
     text: NotRequired[str]
     """The text delta (absent means empty)."""

@@ -1,41 +1,8 @@
 """The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes.
 
-Only text conversations are served: ``input`` is a string (one user
-message) or an array of ``message`` items whose ``content`` is a string or
-``input_text``/``output_text`` parts; ``instructions`` becomes a leading
-system message.  State kept by OpenAI's servers (``previous_response_id``,
-``conversation``, ``background``) is refused as unsupported: this server
-stores nothing, so the whole conversation travels in ``input``.
-
-Outcome of a generation, in the ``response`` object:
-
-===================  ==============  ===========================================
-engine finish        ``status``      ``incomplete_details``
-===================  ==============  ===========================================
-stop                 completed       null
-length               incomplete      ``{"reason": "max_output_tokens"}``
-cancelled            cancelled       null
-===================  ==============  ===========================================
-
-A stopped generation is reported as ``status: "cancelled"``, the status
-OpenAI uses for a response cancelled on request; ``incomplete_details.reason``
-only allows ``max_output_tokens``, ``max_messages``, ``content_filter`` and
-``steered``, none of which is true.  Its stream ends with
-``response.incomplete`` (there is no ``response.cancelled`` event) carrying
-that ``cancelled`` response; the output message item is ``incomplete``.
-
-Streaming event sequence (each with a ``sequence_number`` counting from 0;
-send each as ``encode_event(event, event=event["type"])``)::
-
-    response.created, response.in_progress,
-    response.output_item.added, response.content_part.added,
-    response.output_text.delta *,
-    response.output_text.done, response.content_part.done,
-    response.output_item.done,
-    response.completed | response.incomplete
-
-A failure after the stream started (:meth:`ResponseStream.fail`) sends an
-``error`` event, then ``response.failed`` with the error in the response.
+Text conversations only, and nothing stored: the whole conversation travels in
+``input``.  A stopped generation is ``status: "cancelled"``, ending its stream
+with ``response.incomplete`` (docs/llm.md has the outcomes and the events).
 """
 
 from __future__ import annotations

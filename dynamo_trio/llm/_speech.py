@@ -1,14 +1,8 @@
 """The OpenAI speech API (``POST /v1/audio/speech``): parsing and the audio body.
 
-``input`` and ``model`` are required; ``response_format`` is one of wav, mp3,
-pcm, flac, aac, opus (default wav); ``speed`` is 0.25 to 4 (default 1);
-``voice``, ``instructions`` and ``language`` are strings.  Fields this server
-does not know are passed to the worker.
-
-The worker yields the audio as it makes it, ``{"audio": BASE64}`` items whose
-bytes, concatenated, are the file (a WAV's header in the first).  For pcm and
-wav at speed 1 the response streams those bytes chunk by chunk; otherwise
-(a codec that needs the whole signal, or a tempo change) it is one body.
+The worker yields the file's bytes as it makes them; pcm and wav at speed 1
+stream chunk by chunk, other formats (a codec that needs the whole signal, or
+a tempo change) are one body (docs/media.md has the fields).
 """
 
 from __future__ import annotations

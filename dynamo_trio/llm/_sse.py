@@ -1,38 +1,9 @@
 """Server-sent events: the bytes of one event, a comment, the end of a stream.
 
-An event is ``event:`` (optional), ``id:`` (optional) and one ``data:`` line
-per line of its data, then a blank line (WHATWG HTML, "Server-sent events",
-§9.2.6).  Dict data is JSON-encoded compactly, which never contains a raw
-newline; string data is split on CRLF, CR or LF into several ``data:`` lines,
-which a client joins back with ``"\\n"``.  Everything is UTF-8.
-
-How the three APIs use it:
-
-- OpenAI chat and completions: ``data: {chunk}`` events (no event name), then
-  :data:`DONE`.
-- OpenAI Responses and Anthropic Messages: every event is named after its
-  ``type`` (``encode_event(event, event=event["type"])``).  The Anthropic
-  client *skips* events without an ``event:`` line, so the name is required
-  there.
-- Keep-alive: :func:`keepalive_comment` (a comment line) is ignored by every
-  client, so it is safe in all three streams.
-
-Errors in an OpenAI stream
---------------------------
-:func:`encode_error_event` sends ``event: error`` with the OpenAI error body
-as data::
-
-    event: error
-    data: {"error":{"message":"...","type":"server_error","param":null,"code":null}}
-
-The ``event: error`` name is what Dynamo sends.  The data is what the official
-``openai`` client understands: in its ``Stream.__stream__`` any event whose
-JSON data has a truthy ``"error"`` key raises ``openai.APIError`` carrying the
-message and the body (the event name only matters for ``thread.*`` events).
-A bare ``data:`` line would do for that client; the name also lets generic SSE
-clients (``EventSource.addEventListener("error")``) see it.  For the Anthropic
-API the same encoding with the Anthropic error body is exactly its ``error``
-event, which the ``anthropic`` client raises as an API error.
+One ``data:`` line per line of an event's data (WHATWG HTML, "Server-sent
+events"); dict data is compact JSON, everything UTF-8.  An OpenAI stream's
+error is ``event: error`` with the OpenAI error body, which the ``openai``
+client raises (docs/llm.md, "Server-sent events").
 """
 
 from __future__ import annotations
@@ -94,7 +65,7 @@ def encode_event(
 
 
 def encode_error_event(body: Mapping[str, object]) -> bytes:
-    """An ``event: error`` SSE event carrying an API error body (see the module docstring)."""
+    """An ``event: error`` SSE event carrying an API error body (docs/llm.md)."""
     return encode_event(body, event="error")
 
 

@@ -1,20 +1,9 @@
 """Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter.
 
-The API parsers are written against these helpers so that every rejection
-looks the same: the :class:`~dynamo_trio.llm.RequestError` has status 400, a
-``param`` path such as ``messages[2].content[0].text``, and a message in the
-OpenAI style that repeats the path (``Invalid type for 'max_tokens': expected
-an integer, but got a string instead.``).
-
-JSON facts the helpers enforce, because Python's decoders blur them:
-``true`` is not an integer, integers are accepted where numbers are, and
-non-finite numbers (``NaN``, ``Infinity``, which ``json.loads`` accepts) are
-refused.  A ``null`` value counts as absent.
-
-Bounds shared by every API (each parser adds its own): a model name is at
-most :data:`MAX_MODEL_NAME_LENGTH` characters and a stop sequence at most
-:data:`MAX_STOP_SEQUENCE_LENGTH`; token counts are checked against the
-model's limits once the model is known (:mod:`._limits`).
+Every parser reads through these helpers, so every rejection looks the same: a
+``param`` path such as ``messages[2].content[0].text`` and an OpenAI-style
+message.  ``true`` is not an integer and non-finite numbers are refused, which
+Python's decoders blur.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The videos API (``POST /v1/videos`` and ``/v1/videos/stream``), synchronous.
 
-``prompt`` and ``model`` are required; ``seconds`` is a positive number (or a
-numeric string, as OpenAI sends it), ``size`` is ``"WxH"``,
-``response_format`` is ``url`` or ``b64_json``, ``nvext`` may set ``fps``,
-``num_frames``, ``num_inference_steps``, ``seed``, ``negative_prompt``.
-Fields this server does not know are passed to the worker.
-
-The worker yields one item per frame as it makes it, ``{"index", "progress"
-(0-100), "b64_json" (a JPEG)}``; an item without ``b64_json`` only reports
-progress.  The frontend answers in one of three shapes:
-
-* ``stream: false``: one JSON video object whose ``data`` holds the whole
-  video, its frames as MJPEG (``multipart/x-mixed-replace; boundary=frame``);
-* ``stream: true``: SSE, one ``data:`` event per item, ``event: error`` on a
-  failure, ``data: [DONE]`` at the end;
-* ``/v1/videos/stream``: the MJPEG body itself, one JPEG part per frame,
-  ending with the closing boundary; a failure after the first frame ends it
-  with a JSON part holding the error and no closing boundary.
+The worker yields one item per frame as it makes it; the frontend answers with
+one JSON video object, SSE events, or the MJPEG body itself (docs/media.md has
+the fields and the three shapes).
 """
 
 from __future__ import annotations
