@@ -1,12 +1,7 @@
 """Small encoders for the mock media engines: PNG, baseline JPEG, WAV and PCM.
 
-They need nothing beyond the standard library (``zlib``, ``struct``), so the
-mocker has no imaging dependency: the pictures are simple (bands of colour,
-blocks of 8x8 pixels), but every file is real and any decoder reads it.
-
-The JPEG encoder writes only each block's DC coefficient (its mean colour)
-and an end-of-block: a valid baseline JPEG of flat 8x8 blocks, which is all
-a progress picture needs, in a page of code instead of a DCT.
+Standard library only, so the mocker has no imaging dependency: the pictures
+are simple, but every file is real and any decoder reads it.
 """
 
 from __future__ import annotations

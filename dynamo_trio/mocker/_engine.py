@@ -1,53 +1,9 @@
 """The mock LLM engine: deterministic text and embeddings at a configurable pace.
 
-Like Dynamo's mocker, it stands in for a real engine so that the runtime,
-the frontend and cancellation can be tested without a GPU.  Its handlers
-implement the engine protocol of :mod:`dynamo_trio.llm`.
-
-Timing (trio time, so tests can use a virtual clock): the first token comes
-``ttft_ms`` after the request starts, then one token every
-``inter_token_latency_ms``, on a fixed schedule: if the consumer is slow
-(backpressure), the engine catches up with the schedule once it is read
-again, as a real engine that kept generating into a buffer would.  With a
-latency of 0 it generates as fast as it can: tokens that are due come in
-bursts of up to :data:`BURST` without a trip through the scheduler (as from
-a Python engine whose generator yields without awaiting), and a kill still
-lands at the next token.
-
-Cancellation:
-
-- **stop** (``context.is_stopped()``): noticed at once, even while waiting
-  for the next token (each wait races the clock against
-  ``context.stopped()``).  The engine then yields one last item with
-  ``finish_reason: "cancelled"``, any text it was holding back, and the
-  usage so far, and returns.
-- **kill**: the runtime cancels the scope the handler runs in, so
-  :class:`trio.Cancelled` arrives at the engine's next checkpoint and
-  propagates; nothing more is yielded.  The engine never catches it.  (A
-  killed context is also stopped; the engine checks for a kill before
-  yielding its "cancelled" item, so that item is not produced under a kill.)
-
-Continuations (request migration): a request carrying ``continuation``
-(what an earlier attempt generated, see :mod:`dynamo_trio.llm`) replays that
-attempt before generating.  The token source is deterministic, so the engine
-draws the same tokens the earlier attempt drew, checks that they *are* the
-continuation's tokens and text (a continuation of another prompt, or one that
-lost or repeated an item, is refused with :class:`ValueError`), feeds them to
-the stop matcher, and goes on from there.  Its items are then exactly the
-items the uninterrupted stream would have had after the cut, the last one
-with the usage of the whole generation: a migrated stream is the stream that
-was never interrupted.
-
-No ``yield`` happens inside a cancel scope or nursery opened by the engine:
-waits are ``with trio.move_on_at(...)`` blocks closed before yielding.
-
-Limits, as a real engine enforces them (and as the model card announces
-them, so the frontend refuses most violations before calling): a
-``max_tokens`` over ``max_output_tokens`` is a ``ValueError``; a prompt that
-leaves no room in ``context_length``, or no room for ``max_tokens`` more, is
-:class:`~dynamo_trio.llm.ContextLengthExceeded` (the frontend's 400
-``context_length_exceeded``).  Without ``max_tokens``, generation stops at
-``default_max_tokens`` or at the end of the context, whichever comes first.
+It stands in for a real engine so the runtime, the frontend and cancellation can
+be tested without a GPU: a stop ends generation with a last ``"cancelled"``
+item, a kill arrives as ``trio.Cancelled`` at the next token, and a continuation
+replays the interrupted attempt exactly (docs/mocker.md has the rules).
 """
 
 from __future__ import annotations
@@ -106,8 +62,8 @@ class MockEngine:
 
         Args:
             request: A text-generation engine request (chat or completion).
-            context: The request's context; see the module docstring for
-                what stop and kill do.
+            context: The request's context (docs/mocker.md says
+                what stop and kill do).
 
         Yields:
             One item per token (``text`` may be empty while text is held back

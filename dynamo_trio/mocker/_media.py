@@ -1,15 +1,8 @@
 """The mock media models: images, videos and speech, one step at a time.
 
-Each handler takes the frontend's engine request (see :mod:`dynamo_trio.llm`'s
-images, videos and speech modules) and works in steps of
-``settings.media_step_ms``: an image's denoising steps (then its ``n``
-pictures, in one item), a video's frames (an item each, with rising
-``progress``), speech's chunks of a tone (an item each).  Between two steps it
-looks at its context: a stop ends the work where it is (what was yielded
-stays valid), a kill cancels the step it is waiting in.
-
-A format the mock cannot encode (webp images; mp3, flac, aac or opus speech)
-is a ``ValueError``: the caller's ``InvalidArgument``.
+Each handler works in steps of ``settings.media_step_ms`` and looks at its
+context between two: a stop ends the work where it is, a kill cancels the step
+it is waiting in.  A format the mock cannot encode is a ``ValueError``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Deterministic text for the mock engine: a pseudo-tokenizer, prompts, tokens, stop sequences.
 
-Nothing here is a real model.  The rules are chosen so tests can predict the
-output exactly:
-
-- a prompt is rendered to one string (chat messages through a fixed
-  template) and counted with a pseudo-tokenizer (runs of word characters and
-  single punctuation marks);
-- generated tokens are drawn from a fixed 64-word vocabulary by a PRNG seeded
-  from a hash of the rendered prompt and the request's ``seed``, so the same
-  prompt and seed always give the same text; every token after the first
-  starts with a space, so the text reads as words;
-- stop sequences are matched across token boundaries by
-  :class:`dynamo_trio.llm.StopMatcher`.
+Nothing here is a real model: the same rendered prompt and seed always give the
+same text, so tests can predict the output exactly (docs/mocker.md).
 """
 
 from __future__ import annotations
