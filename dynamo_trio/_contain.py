@@ -1,16 +1,9 @@
 """Containing whatever a per-request task raises, without ever swallowing a live cancellation.
 
-Per-request code (a worker's handler, the frontend's producer) must end only
-its own request, whatever it raises, BaseException included.  The one thing
-it must never contain is a *live* :class:`trio.Cancelled`: one that an
-enclosing scope is delivering to the task right now (the process shutting
-down, a connection's nursery closing).  Swallowing that breaks trio's
-structured cancellation, so it is split off and re-raised by the caller.
-
-A :class:`trio.Cancelled` that reaches the caller while nothing is cancelling
-its task is *stale*: the request's own code raised it after leaving the scope
-that produced it.  It is then just that code's way out, and is contained like
-``asyncio.CancelledError``.
+Per-request code must end only its own request, whatever it raises.  A *live*
+:class:`trio.Cancelled` (an enclosing scope cancelling the task now) is split
+off and re-raised; a *stale* one, raised after leaving the scope that produced
+it, is that code's way out and is contained like ``asyncio.CancelledError``.
 """
 
 from __future__ import annotations

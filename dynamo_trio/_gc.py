@@ -1,24 +1,9 @@
 """The garbage collector's settings for a long-running serving process.
 
-CPython's cyclic collector runs its youngest generation every 700 net (2,000 on 3.13)
-allocations of container objects (dicts, lists, coroutines, cancel scopes...),
-and every so often a full collection that walks every object in the heap,
-including the tens of thousands that only exist because modules were imported.
-A frontend under load allocates a few hundred such objects per request (its
-tasks, scopes, channels and contexts) that live as long as the request, so
-they are walked again and again while it runs.
-
-:func:`tune_gc` does what long-running Python servers commonly do:
-
-* ``gc.collect()`` then ``gc.freeze()`` once, before the process starts
-  serving: what exists then (modules, classes, functions) moves to a
-  permanent generation that no collection walks again;
-* the youngest generation's threshold is raised (:data:`DEFAULT_GEN0_THRESHOLD`),
-  so most per-request objects are freed by reference counting before a
-  collection ever walks them.  The older generations keep Python's settings.
-
-Cyclic garbage is still collected, in larger batches; the pauses are as many and
-as long as before, the time spent far less (``benchmarks/RESULTS.md``).
+:func:`tune_gc` freezes what exists before the process serves (modules, classes)
+into the permanent generation, and raises the youngest generation's threshold so
+most per-request objects are freed by reference counting before a collection
+walks them; cyclic garbage is still collected, in larger batches.
 """
 
 from __future__ import annotations

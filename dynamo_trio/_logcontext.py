@@ -1,27 +1,9 @@
 """The request a task works for, so that its log lines say which request and trace.
 
-While a worker runs a handler, the runtime binds the request's
-:class:`~dynamo_trio.Context` to a :class:`contextvars.ContextVar`
-(:func:`bind_request`).  trio gives each task a copy of the context variables
-of the task that started it, so the handler, the tasks it starts and the
-runtime's own lines about the request all see it, and nothing else does.
-
-:class:`RequestLogFilter` turns it into fields of each log record:
-
-=====================  =======================================================
-``request_id``         the request's id (``-`` outside a request)
-``trace_id``           its W3C trace id (``-`` outside a request)
-``span_id``            this process's span of the trace (``-`` likewise)
-``request_context``    `` [request_id=... trace_id=...]`` inside a request,
-                       empty outside one: for formats that read well both ways
-=====================  =======================================================
-
-``@dynamo_worker()`` (and the command line) installs the filter on the
-handler it sets up, with the format
-``%(asctime)s %(levelname)-7s %(name)s%(request_context)s: %(message)s``.  An
-application that configures logging itself adds ``RequestLogFilter()`` to its
-own handlers and uses the fields in its format.  Ids chosen by a peer are
-printed escaped (``repr``) when they hold anything but printable characters.
+:func:`bind_request` binds a handler's :class:`~dynamo_trio.Context` to a context
+variable, which trio copies into the tasks the handler starts;
+:class:`RequestLogFilter` turns it into the ``request_id``, ``trace_id``,
+``span_id`` and ``request_context`` fields of each log record.
 """
 
 from __future__ import annotations
@@ -70,7 +52,10 @@ class RequestLogFilter(logging.Filter):
     """Adds ``request_id``, ``trace_id``, ``span_id`` and ``request_context`` to records.
 
     Attach it to a *handler* so that it sees the records of every logger
-    (the application's included).  It never drops a record.
+    (the application's included).  It never drops a record.  Outside a
+    request the ids are ``-`` and ``request_context`` is empty, so a format
+    such as ``%(name)s%(request_context)s: %(message)s`` reads well both ways.
+    Ids chosen by a peer are printed escaped when not printable.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

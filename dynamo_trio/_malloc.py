@@ -1,16 +1,9 @@
 """Large buffers given back to the system as soon as they are freed.
 
-glibc serves an allocation of at least its mmap threshold with a mapping of its
-own, unmapped when it is freed.  But the threshold moves: each time such a
-mapping is freed, the threshold rises to its size (up to 32 MiB on 64-bit), so
-later buffers of that size come from the heap instead, and a heap rarely
-shrinks.  A frontend that received a few request bodies of 16 MiB would keep
-tens of MiB it no longer uses, for good.
-
-:func:`give_back_large_buffers` fixes the threshold (fixing it also stops it
-moving): every buffer of :data:`MMAP_THRESHOLD` or more is a mapping of its
-own, returned when freed.  Small objects are not affected (Python's own
-allocator serves them).  Where the C library is not glibc, nothing changes.
+glibc's mmap threshold rises to the size of each large mapping freed, so later
+buffers of that size come from a heap that rarely shrinks.
+:func:`give_back_large_buffers` fixes the threshold, so every buffer of
+:data:`MMAP_THRESHOLD` or more is a mapping of its own, returned when freed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Log lines a peer can cause, at a bounded rate.
 
-A hostile or broken peer can make a worker refuse connections, fail
-handshakes or break the protocol as often as it likes.  Each such event is
-worth one concise line, not a flood: :class:`LogLimiter` is a token bucket per
-kind of event, letting a short burst through (``burst`` lines), then one line
-per ``interval`` seconds, each saying how many lines like it were suppressed
-since the last.  Kinds are a small fixed set chosen by the caller (never a
-peer's address), so memory stays bounded.
+A hostile peer can cause refusals as often as it likes; each kind is worth one
+concise line, not a flood.  Kinds are a small fixed set chosen by the caller
+(never a peer's address), so memory stays bounded.
 """
 
 from __future__ import annotations

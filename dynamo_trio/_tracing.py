@@ -1,64 +1,8 @@
 """Trace context and request ids: parsed, chosen and formatted here, with no I/O.
 
-Everything in this module is plain data in, plain data out, so the frontend,
-the runtime and the tests share one set of rules.
-
-W3C trace context
-=================
-
-A request belongs to a *trace* (32 lowercase hex digits) and, on each process
-it visits, to a *span* of that trace (16 hex digits).  Each hop tells the next
-one where it is with a ``traceparent`` header (W3C Trace Context, version 00)::
-
-    traceparent: 00-<trace id>-<this hop's span id>-<flags>
-
-and the next hop opens a span of its own whose *parent* is that span.  So on
-every process a request's :class:`~dynamo_trio.Context` exposes, as Dynamo's
-does, ``trace_id`` (the same everywhere), ``span_id`` (its own) and
-``parent_span_id`` (the caller's)::
-
-    HTTP client --traceparent: 00-T-C-01--> frontend   trace T, span F, parent C
-    frontend    --traceparent: 00-T-F-01--> worker A   trace T, span A, parent F
-    worker A    --traceparent: 00-T-A-01--> worker B   trace T, span B, parent A
-
-A ``traceparent`` that is absent or invalid starts a new trace (W3C: an
-invalid one is ignored, never an error, and its ``tracestate`` goes with it).
-:func:`parse_traceparent` follows the W3C parsing rules: lowercase hex only,
-all-zero ids and version ``ff`` refused, a version-00 header exactly 55
-characters, a higher version allowed to carry more fields after a ``-``.
-
-Request ids
-===========
-
-:func:`request_ids` decides a request's id from its HTTP headers:
-
-=====================================  =====================================
-headers sent                           the request's id
-=====================================  =====================================
-neither                                a fresh UUIDv4
-``x-request-id: X``                    ``X``
-``x-dynamo-request-id: D``             ``D``
-both                                   ``D`` (and ``X`` travels along as the
-                                       trace's ``x-request-id``)
-=====================================  =====================================
-
-A given id must be 1 to 256 printable ASCII characters without spaces, in
-either header; anything else is refused (:class:`~dynamo_trio.InvalidRequestId`,
-an HTTP 400 naming the header), never silently replaced.  Dynamo 1.6.1 takes
-its id from ``x-dynamo-request-id`` only if it parses as a UUID (otherwise it
-logs a warning and uses a fresh UUID) and keeps ``x-request-id`` apart, as the
-trace's ``x_request_id``; every id it honours is honoured here the same way.
-
-What travels on the request plane
-=================================
-
-A call's ``req`` frame carries, in its ``headers`` map
-(:func:`request_headers`, :func:`read_request_headers`): ``traceparent``,
-``tracestate`` and ``x-request-id`` when the caller's context has a trace, and
-one ``meta:<key>`` entry per item of the context's ``metadata``.  The request
-plane bounds the map (64 entries, names of at most 256 characters, values of
-at most 8 KiB); :func:`check_metadata` refuses metadata that would not fit,
-before anything is sent.
+Plain data in, plain data out, so the frontend, the runtime and the tests share
+one set of rules: W3C ``traceparent`` parsing, which header names a request's
+id, and the headers a call carries on the request plane (docs/tracing.md).
 """
 
 from __future__ import annotations
