@@ -57,8 +57,6 @@ class WatchPump:
         self._prefix = prefix
         self._send_channel = send_channel
         self.next_revision = next_revision
-        self.reconnects = 0
-        """How many times the stream was reopened (for tests and logs)."""
         # reader side
         self._latest = dict(state)
         self._stop_reason = ""
@@ -104,7 +102,6 @@ class WatchPump:
                 backoff = _MIN_BACKOFF
             await trio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF)
-            self.reconnects += 1
 
     async def _follow(self) -> None:
         """Read one watch stream; it only ends by an exception.

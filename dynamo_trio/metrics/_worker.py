@@ -256,7 +256,6 @@ class EndpointMetrics:
         key: tuple[str, str, str, str | None, tuple[tuple[str, str], ...]],
     ) -> None:
         namespace, component, endpoint, worker_id, extra = key
-        self._families = families
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
         """The ``worker_id`` label's value, if the endpoint has one."""
