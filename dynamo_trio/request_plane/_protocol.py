@@ -571,13 +571,13 @@ class ProtocolConnection:
         raise ProtocolError(self._violation(frame))
 
     def _on_drop(self, frame: WireFrame) -> None:
-        raise AssertionError("receive_data() feeds no frame to a closed connection")
+        """A closed connection's cell (:meth:`receive_data` returns before it)."""
 
     def _on_close(self, frame: Close) -> Close:
         self.close_frame = frame
         return frame
 
-    def _on_ping(self, frame: Ping | GoAway) -> None:
+    def _on_life(self, frame: Ping | GoAway) -> None:
         return None
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
@@ -755,7 +755,7 @@ _ON_RECEIVE: Final[Mapping[Receive, _OnReceive]] = {
     Receive.VIOLATION: ProtocolConnection._on_violation,
     Receive.DROP: ProtocolConnection._on_drop,
     Receive.PEER_CLOSE: ProtocolConnection._on_close,
-    Receive.LIFE: ProtocolConnection._on_ping,
+    Receive.LIFE: ProtocolConnection._on_life,
     Receive.HELLO: ProtocolConnection._on_hello,
     Receive.CHALLENGE: ProtocolConnection._on_challenge,
     Receive.AUTH: ProtocolConnection._on_auth,
