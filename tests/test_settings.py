@@ -1,14 +1,19 @@
-"""Each setting declared once: its variable, its flag and its row in docs/settings.md agree."""
+"""Each setting declared once: its variable, its flag and its row in docs/settings.md agree,
+and each ``dynamo-trio`` command loads only what it runs."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from dynamo_trio import Config
 from dynamo_trio._config import Setting, add_flags, config_from_args, settings, settings_table
+from dynamo_trio.cli import COMMANDS, main
 
 SETTINGS = list(settings())
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
@@ -176,3 +181,68 @@ def test_a_bad_flag_is_refused_as_its_variable_is(flag: str, raw: str) -> None:
         Config.from_env({setting.env: raw})
     with pytest.raises(SystemExit):
         _parser().parse_args([flag, raw])
+
+
+def test_the_dispatcher_names_its_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, code in (([], 2), (["serve"], 2), (["--help"], 0)):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == code
+        out, err = capsys.readouterr()
+        assert f"{{{','.join(COMMANDS)}}}" in (out if code == 0 else err)
+
+
+# What each command may not load: the frontend neither the mocker, the engines nor
+# KServe (not asked for); a mocker nothing of HTTP; an engine worker neither.
+_HTTP = {"quart", "flask", "hypercorn", "dynamo_trio.frontend", "dynamo_trio.edge"}
+_KSERVE = {"dynamo_trio.kserve", "grpc"}
+_FORBIDDEN = {
+    "frontend": ({"dynamo_trio.mocker", "dynamo_trio.engines", *_KSERVE}, True),
+    "run": ({"dynamo_trio.engines", *_KSERVE}, True),
+    "mocker": ({"dynamo_trio.engines", *_HTTP, *_KSERVE}, False),
+    "transformers": ({"dynamo_trio.mocker", "torch", *_HTTP, *_KSERVE}, False),
+    "vllm": ({"dynamo_trio.mocker", "torch", "vllm", *_HTTP, *_KSERVE}, False),
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_command_imports_only_what_it_runs(command: str) -> None:
+    """In a fresh interpreter: the command parses its flags and builds its config
+    (``trio.run`` replaced: nothing serves), or, for the engine workers, which
+    need a checkpoint, shows its help; then its modules are listed."""
+    script = textwrap.dedent(
+        """
+        import sys, trio
+        from dynamo_trio.cli import main
+
+        def report(*args, **kwargs):
+            raise SystemExit(0)
+
+        trio.run = report
+        try:
+            main(sys.argv[1:])
+        except SystemExit as exit:
+            assert exit.code == 0, exit.code
+        print(" ".join(sorted(sys.modules)))
+        """
+    )
+    argv = {"mocker": ["--model-name", "m"], "transformers": ["--help"], "vllm": ["--help"]}
+    done = subprocess.run(
+        [sys.executable, "-c", script, command, *argv.get(command, [])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "DYN_DISCOVERY_BACKEND": "mem"},
+    )
+    loaded = done.stdout.splitlines()[-1].split()  # after any --help
+    forbidden, serves_http = _FORBIDDEN[command]
+    packages = {name for module in loaded for name in _prefixes(module)}
+    assert packages & forbidden == set()
+    assert ("quart" in packages) is serves_http
+    assert "dynamo_trio._config" in packages
+
+
+def _prefixes(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
