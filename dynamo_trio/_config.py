@@ -41,6 +41,7 @@ __all__ = [
     "WorkerConfig",
     "add_flags",
     "config_from_args",
+    "flag_environment",
     "settings",
     "settings_table",
 ]
@@ -316,7 +317,11 @@ class RequestPlaneConfig:
         "DYN_TCP_TLS_CLIENT_AUTH", False, _bool, "workers require client certificates (mTLS)"
     )
     tls_server_name: str | None = _setting(
-        "DYN_TCP_TLS_SERVER_NAME", None, str, "the name in workers' certificates", shown="the host"
+        "DYN_TCP_TLS_SERVER_NAME",
+        None,
+        str,
+        "the name in workers' certificates",
+        shown="the host dialled",
     )
 
 
@@ -338,8 +343,10 @@ class WorkerConfig:
 class SystemConfig:
     """The worker's status server (``/metrics``, ``/health``, ``/live``, ``/debug/requests``)."""
 
-    port: int = _setting("DYN_SYSTEM_PORT", -1, _system_port, "its port (-1: off, 0: any)")
-    host: str = _setting("DYN_SYSTEM_HOST", "127.0.0.1", str, "its address")
+    port: int = _setting(
+        "DYN_SYSTEM_PORT", -1, _system_port, "the status server's port (-1: off, 0: any)"
+    )
+    host: str = _setting("DYN_SYSTEM_HOST", "127.0.0.1", str, "the status server's address")
 
 
 @final
@@ -357,14 +364,14 @@ class FrontendConfig:
         "DYN_STOP_GRACE_SECS",
         5.0,
         _non_negative,
-        "stop: seconds before the kill",
+        "on_disconnect=stop: seconds before the kill",
         flag="--stop-grace",
     )
     keepalive_interval: float = _setting(
         "DYN_SSE_KEEPALIVE_SECS",
         15.0,
         _non_negative,
-        "SSE keep-alive (0: off)",
+        "seconds of SSE silence before a keep-alive (0: off)",
         flag="--sse-keepalive",
     )
     max_body_size: int = _setting(
@@ -416,7 +423,7 @@ class FrontendConfig:
         "DYN_HTTP_STREAM_WRITES_PER_PASS",
         2,
         _non_negative_int,
-        "SSE writes per pass (0: all)",
+        "SSE streams that write per scheduler pass (0: all)",
         flag="--stream-writes-per-pass",
     )
     cleartext_http2: bool = _setting(
@@ -429,7 +436,11 @@ class FrontendConfig:
         "DYN_HTTP2_MAX_RESETS", 100, _positive_int, "HTTP/2 stream resets per connection burst"
     )
     kserve_grpc_port: int | None = _setting(
-        "DYN_KSERVE_GRPC_PORT", None, _port, "a KServe v2 gRPC port (0: any)", shown="none"
+        "DYN_KSERVE_GRPC_PORT",
+        None,
+        _port,
+        "the KServe v2 gRPC server's port (0: any)",
+        shown="none (no server)",
     )
 
     def __post_init__(self) -> None:
@@ -465,7 +476,7 @@ class Config:
         "DYN_GC_THRESHOLD",
         DEFAULT_GEN0_THRESHOLD,
         _non_negative_int,
-        "gen-0 GC threshold (0: Python's)",
+        "youngest-generation GC threshold, heap frozen (0: Python's own)",
     )
 
     def __post_init__(self) -> None:
