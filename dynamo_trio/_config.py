@@ -1,100 +1,55 @@
-"""Every limit, timeout and ``DYN_*`` environment variable, in one frozen object.
+"""Every limit, timeout and ``DYN_*`` environment variable, each declared once.
 
-:class:`Config` is built once per process (``Config.from_env()``), then passed
-down; nothing else in the package reads the environment.  Sections group the
-settings by the part of the system they govern; ``dataclasses.replace`` makes a
-variant (tests shorten timeouts that way).
+A setting is a field of one of the frozen sections below, declared with
+:func:`_setting`: its environment variable, command-line flag (by default the
+variable's name without ``DYN_``: ``DYN_TCP_MAX_STREAMS`` is ``--tcp-max-streams``),
+default, parser and doc.  :meth:`Config.from_env`, every command's flags
+(:func:`add_flags`, :func:`config_from_args`) and the table of docs/settings.md
+(:func:`settings_table`) are read off those declarations.  Flags override the
+environment, which overrides the defaults; a flag's value is parsed and checked
+exactly as its variable's.
 
-=================================  ====================================  ===============
-setting                            environment variable                  default
-=================================  ====================================  ===============
-discovery.backend                  DYN_DISCOVERY_BACKEND                 ``file``
-discovery.file_kv                  DYN_FILE_KV                           ``$TMPDIR/dynamo_store_kv``
-discovery.etcd_endpoints           ETCD_ENDPOINTS (comma separated)      ``http://127.0.0.1:2379``
-discovery.lease_ttl                DYN_LEASE_TTL_SECS                    10
-discovery.poll_interval            DYN_FILE_KV_POLL_SECS                 0.1
-discovery.max_record_size          DYN_DISCOVERY_MAX_RECORD_SIZE         1 MiB
-request_plane.host                 DYN_TCP_RPC_HOST                      ``127.0.0.1``
-request_plane.port                 DYN_TCP_RPC_PORT                      0 (any free port)
-request_plane.advertise_host       DYN_TCP_RPC_ADVERTISE_HOST            the bind host
-request_plane.auth_token           DYN_REQUEST_PLANE_TOKEN               none
-request_plane.max_frame_size       DYN_TCP_MAX_MESSAGE_SIZE              32 MiB
-request_plane.max_streams          DYN_TCP_MAX_STREAMS                   1024 per connection
-request_plane.stream_window        DYN_STREAM_WINDOW                     64 items
-request_plane.max_write_buffer     DYN_TCP_MAX_WRITE_BUFFER              64 MiB per connection
-request_plane.connect_timeout      DYN_TCP_CONNECT_TIMEOUT_SECS          5
-request_plane.heartbeat_interval   DYN_HEARTBEAT_INTERVAL_SECS           1
-request_plane.heartbeat_timeout    DYN_HEARTBEAT_TIMEOUT_SECS            5
-request_plane.max_connections      DYN_TCP_MAX_CONNECTIONS               512 per worker
-request_plane.max_handshakes       DYN_TCP_MAX_HANDSHAKES                64 unauthenticated at once
-request_plane.handshake_timeout    DYN_TCP_HANDSHAKE_TIMEOUT_SECS        5
-request_plane.auth_penalty         DYN_TCP_AUTH_PENALTY_SECS             1 (16 failures per, total)
-request_plane.tls                  DYN_TCP_TLS (1/0)                     on if a TLS file is set
-request_plane.tls_cert             DYN_TCP_TLS_CERT                      none (PEM chain)
-request_plane.tls_key              DYN_TCP_TLS_KEY                       none (PEM key)
-request_plane.tls_ca               DYN_TCP_TLS_CA                        system trust store
-request_plane.tls_client_auth      DYN_TCP_TLS_CLIENT_AUTH (1/0)         0 (1 = mutual TLS)
-request_plane.tls_server_name      DYN_TCP_TLS_SERVER_NAME               the host connected to
-worker.drain_grace                 DYN_DRAIN_GRACE_SECS                  5
-worker.shutdown_grace              DYN_SHUTDOWN_GRACE_SECS               10
-system.port                        DYN_SYSTEM_PORT                       -1 (off)
-system.host                        DYN_SYSTEM_HOST                       ``127.0.0.1``
-frontend.host                      DYN_HTTP_HOST                         ``127.0.0.1``
-frontend.port                      DYN_HTTP_PORT                         8000
-frontend.on_disconnect             DYN_ON_DISCONNECT                     ``kill``
-frontend.stop_grace                DYN_STOP_GRACE_SECS                   5
-frontend.keepalive_interval        DYN_SSE_KEEPALIVE_SECS                15 (0 = off)
-frontend.max_body_size             DYN_HTTP_MAX_BODY_SIZE                16 MiB
-frontend.idle_timeout              DYN_HTTP_IDLE_TIMEOUT_SECS            30
-frontend.body_timeout              DYN_HTTP_BODY_TIMEOUT_SECS            30
-frontend.max_header_size           DYN_HTTP_MAX_HEADER_SIZE              16 KiB
-frontend.max_json_depth            DYN_HTTP_MAX_JSON_DEPTH               64 (at most 256)
-frontend.router_mode               DYN_ROUTER_MODE                       ``round-robin``
-frontend.http_workers              DYN_HTTP_WORKERS                      1 (processes on the port)
-frontend.migration_limit           DYN_MIGRATION_LIMIT                   0 (no migration)
-frontend.backend_stream_timeout    DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS  0 (no bound)
-frontend.max_request_timeout       DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS     0 (no maximum)
-frontend.dead_client_timeout       DYN_HTTP_DEAD_CLIENT_SECS             10 (0 = off)
-frontend.stream_writes_per_pass    DYN_HTTP_STREAM_WRITES_PER_PASS       2 (0 = no limit)
-frontend.cleartext_http2           DYN_HTTP_CLEARTEXT_HTTP2 (1/0)        0 (HTTP/1.1 only)
-frontend.backlog                   DYN_HTTP_BACKLOG                      the kernel's somaxconn
-frontend.http2_max_resets          DYN_HTTP2_MAX_RESETS                  100 per connection
-frontend.kserve_grpc_port          DYN_KSERVE_GRPC_PORT                  none (no gRPC server)
-log_level                          DYN_LOG                               ``info``
-gc_threshold                       DYN_GC_THRESHOLD                      10000 (0 = Python's own)
-=================================  ====================================  ===============
+:class:`Config` is built once per process and passed down; nothing else in the
+package reads the environment.  ``dataclasses.replace`` makes a variant (tests
+shorten timeouts that way).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast, final, get_args
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, Final, Literal, cast, final, get_args
 
 from ._gc import DEFAULT_GEN0_THRESHOLD
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
 __all__ = [
     "Config",
     "DiscoveryConfig",
     "FrontendConfig",
     "RequestPlaneConfig",
+    "Setting",
     "SystemConfig",
     "WorkerConfig",
+    "add_flags",
+    "config_from_args",
+    "flag_environment",
+    "settings",
+    "settings_table",
 ]
 
 DiscoveryBackendName = Literal["mem", "file", "etcd"]
 DisconnectPolicy = Literal["kill", "stop"]
 RouterMode = Literal["round-robin", "random"]
 LogLevel = Literal["debug", "info", "warning", "error"]
-
-_T = TypeVar("_T")
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -103,21 +58,202 @@ MAX_JSON_DEPTH = 256
 """The deepest JSON nesting a frontend may be configured to accept (the depth check's own bound)."""
 
 
+# ---------------------------------------------------------------------------- parsers
+
+
+def _number(low: float, *, strict: bool = False, finite: bool = False) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not (value > low if strict else value >= low) or (finite and math.isinf(value)):
+            above = f"more than {low:g}" if strict else f"{low:g} or more"
+            raise ValueError(f"must be a{' finite' if finite else ''} number, {above}")
+        return value
+
+    return parse
+
+
+def _integer(low: int, high: float = math.inf) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not low <= value <= high:
+            raise ValueError(
+                f"must be an integer from {low}" + (f" to {high}" if high < math.inf else " up")
+            )
+        return value
+
+    return parse
+
+
+@final
+class _Choice:
+    """A parser of one of a ``Literal``'s words."""
+
+    def __init__(self, options: object) -> None:
+        self.allowed: tuple[str, ...] = get_args(options)
+
+    def __call__(self, raw: str) -> Any:
+        if raw not in self.allowed:
+            raise ValueError(f"expected one of {', '.join(self.allowed)}")
+        return raw
+
+
+def _bool(raw: str) -> bool:
+    word = raw.lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/true/yes/on or 0/false/no/off")
+
+
+_positive = _number(0, strict=True)
+_non_negative = _number(0)
+_seconds = _number(0, finite=True)
+_positive_int = _integer(1)
+_non_negative_int = _integer(0)
+_port = _integer(0, 65535)
+
+
+def _system_port(raw: str) -> int:
+    return -1 if int(raw) < 0 else _port(raw)
+
+
+def _log_level(raw: str) -> LogLevel:
+    # Dynamo accepts filters like "debug,dynamo_runtime=info": the first word is the level.
+    word = raw.split(",")[0].strip().lower()
+    return cast(
+        "LogLevel", _Choice(LogLevel)({"trace": "debug", "warn": "warning"}.get(word, word))
+    )
+
+
+def _endpoint_list(raw: str) -> tuple[str, ...]:
+    urls = (url.strip() for url in raw.split(","))
+    endpoints = tuple((u if "://" in u else f"http://{u}").rstrip("/") for u in urls if u)
+    if not endpoints:
+        raise ValueError("no endpoint given")
+    return endpoints
+
+
+_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
+
+
+def _temporary_kv() -> Path:
+    return Path(tempfile.gettempdir()) / "dynamo_store_kv"
+
+
+def _somaxconn() -> int:
+    """The kernel's cap on a listen backlog (a larger one is cut to it); Linux's own default
+    cap where the system does not say."""
+    try:
+        return max(1, int(_SOMAXCONN.read_text()))
+    except (OSError, ValueError):
+        return 4096
+
+
+# ---------------------------------------------------------------------------- declarations
+
+
+@final
+@dataclass(frozen=True)
+class Setting:
+    """One setting's declaration: where it is read from, how, and what it means."""
+
+    name: str
+    """Its path in :class:`Config`: ``frontend.port``."""
+    env: str
+    flag: str | None
+    """``None`` for a secret, which has no place on a command line (``ps`` shows it)."""
+    parse: Callable[[str], object]
+    doc: str
+    default: str
+    """The default, as the docs and ``--help`` show it."""
+
+    def read(self, raw: str) -> object:
+        """``raw`` parsed, or a ValueError naming the variable."""
+        try:
+            return self.parse(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"invalid {self.env}={raw!r}: {exc}") from None
+
+    def check_flag(self, raw: str) -> str:
+        """``raw`` itself if it parses (argparse's ``type``): flags are kept as text and read
+        with the environment, so both go through :meth:`read`."""
+        try:
+            self.parse(raw.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return raw
+
+
+def _setting(
+    env: str,
+    default: Any,
+    parse: Callable[[str], object],
+    doc: str,
+    *,
+    flag: str | None = "",
+    shown: str = "",
+) -> Any:
+    """A dataclass field declaring a setting; a function ``default`` is a factory,
+    ``flag=""`` derives the flag from ``env``."""
+    if flag == "":
+        flag = "--" + env.removeprefix("DYN_").lower().replace("_", "-")
+    if isinstance(parse, _Choice):
+        doc += f": {', '.join(parse.allowed)}"
+    spec = {
+        "env": env,
+        "flag": flag,
+        "parse": parse,
+        "doc": doc,
+        "default": shown or _shown(default),
+    }
+    if isinstance(default, FunctionType):
+        return field(default_factory=default, metadata=spec)
+    return field(default=default, metadata=spec)
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, int) and value and value % MiB == 0:
+        return f"{value // MiB} MiB"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ---------------------------------------------------------------------------- sections
+
+
 @final
 @dataclass(frozen=True, kw_only=True)
 class DiscoveryConfig:
     """Where workers register and clients look them up."""
 
-    backend: DiscoveryBackendName = "file"
-    file_kv: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "dynamo_store_kv")
-    etcd_endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
-    lease_ttl: float = 10.0
-    """Seconds a crashed process's registrations survive it."""
-    poll_interval: float = 0.1
-    """How often the file backend looks for changes."""
-    max_record_size: int = 1 * MiB
-    """Largest record written or read: a ``put`` value (mem, etcd) or a stored entry
-    file (file backend).  Bigger ones are refused by ``put`` and skipped by readers."""
+    backend: DiscoveryBackendName = _setting(
+        "DYN_DISCOVERY_BACKEND", "file", _Choice(DiscoveryBackendName), "where processes meet"
+    )
+    file_kv: Path = _setting(
+        "DYN_FILE_KV",
+        _temporary_kv,
+        Path,
+        "the file backend's directory",
+        shown="$TMPDIR/dynamo_store_kv",
+    )
+    etcd_endpoints: tuple[str, ...] = _setting(
+        "ETCD_ENDPOINTS", ("http://127.0.0.1:2379",), _endpoint_list, "etcd URLs, comma separated"
+    )
+    lease_ttl: float = _setting(
+        "DYN_LEASE_TTL_SECS", 10.0, _positive, "seconds a crashed process's records survive it"
+    )
+    poll_interval: float = _setting(
+        "DYN_FILE_KV_POLL_SECS", 0.1, _positive, "seconds between the file backend's looks"
+    )
+    max_record_size: int = _setting(
+        "DYN_DISCOVERY_MAX_RECORD_SIZE", MiB, _positive_int, "largest record put or read (bytes)"
+    )
 
 
 @final
@@ -125,47 +261,68 @@ class DiscoveryConfig:
 class RequestPlaneConfig:
     """The TCP request plane: addresses, limits and liveness."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    advertise_host: str | None = None
-    auth_token: str | None = None
-    max_frame_size: int = 32 * MiB
-    max_streams: int = 1024
-    """Concurrent streams per connection; more are refused with ResourceExhausted."""
-    stream_window: int = 64
-    """Items a worker may send ahead of the consumer (per-stream flow-control credits)."""
-    max_write_buffer: int = 64 * MiB
-    """Bytes queued for one connection before it is declared stuck and closed."""
-    connect_timeout: float = 5.0
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    """A connection with no whole frame for this long (not even a ping) is dead.
-
-    Stray bytes do not count: a peer trickling bytes is cut off."""
-    max_connections: int = 512
-    """Connections a worker holds at once (authenticated or not); more are refused."""
-    max_handshakes: int = 64
-    """Connections that have not completed the handshake, at once; a new one beyond
-    this takes the slot of the one longest in its handshake."""
-    handshake_timeout: float = 5.0
-    """Seconds a worker gives a new connection to complete TLS and the handshake."""
-    auth_penalty: float = 1.0
-    """Failed authentications are judged at most 16 per this many seconds, in total
-    (after a short burst); turns go round the peers' addresses, so guessers neither
-    guess faster with more connections nor keep out a peer that knows the token."""
-    tls: bool = False
-    """Run the request plane over TLS (both ends must agree)."""
-    tls_cert: Path | None = None
-    """PEM certificate chain: a worker's server certificate, a caller's client certificate."""
-    tls_key: Path | None = None
-    """PEM private key for :attr:`tls_cert`."""
-    tls_ca: Path | None = None
-    """PEM CA bundle: callers verify workers with it (default: the system trust store);
-    workers verify client certificates with it under :attr:`tls_client_auth`."""
-    tls_client_auth: bool = False
-    """A worker requires a client certificate signed by :attr:`tls_ca` (mutual TLS)."""
-    tls_server_name: str | None = None
-    """The name a caller expects in workers' certificates (default: the host it dials)."""
+    host: str = _setting("DYN_TCP_RPC_HOST", "127.0.0.1", str, "the address a worker binds")
+    port: int = _setting("DYN_TCP_RPC_PORT", 0, _port, "the port a worker binds (0: any)")
+    advertise_host: str | None = _setting(
+        "DYN_TCP_RPC_ADVERTISE_HOST", None, str, "the address callers dial", shown="the bind host"
+    )
+    auth_token: str | None = _setting(
+        "DYN_REQUEST_PLANE_TOKEN", None, str, "the connections' shared secret", flag=None
+    )
+    max_frame_size: int = _setting(
+        "DYN_TCP_MAX_MESSAGE_SIZE", 32 * MiB, _positive_int, "largest frame (bytes)"
+    )
+    max_streams: int = _setting(
+        "DYN_TCP_MAX_STREAMS", 1024, _positive_int, "streams at once per connection"
+    )
+    stream_window: int = _setting(
+        "DYN_STREAM_WINDOW", 64, _integer(1, 1 << 24), "items a stream sends ahead of its reader"
+    )
+    max_write_buffer: int = _setting(
+        "DYN_TCP_MAX_WRITE_BUFFER",
+        64 * MiB,
+        _positive_int,
+        "bytes queued before a connection is cut",
+    )
+    connect_timeout: float = _setting(
+        "DYN_TCP_CONNECT_TIMEOUT_SECS", 5.0, _positive, "seconds to connect to a worker"
+    )
+    heartbeat_interval: float = _setting(
+        "DYN_HEARTBEAT_INTERVAL_SECS", 1.0, _positive, "seconds between pings"
+    )
+    heartbeat_timeout: float = _setting(
+        "DYN_HEARTBEAT_TIMEOUT_SECS", 5.0, _positive, "seconds without a whole frame: dead"
+    )
+    max_connections: int = _setting(
+        "DYN_TCP_MAX_CONNECTIONS", 512, _positive_int, "connections a worker holds at once"
+    )
+    max_handshakes: int = _setting(
+        "DYN_TCP_MAX_HANDSHAKES", 64, _positive_int, "connections in their handshake at once"
+    )
+    handshake_timeout: float = _setting(
+        "DYN_TCP_HANDSHAKE_TIMEOUT_SECS", 5.0, _positive, "seconds for TLS and the handshake"
+    )
+    auth_penalty: float = _setting(
+        "DYN_TCP_AUTH_PENALTY_SECS", 1.0, _non_negative, "seconds per 16 failed authentications"
+    )
+    tls: bool = _setting(
+        "DYN_TCP_TLS", False, _bool, "TLS on the request plane", shown="1 if a TLS file is set"
+    )
+    tls_cert: Path | None = _setting("DYN_TCP_TLS_CERT", None, Path, "PEM certificate chain")
+    tls_key: Path | None = _setting("DYN_TCP_TLS_KEY", None, Path, "PEM private key")
+    tls_ca: Path | None = _setting(
+        "DYN_TCP_TLS_CA", None, Path, "PEM CA bundle", shown="the system trust store"
+    )
+    tls_client_auth: bool = _setting(
+        "DYN_TCP_TLS_CLIENT_AUTH", False, _bool, "workers require client certificates (mTLS)"
+    )
+    tls_server_name: str | None = _setting(
+        "DYN_TCP_TLS_SERVER_NAME",
+        None,
+        str,
+        "the name in workers' certificates",
+        shown="the host dialled",
+    )
 
 
 @final
@@ -173,10 +330,12 @@ class RequestPlaneConfig:
 class WorkerConfig:
     """How a worker winds requests down."""
 
-    drain_grace: float = 5.0
-    """After a stop, a handler still running this long is killed."""
-    shutdown_grace: float = 10.0
-    """On SIGINT/SIGTERM, in-flight requests are stopped, then killed after this long."""
+    drain_grace: float = _setting(
+        "DYN_DRAIN_GRACE_SECS", 5.0, _non_negative, "seconds a stopped handler runs before a kill"
+    )
+    shutdown_grace: float = _setting(
+        "DYN_SHUTDOWN_GRACE_SECS", 10.0, _non_negative, "seconds to drain on SIGINT/SIGTERM"
+    )
 
 
 @final
@@ -184,9 +343,10 @@ class WorkerConfig:
 class SystemConfig:
     """The worker's status server (``/metrics``, ``/health``, ``/live``, ``/debug/requests``)."""
 
-    port: int = -1
-    """-1 (or unset) turns the server off; 0 picks a free port."""
-    host: str = "127.0.0.1"
+    port: int = _setting(
+        "DYN_SYSTEM_PORT", -1, _system_port, "the status server's port (-1: off, 0: any)"
+    )
+    host: str = _setting("DYN_SYSTEM_HOST", "127.0.0.1", str, "the status server's address")
 
 
 @final
@@ -194,77 +354,109 @@ class SystemConfig:
 class FrontendConfig:
     """The OpenAI-compatible HTTP frontend."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    namespace: str = "dynamo"
-    on_disconnect: DisconnectPolicy = "kill"
-    stop_grace: float = 5.0
-    """With ``on_disconnect="stop"``: how long the worker may drain before the kill."""
-    keepalive_interval: float = 15.0
-    """Seconds of SSE silence before a keep-alive comment is sent (0 turns them off)."""
-    max_body_size: int = 16 * MiB
-    idle_timeout: float = 30.0
-    """Seconds an idle keep-alive HTTP connection stays open."""
-    body_timeout: float = 30.0
-    """Seconds a client has to send a whole request body; a slower one is answered 408."""
-    max_header_size: int = 16 * KiB
-    """Bytes of request line and headers; more is refused (414 or 431) or the connection closed."""
-    max_json_depth: int = 64
-    """How deeply a JSON request body may nest arrays and objects (at most 256)."""
-    router_mode: RouterMode = "round-robin"
-    http_workers: int = 1
-    """Frontend processes serving the port (``SO_REUSEPORT``); raise it when the
-    frontend, not the engine, is the bottleneck, up to the core count."""
-    migration_limit: int = 0
-    """How many times one request may move to another worker after its worker was
-    lost mid-stream (Dynamo's ``--migration-limit``); 0 turns migration off."""
-    backend_stream_timeout: float = 0.0
-    """Seconds a worker may send nothing (before its first item, or between two)
-    before its request is killed with reason ``inactivity`` and answered 504
-    (Dynamo's ``DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS``); 0 turns it off."""
-    max_request_timeout: float = 0.0
-    """The longest deadline a request may have: an ``x-request-timeout`` header
-    asking for more is cut to it, and a request without one gets it; 0 for none."""
-    dead_client_timeout: float = 10.0
-    """Seconds after which a client whose network went silent (no FIN, no RST) is
-    found out and its request killed: TCP keepalive and ``TCP_USER_TIMEOUT`` on
-    accepted connections; 0 turns them off."""
-    stream_writes_per_pass: int = 2
-    """How many running SSE streams may write per scheduler pass; the rest wait for
-    a later pass, in order, while a new stream's first write never waits, so a busy
-    frontend still answers new requests fast (:mod:`dynamo_trio.frontend._turns`).
-    0: no limit."""
-    cleartext_http2: bool = False
-    """Serve HTTP/2 without TLS (prior knowledge and ``Upgrade: h2c``).  Off: a
-    prior-knowledge preface is answered 505, an upgrade is ignored (HTTP/1.1)."""
-    backlog: int = field(default_factory=lambda: _somaxconn())
-    """Connections the kernel queues for the HTTP port before they are accepted (the
-    ``listen`` backlog); by default the most the kernel allows (``somaxconn``)."""
-    http2_max_resets: int = 100
-    """Streams an HTTP/2 client may reset on one connection in a burst (they come
-    back at a tenth of this per second); beyond it the connection gets GOAWAY
-    (ENHANCE_YOUR_CALM) and is closed: the "rapid reset" flood."""
-    kserve_grpc_port: int | None = None
-    """The port of the KServe v2 gRPC server (on ``host``, beside HTTP; 0: any free
-    port); ``None``: no gRPC server."""
+    host: str = _setting("DYN_HTTP_HOST", "127.0.0.1", str, "the address to bind")
+    port: int = _setting("DYN_HTTP_PORT", 8000, _port, "the port to bind (0: any)")
+    namespace: str = _setting("DYN_NAMESPACE", "dynamo", str, "the namespace served")
+    on_disconnect: DisconnectPolicy = _setting(
+        "DYN_ON_DISCONNECT", "kill", _Choice(DisconnectPolicy), "what a client hang-up does"
+    )
+    stop_grace: float = _setting(
+        "DYN_STOP_GRACE_SECS",
+        5.0,
+        _non_negative,
+        "on_disconnect=stop: seconds before the kill",
+        flag="--stop-grace",
+    )
+    keepalive_interval: float = _setting(
+        "DYN_SSE_KEEPALIVE_SECS",
+        15.0,
+        _non_negative,
+        "seconds of SSE silence before a keep-alive (0: off)",
+        flag="--sse-keepalive",
+    )
+    max_body_size: int = _setting(
+        "DYN_HTTP_MAX_BODY_SIZE", 16 * MiB, _positive_int, "largest request body (bytes)"
+    )
+    idle_timeout: float = _setting(
+        "DYN_HTTP_IDLE_TIMEOUT_SECS", 30.0, _positive, "seconds an idle connection stays"
+    )
+    body_timeout: float = _setting(
+        "DYN_HTTP_BODY_TIMEOUT_SECS", 30.0, _positive, "seconds to send a body, else 408"
+    )
+    max_header_size: int = _setting(
+        "DYN_HTTP_MAX_HEADER_SIZE", 16 * KiB, _positive_int, "largest request head", shown="16 KiB"
+    )
+    max_json_depth: int = _setting(
+        "DYN_HTTP_MAX_JSON_DEPTH", 64, _integer(1, MAX_JSON_DEPTH), "deepest JSON body nesting"
+    )
+    router_mode: RouterMode = _setting(
+        "DYN_ROUTER_MODE", "round-robin", _Choice(RouterMode), "how requests spread over instances"
+    )
+    http_workers: int = _setting(
+        "DYN_HTTP_WORKERS", 1, _positive_int, "processes serving the port (SO_REUSEPORT)"
+    )
+    migration_limit: int = _setting(
+        "DYN_MIGRATION_LIMIT", 0, _non_negative_int, "moves of a request whose worker was lost"
+    )
+    backend_stream_timeout: float = _setting(
+        "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS",
+        0.0,
+        _seconds,
+        "seconds of worker silence: 504 (0: no bound)",
+        flag="--backend-stream-timeout",
+    )
+    max_request_timeout: float = _setting(
+        "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS",
+        0.0,
+        _seconds,
+        "longest deadline (0: none)",
+        flag="--max-request-timeout",
+    )
+    dead_client_timeout: float = _setting(
+        "DYN_HTTP_DEAD_CLIENT_SECS",
+        10.0,
+        _seconds,
+        "seconds to find a silent client (0: off)",
+        flag="--dead-client-timeout",
+    )
+    stream_writes_per_pass: int = _setting(
+        "DYN_HTTP_STREAM_WRITES_PER_PASS",
+        2,
+        _non_negative_int,
+        "SSE streams that write per scheduler pass (0: all)",
+        flag="--stream-writes-per-pass",
+    )
+    cleartext_http2: bool = _setting(
+        "DYN_HTTP_CLEARTEXT_HTTP2", False, _bool, "serve HTTP/2 without TLS (h2c)"
+    )
+    backlog: int = _setting(
+        "DYN_HTTP_BACKLOG", _somaxconn, _positive_int, "the listen backlog", shown="somaxconn"
+    )
+    http2_max_resets: int = _setting(
+        "DYN_HTTP2_MAX_RESETS", 100, _positive_int, "HTTP/2 stream resets per connection burst"
+    )
+    kserve_grpc_port: int | None = _setting(
+        "DYN_KSERVE_GRPC_PORT",
+        None,
+        _port,
+        "the KServe v2 gRPC server's port (0: any)",
+        shown="none (no server)",
+    )
 
     def __post_init__(self) -> None:
         if self.kserve_grpc_port is not None and self.http_workers > 1:
             raise ValueError("the KServe gRPC server runs in one frontend process: http_workers 1")
-        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
-            raise ValueError(
-                f"max_json_depth must be between 1 and {MAX_JSON_DEPTH}, not {self.max_json_depth}"
-            )
-        if self.migration_limit < 0:
-            raise ValueError(f"migration_limit must be 0 or more, not {self.migration_limit}")
-        if self.stream_writes_per_pass < 0:
-            raise ValueError(
-                f"stream_writes_per_pass must be 0 or more, not {self.stream_writes_per_pass}"
-            )
+        depth_ok = 1 <= self.max_json_depth <= MAX_JSON_DEPTH
+        _check(self, "max_json_depth", depth_ok, f"between 1 and {MAX_JSON_DEPTH}")
+        _check(self, "migration_limit", self.migration_limit >= 0, "0 or more")
+        _check(self, "stream_writes_per_pass", self.stream_writes_per_pass >= 0, "0 or more")
         for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
+            _check(self, name, 0 <= getattr(self, name) < math.inf, "finite seconds >= 0")
+
+
+def _check(section: object, name: str, ok: bool, wanted: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {wanted}, not {getattr(section, name)!r}")
 
 
 @final
@@ -277,17 +469,18 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
-    log_level: LogLevel = "info"
-    """Used by the command-line entry points when the application has not set logging up."""
-    gc_threshold: int = DEFAULT_GEN0_THRESHOLD
-    """This process's youngest-generation GC threshold: the ``dynamo-trio`` frontend
-    and mocker processes apply it, and freeze their heap, before they serve
-    (:mod:`dynamo_trio._gc`).  0 leaves Python's collector as it is (a threshold
-    of 700; 2000 on Python 3.13)."""
+    log_level: LogLevel = _setting(
+        "DYN_LOG", "info", _log_level, "debug, info, warning or error", flag="--log-level"
+    )
+    gc_threshold: int = _setting(
+        "DYN_GC_THRESHOLD",
+        DEFAULT_GEN0_THRESHOLD,
+        _non_negative_int,
+        "youngest-generation GC threshold, heap frozen (0: Python's own)",
+    )
 
     def __post_init__(self) -> None:
-        if self.gc_threshold < 0:
-            raise ValueError(f"gc_threshold must be 0 or more, not {self.gc_threshold}")
+        _check(self, "gc_threshold", self.gc_threshold >= 0, "0 or more")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -296,278 +489,82 @@ class Config:
         Raises:
             ValueError: naming the variable, if a value cannot be parsed.
         """
-        env = _Env(os.environ if environ is None else environ)
-        discovery = DiscoveryConfig()
-        request_plane = RequestPlaneConfig()
-        worker = WorkerConfig()
-        system = SystemConfig()
-        frontend = FrontendConfig()
-        tls_cert = env.get("DYN_TCP_TLS_CERT", Path, request_plane.tls_cert)
-        tls_ca = env.get("DYN_TCP_TLS_CA", Path, request_plane.tls_ca)
-        tls_files_given = tls_cert is not None or tls_ca is not None
-        return cls(
-            discovery=DiscoveryConfig(
-                backend=env.choice(
-                    "DYN_DISCOVERY_BACKEND", DiscoveryBackendName, discovery.backend
-                ),
-                file_kv=env.get("DYN_FILE_KV", Path, discovery.file_kv),
-                etcd_endpoints=env.get("ETCD_ENDPOINTS", _endpoint_list, discovery.etcd_endpoints),
-                lease_ttl=env.get("DYN_LEASE_TTL_SECS", _positive, discovery.lease_ttl),
-                poll_interval=env.get("DYN_FILE_KV_POLL_SECS", _positive, discovery.poll_interval),
-                max_record_size=env.get(
-                    "DYN_DISCOVERY_MAX_RECORD_SIZE", _positive_int, discovery.max_record_size
-                ),
-            ),
-            request_plane=RequestPlaneConfig(
-                host=env.get("DYN_TCP_RPC_HOST", str, request_plane.host),
-                port=env.get("DYN_TCP_RPC_PORT", _port, request_plane.port),
-                advertise_host=env.get(
-                    "DYN_TCP_RPC_ADVERTISE_HOST", str, request_plane.advertise_host
-                ),
-                auth_token=env.get("DYN_REQUEST_PLANE_TOKEN", str, request_plane.auth_token),
-                max_frame_size=env.get(
-                    "DYN_TCP_MAX_MESSAGE_SIZE", _positive_int, request_plane.max_frame_size
-                ),
-                max_streams=env.get(
-                    "DYN_TCP_MAX_STREAMS", _positive_int, request_plane.max_streams
-                ),
-                stream_window=env.get("DYN_STREAM_WINDOW", _window, request_plane.stream_window),
-                max_write_buffer=env.get(
-                    "DYN_TCP_MAX_WRITE_BUFFER", _positive_int, request_plane.max_write_buffer
-                ),
-                connect_timeout=env.get(
-                    "DYN_TCP_CONNECT_TIMEOUT_SECS", _positive, request_plane.connect_timeout
-                ),
-                heartbeat_interval=env.get(
-                    "DYN_HEARTBEAT_INTERVAL_SECS", _positive, request_plane.heartbeat_interval
-                ),
-                heartbeat_timeout=env.get(
-                    "DYN_HEARTBEAT_TIMEOUT_SECS", _positive, request_plane.heartbeat_timeout
-                ),
-                max_connections=env.get(
-                    "DYN_TCP_MAX_CONNECTIONS", _positive_int, request_plane.max_connections
-                ),
-                max_handshakes=env.get(
-                    "DYN_TCP_MAX_HANDSHAKES", _positive_int, request_plane.max_handshakes
-                ),
-                handshake_timeout=env.get(
-                    "DYN_TCP_HANDSHAKE_TIMEOUT_SECS", _positive, request_plane.handshake_timeout
-                ),
-                auth_penalty=env.get(
-                    "DYN_TCP_AUTH_PENALTY_SECS", _non_negative, request_plane.auth_penalty
-                ),
-                tls=env.get("DYN_TCP_TLS", _bool, tls_files_given),
-                tls_cert=tls_cert,
-                tls_key=env.get("DYN_TCP_TLS_KEY", Path, request_plane.tls_key),
-                tls_ca=tls_ca,
-                tls_client_auth=env.get(
-                    "DYN_TCP_TLS_CLIENT_AUTH", _bool, request_plane.tls_client_auth
-                ),
-                tls_server_name=env.get(
-                    "DYN_TCP_TLS_SERVER_NAME", str, request_plane.tls_server_name
-                ),
-            ),
-            worker=WorkerConfig(
-                drain_grace=env.get("DYN_DRAIN_GRACE_SECS", _non_negative, worker.drain_grace),
-                shutdown_grace=env.get(
-                    "DYN_SHUTDOWN_GRACE_SECS", _non_negative, worker.shutdown_grace
-                ),
-            ),
-            system=SystemConfig(
-                port=env.get("DYN_SYSTEM_PORT", _system_port, system.port),
-                host=env.get("DYN_SYSTEM_HOST", str, system.host),
-            ),
-            frontend=FrontendConfig(
-                host=env.get("DYN_HTTP_HOST", str, frontend.host),
-                port=env.get("DYN_HTTP_PORT", _port, frontend.port),
-                namespace=env.get("DYN_NAMESPACE", str, frontend.namespace),
-                on_disconnect=env.choice(
-                    "DYN_ON_DISCONNECT", DisconnectPolicy, frontend.on_disconnect
-                ),
-                stop_grace=env.get("DYN_STOP_GRACE_SECS", _non_negative, frontend.stop_grace),
-                keepalive_interval=env.get(
-                    "DYN_SSE_KEEPALIVE_SECS", _non_negative, frontend.keepalive_interval
-                ),
-                max_body_size=env.get(
-                    "DYN_HTTP_MAX_BODY_SIZE", _positive_int, frontend.max_body_size
-                ),
-                idle_timeout=env.get(
-                    "DYN_HTTP_IDLE_TIMEOUT_SECS", _positive, frontend.idle_timeout
-                ),
-                body_timeout=env.get(
-                    "DYN_HTTP_BODY_TIMEOUT_SECS", _positive, frontend.body_timeout
-                ),
-                max_header_size=env.get(
-                    "DYN_HTTP_MAX_HEADER_SIZE", _positive_int, frontend.max_header_size
-                ),
-                max_json_depth=env.get(
-                    "DYN_HTTP_MAX_JSON_DEPTH", _json_depth, frontend.max_json_depth
-                ),
-                router_mode=env.choice("DYN_ROUTER_MODE", RouterMode, frontend.router_mode),
-                http_workers=env.get("DYN_HTTP_WORKERS", _positive_int, frontend.http_workers),
-                migration_limit=env.get(
-                    "DYN_MIGRATION_LIMIT", _non_negative_int, frontend.migration_limit
-                ),
-                backend_stream_timeout=env.get(
-                    "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS",
-                    _seconds,
-                    frontend.backend_stream_timeout,
-                ),
-                max_request_timeout=env.get(
-                    "DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS",
-                    _seconds,
-                    frontend.max_request_timeout,
-                ),
-                dead_client_timeout=env.get(
-                    "DYN_HTTP_DEAD_CLIENT_SECS", _seconds, frontend.dead_client_timeout
-                ),
-                stream_writes_per_pass=env.get(
-                    "DYN_HTTP_STREAM_WRITES_PER_PASS",
-                    _non_negative_int,
-                    frontend.stream_writes_per_pass,
-                ),
-                cleartext_http2=env.get(
-                    "DYN_HTTP_CLEARTEXT_HTTP2", _bool, frontend.cleartext_http2
-                ),
-                http2_max_resets=env.get(
-                    "DYN_HTTP2_MAX_RESETS", _positive_int, frontend.http2_max_resets
-                ),
-                backlog=env.get("DYN_HTTP_BACKLOG", _positive_int, frontend.backlog),
-                kserve_grpc_port=env.get("DYN_KSERVE_GRPC_PORT", _port, frontend.kserve_grpc_port),
-            ),
-            log_level=env.get("DYN_LOG", _log_level, "info"),
-            gc_threshold=env.get("DYN_GC_THRESHOLD", _non_negative_int, DEFAULT_GEN0_THRESHOLD),
-        )
+        environ = os.environ if environ is None else environ
+        raw = {s.env: v for s in settings() if (v := environ.get(s.env, "")).strip()}
+        if "DYN_TCP_TLS" not in raw and ("DYN_TCP_TLS_CERT" in raw or "DYN_TCP_TLS_CA" in raw):
+            raw["DYN_TCP_TLS"] = "1"  # a TLS file turns TLS on unless told otherwise
+        config: Config = _build(cls, raw)
+        return config
 
     def replace(self, **sections: object) -> Config:
         """A copy with whole sections replaced: ``config.replace(worker=WorkerConfig(...))``."""
         return dataclasses.replace(self, **sections)  # type: ignore[arg-type]
 
 
-class _Env:
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._environ = environ
-
-    def get(self, name: str, parse: Callable[[str], _T], default: _T) -> _T:
-        raw = self._environ.get(name)
-        if raw is None or raw.strip() == "":
-            return default
-        try:
-            return parse(raw.strip())
-        except ValueError as exc:
-            raise ValueError(f"invalid {name}={raw!r}: {exc}") from None
-
-    def choice(self, name: str, options: object, default: _T) -> _T:
-        allowed = get_args(options)
-
-        def parse(raw: str) -> _T:
-            if raw not in allowed:
-                raise ValueError(f"expected one of {', '.join(allowed)}")
-            return cast("_T", raw)
-
-        return self.get(name, parse, default)
+def _build(kind: type[Any], raw: Mapping[str, str]) -> Any:
+    values: dict[str, object] = {}
+    for item in dataclasses.fields(kind):
+        if "env" not in item.metadata:  # a section
+            values[item.name] = _build(cast("type[Any]", item.default_factory), raw)
+        elif item.metadata["env"] in raw:
+            values[item.name] = _declared(item, "").read(raw[item.metadata["env"]])
+    return kind(**values)
 
 
-def _positive(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("must be a positive number")
-    return value
+def _declared(item: dataclasses.Field[Any], prefix: str) -> Setting:
+    return Setting(name=prefix + item.name, **item.metadata)
 
 
-def _non_negative(raw: str) -> float:
-    value = float(raw)
-    if not value >= 0:
-        raise ValueError("must be zero or more")
-    return value
+def settings(kind: type[Any] = Config, prefix: str = "") -> Iterator[Setting]:
+    """Every setting, in declaration order (sections first)."""
+    for item in dataclasses.fields(kind):
+        if "env" in item.metadata:
+            yield _declared(item, prefix)
+        else:
+            yield from settings(cast("type[Any]", item.default_factory), f"{item.name}.")
 
 
-def _seconds(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value < math.inf:
-        raise ValueError("must be a finite number of seconds, zero or more")
-    return value
+# ---------------------------------------------------------------------------- flags and docs
 
 
-def _non_negative_int(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError("must be zero or a positive integer")
-    return value
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every setting that has one, grouped by section; unset flags
+    leave the environment's value (read them with :func:`config_from_args`)."""
+    if parser.usage is None:  # too many flags for a usage line
+        parser.usage = "%(prog)s [options]"
+    groups: dict[str, Any] = {}
+    for setting in settings():
+        if setting.flag is None:
+            continue
+        section = setting.name.rpartition(".")[0] or "process"
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section} settings")
+        groups[section].add_argument(
+            setting.flag,
+            dest=setting.env,
+            type=setting.check_flag,
+            default=argparse.SUPPRESS,
+            metavar="VALUE",
+            help=f"{setting.doc} ({setting.env}; default {setting.default})".replace("%", "%%"),
+        )
 
 
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
-_DEFAULT_BACKLOG: Final = 4096
-"""Linux's own default cap, for a system that does not say."""
-
-
-def _somaxconn() -> int:
-    """The kernel's cap on a listen backlog (a larger one is cut to it)."""
-    try:
-        return max(1, int(_SOMAXCONN.read_text()))
-    except (OSError, ValueError):
-        return _DEFAULT_BACKLOG
-
-
-def _bool(raw: str) -> bool:
-    word = raw.lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected 1/true/yes/on or 0/false/no/off")
-
-
-def _window(raw: str) -> int:
-    value = _positive_int(raw)
-    if value > 1 << 24:  # the request plane's MAX_WINDOW: workers refuse larger windows
-        raise ValueError("must be at most 16777216 items")
-    return value
-
-
-def _json_depth(raw: str) -> int:
-    value = int(raw)
-    if not 1 <= value <= MAX_JSON_DEPTH:
-        raise ValueError(f"must be an integer between 1 and {MAX_JSON_DEPTH}")
-    return value
-
-
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number between 0 and 65535")
-    return value
-
-
-def _system_port(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        return -1
-    return _port(raw)
-
-
-def _log_level(raw: str) -> LogLevel:
-    # Dynamo accepts filters like "debug,dynamo_runtime=info": the first word is the level.
-    word = raw.split(",")[0].strip().lower()
-    level = {"trace": "debug", "warn": "warning"}.get(word, word)
-    if level not in get_args(LogLevel):
-        raise ValueError(f"expected one of {', '.join(get_args(LogLevel))}")
-    return cast("LogLevel", level)
-
-
-def _endpoint_list(raw: str) -> tuple[str, ...]:
-    endpoints = tuple(
-        (url if "://" in url else f"http://{url}").rstrip("/")
-        for url in (part.strip() for part in raw.split(","))
-        if url
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The environment's config with the flags given in ``args`` over it."""
+    return Config.from_env(
+        {**(os.environ if environ is None else environ), **flag_environment(args)}
     )
-    if not endpoints:
-        raise ValueError("no endpoint given")
-    return endpoints
+
+
+def flag_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The flags given in ``args`` as environment variables, for a child process."""
+    return {s.env: getattr(args, s.env) for s in settings() if hasattr(args, s.env)}
+
+
+def settings_table() -> str:
+    """docs/settings.md's table (a test keeps the file equal to it)."""
+    rows = ["| setting | environment | flag | default | meaning |", "|---|---|---|---|---|"]
+    for s in settings():
+        flag = f"`{s.flag}`" if s.flag else "none (a secret)"
+        rows.append(f"| `{s.name}` | `{s.env}` | {flag} | {s.default} | {s.doc} |")
+    return "\n".join(rows) + "\n"

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from dynamo_trio import Config
+from dynamo_trio._config import add_flags, config_from_args
 from dynamo_trio._gc import DEFAULT_GEN0_THRESHOLD, tune_gc
-from dynamo_trio.cli import _config, _gc_flag
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,9 +65,10 @@ def test_the_setting_comes_from_the_environment_and_the_command_line() -> None:
     with pytest.raises(ValueError, match="DYN_GC_THRESHOLD"):
         Config.from_env({"DYN_GC_THRESHOLD": "-5"})
     parser = argparse.ArgumentParser()
-    _gc_flag(parser)
-    assert _config(parser.parse_args(["--gc-threshold", "2500"])).gc_threshold == 2500
-    assert _config(parser.parse_args([])).gc_threshold == DEFAULT_GEN0_THRESHOLD
+    add_flags(parser)
+    given = parser.parse_args(["--gc-threshold", "2500"])
+    assert config_from_args(given, {}).gc_threshold == 2500
+    assert config_from_args(parser.parse_args([]), {}).gc_threshold == DEFAULT_GEN0_THRESHOLD
     with pytest.raises(ValueError, match="0 or more"):
         Config(gc_threshold=-1)
 
@@ -85,9 +86,9 @@ def _python(*args: str) -> str:
 
 
 _SERVE = [
-    ("frontend_main", []),
-    ("mocker_main", ["--model-name", "m"]),
-    ("run_main", []),
+    ("frontend", []),
+    ("mocker", ["--model-name", "m"]),
+    ("run", []),
 ]
 
 
@@ -99,14 +100,14 @@ def test_the_serving_processes_apply_it_before_serving(
     """The frontend, the mocker and ``run`` tune their process's collector before they serve."""
     script = textwrap.dedent(
         f"""
-        import gc, sys
-        import dynamo_trio.cli as cli
+        import gc, sys, trio
+        from dynamo_trio.cli import main
 
         def report(*args, **kwargs):
             print(gc.get_threshold()[0], gc.get_freeze_count() > 0)
 
-        cli.trio.run = report
-        cli.{entry}(sys.argv[1:])
+        trio.run = report
+        main(["{entry}", *sys.argv[1:]])
         """
     )
     threshold, frozen = _python("-c", script, *required, *argv).split()
@@ -127,18 +128,18 @@ def test_the_frontend_s_modules_are_frozen_with_the_rest_and_a_mocker_never_load
     worker, started by the dozen, does without them."""
     script = textwrap.dedent(
         f"""
-        import gc, sys
-        import dynamo_trio.cli as cli
+        import gc, sys, trio
+        from dynamo_trio.cli import main
 
         def report(*args, **kwargs):
             quart = sys.modules.get("quart.app")
             frozen = quart is not None and all(o is not quart.Quart for o in gc.get_objects())
             print("quart" in sys.modules, "flask" in sys.modules, frozen)
 
-        cli.trio.run = report
-        cli.{entry}(sys.argv[1:])
+        trio.run = report
+        main(["{entry}", *sys.argv[1:]])
         """
     )
-    serves_http = entry != "mocker_main"
+    serves_http = entry != "mocker"
     expected = " ".join([str(serves_http)] * 3)
     assert _python("-c", script, *required).strip() == expected

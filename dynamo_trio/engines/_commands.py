@@ -1,13 +1,13 @@
 """``dynamo-trio transformers`` and ``dynamo-trio vllm``: a worker serving a checkpoint.
 
 Dynamo's ``python -m dynamo.vllm --model ...``, in trio.  The engine library
-is imported once the worker starts, never by ``dynamo_trio.cli`` itself.
+is imported once the worker starts; the flags of the settings are every command's
+(:func:`~dynamo_trio._config.add_flags`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 from functools import partial
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._config import Config
+from .._config import add_flags, config_from_args
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,11 +37,7 @@ def _common_flags(parser: argparse.ArgumentParser, engine: str) -> None:
         default=f"dynamo.{engine}.generate",
         help=f"namespace.component.endpoint to serve (default dynamo.{engine}.generate)",
     )
-    parser.add_argument(
-        "--discovery-backend",
-        choices=["file", "etcd", "mem"],
-        help="where processes find each other (DYN_DISCOVERY_BACKEND; default file)",
-    )
+    add_flags(parser)
 
 
 def _parse(
@@ -59,13 +55,9 @@ def _parse(
     if args.served_model_name is None:
         args.served_model_name = args.model.resolve().name
     try:
-        config = Config.from_env()
-    except ValueError as exc:
+        args.config = config_from_args(args)
+    except ValueError as exc:  # an invalid DYN_* value or combination of settings
         parser.error(str(exc))
-    if args.discovery_backend:
-        discovery = dataclasses.replace(config.discovery, backend=args.discovery_backend)
-        config = config.replace(discovery=discovery)
-    args.config = config
     return args
 
 

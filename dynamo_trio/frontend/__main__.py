@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cli import frontend_main
+from ._main import main
 
 if __name__ == "__main__":
-    frontend_main()
+    main()

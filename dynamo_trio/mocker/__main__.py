@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cli import mocker_main
+from ._main import main
 
 if __name__ == "__main__":
-    mocker_main()
+    main()

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dynamo_trio import Config
-from dynamo_trio.cli import _config, frontend_main
+from dynamo_trio._config import add_flags, config_from_args
 from dynamo_trio.edge import dead_peer_options
 from dynamo_trio.frontend._routes import REQUEST_TIMEOUT_HEADER, request_deadline
 from dynamo_trio.llm import RequestError
@@ -67,13 +67,12 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     import argparse
 
     monkeypatch.setenv("DYN_MIGRATION_LIMIT", "1")
-    args = argparse.Namespace(
-        migration_limit=4,
-        backend_stream_timeout=7.0,
-        max_request_timeout=None,
-        dead_client_timeout=5.0,
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    args = parser.parse_args(
+        ["--migration-limit", "4", "--backend-stream-timeout", "7", "--dead-client-timeout", "5"]
     )
-    frontend = _config(args).frontend
+    frontend = config_from_args(args).frontend
     assert (frontend.migration_limit, frontend.backend_stream_timeout) == (4, 7.0)
     assert (frontend.max_request_timeout, frontend.dead_client_timeout) == (0.0, 5.0)
 
@@ -90,8 +89,10 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_command_line_refuses_bad_values_with_a_usage_error(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from dynamo_trio.frontend._main import main
+
     with pytest.raises(SystemExit) as exited:
-        frontend_main(argv)
+        main(argv)
     assert exited.value.code == 2
     assert "error" in capsys.readouterr().err
 

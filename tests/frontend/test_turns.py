@@ -238,7 +238,7 @@ def test_the_limit_comes_from_the_environment_and_the_command_line() -> None:
     import argparse
 
     from dynamo_trio import Config
-    from dynamo_trio.cli import _config, _frontend_flags
+    from dynamo_trio._config import add_flags, config_from_args
 
     assert Config.from_env({}).frontend.stream_writes_per_pass == 2
     env = {"DYN_HTTP_STREAM_WRITES_PER_PASS": "0"}
@@ -246,6 +246,6 @@ def test_the_limit_comes_from_the_environment_and_the_command_line() -> None:
     with pytest.raises(ValueError, match="DYN_HTTP_STREAM_WRITES_PER_PASS"):
         Config.from_env({"DYN_HTTP_STREAM_WRITES_PER_PASS": "-1"})
     parser = argparse.ArgumentParser()
-    _frontend_flags(parser)
+    add_flags(parser)
     args = parser.parse_args(["--stream-writes-per-pass", "16"])
-    assert _config(args).frontend.stream_writes_per_pass == 16
+    assert config_from_args(args, env).frontend.stream_writes_per_pass == 16

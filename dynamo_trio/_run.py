@@ -1,0 +1,149 @@
+"""``dynamo-trio run``: the quick start, a frontend and N mock workers on one machine.
+
+They find each other through the embedded file discovery (a temporary directory,
+removed on the way out; no server to install) and run until Ctrl-C.  This process
+is the frontend (or, with ``--http-workers``, their supervisor); the workers are
+``python -m dynamo_trio.mocker`` processes, each holding a lifeline to it.  The
+settings' flags reach every process through the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Final
+
+import trio
+
+from ._config import Config, add_flags, flag_environment
+from ._gc import tune_gc
+from ._lifeline import lifeline
+from ._malloc import give_back_large_buffers
+from ._signals import killed_on_forced_exit
+from .frontend._main import run_frontend, run_workers
+from .mocker._main import MODELS, add_mocker_flags, mocker_argv
+from .runtime._runtime import configure_logging
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["main"]
+
+_log = logging.getLogger("dynamo_trio.run")
+
+READY_TIMEOUT: Final = 60.0
+"""Seconds ``run`` waits for its workers' models to be listed before saying so."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``dynamo-trio run [--workers N] [flags]``."""
+    parser = argparse.ArgumentParser(
+        prog="dynamo-trio run",
+        description="A frontend and N mock workers on one machine (embedded file discovery).",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="mock workers to start")
+    add_mocker_flags(parser, named=True)
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    # The flags reach this process and every child through the environment.
+    os.environ.update({"DYN_DISCOVERY_BACKEND": "file", **flag_environment(args)})
+    kv = None  # the embedded file discovery's directory, when it is ours to remove
+    if "DYN_FILE_KV" not in os.environ:
+        kv = os.environ["DYN_FILE_KV"] = tempfile.mkdtemp(prefix="dynamo-trio-kv-")
+    try:
+        try:
+            config = Config.from_env()
+        except ValueError as exc:  # an invalid DYN_* value or combination of settings
+            parser.error(str(exc))
+        configure_logging(config.log_level)
+        served = [name for name, _, _ in MODELS if name != "tensor_model_name"]
+        if config.frontend.kserve_grpc_port is not None:
+            served.append("tensor_model_name")
+        worker = [sys.executable, "-m", "dynamo_trio.mocker", *mocker_argv(args, served)]
+        tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
+        give_back_large_buffers()
+        models = {getattr(args, name) for name in served}
+        trio.run(_run_all, config, worker, args.workers, models)
+    finally:
+        if kv is not None:
+            shutil.rmtree(kv, ignore_errors=True)
+
+
+async def _run_all(config: Config, worker: list[str], workers: int, models: set[str]) -> None:
+    async with trio.open_nursery() as nursery:
+
+        def on_listening(url: str) -> None:
+            nursery.start_soon(_announce_ready, url, models)
+
+        processes: list[trio.Process] = []
+        # Each worker holds a lifeline to this process: if it dies without
+        # stopping them (SIGKILL), they shut down on their own.
+        with contextlib.ExitStack() as lifelines:
+            for _ in range(workers):
+                options = lifelines.enter_context(lifeline(dict(os.environ)))
+                processes.append(
+                    await trio.lowlevel.open_process(worker, stdin=subprocess.DEVNULL, **options)
+                )
+            _log.info(
+                "started %d mock worker(s); file discovery in %s",
+                workers,
+                os.environ["DYN_FILE_KV"],
+            )
+            try:
+                with killed_on_forced_exit(processes):
+                    if config.frontend.http_workers > 1:  # --http-workers N: N processes
+                        await run_workers(config, [], on_listening)
+                    else:
+                        await run_frontend(config, on_listening=on_listening)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_workers(processes, config.worker.shutdown_grace + 2)
+        nursery.cancel_scope.cancel()
+
+
+async def _announce_ready(url: str, models: set[str]) -> None:
+    """Print ``dynamo-trio ready: ...`` once the frontend at ``url`` lists ``models``
+    (the mock workers register a moment after the frontend listens; until then a
+    request for them is a 404), or warn after :data:`READY_TIMEOUT` seconds."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=5.0) as http:
+        with trio.move_on_after(READY_TIMEOUT):
+            while True:
+                try:
+                    listed = {
+                        model["id"] for model in (await http.get("/v1/models")).json()["data"]
+                    }
+                except (httpx.HTTPError, ValueError, LookupError, TypeError):
+                    listed = set()
+                if models <= listed:
+                    print(f"dynamo-trio ready: {', '.join(sorted(models))} at {url}", flush=True)
+                    return
+                await trio.sleep(0.1)
+    _log.warning(
+        "the workers' models (%s) are not listed after %.0f s: see their log lines above",
+        ", ".join(sorted(models)),
+        READY_TIMEOUT,
+    )
+
+
+async def _stop_workers(processes: list[trio.Process], grace: float) -> None:
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(grace):
+        for process in processes:
+            await process.wait()
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
