@@ -519,7 +519,7 @@ def _kserve_name(spec: TensorSpec) -> str:
 
 
 def _enum(spec: TensorSpec) -> int:
-    return DATA_TYPES.index(f"TYPE_{_kserve_name(spec)}")
+    return DATA_TYPES.index(kserve_dtype(spec.data_type).config)
 
 
 _METHODS: Final = {
