@@ -56,7 +56,7 @@ from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
 from ._tensors import kserve_dtype, response_message, worker_request
-from ._wire import Deframer, WireError, encode_grpc_message, frame, parse_timeout
+from ._wire import ACCEPT_ENCODING, Deframer, WireError, encode_grpc_message, frame, parse_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -75,7 +75,10 @@ _ModelInferRequest: Final = message_class("ModelInferRequest")
 _ModelInferResponse: Final = message_class("ModelInferResponse")
 _ModelStreamInferResponse: Final = message_class("ModelStreamInferResponse")
 
-_GRPC_HEADERS: Final = [(b"content-type", b"application/grpc")]
+_GRPC_HEADERS: Final = [
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", ACCEPT_ENCODING.encode()),
+]
 
 MAX_STREAM_INFERENCES: Final = 1024
 """Inferences one ``ModelStreamInfer`` call may have running; a request beyond that is
@@ -86,15 +89,53 @@ STREAM_BUDGET: Final = 4
 """The bytes of requests one ``ModelStreamInfer`` call may have running, in largest
 messages (the frontend's ``max_body_size``); one request is always let run."""
 
+PROCESS_BUDGET: Final = 16
+"""The bytes of requests all the calls of the process may hold, in largest messages: a
+unary call's from its message's prefix to the call's end, a streamed request's while it
+runs.  One beyond is refused at once (``RESOURCE_EXHAUSTED``) and holds nothing."""
+
+
+@final
+class _Budget:
+    """Bytes held against a bound; whatever is held, one more request is let in alone."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Hold ``size`` more bytes, or refuse them (``False``, nothing held)."""
+        if self.held and self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
 
 @final
 class _Call:
     """One gRPC call: its messages in, its responses out, and whether its client left."""
 
-    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable, max_size: int):
+    def __init__(
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        max_size: int,
+        encoding: str,
+        budget: _Budget | None,
+    ):
         self._receive = receive
         self._send = send
-        self._deframer = Deframer(max_size)
+        self._budget = budget
+        self.held = 0
+        """The bytes this call holds of ``budget`` (a unary call's messages)."""
+        self._deframer = Deframer(
+            max_size, encoding=encoding, admit=None if budget is None else self._admit
+        )
         self._sending = trio.Lock()
         self._started = False
         self.gone = False
@@ -112,6 +153,22 @@ class _Call:
         """The id the client gave the call (``x-dynamo-request-id``, ``x-request-id``)."""
         self.trace = TraceContext.new()
         """The call's trace: a span under the client's ``traceparent``, or a new trace."""
+
+    def _admit(self, size: int) -> None:
+        assert self._budget is not None
+        if not self._budget.take(size):
+            raise WireError(
+                f"the calls of this server hold {self._budget.held} bytes of requests; "
+                f"{size} more would pass its bound of {self._budget.limit}",
+                too_large=True,
+            )
+        self.held += size
+
+    def release(self) -> None:
+        """Give back what the call holds of the process's budget."""
+        if self._budget is not None:
+            self._budget.give(self.held)
+            self.held = 0
 
     def identify(self, headers: dict[str, bytes]) -> None:
         """Read the call's id and trace from its metadata, as the HTTP routes read theirs.
@@ -238,6 +295,7 @@ class KServeApp:
     def __init__(self, pipeline: Pipeline, *, max_message_size: int) -> None:
         self._pipeline = pipeline
         self._max_message_size = max_message_size
+        self._budget = _Budget(PROCESS_BUDGET * max_message_size)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -266,18 +324,24 @@ class KServeApp:
         if scope["method"] != "POST" or not content_type.startswith(b"application/grpc"):
             await _plain(send, 415, b"Send gRPC: POST with content-type application/grpc.\n")
             return
-        call = _Call(receive, send, self._max_message_size)
+        streamed = scope["path"] == f"/{SERVICE}/ModelStreamInfer"  # holds bytes per request
+        encoding = headers.get("grpc-encoding", b"identity").decode("latin-1")
+        budget = None if streamed else self._budget
+        call = _Call(receive, send, self._max_message_size, encoding, budget)
         draining = self._pipeline.config.on_disconnect == "stop"
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
-            try:
-                call.deadline = self._deadline(headers.get("grpc-timeout"))
-                call.identify(headers)
-                await self._dispatch(call, scope["path"])
-            except BaseException as exc:
-                status, text = _failed(exc, "a gRPC call")
-                await call.finish(status, text)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
+                try:
+                    call.deadline = self._deadline(headers.get("grpc-timeout"))
+                    call.identify(headers)
+                    await self._dispatch(call, scope["path"])
+                except BaseException as exc:
+                    status, text = _failed(exc, "a gRPC call")
+                    await call.finish(status, text)
+                nursery.cancel_scope.cancel()
+        finally:
+            call.release()
 
     def _deadline(self, value: bytes | None) -> float | None:
         """When (``time.monotonic()``) a call with ``grpc-timeout: value`` ends; the
@@ -391,7 +455,7 @@ class KServeApp:
         budget = STREAM_BUDGET * self._max_message_size
         too_many = call.running >= MAX_STREAM_INFERENCES
         too_large = call.running > 0 and call.running_bytes + len(data) > budget
-        admitted = not (too_many or too_large)
+        admitted = not (too_many or too_large) and self._budget.take(len(data))
         if admitted:
             call.running += 1
             call.running_bytes += len(data)
@@ -407,6 +471,12 @@ class KServeApp:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"the requests running on this call would hold over {budget} bytes",
+                )
+            if not admitted:
+                raise GrpcError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the calls of this server would hold over {self._budget.limit} bytes "
+                    "of requests",
                 )
 
             async def send(response: Any) -> None:
@@ -425,6 +495,7 @@ class KServeApp:
             if admitted:
                 call.running -= 1
                 call.running_bytes -= len(data)
+                self._budget.give(len(data))
 
     async def _run_inference(
         self,

@@ -110,6 +110,39 @@ async def test_unary_infers_of_every_other_datatype(grpc_stack: StartGrpcStack) 
     assert success == len(EVERY_TYPE)
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+async def test_compressed_infers_unary_and_streamed(
+    grpc_stack: StartGrpcStack, algorithm: str
+) -> None:
+    """tritonclient's ``compression_algorithm``: grpcio compresses every request message
+    and sets ``grpc-encoding``; each is inflated and answered."""
+    stack = await grpc_stack()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    values = np.repeat(np.arange(8, dtype=np.int32), 512)  # 16 KiB that compress well
+    results = StreamResults()
+
+    def run() -> tuple[Any, list[tuple[Any, Any]]]:
+        unary = client.infer(MODEL, [tensor(values)], compression_algorithm=algorithm)
+        client.start_stream(callback=results, compression_algorithm=algorithm)
+        try:
+            for n in range(3):
+                client.async_stream_infer(MODEL, [tensor(values + n)], request_id=f"s{n}")
+            return unary, results.take(3)
+        finally:
+            client.stop_stream()
+
+    try:
+        unary, streamed = await trio.to_thread.run_sync(run)
+    finally:
+        client.close()
+    assert unary.as_numpy("OUTPUT0").tolist() == values.tolist()
+    assert [error for _, error in streamed if error is None] == [None] * 3, streamed
+    by_id = {result.get_response().id: result.as_numpy("OUTPUT0") for result, _ in streamed}
+    assert {key: value.tolist() for key, value in by_id.items()} == {
+        f"s{n}": (values + n).tolist() for n in range(3)
+    }
+
+
 async def test_a_stream_of_100_infers_on_one_call(grpc_stack: StartGrpcStack) -> None:
     stack = await grpc_stack()
     client = grpcclient.InferenceServerClient(stack.grpc)
