@@ -14,7 +14,9 @@ systems take turns (A B A B, ``--rounds``), each started afresh, under the same
   last response;
 - cancel latency: an ``async_infer`` whose worker waits for an hour is cancelled with
   ``future.cancel()``; the time from the cancel to the worker seeing it (``time.monotonic()``
-  on both sides: one clock for every process on Linux).
+  on both sides: one clock for every process on Linux);
+- the CPU time the frontend and the worker processes spent per infer in the 32-in-flight
+  run (``/proc``): a measure the other work on a shared machine moves less than rates.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from _harness import (  # noqa: E402
     Child,
     Figure,
     Runs,
+    cpu_seconds,
     dynamo_env,
     dynamo_python,
     free_port,
@@ -68,6 +71,8 @@ FIGURES = [
     Figure("cancel -> worker sees it, p50", "ms", higher_is_better=False, digits=2),
     Figure("cancel -> worker sees it, p99", "ms", higher_is_better=False, digits=2),
     Figure("cancels the worker never saw", ratio=False),
+    Figure("frontend CPU per unary infer, 32 in flight", "us", higher_is_better=False),
+    Figure("worker CPU per unary infer, 32 in flight", "us", higher_is_better=False),
 ]
 
 
@@ -170,8 +175,12 @@ async def cancel_latencies(address: str, worker: Child, count: int) -> tuple[lis
 @dataclass
 class Deployment:
     address: str
+    frontend: Child
     worker: Child
-    children: list[Child]
+
+    @property
+    def children(self) -> list[Child]:
+        return [self.frontend, self.worker]
 
 
 async def start_trio(nursery: trio.Nursery, workdir: Path) -> Deployment:
@@ -201,7 +210,7 @@ async def start_trio(nursery: trio.Nursery, workdir: Path) -> Deployment:
         logdir=workdir,
     )
     await worker.wait_for("ready", within=60)
-    return Deployment(f"127.0.0.1:{grpc}", worker, [frontend, worker])
+    return Deployment(f"127.0.0.1:{grpc}", frontend, worker)
 
 
 async def start_dynamo(nursery: trio.Nursery, workdir: Path, python: Path) -> Deployment:
@@ -226,7 +235,7 @@ async def start_dynamo(nursery: trio.Nursery, workdir: Path, python: Path) -> De
         logdir=workdir,
     )
     await worker.wait_for("ready", within=60)
-    return Deployment(f"127.0.0.1:{grpc}", worker, [frontend, worker])
+    return Deployment(f"127.0.0.1:{grpc}", frontend, worker)
 
 
 def _ready(address: str) -> bool:
@@ -249,7 +258,13 @@ async def measure(deployment: Deployment, args: argparse.Namespace) -> dict[str,
             await trio.sleep(0.2)
     await trio.to_thread.run_sync(unary_sequential, address, 200)  # warm-up
     sequential = await trio.to_thread.run_sync(unary_sequential, address, args.unary)
+    pids = (deployment.frontend.pid, deployment.worker.pid)
+    cpu_before = [cpu_seconds(pid) for pid in pids]
     concurrent = await trio.to_thread.run_sync(unary_concurrent, address, args.unary, 32)
+    frontend_cpu, worker_cpu = (
+        (cpu_seconds(pid) - before) / args.unary * 1e6
+        for pid, before in zip(pids, cpu_before, strict=True)
+    )
     stream = await trio.to_thread.run_sync(streamed, address, args.stream, 256)
     cancels, missed = await cancel_latencies(address, deployment.worker, args.cancels)
     run = {
@@ -257,6 +272,8 @@ async def measure(deployment: Deployment, args: argparse.Namespace) -> dict[str,
         FIGURES[1].label: concurrent,
         FIGURES[2].label: stream,
         FIGURES[5].label: float(missed),
+        FIGURES[6].label: frontend_cpu,
+        FIGURES[7].label: worker_cpu,
     }
     if cancels:
         run[FIGURES[3].label] = statistics.median(cancels)
