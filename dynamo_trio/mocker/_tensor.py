@@ -47,8 +47,8 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
     """The handler: ``repeat`` responses, each ``delay_ms`` after the one before.
 
     Raises:
-        ValueError: no ``INPUT0``, a datatype not served (or two for it), or an
-            invalid parameter (the caller's ``INVALID_ARGUMENT``).
+        ValueError: no ``INPUT0``, a datatype not served (or its data's not its
+            metadata's), or an invalid parameter (the caller's ``INVALID_ARGUMENT``).
     """
     parameters = request.get("parameters") or {}
     delay_ms = _parameter(parameters, "delay_ms", 0, 0, 3_600_000)
