@@ -90,9 +90,10 @@ STREAM_BUDGET: Final = 4
 messages (the frontend's ``max_body_size``); one request is always let run."""
 
 PROCESS_BUDGET: Final = 16
-"""The bytes of requests all the calls of the process may hold, in largest messages: a
-unary call's from its message's prefix to the call's end, a streamed request's while it
-runs.  One beyond is refused at once (``RESOURCE_EXHAUSTED``) and holds nothing."""
+"""The bytes of requests all the calls of the process may hold, in largest messages, each
+from its message's prefix (before its body is buffered): a unary call's to the call's end,
+a streamed request's until its inference ends or it is refused.  A message beyond is
+refused at once and holds nothing: it ends its call ``RESOURCE_EXHAUSTED``."""
 
 
 @final
@@ -126,16 +127,14 @@ class _Call:
         send: ASGISendCallable,
         max_size: int,
         encoding: str,
-        budget: _Budget | None,
+        budget: _Budget,
     ):
         self._receive = receive
         self._send = send
         self._budget = budget
         self.held = 0
-        """The bytes this call holds of ``budget`` (a unary call's messages)."""
-        self._deframer = Deframer(
-            max_size, encoding=encoding, admit=None if budget is None else self._admit
-        )
+        """The bytes of ``budget`` this call holds: its messages, from their prefixes."""
+        self._deframer = Deframer(max_size, encoding=encoding, admit=self._admit)
         self._sending = trio.Lock()
         self._started = False
         self.gone = False
@@ -155,20 +154,25 @@ class _Call:
         """The call's trace: a span under the client's ``traceparent``, or a new trace."""
 
     def _admit(self, size: int) -> None:
-        assert self._budget is not None
-        if not self._budget.take(size):
+        if size <= 0:  # a message that inflated to less than it took
+            self.give(-size)
+        elif self._budget.take(size):
+            self.held += size
+        else:
             raise WireError(
                 f"the calls of this server hold {self._budget.held} bytes of requests; "
                 f"{size} more would pass its bound of {self._budget.limit}",
                 too_large=True,
             )
-        self.held += size
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` of the bytes the call holds (a streamed request's)."""
+        self._budget.give(size)
+        self.held -= size
 
     def release(self) -> None:
-        """Give back what the call holds of the process's budget."""
-        if self._budget is not None:
-            self._budget.give(self.held)
-            self.held = 0
+        """Give back all the call holds of the process's budget (its end)."""
+        self.give(self.held)
 
     def identify(self, headers: dict[str, bytes]) -> None:
         """Read the call's id and trace from its metadata, as the HTTP routes read theirs.
@@ -324,10 +328,8 @@ class KServeApp:
         if scope["method"] != "POST" or not content_type.startswith(b"application/grpc"):
             await _plain(send, 415, b"Send gRPC: POST with content-type application/grpc.\n")
             return
-        streamed = scope["path"] == f"/{SERVICE}/ModelStreamInfer"  # holds bytes per request
         encoding = headers.get("grpc-encoding", b"identity").decode("latin-1")
-        budget = None if streamed else self._budget
-        call = _Call(receive, send, self._max_message_size, encoding, budget)
+        call = _Call(receive, send, self._max_message_size, encoding, self._budget)
         draining = self._pipeline.config.on_disconnect == "stop"
         try:
             async with trio.open_nursery() as nursery:
@@ -452,13 +454,16 @@ class KServeApp:
         request_id = ""
         # Admitted or refused before this task first yields, and a refused request holds
         # nothing: so what another request finds running never counts one being refused.
+        # (The call has held its bytes of the process's budget since its prefix.)
         budget = STREAM_BUDGET * self._max_message_size
         too_many = call.running >= MAX_STREAM_INFERENCES
         too_large = call.running > 0 and call.running_bytes + len(data) > budget
-        admitted = not (too_many or too_large) and self._budget.take(len(data))
+        admitted = not (too_many or too_large)
         if admitted:
             call.running += 1
             call.running_bytes += len(data)
+        else:
+            call.give(len(data))
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
@@ -471,12 +476,6 @@ class KServeApp:
                 raise GrpcError(
                     Status.RESOURCE_EXHAUSTED,
                     f"the requests running on this call would hold over {budget} bytes",
-                )
-            if not admitted:
-                raise GrpcError(
-                    Status.RESOURCE_EXHAUSTED,
-                    f"the calls of this server would hold over {self._budget.limit} bytes "
-                    "of requests",
                 )
 
             async def send(response: Any) -> None:
@@ -495,7 +494,7 @@ class KServeApp:
             if admitted:
                 call.running -= 1
                 call.running_bytes -= len(data)
-                self._budget.give(len(data))
+                call.give(len(data))
 
     async def _run_inference(
         self,

@@ -71,8 +71,8 @@ class Deframer:
     ``encoding`` is the call's ``grpc-encoding``: one not in :data:`ENCODINGS`
     refuses the call at its first data (``UNIMPLEMENTED``).  ``admit``, if given,
     is told the bytes each message is about to take (its declared length before
-    its body is buffered, then what inflating it adds) and may refuse them by
-    raising :class:`WireError`.
+    its body is buffered, then what inflating it adds, or takes away if it is
+    negative) and may refuse more by raising :class:`WireError`.
     """
 
     __slots__ = ("_admit", "_buffer", "_compressed", "_encoding", "_max_size", "_need")
@@ -158,7 +158,7 @@ class Deframer:
                 f"a message is not one whole {self._encoding} stream "
                 f"({'data after its end' if inflater.eof else 'it is cut short'})"
             )
-        if self._admit is not None and len(inflated) > len(message):
+        if self._admit is not None:
             self._admit(len(inflated) - len(message))
         return inflated
 

@@ -268,8 +268,9 @@ async def test_unary_calls_hold_a_bounded_number_of_bytes(
     grpc_stack: StartGrpcStack, env: dict[str, str]
 ) -> None:
     """With 64 KiB messages, the calls of a process may hold 16 x 64 KiB: with 16 calls of
-    62,000 bytes held by their worker, a 17th is refused; a small one is not (the refused
-    one holds nothing), and once the 16 are cancelled a large one is let in again."""
+    62,000 bytes held by their worker, a 17th is refused, and so is a stream call's request
+    as large; a small one is not (the refused ones hold nothing), and once the 16 are
+    cancelled a large one is let in again."""
     env["DYN_HTTP_MAX_BODY_SIZE"] = str(64 * 1024)
     stack = await grpc_stack()
     client = grpcclient.InferenceServerClient(stack.grpc)
@@ -295,10 +296,21 @@ async def test_unary_calls_hold_a_bounded_number_of_bytes(
         assert "bytes of requests" in refused, refused
         small = await trio.to_thread.run_sync(lambda: client.infer(MODEL, [tensor([5])]))
         assert small.as_numpy("OUTPUT0").tolist() == [5]
+        # A stream's request counts too, from its prefix: its call ends, holding nothing.
+        request = message_class("ModelInferRequest")(model_name=MODEL, id="streamed")
+        request.inputs.add(name="INPUT0", datatype="INT32", shape=[15_500])
+        request.raw_input_contents.append(large.tobytes())
+        streamed = await h2_call(
+            stack.grpc, f"{SERVICE}/ModelStreamInfer", frame(request.SerializeToString())
+        )
+        assert streamed.trailers["grpc-status"] == "8", streamed
+        assert "bytes of requests" in streamed.trailers["grpc-message"], streamed
+        small = await trio.to_thread.run_sync(lambda: client.infer(MODEL, [tensor([6])]))
+        assert small.as_numpy("OUTPUT0").tolist() == [6]
     finally:
         for future in held:
             future.cancel()
-    await wait_for_events(stack.worker, "exit", 17)  # the 16, and the small one
+    await wait_for_events(stack.worker, "exit", 18)  # the 16, and the small ones
     again = await trio.to_thread.run_sync(lambda: client.infer(MODEL, [tensor(large)]))
     client.close()
     assert again.as_numpy("OUTPUT0").tolist() == large.tolist()

@@ -168,11 +168,13 @@ def test_admit_hears_each_message_before_its_body_and_what_inflating_adds() -> N
     deframer = Deframer(LIMIT, encoding="gzip", admit=admit)
     plain = frame(b"ab")
     zipped = compressed(b"z" * 400, "gzip")
-    assert deframer.feed(plain + zipped) == [b"ab", b"z" * 400]
-    assert heard == [2, len(zipped) - 5, 400 - (len(zipped) - 5)]
+    grown = compressed(b"q", "gzip")  # a gzip header and trailer around one byte
+    assert deframer.feed(plain + zipped + grown) == [b"ab", b"z" * 400, b"q"]
+    expected = [2, len(zipped) - 5, 400 - (len(zipped) - 5), len(grown) - 5, 1 - (len(grown) - 5)]
+    assert heard == expected  # each message's share sums to its final size
     with pytest.raises(WireError):
         deframer.feed(b"\x00\x00\x00\x03\x00")  # 768 declared: refused from the prefix
-    assert heard == [2, len(zipped) - 5, 400 - (len(zipped) - 5)]
+    assert heard == expected
 
 
 @pytest.mark.parametrize(
