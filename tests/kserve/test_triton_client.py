@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
 import trio
@@ -17,6 +16,12 @@ import tritonclient.grpc as grpcclient
 
 from ._client import StreamResults, tensor
 from .conftest import CANCELLED, MODEL, REQUESTS, StartGrpcStack
+
+BFLOAT16: Any
+try:  # tritonclient from r26.06 on takes BF16 as ml_dtypes.bfloat16 (it requires ml_dtypes)
+    from ml_dtypes import bfloat16 as BFLOAT16
+except ImportError:  # before, as float32
+    BFLOAT16 = np.float32
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +86,7 @@ EVERY_TYPE: dict[str, Any] = {
     "INT16": np.array([-(2**15), 2**15 - 1], dtype=np.int16),
     "INT64": np.array([-(2**63), 2**63 - 1], dtype=np.int64),
     "FP16": np.array([[-1.5, 0.0], [65504.0, 0.099975586]], dtype=np.float16),
-    "BF16": np.array([-1.5, 0.0, 2.0**100], dtype=ml_dtypes.bfloat16),
+    "BF16": np.array([-1.5, 0.0, 2.0**100], dtype=BFLOAT16),
     "FP64": np.array([-1.5, 1e300], dtype=np.float64),
     "BYTES": np.array([[b"", "é".encode()], [b"\x00\xff", b"x" * 1000]], dtype=np.object_),
 }
