@@ -41,8 +41,11 @@ TENSOR_DATA_TYPES: Final = {
     "INT16": "Int16",
     "INT32": "Int32",
     "INT64": "Int64",
+    "FP16": "Float16",
+    "BF16": "BFloat16",
     "FP32": "Float32",
     "FP64": "Float64",
+    "BYTES": "Bytes",
 }
 """The tensor datatypes served: KServe's name to a worker's (Dynamo's) name."""
 

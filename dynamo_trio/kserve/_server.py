@@ -56,7 +56,7 @@ from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
 from ._tensors import kserve_dtype, response_message, worker_request
-from ._wire import Deframer, WireError, encode_grpc_message, frame, parse_timeout
+from ._wire import ACCEPT_ENCODING, Deframer, WireError, encode_grpc_message, frame, parse_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -75,7 +75,10 @@ _ModelInferRequest: Final = message_class("ModelInferRequest")
 _ModelInferResponse: Final = message_class("ModelInferResponse")
 _ModelStreamInferResponse: Final = message_class("ModelStreamInferResponse")
 
-_GRPC_HEADERS: Final = [(b"content-type", b"application/grpc")]
+_GRPC_HEADERS: Final = [
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", ACCEPT_ENCODING.encode()),
+]
 
 MAX_STREAM_INFERENCES: Final = 1024
 """Inferences one ``ModelStreamInfer`` call may have running; a request beyond that is
@@ -86,15 +89,52 @@ STREAM_BUDGET: Final = 4
 """The bytes of requests one ``ModelStreamInfer`` call may have running, in largest
 messages (the frontend's ``max_body_size``); one request is always let run."""
 
+PROCESS_BUDGET: Final = 16
+"""The bytes of requests all the calls of the process may hold, in largest messages, each
+from its message's prefix (before its body is buffered): a unary call's to the call's end,
+a streamed request's until its inference ends or it is refused.  A message beyond is
+refused at once and holds nothing: it ends its call ``RESOURCE_EXHAUSTED``."""
+
+
+@final
+class _Budget:
+    """Bytes held against a bound; whatever is held, one more request is let in alone."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Hold ``size`` more bytes, or refuse them (``False``, nothing held)."""
+        if self.held and self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
 
 @final
 class _Call:
     """One gRPC call: its messages in, its responses out, and whether its client left."""
 
-    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable, max_size: int):
+    def __init__(
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        max_size: int,
+        encoding: str,
+        budget: _Budget,
+    ):
         self._receive = receive
         self._send = send
-        self._deframer = Deframer(max_size)
+        self._budget = budget
+        self.held = 0
+        """The bytes of ``budget`` this call holds: its messages, from their prefixes."""
+        self._deframer = Deframer(max_size, encoding=encoding, admit=self._admit)
         self._sending = trio.Lock()
         self._started = False
         self.gone = False
@@ -112,6 +152,27 @@ class _Call:
         """The id the client gave the call (``x-dynamo-request-id``, ``x-request-id``)."""
         self.trace = TraceContext.new()
         """The call's trace: a span under the client's ``traceparent``, or a new trace."""
+
+    def _admit(self, size: int) -> None:
+        if size <= 0:  # a message that inflated to less than it took
+            self.give(-size)
+        elif self._budget.take(size):
+            self.held += size
+        else:
+            raise WireError(
+                f"the calls of this server hold {self._budget.held} bytes of requests; "
+                f"{size} more would pass its bound of {self._budget.limit}",
+                too_large=True,
+            )
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` of the bytes the call holds (a streamed request's)."""
+        self._budget.give(size)
+        self.held -= size
+
+    def release(self) -> None:
+        """Give back all the call holds of the process's budget (its end)."""
+        self.give(self.held)
 
     def identify(self, headers: dict[str, bytes]) -> None:
         """Read the call's id and trace from its metadata, as the HTTP routes read theirs.
@@ -238,6 +299,7 @@ class KServeApp:
     def __init__(self, pipeline: Pipeline, *, max_message_size: int) -> None:
         self._pipeline = pipeline
         self._max_message_size = max_message_size
+        self._budget = _Budget(PROCESS_BUDGET * max_message_size)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -266,18 +328,22 @@ class KServeApp:
         if scope["method"] != "POST" or not content_type.startswith(b"application/grpc"):
             await _plain(send, 415, b"Send gRPC: POST with content-type application/grpc.\n")
             return
-        call = _Call(receive, send, self._max_message_size)
+        encoding = headers.get("grpc-encoding", b"identity").decode("latin-1")
+        call = _Call(receive, send, self._max_message_size, encoding, self._budget)
         draining = self._pipeline.config.on_disconnect == "stop"
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
-            try:
-                call.deadline = self._deadline(headers.get("grpc-timeout"))
-                call.identify(headers)
-                await self._dispatch(call, scope["path"])
-            except BaseException as exc:
-                status, text = _failed(exc, "a gRPC call")
-                await call.finish(status, text)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call.read, None if draining else nursery.cancel_scope)
+                try:
+                    call.deadline = self._deadline(headers.get("grpc-timeout"))
+                    call.identify(headers)
+                    await self._dispatch(call, scope["path"])
+                except BaseException as exc:
+                    status, text = _failed(exc, "a gRPC call")
+                    await call.finish(status, text)
+                nursery.cancel_scope.cancel()
+        finally:
+            call.release()
 
     def _deadline(self, value: bytes | None) -> float | None:
         """When (``time.monotonic()``) a call with ``grpc-timeout: value`` ends; the
@@ -388,6 +454,7 @@ class KServeApp:
         request_id = ""
         # Admitted or refused before this task first yields, and a refused request holds
         # nothing: so what another request finds running never counts one being refused.
+        # (The call has held its bytes of the process's budget since its prefix.)
         budget = STREAM_BUDGET * self._max_message_size
         too_many = call.running >= MAX_STREAM_INFERENCES
         too_large = call.running > 0 and call.running_bytes + len(data) > budget
@@ -395,6 +462,8 @@ class KServeApp:
         if admitted:
             call.running += 1
             call.running_bytes += len(data)
+        else:
+            call.give(len(data))
         try:
             request = _decode(_ModelInferRequest, data)
             request_id = request.id
@@ -425,6 +494,7 @@ class KServeApp:
             if admitted:
                 call.running -= 1
                 call.running_bytes -= len(data)
+                call.give(len(data))
 
     async def _run_inference(
         self,
@@ -519,7 +589,7 @@ def _kserve_name(spec: TensorSpec) -> str:
 
 
 def _enum(spec: TensorSpec) -> int:
-    return DATA_TYPES.index(f"TYPE_{_kserve_name(spec)}")
+    return DATA_TYPES.index(kserve_dtype(spec.data_type).config)
 
 
 _METHODS: Final = {

@@ -7,19 +7,19 @@ A worker serving a ``tensor`` model receives, and yields, JSON-like dicts::
                   "data": {"data_type": "Int32", "values": [...]}}],
      "parameters": {"delay_ms": 10}, "outputs": ["OUTPUT0"]}
 
-(Dynamo's ``NvCreateTensorRequest``; its response has ``model``, ``id``,
-``tensors`` and ``parameters``).  ``values`` are flat, in row-major order,
-whether the client sent ``contents`` or ``raw_input_contents`` (the binary
-form, little-endian, which is decoded here; a request sent in that form is
-answered in it).  Everything a client can get wrong is an
-``INVALID_ARGUMENT`` here, before any worker is called: an unknown datatype,
-a negative dimension, values whose count is not the shape's, raw bytes whose
-length is not the shape's times the item size.
+(Dynamo's ``NvCreateTensorRequest``; its response has ``model``, ``id``, ``tensors`` and
+``parameters``).  ``values`` are flat, in row-major order, as Dynamo serializes them:
+numbers (``Float16``/``BFloat16`` as floats), bools, and for ``Bytes`` a list of byte
+values per element.  A request sent in the raw form (``raw_input_contents``,
+little-endian; ``BYTES`` items each after a 4-byte length) is answered in it, and so is
+one whose outputs include ``FP16``/``BF16``, which only the raw form carries.  What a
+client can get wrong is an ``INVALID_ARGUMENT`` here, before any worker is called.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import sys
 from array import array
 from typing import Any, Final, NamedTuple
@@ -43,15 +43,31 @@ class DType(NamedTuple):
 
     kserve: str
     dynamo: str
-    contents: str
-    code: str  # array typecode, little-endian on the wire
+    contents: str | None
+    """Its ``InferTensorContents`` field (``None``: the raw form only, as Triton has it)."""
+    config: str
+    """Its name in ``ModelConfig`` (``inference.DataType``)."""
+    code: str
+    """The ``array`` typecode of one element (``""``: packed by :data:`_CODECS`)."""
     size: int
+    """Bytes per element in the raw form (``0``: ``BYTES``, each item length-prefixed)."""
+    bounds: tuple[int, int] | None
+    """The range of an integer type narrower than its ``contents`` field."""
+
+
+def _dtype(kserve: str, contents: str | None, code: str, size: int) -> DType:
+    bounds = None
+    if code in ("b", "h", "B", "H") and kserve != "BOOL":
+        bits = 8 * size
+        bounds = (0, 2**bits - 1) if code.isupper() else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    config = "TYPE_STRING" if kserve == "BYTES" else f"TYPE_{kserve}"
+    return DType(kserve, TENSOR_DATA_TYPES[kserve], contents, config, code, size, bounds)
 
 
 DTYPES: Final = {
     dtype.kserve: dtype
     for dtype in (
-        DType(kserve, TENSOR_DATA_TYPES[kserve], contents, code, size)
+        _dtype(kserve, contents, code, size)
         for kserve, contents, code, size in (
             ("BOOL", "bool_contents", "B", 1),
             ("UINT8", "uint_contents", "B", 1),
@@ -62,13 +78,15 @@ DTYPES: Final = {
             ("INT16", "int_contents", "h", 2),
             ("INT32", "int_contents", "i", 4),
             ("INT64", "int64_contents", "q", 8),
+            ("FP16", None, "", 2),
+            ("BF16", None, "", 2),
             ("FP32", "fp32_contents", "f", 4),
             ("FP64", "fp64_contents", "d", 8),
+            ("BYTES", "bytes_contents", "", 0),
         )
     )
 }
-"""By KServe name (:data:`~dynamo_trio.discovery.TENSOR_DATA_TYPES`: ``BYTES``, ``FP16``
-and ``BF16`` are not served)."""
+"""By KServe name (:data:`~dynamo_trio.discovery.TENSOR_DATA_TYPES`)."""
 
 _BY_DYNAMO: Final = {dtype.dynamo: dtype for dtype in DTYPES.values()}
 
@@ -108,7 +126,12 @@ def _elements(name: str, shape: list[int]) -> int:
     return count
 
 
-def _unpack(dtype: DType, raw: bytes) -> list[Any]:
+# ---------------------------------------------------------------- the raw form, by type
+
+
+def _unpack_array(dtype: DType, raw: bytes, count: int) -> list[Any]:
+    if len(raw) != count * dtype.size:
+        raise ValueError(f"{len(raw)} raw bytes ({count * dtype.size} expected)")
     values = array(dtype.code, raw)
     if _SWAP:
         values.byteswap()
@@ -117,11 +140,119 @@ def _unpack(dtype: DType, raw: bytes) -> list[Any]:
     return values.tolist()
 
 
-def _pack(dtype: DType, values: list[Any]) -> bytes:
+def _pack_array(dtype: DType, values: list[Any]) -> bytes:
     packed = array(dtype.code, [int(bool(v)) for v in values] if dtype.kserve == "BOOL" else values)
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()
+
+
+def _unpack_fp16(dtype: DType, raw: bytes, count: int) -> list[Any]:
+    if len(raw) != count * 2:
+        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
+    return list(struct.unpack(f"<{count}e", raw))
+
+
+def _pack_fp16(dtype: DType, values: list[Any]) -> bytes:
+    try:
+        return struct.pack(f"<{len(values)}e", *values)
+    except OverflowError:  # a finite value beyond half precision's range is an infinity
+        return b"".join(_half(float(value)) for value in values)
+    except struct.error as exc:
+        raise TypeError(str(exc)) from None
+
+
+def _half(value: float) -> bytes:
+    try:
+        return struct.pack("<e", value)
+    except OverflowError:
+        return struct.pack("<e", math.copysign(math.inf, value))
+
+
+def _unpack_bf16(dtype: DType, raw: bytes, count: int) -> list[Any]:
+    if len(raw) != count * 2:
+        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
+    halves = array("H", raw)
+    if _SWAP:
+        halves.byteswap()
+    return array("f", array("I", [half << 16 for half in halves]).tobytes()).tolist()
+
+
+def _pack_bf16(dtype: DType, values: list[Any]) -> bytes:
+    # bfloat16 is the top half of a float32, rounded to nearest even (a NaN stays one).
+    halves = array(
+        "H",
+        [
+            (bits >> 16) | 0x40
+            if bits & 0x7FFFFFFF > 0x7F800000
+            else (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            for bits in array("I", array("f", values).tobytes())
+        ],
+    )
+    if _SWAP:
+        halves.byteswap()
+    return halves.tobytes()
+
+
+def _unpack_bytes(dtype: DType, raw: bytes, count: int) -> list[Any]:
+    items: list[Any] = []
+    view, offset, end = memoryview(raw), 0, len(raw)
+    while offset < end:
+        if len(items) == count:
+            raise ValueError(f"{end - offset} bytes after the {count} items of the shape")
+        if end - offset < 4:
+            raise ValueError(f"{end - offset} bytes at offset {offset} for an item's 4-byte length")
+        length = int.from_bytes(view[offset : offset + 4], "little")
+        offset += 4
+        if length > end - offset:
+            raise ValueError(
+                f"the item at offset {offset - 4} declares {length} bytes; {end - offset} remain"
+            )
+        items.append(list(view[offset : offset + length]))
+        offset += length
+    if len(items) != count:
+        raise ValueError(f"{len(items)} length-prefixed items ({count} expected)")
+    return items
+
+
+def _pack_bytes(dtype: DType, values: list[Any]) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in map(_item, values))
+
+
+def _item(value: Any) -> bytes:
+    """One ``Bytes`` element a worker gave: a list of byte values."""
+    if type(value) is not list:
+        raise TypeError(f"a Bytes element is a list of byte values, not a {type(value).__name__}")
+    return bytes(value)
+
+
+_CODECS: Final = {
+    "FP16": (_unpack_fp16, _pack_fp16),
+    "BF16": (_unpack_bf16, _pack_bf16),
+    "BYTES": (_unpack_bytes, _pack_bytes),
+}
+"""How the types ``array`` cannot pack go to and from the raw form (the rest: ``array``)."""
+
+
+def _unpack(dtype: DType, raw: bytes, count: int) -> list[Any]:
+    """The worker's values of ``count`` elements in ``raw`` (``ValueError``: a wrong size)."""
+    unpack, _ = _CODECS.get(dtype.kserve, (_unpack_array, _pack_array))
+    return unpack(dtype, raw, count)
+
+
+def _pack(dtype: DType, values: list[Any]) -> bytes:
+    _, pack = _CODECS.get(dtype.kserve, (_unpack_array, _pack_array))
+    return pack(dtype, values)
+
+
+def _in_bounds(dtype: DType, values: list[Any]) -> str | None:
+    """Why ``values`` do not fit ``dtype``, or ``None``."""
+    if dtype.bounds is None or not values:
+        return None
+    low, high = dtype.bounds
+    if min(values) < low or max(values) > high:
+        return f"values outside {dtype.kserve}'s range {low}..{high}"
+    return None
 
 
 def _parameter(value: Any) -> Any:
@@ -159,13 +290,18 @@ def worker_request(message: Any, inputs: set[str] | None) -> tuple[dict[str, Any
         shape = list(tensor.shape)
         count = _elements(name, shape)
         if raw:
-            packed = raw[index]
-            if len(packed) != count * dtype.size:
+            try:
+                values = _unpack(dtype, raw[index], count)
+            except ValueError as exc:
                 raise _invalid(
-                    f"input {name!r}: {len(packed)} raw bytes for the shape {shape} of "
-                    f"{tensor.datatype} ({count * dtype.size} expected)"
-                )
-            values = _unpack(dtype, packed)
+                    f"input {name!r}: {exc} in raw_input_contents for the shape {shape} "
+                    f"of {dtype.kserve}"
+                ) from None
+        elif dtype.contents is None:
+            raise _invalid(
+                f"input {name!r}: {dtype.kserve} goes in raw_input_contents "
+                "(InferTensorContents has no field for it)"
+            )
         else:
             values = list(getattr(tensor.contents, dtype.contents))
             if len(values) != count:
@@ -173,8 +309,12 @@ def worker_request(message: Any, inputs: set[str] | None) -> tuple[dict[str, Any
                     f"input {name!r}: {len(values)} values in {dtype.contents} for the "
                     f"shape {shape} ({count} expected)"
                 )
+            if (problem := _in_bounds(dtype, values)) is not None:
+                raise _invalid(f"input {name!r}: {problem} in {dtype.contents}")
             if dtype.kserve == "BOOL":
                 values = [bool(value) for value in values]
+            elif dtype.kserve == "BYTES":
+                values = [list(value) for value in values]
         metadata = {"name": name, "data_type": dtype.dynamo, "shape": shape}
         tensors.append(
             {"metadata": metadata, "data": {"data_type": dtype.dynamo, "values": values}}
@@ -220,17 +360,26 @@ def _response(item: Any, response_class: type[Any], *, raw: bool) -> Any:
     response = response_class(model_name=str(item["model"]), id=str(item.get("id") or ""))
     for key, value in (item.get("parameters") or {}).items():
         _set_parameter(response.parameters[str(key)], value)
-    for tensor in item["tensors"]:
-        metadata, data = tensor["metadata"], tensor["data"]
-        dtype = kserve_dtype(str(data["data_type"]))
+    tensors = [
+        (tensor["metadata"], kserve_dtype(str(tensor["data"]["data_type"])), tensor["data"])
+        for tensor in item["tensors"]
+    ]
+    # The raw form is all outputs' or none's: an FP16 or BF16 output takes them all there.
+    raw = raw or any(dtype.contents is None for _, dtype, _ in tensors)
+    for metadata, dtype, data in tensors:
         shape = [int(dim) for dim in metadata["shape"]]
         values = list(data["values"])
         if len(values) != math.prod(shape):
             raise ValueError(f"{len(values)} values for the shape {shape}")
+        if (problem := _in_bounds(dtype, values)) is not None:
+            raise ValueError(problem)
         output = response.outputs.add(name=str(metadata["name"]), datatype=dtype.kserve)
         output.shape.extend(shape)
         if raw:
             response.raw_output_contents.append(_pack(dtype, values))
+        elif dtype.kserve == "BYTES":
+            output.contents.bytes_contents.extend(map(_item, values))
         else:
+            assert dtype.contents is not None
             getattr(output.contents, dtype.contents).extend(values)
     return response

@@ -3,18 +3,25 @@
 A gRPC message on an HTTP/2 stream is a 5-byte prefix (a compressed flag,
 then the length as a big-endian ``uint32``) and that many bytes of protobuf.
 :class:`Deframer` takes the stream's DATA in whatever pieces it arrives and
-gives back whole messages; it refuses a compressed message (no
-``grpc-encoding`` is accepted) and a declared length over its limit *before*
-buffering the body, so a peer announcing four gigabytes costs nothing.
+gives back whole messages.  It refuses a declared length over its limit
+*before* buffering the body, so a peer announcing four gigabytes costs
+nothing; a compressed message (``grpc-encoding`` ``gzip`` or ``deflate``) is
+inflated to at most the same limit, so a decompression bomb costs no more.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final, final
+import zlib
+from typing import TYPE_CHECKING, Final, final
 from urllib.parse import quote, unquote
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = [
+    "ACCEPT_ENCODING",
+    "ENCODINGS",
     "PREFIX_SIZE",
     "Deframer",
     "WireError",
@@ -25,6 +32,13 @@ __all__ = [
 ]
 
 PREFIX_SIZE: Final = 5
+
+ENCODINGS: Final = {"identity": None, "deflate": zlib.MAX_WBITS, "gzip": 16 + zlib.MAX_WBITS}
+"""The ``grpc-encoding`` values accepted, with their ``zlib`` window bits (``deflate``
+is the zlib format in gRPC)."""
+
+ACCEPT_ENCODING: Final = ", ".join(ENCODINGS)
+"""``grpc-accept-encoding``: what a client may compress its messages with."""
 
 _TIMEOUT: Final = re.compile(r"(\d{1,8})([HMSmun])")
 _UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -54,14 +68,28 @@ class Deframer:
     """Whole messages out of a byte stream that arrives in arbitrary pieces.
 
     States: reading a prefix, or reading the body whose length it declared.
+    ``encoding`` is the call's ``grpc-encoding``: one not in :data:`ENCODINGS`
+    refuses the call at its first data (``UNIMPLEMENTED``).  ``admit``, if given,
+    is told the bytes each message is about to take (its declared length before
+    its body is buffered, then what inflating it adds, or takes away if it is
+    negative) and may refuse more by raising :class:`WireError`.
     """
 
-    __slots__ = ("_buffer", "_max_size", "_need")
+    __slots__ = ("_admit", "_buffer", "_compressed", "_encoding", "_max_size", "_need")
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        encoding: str = "identity",
+        admit: Callable[[int], None] | None = None,
+    ) -> None:
         self._max_size = max_size
+        self._encoding = encoding
+        self._admit = admit
         self._buffer = bytearray()
         self._need: int | None = None  # the body length once its prefix is read
+        self._compressed = False  # the prefix's flag
 
     @property
     def pending(self) -> bool:
@@ -72,8 +100,14 @@ class Deframer:
         """The messages that ``data`` completes, in order.
 
         Raises:
-            WireError: a compressed message, or one declared longer than the limit.
+            WireError: an encoding not accepted, a message declared or inflated
+                over the limit, one that does not inflate, or one ``admit`` refused.
         """
+        if self._encoding not in ENCODINGS:
+            raise WireError(
+                f"grpc-encoding {self._encoding[:40]!r} is not accepted ({ACCEPT_ENCODING})",
+                unimplemented=True,
+            )
         self._buffer += data
         messages: list[bytes] = []
         while True:
@@ -82,25 +116,51 @@ class Deframer:
                     return messages
                 flag = self._buffer[0]
                 length = int.from_bytes(self._buffer[1:PREFIX_SIZE], "big")
-                if flag == 1:
+                if flag == 1 and ENCODINGS[self._encoding] is None:
                     raise WireError(
-                        "compressed messages are not accepted (send no grpc-encoding)",
+                        "a compressed message without a grpc-encoding "
+                        f"(send one of {ACCEPT_ENCODING})",
                         unimplemented=True,
                     )
-                if flag != 0:
+                if flag not in (0, 1):
                     raise WireError(f"invalid message flag {flag} (0 or 1)")
                 if length > self._max_size:
                     raise WireError(
                         f"a message of {length} bytes is over the limit of {self._max_size}",
                         too_large=True,
                     )
+                if self._admit is not None:
+                    self._admit(length)
                 del self._buffer[:PREFIX_SIZE]
-                self._need = length
+                self._need, self._compressed = length, flag == 1
             if len(self._buffer) < self._need:
                 return messages
-            messages.append(bytes(self._buffer[: self._need]))
+            message = bytes(self._buffer[: self._need])
             del self._buffer[: self._need]
+            if self._compressed:
+                message = self._inflate(message)
+            messages.append(message)
             self._need = None
+
+    def _inflate(self, message: bytes) -> bytes:
+        inflater = zlib.decompressobj(ENCODINGS[self._encoding] or 0)
+        try:
+            inflated = inflater.decompress(message, self._max_size + 1)
+        except zlib.error as exc:
+            raise WireError(f"a message does not inflate as {self._encoding}: {exc}") from None
+        if len(inflated) > self._max_size:
+            raise WireError(
+                f"a {self._encoding} message inflates to over the limit of {self._max_size} bytes",
+                too_large=True,
+            )
+        if not inflater.eof or inflater.unused_data:
+            raise WireError(
+                f"a message is not one whole {self._encoding} stream "
+                f"({'data after its end' if inflater.eof else 'it is cut short'})"
+            )
+        if self._admit is not None:
+            self._admit(len(inflated) - len(message))
+        return inflated
 
 
 def parse_timeout(value: str) -> float:

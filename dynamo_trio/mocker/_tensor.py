@@ -1,8 +1,11 @@
 """The mock tensor model: ``OUTPUT0`` is ``INPUT0``, for the KServe gRPC frontend.
 
-Request parameters: ``delay_ms`` waits that long before each response (a kill
-cancels the wait; a stop ends the request without another response), and
-``repeat`` is how many responses a streaming request gets.
+Its requests and responses have Dynamo's tensor shape (see
+:mod:`dynamo_trio.kserve._tensors`).  ``INPUT0`` may be of any datatype served
+(it registers as ``Int32``), of any shape.  Request parameters: ``delay_ms``
+waits that long before each response (a kill cancels the wait; a stop ends it, and the request
+with it, without another response), ``repeat`` is how many responses one request gets (on a
+``ModelStreamInfer`` call; a unary infer takes exactly one).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
+
+from ..discovery import TENSOR_DATA_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -19,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_REPEAT", "echo_tensor", "tensor_model_config"]
 
 MAX_REPEAT: Final = 100_000
-_TYPES: Final = ("Int32", "Float32")
+_TYPES: Final = frozenset(TENSOR_DATA_TYPES.values())
 
 
 def tensor_model_config(name: str) -> dict[str, Any]:
@@ -42,8 +47,8 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
     """The handler: ``repeat`` responses, each ``delay_ms`` after the one before.
 
     Raises:
-        ValueError: no ``INPUT0``, a datatype other than ``Int32``/``Float32``,
-            or an invalid parameter (the caller's ``INVALID_ARGUMENT``).
+        ValueError: no ``INPUT0``, a datatype not served (or its data's not its
+            metadata's), or an invalid parameter (the caller's ``INVALID_ARGUMENT``).
     """
     parameters = request.get("parameters") or {}
     delay_ms = _parameter(parameters, "delay_ms", 0, 0, 3_600_000)
@@ -53,7 +58,7 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
         raise ValueError("the request has no INPUT0")
     data_type = tensor["metadata"]["data_type"]
     if data_type not in _TYPES or tensor["data"]["data_type"] != data_type:
-        raise ValueError(f"INPUT0 must be one of {', '.join(_TYPES)}, not {data_type}")
+        raise ValueError(f"INPUT0 must be one of {', '.join(sorted(_TYPES))}, not {data_type}")
     output = {
         "metadata": {
             "name": "OUTPUT0",

@@ -1,5 +1,5 @@
 """One gRPC call made byte by byte over HTTP/2 (with the ``h2`` package hypercorn uses),
-for what no gRPC client sends: a declared length of gigabytes, a compressed flag."""
+for what no gRPC client sends: a declared length of gigabytes, a decompression bomb."""
 
 from __future__ import annotations
 
@@ -20,9 +20,16 @@ class H2Reply:
 
 
 async def h2_call(
-    address: str, path: str, body: bytes, *, end_stream: bool = True, within: float = 10
+    address: str,
+    path: str,
+    body: bytes,
+    *,
+    end_stream: bool = True,
+    headers: tuple[tuple[str, str], ...] = (),
+    within: float = 10,
 ) -> H2Reply:
-    """POST ``body`` as the DATA of one gRPC call to ``path``; the reply as received."""
+    """POST ``body`` as the DATA of one gRPC call to ``path`` (with ``headers`` beside
+    gRPC's own); the reply as received."""
     host, _, port = address.rpartition(":")
     stream = await trio.open_tcp_stream(host, int(port))
     connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -36,9 +43,13 @@ async def h2_call(
             (":path", path),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
+            *headers,
         ],
     )
-    connection.send_data(1, body, end_stream=end_stream)
+    size = connection.max_outbound_frame_size  # the body fits the flow window (64 KiB)
+    chunks = [body[start : start + size] for start in range(0, len(body), size)] or [b""]
+    for index, chunk in enumerate(chunks):
+        connection.send_data(1, chunk, end_stream=end_stream and index == len(chunks) - 1)
     reply = H2Reply()
     try:
         with trio.fail_after(within):

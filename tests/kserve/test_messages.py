@@ -69,5 +69,6 @@ def test_bytes_made_by_either_side_read_the_same_on_the_other() -> None:
 def test_every_tensor_datatype_served_has_its_model_config_type() -> None:
     reference = model_config_pb2.DataType
     assert [reference.Name(number) for number in range(len(DATA_TYPES))] == list(DATA_TYPES)
-    for name in DTYPES:
-        assert f"TYPE_{name}" in DATA_TYPES
+    for name, dtype in DTYPES.items():
+        assert dtype.config == ("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}")
+        assert dtype.config in DATA_TYPES
