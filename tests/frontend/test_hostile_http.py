@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Proc
 
-    from .conftest import StartStack
+    from .conftest import StartProcStack, StartStack
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +48,8 @@ WEBSOCKET_HEADERS = (
 )
 
 
-def assert_clean_log(process: Proc) -> None:
-    log = process.stderr.decode(errors="replace")
+def assert_clean_log(log: str) -> None:
+    """``log``: a frontend process's stderr, or an in-process one's ``Served.log()``."""
     assert "Traceback" not in log, log[-4000:]
     assert " ERROR " not in log, log[-4000:]
 
@@ -122,10 +122,10 @@ async def h2_response_body(
 
 @pytest.mark.parametrize("how", ["h2c-upgrade", "prior-knowledge"])
 async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
-    stack: StartStack, how: str
+    proc_stack: StartProcStack, how: str
 ) -> None:
     # A long shutdown grace: only a shutdown that is not stuck ends promptly.
-    running = await stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30", **HTTP2})
+    running = await proc_stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30", **HTTP2})
     for _ in range(3):
         stream = await open_raw(running.url)
         if how == "h2c-upgrade":
@@ -145,7 +145,7 @@ async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
     await still_serving(running.url)
     running.frontend.signal(signal.SIGTERM)
     assert await running.frontend.wait_exit(within=5) == 0
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.frontend.stderr.decode(errors="replace"))
 
 
 async def test_http2_with_prior_knowledge_is_served_when_asked(stack: StartStack) -> None:
@@ -247,10 +247,12 @@ async def test_an_sse_stream_over_http2_goes_the_usual_way_and_is_whole(
 # ---------------------------------------------------------------------------- shutdown
 
 
-async def test_a_client_that_stops_reading_does_not_stop_sigterm(stack: StartStack) -> None:
+async def test_a_client_that_stops_reading_does_not_stop_sigterm(
+    proc_stack: StartProcStack,
+) -> None:
     # hypercorn shields its socket writes: a stream to a client that reads
     # nothing blocks for ever unless the server closes the socket itself.
-    running = await stack(inter_token_latency_ms=0.05)
+    running = await proc_stack(inter_token_latency_ms=0.05)
     stream = await open_raw(running.url)
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps({**CHAT_BODY, "max_tokens": 16_000, "stream": True}).encode()
@@ -263,7 +265,7 @@ async def test_a_client_that_stops_reading_does_not_stop_sigterm(stack: StartSta
     # DYN_SHUTDOWN_GRACE_SECS=2 in the test environment.
     assert trio.current_time() - began < 2 + 5
     assert "closing 1 connection(s) still open" in running.frontend.stderr.decode()
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.frontend.stderr.decode(errors="replace"))
     await stream.aclose()
 
 
@@ -292,7 +294,7 @@ async def test_a_websocket_handshake_is_refused_with_json(stack: StartStack, pat
             message = body["error"]["message"]
         assert f"no WebSocket route at {path}" in message
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- slow bodies
@@ -335,7 +337,7 @@ async def test_a_body_that_never_finishes_is_408_after_the_body_timeout_once(
         assert body["error"]["type"] == "timeout_error"
         assert body["error"]["message"] == "The request body did not arrive within 1 seconds."
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 def test_the_body_timeout_is_configured_from_the_environment() -> None:
@@ -402,7 +404,7 @@ async def test_huge_request_lines_and_header_floods_get_414_or_431(stack: StartS
     assert answer.startswith(b"HTTP/1.1 431 ") or answer == b"", answer
     await stream.aclose()
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
@@ -430,7 +432,7 @@ async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
         assert answer.startswith(b"HTTP/1.1 414 ") or not answer, answer[:200]
         await stream.aclose()
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- bodies
@@ -472,7 +474,7 @@ async def test_hostile_bodies_get_precise_400s(stack: StartStack, path: str) -> 
         )
         assert response.status_code == 415
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- model limits

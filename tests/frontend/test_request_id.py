@@ -26,7 +26,7 @@ from .conftest import (
 )
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import Proc
+    from tests._serving import Events
 
     from .conftest import StartStack
 
@@ -137,7 +137,7 @@ async def test_an_invalid_request_id_is_refused_with_400_and_not_echoed(
     ]
 
 
-async def wait_for_count(proc: Proc, event: str, count: int, **fields: Any) -> None:
+async def wait_for_count(proc: Events, event: str, count: int, **fields: Any) -> None:
     with trio.fail_after(5):
         while (  # noqa: ASYNC110 - the events come from another process's stdout
             sum(

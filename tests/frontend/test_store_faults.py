@@ -24,7 +24,7 @@ from dynamo_trio.discovery._file_store import FileLayout, key_to_name
 from .conftest import CHAT_BODY, MODELS, wait_for_models
 
 if TYPE_CHECKING:
-    from .conftest import StartStack
+    from .conftest import StartProcStack
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def skip_lines(stderr: bytearray) -> list[str]:
 
 
 async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
-    stack: StartStack, env: dict[str, str]
+    proc_stack: StartProcStack, env: dict[str, str]
 ) -> None:
     ttl = float(env["DYN_LEASE_TTL_SECS"])
     layout = FileLayout(Path(env["DYN_FILE_KV"]))
@@ -50,7 +50,7 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
     for i in range(GARBAGE):
         path = layout.kv_dir / key_to_name(f"v1/models/dynamo/junk-{i}/chat/1")
         path.write_bytes(b"\xff not an entry")
-    running = await stack()
+    running = await proc_stack()
 
     # The worker's registrations are deleted from the store behind its back.
     ours = [

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Stack
 
-    from .conftest import StartStack
+    from .conftest import StartProcStack
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +96,8 @@ async def wait_started(running: Stack, request_id: str, ready: trio.Event) -> No
 
 
 @openai_client_leaves_generators
-async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> None:
-    running = await stack()
+async def test_streams_in_flight_end_with_an_error_event(proc_stack: StartProcStack) -> None:
+    running = await proc_stack()
     scenario = Scenario(running)
     openai_client = openai.AsyncOpenAI(
         base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=10
@@ -195,8 +195,8 @@ async def test_streams_in_flight_end_with_an_error_event(stack: StartStack) -> N
     assert await running.metric("dynamo_frontend_inflight_requests") == 0
 
 
-async def test_requests_not_yet_answered_get_a_503_json_error(stack: StartStack) -> None:
-    running = await stack()
+async def test_requests_not_yet_answered_get_a_503_json_error(proc_stack: StartProcStack) -> None:
+    running = await proc_stack()
     scenario = Scenario(running)
 
     def add_request(

@@ -1,0 +1,202 @@
+"""A frontend and the model worker in the test's own process, as ``python -m
+dynamo_trio.frontend`` and ``tests/e2e/_model_worker.py`` would run them.
+
+The frontend is :func:`serve_frontend` on 127.0.0.1 with the config its command
+line would build (flags and ``DYN_*`` variables); the worker serves the models of
+``tests/e2e/_model_worker.py``, its handlers' ``start`` and ``exit`` events kept in
+a list instead of printed.  Discovery is a :class:`MemoryStore`; HTTP and the
+request plane are real loopback TCP.  What needs processes (signals, a worker
+killed, the command line) uses :mod:`tests._procs` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Any, final
+from unittest import mock
+
+import trio
+
+from dynamo_trio import Config, DiscoveryConfig, cli
+from dynamo_trio.discovery import MemoryStore
+from dynamo_trio.edge import listen_sockets
+from dynamo_trio.frontend import serve_frontend
+from dynamo_trio.mocker import MockerSettings
+from dynamo_trio.runtime import DistributedRuntime
+from tests._metrics import scrape
+from tests.e2e._model_worker import serve_models
+
+if TYPE_CHECKING:
+    import socket
+
+
+@final
+class Events:
+    """A worker's reported events, read as a process's JSON lines are (``Proc``)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._changed = trio.Event()
+
+    def report(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, **fields})
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for(self, event: str, *, within: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
+        with trio.fail_after(within):
+            while True:
+                for candidate in self.events:
+                    if candidate.get("event") == event and all(
+                        candidate.get(k) == v for k, v in fields.items()
+                    ):
+                        return candidate
+                await self._changed.wait()
+
+
+@final
+class Served:
+    """A running in-process stack: the frontend's URL, the worker's events and status URL."""
+
+    def __init__(self, url: str, worker: Events, worker_status: str, log: _Records) -> None:
+        self.url = url
+        self.worker = worker
+        self.worker_status = worker_status
+        self._log = log
+
+    def log(self) -> str:
+        """What the process's log (its stderr) would say: every record since the start."""
+        return "\n".join(self._log.format(record) for record in self._log.records)
+
+    async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
+        """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
+        return await scrape(self.worker_status if worker else self.url, name, **labels)
+
+
+def frontend_config(environ: dict[str, str], *flags: str) -> Config:
+    """The config ``python -m dynamo_trio.frontend *flags`` builds in ``environ``."""
+    parser = argparse.ArgumentParser()
+    cli._discovery_flags(parser)
+    cli._frontend_flags(parser)
+    args = parser.parse_args(list(flags))
+    with mock.patch.dict(os.environ, environ, clear=True):
+        return cli._config(args)
+
+
+@final
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def _logging_into(handler: logging.Handler, *, task_status: trio.TaskStatus[None]) -> None:
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        root.removeHandler(handler)
+
+
+async def _hold(opened: Any, *, task_status: trio.TaskStatus[Any]) -> None:
+    async with opened as value:
+        task_status.started(value)
+        await trio.sleep_forever()
+
+
+async def serve_stack(
+    nursery: trio.Nursery,
+    env: dict[str, str],
+    *frontend_flags: str,
+    inter_token_latency_ms: float = 20.0,
+    ttft_ms: float = 0.0,
+    frontend_env: dict[str, str] | None = None,
+) -> Served:
+    """A worker and a frontend serving in ``nursery``, once the frontend lists every model.
+
+    ``env`` is the children's environment of ``tests/_procs.py`` (``DYN_*`` test
+    settings); ``frontend_flags`` and ``frontend_env`` are the frontend's command line.
+    """
+    records = _Records()
+    await nursery.start(_logging_into, records)
+    store = MemoryStore()
+    worker_config = Config.from_env(env)
+    worker_config = worker_config.replace(discovery=_mem(worker_config))
+    events = Events()
+    worker: DistributedRuntime = await nursery.start(
+        _hold, DistributedRuntime(worker_config, memory_store=store)
+    )
+    settings = MockerSettings(inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms)
+    await nursery.start(serve_models, worker, settings, events.report)
+
+    config = frontend_config({**env, **(frontend_env or {})}, "--http-port", "0", *frontend_flags)
+    config = config.replace(discovery=_mem(config))
+    frontend: DistributedRuntime = await nursery.start(
+        _hold, DistributedRuntime(config, memory_store=store)
+    )
+    url: str = await nursery.start(_serve, frontend, config, listen_sockets(["127.0.0.1:0"]))
+    assert worker.status_url is not None
+    served = Served(url, events, worker.status_url, records)
+    await wait_for_models(url, MODELS, within=15)
+    return served
+
+
+async def _serve(
+    runtime: DistributedRuntime,
+    config: Config,
+    sockets: list[socket.socket],
+    *,
+    task_status: trio.TaskStatus[str],
+) -> None:
+    await serve_frontend(
+        runtime,
+        config.frontend,
+        shutdown_grace=config.worker.shutdown_grace,
+        sockets=sockets,
+        task_status=task_status,
+    )
+
+
+def _mem(config: Config) -> DiscoveryConfig:
+    return dataclasses.replace(config.discovery, backend="mem")
+
+
+MODELS = frozenset(
+    {
+        "mock",
+        "mock-embed",
+        "prefill",
+        "stall",
+        "slow-embed",
+        "mock-image",
+        "mock-video",
+        "mock-speech",
+    }
+)
+"""What ``tests/e2e/_model_worker.py`` registers."""
+
+
+async def listed_models(url: str) -> set[str]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url) as http:
+        response = await http.get("/v1/models")
+    assert response.status_code == 200, response.text
+    return {model["id"] for model in response.json()["data"]}
+
+
+async def wait_for_models(url: str, expected: frozenset[str] | set[str], *, within: float) -> None:
+    """Poll ``/v1/models`` until it lists exactly ``expected``."""
+    with trio.fail_after(within):
+        while await listed_models(url) != expected:  # noqa: ASYNC110 - polls another process
+            await trio.sleep(0.02)
