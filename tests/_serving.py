@@ -1,12 +1,13 @@
-"""A frontend and the model worker in the test's own process, as ``python -m
-dynamo_trio.frontend`` and ``tests/e2e/_model_worker.py`` would run them.
+"""A frontend and workers in the test's own process, as ``python -m
+dynamo_trio.frontend``, ``tests/e2e/_model_worker.py`` and ``python -m dynamo_trio
+mocker`` would run them.
 
 The frontend is :func:`serve_frontend` on 127.0.0.1 with the config its command
-line would build (flags and ``DYN_*`` variables); the worker serves the models of
-``tests/e2e/_model_worker.py``, its handlers' ``start`` and ``exit`` events kept in
-a list instead of printed.  Discovery is a :class:`MemoryStore`; HTTP and the
-request plane are real loopback TCP.  What needs processes (signals, a worker
-killed, the command line) uses :mod:`tests._procs` instead.
+line would build (flags and ``DYN_*`` variables); a worker serves the model
+worker's models (its handlers' ``start`` and ``exit`` events kept in a list
+instead of printed) or the mocker's.  Discovery is a :class:`MemoryStore`; HTTP
+and the request plane are real loopback TCP.  What needs processes (signals, a
+worker killed, the command line) uses :mod:`tests._procs` instead.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import argparse
 import dataclasses
 import logging
 import os
+from functools import partial
 from typing import TYPE_CHECKING, Any, final
 from unittest import mock
 
 import trio
 
-from dynamo_trio import Config, DiscoveryConfig, cli
+from dynamo_trio import Config, cli
 from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.edge import listen_sockets
 from dynamo_trio.frontend import serve_frontend
 from dynamo_trio.mocker import MockerSettings
+from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.runtime import DistributedRuntime
 from tests._metrics import scrape
 from tests.e2e._model_worker import serve_models
@@ -62,7 +65,7 @@ class Events:
 class Served:
     """A running in-process stack: the frontend's URL, the worker's events and status URL."""
 
-    def __init__(self, url: str, worker: Events, worker_status: str, log: _Records) -> None:
+    def __init__(self, url: str, worker: Events, worker_status: str, log: Records) -> None:
         self.url = url
         self.worker = worker
         self.worker_status = worker_status
@@ -70,7 +73,7 @@ class Served:
 
     def log(self) -> str:
         """What the process's log (its stderr) would say: every record since the start."""
-        return "\n".join(self._log.format(record) for record in self._log.records)
+        return self._log.text()
 
     async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
         """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
@@ -88,7 +91,7 @@ def frontend_config(environ: dict[str, str], *flags: str) -> Config:
 
 
 @final
-class _Records(logging.Handler):
+class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
@@ -96,6 +99,10 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+    def text(self) -> str:
+        """What a process's log (its stderr) would say: every record since the start."""
+        return "\n".join(self.format(record) for record in self.records)
 
 
 async def _logging_into(handler: logging.Handler, *, task_status: trio.TaskStatus[None]) -> None:
@@ -114,6 +121,77 @@ async def _hold(opened: Any, *, task_status: trio.TaskStatus[Any]) -> None:
         await trio.sleep_forever()
 
 
+@final
+class Cluster:
+    """Runtimes of one test on one :class:`MemoryStore`: workers and frontends, each
+    configured as its command line would be in ``env`` (``tests/_procs.py``'s
+    children's ``DYN_*`` test settings), serving in ``nursery``."""
+
+    def __init__(self, nursery: trio.Nursery, env: dict[str, str]) -> None:
+        self.nursery = nursery
+        self.env = env
+        self.store = MemoryStore()
+        self.log = Records()
+        self._logging = False
+
+    async def _runtime(self, config: Config) -> DistributedRuntime:
+        if not self._logging:
+            await self.nursery.start(_logging_into, self.log)
+            self._logging = True
+        config = config.replace(discovery=dataclasses.replace(config.discovery, backend="mem"))
+        runtime: DistributedRuntime = await self.nursery.start(
+            _hold, DistributedRuntime(config, memory_store=self.store)
+        )
+        return runtime
+
+    async def model_worker(
+        self, events: Events, *, inter_token_latency_ms: float = 20.0, ttft_ms: float = 0.0
+    ) -> DistributedRuntime:
+        """``tests/e2e/_model_worker.py``'s models, their events reported to ``events``."""
+        worker = await self._runtime(Config.from_env(self.env))
+        settings = MockerSettings(inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms)
+        await self.nursery.start(serve_models, worker, settings, events.report)
+        return worker
+
+    async def mocker(self, *flags: str) -> DistributedRuntime:
+        """``python -m dynamo_trio mocker *flags``: its models are listed once a frontend
+        sees them (:func:`wait_for_models`)."""
+        parser = argparse.ArgumentParser()
+        cli._discovery_flags(parser)
+        parser.add_argument("--component", default="mocker")
+        cli._mocker_flags(parser)
+        args = parser.parse_args(list(flags))
+        with mock.patch.dict(os.environ, self.env, clear=True):
+            config = cli._config(args)
+        worker = await self._runtime(config)
+        self.nursery.start_soon(
+            partial(
+                serve_mocker,
+                worker,
+                cli._settings(args),
+                model_name=args.model_name,
+                embedding_model_name=args.embedding_model_name,
+                tensor_model_name=args.tensor_model_name,
+                image_model_name=args.image_model_name,
+                video_model_name=args.video_model_name,
+                speech_model_name=args.speech_model_name,
+                namespace=config.frontend.namespace,
+                component=args.component,
+            )
+        )
+        return worker
+
+    async def frontend(self, *flags: str, frontend_env: dict[str, str] | None = None) -> str:
+        """``python -m dynamo_trio.frontend --http-port 0 *flags`` (with ``frontend_env``
+        over ``env``) serving on 127.0.0.1; its URL."""
+        config = frontend_config({**self.env, **(frontend_env or {})}, "--http-port", "0", *flags)
+        runtime = await self._runtime(config)
+        url: str = await self.nursery.start(
+            _serve, runtime, config, listen_sockets(["127.0.0.1:0"])
+        )
+        return url
+
+
 async def serve_stack(
     nursery: trio.Nursery,
     env: dict[str, str],
@@ -122,33 +200,17 @@ async def serve_stack(
     ttft_ms: float = 0.0,
     frontend_env: dict[str, str] | None = None,
 ) -> Served:
-    """A worker and a frontend serving in ``nursery``, once the frontend lists every model.
-
-    ``env`` is the children's environment of ``tests/_procs.py`` (``DYN_*`` test
-    settings); ``frontend_flags`` and ``frontend_env`` are the frontend's command line.
-    """
-    records = _Records()
-    await nursery.start(_logging_into, records)
-    store = MemoryStore()
-    worker_config = Config.from_env(env)
-    worker_config = worker_config.replace(discovery=_mem(worker_config))
+    """The model worker and a frontend serving in ``nursery``, once the frontend lists
+    every model (see :class:`Cluster` for ``env``, ``frontend_flags``, ``frontend_env``)."""
+    cluster = Cluster(nursery, env)
     events = Events()
-    worker: DistributedRuntime = await nursery.start(
-        _hold, DistributedRuntime(worker_config, memory_store=store)
+    worker = await cluster.model_worker(
+        events, inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms
     )
-    settings = MockerSettings(inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms)
-    await nursery.start(serve_models, worker, settings, events.report)
-
-    config = frontend_config({**env, **(frontend_env or {})}, "--http-port", "0", *frontend_flags)
-    config = config.replace(discovery=_mem(config))
-    frontend: DistributedRuntime = await nursery.start(
-        _hold, DistributedRuntime(config, memory_store=store)
-    )
-    url: str = await nursery.start(_serve, frontend, config, listen_sockets(["127.0.0.1:0"]))
+    url = await cluster.frontend(*frontend_flags, frontend_env=frontend_env)
     assert worker.status_url is not None
-    served = Served(url, events, worker.status_url, records)
     await wait_for_models(url, MODELS, within=15)
-    return served
+    return Served(url, events, worker.status_url, cluster.log)
 
 
 async def _serve(
@@ -165,10 +227,6 @@ async def _serve(
         sockets=sockets,
         task_status=task_status,
     )
-
-
-def _mem(config: Config) -> DiscoveryConfig:
-    return dataclasses.replace(config.discovery, backend="mem")
 
 
 MODELS = frozenset(

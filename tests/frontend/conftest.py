@@ -32,6 +32,7 @@ from tests._procs import (
 )
 from tests._serving import (
     MODELS as MODELS,
+    Cluster,
     Served,
     listed_models as listed_models,
     serve_stack,
@@ -88,6 +89,12 @@ async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
         )
 
     return start
+
+
+@pytest.fixture
+def cluster(nursery: trio.Nursery, env: dict[str, str]) -> Cluster:
+    """Workers and frontends of the test's own, as their command lines would run them."""
+    return Cluster(nursery, env)
 
 
 @pytest.fixture

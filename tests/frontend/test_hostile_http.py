@@ -25,7 +25,6 @@ import trio
 from .conftest import (
     CHAT_BODY,
     RawConnection,
-    _frontend_url,
     assert_anthropic_error,
     assert_openai_error,
     raw_exchange,
@@ -34,9 +33,7 @@ from .conftest import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from tests.e2e.conftest import Proc
+    from tests._serving import Cluster
 
     from .conftest import StartProcStack, StartStack
 
@@ -480,14 +477,9 @@ async def test_hostile_bodies_get_precise_400s(stack: StartStack, path: str) -> 
 # ---------------------------------------------------------------------------- model limits
 
 
-async def mocker_stack(
-    spawn: Callable[..., Any], env: dict[str, str], *mocker_flags: str
-) -> tuple[str, Proc]:
-    """A real mocker (``python -m dynamo_trio mocker``) and a frontend; returns (url, frontend)."""
-    await spawn(
-        "-m",
-        "dynamo_trio",
-        "mocker",
+async def mocker_stack(cluster: Cluster, *mocker_flags: str) -> str:
+    """A mocker (as ``python -m dynamo_trio mocker``) and a frontend; the frontend's URL."""
+    await cluster.mocker(
         "--model-name",
         "mock",
         "--embedding-model-name",
@@ -495,15 +487,10 @@ async def mocker_stack(
         "--inter-token-latency-ms",
         "0",
         *mocker_flags,
-        env=env,
-        name="mocker",
     )
-    frontend = await spawn(
-        "-m", "dynamo_trio", "frontend", "--http-port", "0", env=env, name="frontend"
-    )
-    url = await _frontend_url(frontend)
+    url = await cluster.frontend()
     await wait_for_models(url, {"mock", "mock-embed"}, within=15)
-    return url, frontend
+    return url
 
 
 LONG_PROMPT = "word " * 40  # 40 pseudo-tokens, plus the chat template's
@@ -543,12 +530,8 @@ TOO_LONG: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-async def test_token_limits_come_from_the_model_card(
-    spawn: Callable[..., Any], env: dict[str, str]
-) -> None:
-    url, frontend = await mocker_stack(
-        spawn, env, "--context-length", "64", "--max-output-tokens", "32"
-    )
+async def test_token_limits_come_from_the_model_card(cluster: Cluster) -> None:
+    url = await mocker_stack(cluster, "--context-length", "64", "--max-output-tokens", "32")
     async with httpx.AsyncClient(base_url=url) as http:
         for path, body, param in TOO_MANY:
             for stream in (False, True):
@@ -596,6 +579,4 @@ async def test_token_limits_come_from_the_model_card(
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 32})
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 32
-    log = frontend.stderr.decode()
-    assert "Traceback" not in log
-    assert " ERROR " not in log
+    assert_clean_log(cluster.log.text())
