@@ -84,6 +84,10 @@ class Proc:
                     )
                 await self._changed.wait()
 
+    async def changed(self) -> None:
+        """Wait until it writes something more (on stdout or stderr), or exits."""
+        await self._changed.wait()
+
     async def wait_for_log(self, text: str, *, within: float = 10.0) -> None:
         """Wait up to ``within`` s for ``text`` to appear on the process's stderr."""
         with trio.fail_after(within):
