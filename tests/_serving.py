@@ -49,6 +49,10 @@ class Events:
         self._changed.set()
         self._changed = trio.Event()
 
+    async def changed(self) -> None:
+        """Wait until another event is reported."""
+        await self._changed.wait()
+
     async def wait_for(self, event: str, *, within: float = 10.0, **fields: Any) -> dict[str, Any]:
         """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
         with trio.fail_after(within):
