@@ -1,34 +1,55 @@
-"""The one Prometheus scraper of the tests: the samples a ``/metrics`` endpoint serves."""
+"""The one Prometheus scraper of the tests: the samples an exposition holds, and their sums.
+
+``/metrics`` is read over HTTP here (:func:`samples`); where a test reads it
+another way (from inside a network namespace, a registry in the test's
+process) it parses the text with :func:`parse` and sums with :func:`total`.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-async def samples(url: str, name: str | None = None) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample on ``url``'s ``/metrics`` (only those named ``name``, if given):
-    its name, labels and value, in the order served."""
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/metrics")
-    assert response.status_code == 200, response.text
+Sample = tuple[str, dict[str, str], float]
+"""One sample: its name, labels and value."""
+
+
+def parse(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text exposition, in the order served."""
     return [
-        (sample.name, sample.labels, sample.value)
-        for family in text_string_to_metric_families(response.text)
+        (sample.name, dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if name is None or sample.name == name
     ]
 
 
-async def scrape(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
+def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
     return sum(
         value
-        for _, found, value in await samples(url, name)
-        if all(found.get(k) == v for k, v in labels.items())
+        for found, found_labels, value in samples
+        if found == name and all(found_labels.get(k) == v for k, v in labels.items())
     )
+
+
+async def samples(url: str) -> list[Sample]:
+    """Every sample on ``url``'s ``/metrics``."""
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"{url}/metrics")
+    assert response.status_code == 200, response.text
+    return parse(response.text)
+
+
+async def scrape(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
+    return total(await samples(url), name, **labels)
 
 
 async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
     """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
-    return [(labels, value) for _, labels, value in await samples(url, name)]
+    return [(labels, value) for found, labels, value in await samples(url) if found == name]
