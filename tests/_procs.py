@@ -208,7 +208,7 @@ async def start_frontend(
         env={**env, **(frontend_env or {})},
         name="frontend",
     )
-    url = await frontend_url(frontend)
+    url = await frontend_url(frontend, within=60)  # a supervisor's processes start first
     await wait_for_models(url, models, within=20)
     return frontend, url
 
