@@ -12,7 +12,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 import trio
 
 from .conftest import (
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
     from tests._serving import Served
 
     from .conftest import StartStack
-
-pytestmark = pytest.mark.slow
 
 OPENAI_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
 ALL_ROUTES = [*OPENAI_ROUTES, "/v1/messages"]

@@ -1,8 +1,9 @@
 """Hostile HTTP at the frontend's edge: each gets a clean answer, and SIGTERM still exits 0.
 
-Real processes over real sockets: a frontend and a worker (the e2e model
-worker, or the real mocker where model limits matter), driven byte by byte
-where httpx would refuse to send what a hostile client sends.  Besides each
+A frontend and a worker (the e2e model worker, or the mocker where model limits
+matter) over real sockets, in the test's process except where SIGTERM is the
+point, driven byte by byte where httpx would refuse to send what a hostile
+client sends.  Besides each
 test's own checks, the frontend's log must show no traceback and no ERROR.
 """
 

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
     from .conftest import StartStack
 
-pytestmark = pytest.mark.slow
-
 LONGEST = "x" * 256
 PUNCTUATION = string.ascii_letters + string.digits + string.punctuation
 

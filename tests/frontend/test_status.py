@@ -6,7 +6,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,8 +15,6 @@ if TYPE_CHECKING:
     from tests._serving import Served
 
     from .conftest import StartStack
-
-pytestmark = pytest.mark.slow
 
 
 async def test_health_and_live(stack: StartStack) -> None:
