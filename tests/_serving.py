@@ -96,6 +96,9 @@ def frontend_config(environ: dict[str, str], *flags: str) -> Config:
 
 @final
 class Records(logging.Handler):
+    """Every log record of the test's process while a :class:`Cluster` runs: what the
+    processes it stands for would have written on stderr."""
+
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
