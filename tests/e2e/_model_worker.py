@@ -1,6 +1,7 @@
 """A model worker for the frontend tests: the mock engine, plus models that never answer.
 
-Run as ``python tests/e2e/_model_worker.py [--inter-token-latency-ms N] [--ttft-ms N]``.
+Run as ``python tests/e2e/_model_worker.py [--inter-token-latency-ms N] [--ttft-ms N]``,
+or in the test's process through :func:`serve_models` (``tests/_serving.py``).
 Registers, in namespace ``dynamo``:
 
 * ``mock`` (chat, completions) and ``mock-embed`` (embeddings): the mock engine
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -30,7 +32,7 @@ from dynamo_trio.mocker import MediaEngine, MockEngine, MockerSettings
 from dynamo_trio.runtime import DistributedRuntime, dynamo_worker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncGenerator
 
     from dynamo_trio import Context
 
@@ -39,7 +41,13 @@ def report(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+Report = Callable[..., None]
+"""``report(event, **fields)``: where the handlers' ``start`` and ``exit`` events go."""
+
+
+def reporting(
+    name: str, handler: Callable[..., AsyncIterator[Any]], report: Report = report
+) -> Callable[..., Any]:
     async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
         continuation = request.get("continuation") if isinstance(request, dict) else None
         continued = len(continuation.get("token_ids", ())) if continuation else None
@@ -55,8 +63,9 @@ def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable
         )
         how, items = "returned", 0
         last: Any = None
+        produced = cast("AsyncGenerator[Any, None]", handler(request, context))
         try:
-            async for item in handler(request, context):
+            async for item in produced:
                 items += 1
                 last = item
                 yield item
@@ -64,16 +73,19 @@ def reporting(name: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable
             how = type(exc).__name__
             raise
         finally:
-            report(
-                "exit",
-                id=context.id(),
-                model=name,
-                state=context.state.name,
-                reason=context.reason.value if context.reason else None,
-                how=how,
-                items=items,
-                last=last if isinstance(last, dict) else None,
-            )
+            try:  # closed here, not by the garbage collector, however this generator ends
+                await produced.aclose()
+            finally:
+                report(
+                    "exit",
+                    id=context.id(),
+                    model=name,
+                    state=context.state.name,
+                    reason=context.reason.value if context.reason else None,
+                    how=how,
+                    items=items,
+                    last=last if isinstance(last, dict) else None,
+                )
 
     return wrapped
 
@@ -89,13 +101,14 @@ async def stalls(request: Any, context: Context) -> AsyncIterator[Any]:
     await trio.sleep_forever()
 
 
-@dynamo_worker()
-async def main(
-    runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_ms: float, media_step_ms: float
+async def serve_models(
+    runtime: DistributedRuntime,
+    settings: MockerSettings,
+    report: Report = report,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    settings = MockerSettings(
-        inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms, media_step_ms=media_step_ms
-    )
+    """Serve and register every model above on ``runtime``, until cancelled."""
     engine = MockEngine(settings)
     media = MediaEngine(settings)
     namespace = runtime.namespace("dynamo")
@@ -113,13 +126,25 @@ async def main(
     async with trio.open_nursery() as nursery:
         for model, endpoint_name, handler, types in served:
             endpoint = namespace.component(model).endpoint(endpoint_name)
-            await nursery.start(endpoint.serve_endpoint, reporting(model, handler))
+            await nursery.start(endpoint.serve_endpoint, reporting(model, handler, report))
             for model_type in types:
                 await endpoint.register_model(
                     model,
                     model_type,  # type: ignore[arg-type]
                     accepts_continuation=model == "mock" and model_type != "embeddings",
                 )
+        task_status.started()
+
+
+@dynamo_worker()
+async def main(
+    runtime: DistributedRuntime, inter_token_latency_ms: float, ttft_ms: float, media_step_ms: float
+) -> None:
+    settings = MockerSettings(
+        inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms, media_step_ms=media_step_ms
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_models, runtime, settings)
         report("ready", status_url=runtime.status_url, instance_id=runtime.instance_id)
 
 

@@ -1,120 +1,31 @@
-"""Real processes over real sockets: a harness that starts them and reads what they report."""
+"""Real processes over real sockets: the fixtures of :mod:`tests._procs`, the one
+process harness (its names are re-exported for the packages that import them from here)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import trio
 
 from dynamo_trio import Config
+from tests._metrics import scrape as scrape
+from tests._procs import (
+    MODEL_WORKER as MODEL_WORKER,
+    ROOT as ROOT,
+    Proc as Proc,
+    Stack as Stack,
+    e2e_environment as e2e_environment,
+    spawner,
+    start_stack,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    import trio
+
 PROCS = Path(__file__).with_name("_procs.py")
-ROOT = Path(__file__).parents[2]
-
-
-class Proc:
-    """A child process whose stdout JSON lines are collected as events."""
-
-    def __init__(self, process: trio.Process, name: str) -> None:
-        self.process = process
-        self.name = name
-        self.events: list[dict[str, Any]] = []
-        self.stdout_lines: list[str] = []
-        self.stderr = bytearray()
-        self.stdout_closed = False
-        self._changed = trio.Event()
-
-    async def _read_stdout(self) -> None:
-        assert self.process.stdout is not None
-        buffer = b""
-        async for chunk in self.process.stdout:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                line = raw.decode(errors="replace")
-                self.stdout_lines.append(line)
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    self.events.append(event)
-            self._notify()
-        self.stdout_closed = True
-        self._notify()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        async for chunk in self.process.stderr:
-            self.stderr += chunk
-            self._notify()
-
-    async def wait_for(self, event: str, *, within: float = 10.0, **fields: Any) -> dict[str, Any]:
-        """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
-        with trio.fail_after(within):
-            while True:
-                for candidate in self.events:
-                    if candidate.get("event") == event and all(
-                        candidate.get(k) == v for k, v in fields.items()
-                    ):
-                        return candidate
-                if self.stdout_closed:
-                    raise AssertionError(
-                        f"{self.name} exited ({self.process.returncode}) before {event!r}:\n"
-                        f"{self.stderr.decode(errors='replace')[-3000:]}"
-                    )
-                await self._changed.wait()
-
-    async def wait_for_log(self, text: str, *, within: float = 10.0) -> None:
-        """Wait up to ``within`` s for ``text`` to appear on the process's stderr."""
-        with trio.fail_after(within):
-            while text.encode() not in self.stderr:
-                await self._changed.wait()
-
-    def signal(self, signum: int) -> None:
-        if self.process.returncode is None:
-            self.process.send_signal(signum)
-
-    async def wait_exit(self, within: float = 10.0) -> int:
-        with trio.fail_after(within):
-            return await self.process.wait()
-
-
-def e2e_environment(tmp_path: Path, **overrides: str) -> dict[str, str]:
-    """The environment of a test's children: test-speed DYN_* settings, file discovery
-    under ``tmp_path``, and their temporary files there too (nothing left in /tmp)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("DYN_")}
-    (tmp_path / "children-tmp").mkdir(exist_ok=True)
-    env.update(
-        TMPDIR=str(tmp_path / "children-tmp"),
-        DYN_DISCOVERY_BACKEND="file",
-        DYN_FILE_KV=str(tmp_path / "kv"),
-        DYN_FILE_KV_POLL_SECS="0.05",
-        DYN_LEASE_TTL_SECS="1.5",
-        DYN_HEARTBEAT_INTERVAL_SECS="0.2",
-        DYN_HEARTBEAT_TIMEOUT_SECS="1",
-        DYN_DRAIN_GRACE_SECS="1",
-        DYN_SHUTDOWN_GRACE_SECS="2",
-        DYN_SYSTEM_PORT="0",
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(overrides)
-    return env
 
 
 @pytest.fixture
@@ -131,112 +42,26 @@ def config(env: dict[str, str]) -> Config:
 @pytest.fixture
 async def spawn(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
     """``await spawn(*argv, env=...)`` starts a child; every child is killed at the end."""
-    procs: list[Proc] = []
-
-    async def start(*argv: str, env: dict[str, str], name: str | None = None) -> Proc:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=ROOT,
-        )
-        proc = Proc(process, name or " ".join(argv))
-        procs.append(proc)
-        nursery.start_soon(proc._read_stdout)
-        nursery.start_soon(proc._read_stderr)
-        return proc
-
-    try:
+    async with spawner(nursery) as start:
         yield start
-    finally:
-        for proc in procs:
-            if proc.process.returncode is None:
-                proc.process.send_signal(signal.SIGCONT)
-                proc.process.kill()
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            for proc in procs:
-                await proc.process.wait()
 
 
 async def start_worker(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> tuple[Proc, dict[str, Any]]:
+    """``tests/e2e/_procs.py worker``, once it has registered."""
     worker = await spawn(str(PROCS), "worker", env=env, name="worker")
     ready = await worker.wait_for("ready")
     return worker, ready
 
 
-MODEL_WORKER = Path(__file__).with_name("_model_worker.py")
-
-
-class Stack:
-    """A frontend process and a model-worker process, as a user would run them."""
-
-    def __init__(self, frontend: Proc, worker: Proc, url: str, worker_status: str) -> None:
-        self.frontend = frontend
-        self.worker = worker
-        self.url = url
-        self.worker_status = worker_status
-
-    async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
-        """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
-        return await scrape(self.worker_status if worker else self.url, name, **labels)
-
-
-async def scrape(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{url}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 @pytest.fixture
 async def stack(spawn: Callable[..., Any], env: dict[str, str]) -> Callable[..., Any]:
     """``await stack(*frontend_flags)`` starts a worker and a frontend and waits for the models."""
-    import httpx
 
     async def start(*frontend_flags: str, inter_token_latency_ms: float = 20.0) -> Stack:
-        worker = await spawn(
-            str(MODEL_WORKER),
-            "--inter-token-latency-ms",
-            str(inter_token_latency_ms),
-            env=env,
-            name="model worker",
+        return await start_stack(
+            spawn, env, *frontend_flags, inter_token_latency_ms=inter_token_latency_ms
         )
-        ready = await worker.wait_for("ready")
-        frontend = await spawn(
-            "-m",
-            "dynamo_trio.frontend",
-            "--http-port",
-            "0",
-            *frontend_flags,
-            env=env,
-            name="frontend",
-        )
-        with trio.fail_after(15):
-            while not any("listening on" in line for line in frontend.stdout_lines):
-                if frontend.stdout_closed:
-                    raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])
-                await frontend._changed.wait()
-        line = next(line for line in frontend.stdout_lines if "listening on" in line)
-        url = line.rsplit(" ", 1)[1]
-        async with httpx.AsyncClient(base_url=url) as http:
-            with trio.fail_after(15):
-                while True:
-                    names = {m["id"] for m in (await http.get("/v1/models")).json()["data"]}
-                    if {"mock", "mock-embed", "prefill", "slow-embed", "mock-speech"} <= names:
-                        break
-                    await trio.sleep(0.05)
-        return Stack(frontend, worker, url, ready["status_url"])
 
     return start

@@ -23,6 +23,7 @@ import trio
 
 from dynamo_trio import Context
 from dynamo_trio.llm import SamplingParams, validate_generate_request
+from tests._procs import start_frontend as start_frontend_process
 
 from .conftest import ROOT, scrape as metric
 
@@ -93,21 +94,9 @@ async def wait_for_line(proc: Proc, *texts: str, within: float = 10.0) -> str:
 async def start_frontend(
     spawn: Callable[..., Any], env: dict[str, str], model: str, *flags: str
 ) -> str:
-    """Start ``python -m dynamo_trio.frontend --http-port 0``; its URL once ``model`` is listed."""
-    frontend = await spawn(
-        "-m", "dynamo_trio.frontend", "--http-port", "0", *flags, env=env, name="frontend"
-    )
-    line = await wait_for_line(frontend, "listening on", within=15)
-    url = line.rsplit(" ", 1)[1]
-    async with httpx.AsyncClient(base_url=url) as http:
-
-        async def listed() -> set[str]:
-            return {m["id"] for m in (await http.get("/v1/models")).json()["data"]}
-
-        with trio.fail_after(15):
-            # Another process's model list: polling is the only way to see it change.
-            while model not in await listed():  # noqa: ASYNC110
-                await trio.sleep(0.05)
+    """``python -m dynamo_trio.frontend --http-port 0 *flags``; its URL once it lists ``model``
+    (the only model of the example)."""
+    _, url = await start_frontend_process(spawn, env, *flags, models={model})
     return url
 
 

@@ -18,10 +18,10 @@ import re
 import signal
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests._metrics import samples as scrape
 
 from .conftest import ROOT
 from .test_examples import wait_for_line
@@ -116,13 +116,6 @@ def test_only_imports_the_entry_point_and_asyncio_calls_change(
     assert ("dynamo.runtime", "dynamo_worker") in old_imports
 
 
-async def scrape(url: str) -> list[Any]:
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/metrics")
-    response.raise_for_status()
-    return [s for f in text_string_to_metric_families(response.text) for s in f.samples]
-
-
 async def status_url(proc: Proc) -> str:
     with trio.fail_after(10):
         while "status server listening on" not in proc.stderr.decode(errors="replace"):  # noqa: ASYNC110 - a pipe
@@ -185,9 +178,9 @@ async def test_the_ported_worker_and_client_run(
     with trio.fail_after(5):
         while True:
             samples = {
-                s.name: s.value
-                for s in await scrape(url)
-                if s.name.startswith("dynamo_component_") and s.labels == labels
+                name: value
+                for name, found, value in await scrape(url)
+                if name.startswith("dynamo_component_") and found == labels
             }
             if samples.get("dynamo_component_inflight_requests") == 0:
                 break

@@ -57,10 +57,10 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio import Config, Context
 from dynamo_trio.runtime import DistributedRuntime
+from tests._metrics import parse, total
 
 from .conftest import e2e_environment
 
@@ -100,13 +100,7 @@ class WorkerProcess:
             return [json.loads(line) for line in file if line.strip()]
 
     def metric(self, name: str) -> float:
-        text = self.http.get(f"{self.status_url}/metrics").text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        )
+        return total(parse(self.http.get(f"{self.status_url}/metrics").text), name)
 
 
 @pytest.fixture

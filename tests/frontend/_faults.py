@@ -1,5 +1,5 @@
-"""Helpers for the fault tests: worker and frontend processes, SSE streams read live,
-and the exact output the mock engine owes each request."""
+"""Helpers for the fault tests: worker and frontend processes (:mod:`tests._procs`), SSE
+streams read live, and the exact output the mock engine owes each request."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import trio
 
 from dynamo_trio import Context, llm
 from dynamo_trio.mocker import MockEngine, MockerSettings
-from tests.e2e.conftest import MODEL_WORKER, Proc, scrape
-
-from .conftest import MODELS, _frontend_url, wait_for_models
+from tests._metrics import scrape, scrape_all as scrape_all
+from tests._procs import Proc, start_frontend as start_frontend, start_model_worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,38 +29,9 @@ async def start_worker(
     ttft_ms: float = 0.0,
 ) -> tuple[Proc, dict[str, Any]]:
     """A model worker (``tests/e2e/_model_worker.py``), once it has registered."""
-    worker = await spawn(
-        str(MODEL_WORKER),
-        "--inter-token-latency-ms",
-        str(inter_token_latency_ms),
-        "--ttft-ms",
-        str(ttft_ms),
-        env=env,
-        name=name,
+    return await start_model_worker(
+        spawn, env, name=name, inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms
     )
-    ready = await worker.wait_for("ready", within=20)
-    return worker, ready
-
-
-async def start_frontend(
-    spawn: Callable[..., Any],
-    env: dict[str, str],
-    *flags: str,
-    frontend_env: dict[str, str] | None = None,
-    models: frozenset[str] = MODELS,
-) -> tuple[Proc, str]:
-    frontend = await spawn(
-        "-m",
-        "dynamo_trio.frontend",
-        "--http-port",
-        "0",
-        *flags,
-        env={**env, **(frontend_env or {})},
-        name="frontend",
-    )
-    url = await _frontend_url(frontend)
-    await wait_for_models(url, models, within=20)
-    return frontend, url
 
 
 async def serving(workers: list[Proc], request_id: str) -> Proc:
@@ -164,18 +134,3 @@ class LiveStream:
 
 async def migrations(url: str, **labels: str) -> float:
     return await scrape(url, "dynamo_frontend_model_migration_total", **labels)
-
-
-async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{url}/metrics")).text
-    return [
-        (sample.labels, sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    ]

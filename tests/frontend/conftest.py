@@ -1,10 +1,10 @@
-"""The frontend's functional tests: a real frontend process and a real model worker, over HTTP.
+"""The frontend's functional tests: a frontend and the model worker of
+``tests/e2e/_model_worker.py``, read over HTTP.
 
-The processes come from the multi-process harness of ``tests/e2e`` (its
-``spawn`` and ``env`` fixtures are re-exported here); :func:`stack` is that
-harness's stack, started faster (worker and frontend at once) and able to give
-the frontend its own environment (``DYN_HTTP_MAX_BODY_SIZE``...).  No test
-abandons a stream, so none needs the e2e suite's ``abandons_httpx_stream``.
+:func:`stack` runs both in the test's process (:mod:`tests._serving`): what most
+tests need, the frontend's answers.  :func:`proc_stack` starts them as processes
+(:mod:`tests._procs`), for what needs processes: signals, a killed worker, logs.
+No test abandons a stream, so none needs the e2e suite's ``abandons_httpx_stream``.
 
 The helpers below read the wire: SSE blocks as the server wrote them, and the
 error bodies of the two API families.
@@ -17,34 +17,31 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import (
-    MODEL_WORKER,
-    Proc,
+from tests._procs import (
+    MODEL_WORKER as MODEL_WORKER,
+    Proc as Proc,
     Stack,
-    env as env,
-    spawn as spawn,
+    frontend_url,
+    start_stack,
 )
+from tests._serving import (
+    MODELS as MODELS,
+    Cluster,
+    Served,
+    listed_models as listed_models,
+    serve_stack,
+    wait_for_models as wait_for_models,
+)
+from tests.e2e.conftest import env as env, spawn as spawn
 
-MODELS = frozenset(
-    {
-        "mock",
-        "mock-embed",
-        "prefill",
-        "stall",
-        "slow-embed",
-        "mock-image",
-        "mock-video",
-        "mock-speech",
-    }
-)
-"""What ``tests/e2e/_model_worker.py`` registers."""
+if TYPE_CHECKING:
+    import httpx
 
 CHAT_BODY: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -67,68 +64,56 @@ openai_client_leaves_generators = pytest.mark.filterwarnings(
     r":pytest.PytestUnraisableExceptionWarning"
 )
 
-StartStack = Callable[..., Awaitable[Stack]]
+_frontend_url = frontend_url  # the name tests/kserve and tests/engines import
 
-
-async def _frontend_url(frontend: Proc, *, within: float = 15) -> str:
-    """The URL a frontend process (or ``run``, or a supervisor) says it listens on."""
-    with trio.fail_after(within):
-        while not any("listening on" in line for line in frontend.stdout_lines):
-            if frontend.stdout_closed:
-                raise AssertionError(frontend.stderr.decode(errors="replace")[-3000:])
-            await frontend._changed.wait()
-    line = next(line for line in frontend.stdout_lines if "listening on" in line)
-    return line.rsplit(" ", 1)[1]
-
-
-async def listed_models(url: str) -> set[str]:
-    async with httpx.AsyncClient(base_url=url) as http:
-        response = await http.get("/v1/models")
-    assert response.status_code == 200, response.text
-    return {model["id"] for model in response.json()["data"]}
-
-
-async def wait_for_models(url: str, expected: frozenset[str] | set[str], *, within: float) -> float:
-    """Poll ``/v1/models`` until it lists exactly ``expected``; return how long it took."""
-    started = trio.current_time()
-    with trio.fail_after(within):
-        while await listed_models(url) != expected:  # noqa: ASYNC110 - polls another process
-            await trio.sleep(0.02)
-    return trio.current_time() - started
+StartStack = Callable[..., Awaitable[Served]]
+StartProcStack = Callable[..., Awaitable[Stack]]
 
 
 @pytest.fixture
-async def stack(spawn: Callable[..., Any], env: dict[str, str]) -> StartStack:
-    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=)``: a running stack.
+async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
+    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=)``: a frontend
+    and a model worker serving in this process, once the frontend lists every model."""
 
-    Returns once the frontend lists every model of the worker.
-    """
+    async def start(
+        *frontend_flags: str,
+        inter_token_latency_ms: float = 20.0,
+        frontend_env: dict[str, str] | None = None,
+    ) -> Served:
+        return await serve_stack(
+            nursery,
+            env,
+            *frontend_flags,
+            inter_token_latency_ms=inter_token_latency_ms,
+            frontend_env=frontend_env,
+        )
+
+    return start
+
+
+@pytest.fixture
+def cluster(nursery: trio.Nursery, env: dict[str, str]) -> Cluster:
+    """Workers and frontends of the test's own, as their command lines would run them."""
+    return Cluster(nursery, env)
+
+
+@pytest.fixture
+async def proc_stack(spawn: Callable[..., Any], env: dict[str, str]) -> StartProcStack:
+    """:func:`stack` as two processes (``python -m dynamo_trio.frontend`` and
+    ``tests/e2e/_model_worker.py``), for tests of signals, killed workers and logs."""
 
     async def start(
         *frontend_flags: str,
         inter_token_latency_ms: float = 20.0,
         frontend_env: dict[str, str] | None = None,
     ) -> Stack:
-        worker = await spawn(
-            str(MODEL_WORKER),
-            "--inter-token-latency-ms",
-            str(inter_token_latency_ms),
-            env=env,
-            name="model worker",
-        )
-        frontend = await spawn(
-            "-m",
-            "dynamo_trio.frontend",
-            "--http-port",
-            "0",
+        return await start_stack(
+            spawn,
+            env,
             *frontend_flags,
-            env={**env, **(frontend_env or {})},
-            name="frontend",
+            inter_token_latency_ms=inter_token_latency_ms,
+            frontend_env=frontend_env,
         )
-        ready = await worker.wait_for("ready", within=15)
-        url = await _frontend_url(frontend)
-        await wait_for_models(url, MODELS, within=15)
-        return Stack(frontend, worker, url, ready["status_url"])
 
     return start
 

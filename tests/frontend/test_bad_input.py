@@ -12,7 +12,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 import trio
 
 from .conftest import (
@@ -26,11 +25,9 @@ from .conftest import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from tests.e2e.conftest import Stack
+    from tests._serving import Served
 
     from .conftest import StartStack
-
-pytestmark = pytest.mark.slow
 
 OPENAI_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
 ALL_ROUTES = [*OPENAI_ROUTES, "/v1/messages"]
@@ -56,7 +53,7 @@ def assert_api_error(response: httpx.Response, path: str, status: int, **expecte
     assert "x-request-id" in response.headers
 
 
-async def assert_still_serving(running: Stack) -> None:
+async def assert_still_serving(running: Served) -> None:
     """Every route still answers a valid request, and only those reached the worker."""
     async with httpx.AsyncClient(base_url=running.url) as http:
         for path, body in VALID.items():

@@ -12,8 +12,6 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-pytestmark = pytest.mark.slow
-
 IDLE_TIMEOUT = 0.5
 
 

@@ -22,7 +22,7 @@ import trio
 from .conftest import CHAT_BODY, raw_post
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import Stack
+    from tests._serving import Served
 
     from .conftest import StartStack
 
@@ -75,7 +75,7 @@ def _json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
-async def settled(running: Stack, total: int) -> None:
+async def settled(running: Served, total: int) -> None:
     """Every request has been counted by the frontend (it counts as the work ends)."""
     with trio.fail_after(10):
         while await running.metric(REQUESTS) < total:  # noqa: ASYNC110 - another process

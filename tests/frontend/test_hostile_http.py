@@ -1,8 +1,9 @@
 """Hostile HTTP at the frontend's edge: each gets a clean answer, and SIGTERM still exits 0.
 
-Real processes over real sockets: a frontend and a worker (the e2e model
-worker, or the real mocker where model limits matter), driven byte by byte
-where httpx would refuse to send what a hostile client sends.  Besides each
+A frontend and a worker (the e2e model worker, or the mocker where model limits
+matter) over real sockets, in the test's process except where SIGTERM is the
+point, driven byte by byte where httpx would refuse to send what a hostile
+client sends.  Besides each
 test's own checks, the frontend's log must show no traceback and no ERROR.
 """
 
@@ -25,7 +26,6 @@ import trio
 from .conftest import (
     CHAT_BODY,
     RawConnection,
-    _frontend_url,
     assert_anthropic_error,
     assert_openai_error,
     raw_exchange,
@@ -34,11 +34,9 @@ from .conftest import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from tests._serving import Cluster
 
-    from tests.e2e.conftest import Proc
-
-    from .conftest import StartStack
+    from .conftest import StartProcStack, StartStack
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +46,8 @@ WEBSOCKET_HEADERS = (
 )
 
 
-def assert_clean_log(process: Proc) -> None:
-    log = process.stderr.decode(errors="replace")
+def assert_clean_log(log: str) -> None:
+    """``log``: a frontend process's stderr, or an in-process one's ``Served.log()``."""
     assert "Traceback" not in log, log[-4000:]
     assert " ERROR " not in log, log[-4000:]
 
@@ -122,10 +120,10 @@ async def h2_response_body(
 
 @pytest.mark.parametrize("how", ["h2c-upgrade", "prior-knowledge"])
 async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
-    stack: StartStack, how: str
+    proc_stack: StartProcStack, how: str
 ) -> None:
     # A long shutdown grace: only a shutdown that is not stuck ends promptly.
-    running = await stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30", **HTTP2})
+    running = await proc_stack(frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "30", **HTTP2})
     for _ in range(3):
         stream = await open_raw(running.url)
         if how == "h2c-upgrade":
@@ -145,7 +143,7 @@ async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
     await still_serving(running.url)
     running.frontend.signal(signal.SIGTERM)
     assert await running.frontend.wait_exit(within=5) == 0
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.frontend.stderr.decode(errors="replace"))
 
 
 async def test_http2_with_prior_knowledge_is_served_when_asked(stack: StartStack) -> None:
@@ -247,10 +245,12 @@ async def test_an_sse_stream_over_http2_goes_the_usual_way_and_is_whole(
 # ---------------------------------------------------------------------------- shutdown
 
 
-async def test_a_client_that_stops_reading_does_not_stop_sigterm(stack: StartStack) -> None:
+async def test_a_client_that_stops_reading_does_not_stop_sigterm(
+    proc_stack: StartProcStack,
+) -> None:
     # hypercorn shields its socket writes: a stream to a client that reads
     # nothing blocks for ever unless the server closes the socket itself.
-    running = await stack(inter_token_latency_ms=0.05)
+    running = await proc_stack(inter_token_latency_ms=0.05)
     stream = await open_raw(running.url)
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps({**CHAT_BODY, "max_tokens": 16_000, "stream": True}).encode()
@@ -258,12 +258,11 @@ async def test_a_client_that_stops_reading_does_not_stop_sigterm(stack: StartSta
     await receive_some_bytes(stream, at_least=100)  # the stream began; now read no more
     await trio.sleep(3)  # the producer runs ahead until the socket buffers are full
     running.frontend.signal(signal.SIGTERM)
-    began = trio.current_time()
-    assert await running.frontend.wait_exit(within=15) == 0
-    # DYN_SHUTDOWN_GRACE_SECS=2 in the test environment.
-    assert trio.current_time() - began < 2 + 5
+    assert await running.frontend.wait_exit(within=30) == 0
+    # Exited because the connection was closed at the end of the grace (the log says so),
+    # not because the client ever read on.
     assert "closing 1 connection(s) still open" in running.frontend.stderr.decode()
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.frontend.stderr.decode(errors="replace"))
     await stream.aclose()
 
 
@@ -292,7 +291,7 @@ async def test_a_websocket_handshake_is_refused_with_json(stack: StartStack, pat
             message = body["error"]["message"]
         assert f"no WebSocket route at {path}" in message
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- slow bodies
@@ -335,7 +334,7 @@ async def test_a_body_that_never_finishes_is_408_after_the_body_timeout_once(
         assert body["error"]["type"] == "timeout_error"
         assert body["error"]["message"] == "The request body did not arrive within 1 seconds."
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 def test_the_body_timeout_is_configured_from_the_environment() -> None:
@@ -402,7 +401,7 @@ async def test_huge_request_lines_and_header_floods_get_414_or_431(stack: StartS
     assert answer.startswith(b"HTTP/1.1 431 ") or answer == b"", answer
     await stream.aclose()
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
@@ -430,7 +429,7 @@ async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
         assert answer.startswith(b"HTTP/1.1 414 ") or not answer, answer[:200]
         await stream.aclose()
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- bodies
@@ -472,20 +471,15 @@ async def test_hostile_bodies_get_precise_400s(stack: StartStack, path: str) -> 
         )
         assert response.status_code == 415
     await still_serving(running.url)
-    assert_clean_log(running.frontend)
+    assert_clean_log(running.log())
 
 
 # ---------------------------------------------------------------------------- model limits
 
 
-async def mocker_stack(
-    spawn: Callable[..., Any], env: dict[str, str], *mocker_flags: str
-) -> tuple[str, Proc]:
-    """A real mocker (``python -m dynamo_trio mocker``) and a frontend; returns (url, frontend)."""
-    await spawn(
-        "-m",
-        "dynamo_trio",
-        "mocker",
+async def mocker_stack(cluster: Cluster, *mocker_flags: str) -> str:
+    """A mocker (as ``python -m dynamo_trio mocker``) and a frontend; the frontend's URL."""
+    await cluster.mocker(
         "--model-name",
         "mock",
         "--embedding-model-name",
@@ -493,15 +487,10 @@ async def mocker_stack(
         "--inter-token-latency-ms",
         "0",
         *mocker_flags,
-        env=env,
-        name="mocker",
     )
-    frontend = await spawn(
-        "-m", "dynamo_trio", "frontend", "--http-port", "0", env=env, name="frontend"
-    )
-    url = await _frontend_url(frontend)
+    url = await cluster.frontend()
     await wait_for_models(url, {"mock", "mock-embed"}, within=15)
-    return url, frontend
+    return url
 
 
 LONG_PROMPT = "word " * 40  # 40 pseudo-tokens, plus the chat template's
@@ -541,12 +530,8 @@ TOO_LONG: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-async def test_token_limits_come_from_the_model_card(
-    spawn: Callable[..., Any], env: dict[str, str]
-) -> None:
-    url, frontend = await mocker_stack(
-        spawn, env, "--context-length", "64", "--max-output-tokens", "32"
-    )
+async def test_token_limits_come_from_the_model_card(cluster: Cluster) -> None:
+    url = await mocker_stack(cluster, "--context-length", "64", "--max-output-tokens", "32")
     async with httpx.AsyncClient(base_url=url) as http:
         for path, body, param in TOO_MANY:
             for stream in (False, True):
@@ -594,6 +579,4 @@ async def test_token_limits_come_from_the_model_card(
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 32})
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 32
-    log = frontend.stderr.decode()
-    assert "Traceback" not in log
-    assert " ERROR " not in log
+    assert_clean_log(cluster.log.text())

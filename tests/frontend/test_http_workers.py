@@ -11,22 +11,16 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import MODEL_WORKER, scrape as metric
+from tests._metrics import scrape as metric
+from tests._procs import start_frontend, start_model_worker
 
-from .conftest import (
-    CHAT_BODY,
-    MODELS,
-    _frontend_url,
-    children_of,
-    raw_post,
-    wait_for_models,
-)
+from .conftest import CHAT_BODY, MODELS, children_of, raw_post, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from tests.e2e.conftest import Proc
+    from tests._procs import Proc
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +28,15 @@ pytestmark = pytest.mark.slow
 async def start(
     spawn: Callable[..., Any], env: dict[str, str], tmp: Path | None = None
 ) -> tuple[Proc, str]:
-    worker = await spawn(
-        str(MODEL_WORKER), "--inter-token-latency-ms", "5", env=env, name="model worker"
-    )
-    frontend = await spawn(
-        "-m",
-        "dynamo_trio.frontend",
-        "--http-port",
-        "0",
+    """A model worker and ``--http-workers 2`` (the supervisor's temporary files in ``tmp``)."""
+    await start_model_worker(spawn, env, inter_token_latency_ms=5)
+    return await start_frontend(
+        spawn,
+        env,
         "--http-workers",
         "2",
-        env={**env, "TMPDIR": str(tmp)} if tmp is not None else env,
-        name="frontend supervisor",
+        frontend_env={"TMPDIR": str(tmp)} if tmp is not None else None,
     )
-    await worker.wait_for("ready", within=15)
-    url = await _frontend_url(frontend, within=60)
-    await wait_for_models(url, MODELS, within=15)
-    return frontend, url
 
 
 async def open_stream(url: str, tokens: int) -> trio.SocketStream:

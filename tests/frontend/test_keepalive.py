@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING
 import anthropic
 import httpx
 import openai
-import pytest
 import trio
 
 from .conftest import CHAT_BODY, openai_client_leaves_generators, parse_sse
 
 if TYPE_CHECKING:
     from .conftest import StartStack
-
-pytestmark = pytest.mark.slow
 
 INTERVAL = 0.2
 TOKEN_GAP = 1.5

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Stack
 
-    from .conftest import StartStack
+    from .conftest import StartProcStack, StartStack
 
 pytestmark = pytest.mark.slow
 
@@ -70,12 +70,13 @@ async def test_models_lists_exactly_the_registered_models(stack: StartStack) -> 
 
 
 async def test_models_vanish_promptly_when_the_worker_shuts_down(
-    stack: StartStack, spawn: Callable[..., Any], env: dict[str, str]
+    proc_stack: StartProcStack, spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    running = await stack()
+    # A lease no test outlasts: the models can vanish only by the worker deregistering.
+    env["DYN_LEASE_TTL_SECS"] = "600"
+    running = await proc_stack()
     running.worker.signal(signal.SIGTERM)
-    took = await wait_for_models(running.url, set(), within=2)
-    assert took < 0.5, f"a worker that shuts down deregisters at once, not after {took:.2f}s"
+    await wait_for_models(running.url, set(), within=30)
     assert await running.worker.wait_exit() == 0
     await assert_all_models_are_404(running)
     # A new worker brings them back.
@@ -89,15 +90,17 @@ async def test_models_vanish_promptly_when_the_worker_shuts_down(
 
 
 async def test_a_killed_workers_models_are_503_until_its_lease_expires_then_404(
-    stack: StartStack, env: dict[str, str]
+    proc_stack: StartProcStack, env: dict[str, str]
 ) -> None:
-    ttl = float(env["DYN_LEASE_TTL_SECS"])
-    running = await stack()
+    # A lease long enough for the checks below on a busy machine; the models stay
+    # listed until it expires (asserted after the checks), then vanish.
+    ttl = 4.0
+    env["DYN_LEASE_TTL_SECS"] = str(ttl)
+    running = await proc_stack()
     async with httpx.AsyncClient(base_url=running.url) as http:
         path, body = REQUESTS["mock"]
         assert (await http.post(path, json=body)).status_code == 200
         running.worker.signal(signal.SIGKILL)
-        killed = time.monotonic()
         assert await running.worker.wait_exit() == -signal.SIGKILL
         # The cards outlive the process until the lease expires (at least ttl/3 more)...
         assert await listed_models(running.url) == MODELS
@@ -111,7 +114,7 @@ async def test_a_killed_workers_models_are_503_until_its_lease_expires_then_404(
             message = error["message"]
             assert f"model `{model}`" in message or "cannot connect to" in message, error
             assert "no live instance serves the" in message or "cannot connect to" in message
-        assert time.monotonic() - killed < ttl * 2 / 3, "too slow to be inside the lease"
-    took = await wait_for_models(running.url, set(), within=ttl + 1)
-    assert time.monotonic() - killed < ttl + 0.5, f"vanished {took:.2f}s after the checks"
+        # Still inside the lease: the 503s above were not the cards' expiry.
+        assert await listed_models(running.url) == MODELS
+    await wait_for_models(running.url, set(), within=ttl * 4)
     await assert_all_models_are_404(running)

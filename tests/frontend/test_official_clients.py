@@ -35,8 +35,6 @@ from .test_media import mjpeg_parts
 if TYPE_CHECKING:
     from .conftest import StartStack
 
-pytestmark = pytest.mark.slow
-
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 

@@ -22,8 +22,6 @@ from .conftest import CHAT_BODY, parse_sse
 if TYPE_CHECKING:
     from .conftest import StartStack
 
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 4
 
 

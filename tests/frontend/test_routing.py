@@ -1,4 +1,5 @@
-"""Routing by model, with real mocker processes (``python -m dynamo_trio mocker``).
+"""Routing by model: mockers (``python -m dynamo_trio mocker``) in the test's process, and
+real mocker processes for a worker that dies.
 
 Which worker answered is read from each worker's own request counter
 (``dynamo_component_requests_total`` on its status port): the mockers'
@@ -14,19 +15,26 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio.metrics._names import COMPONENT_REQUESTS_TOTAL
+from tests._metrics import scrape
+from tests._procs import start_frontend as start_frontend_process
 from tests.discovery._etcd_server import free_port
 
-from .conftest import _frontend_url, wait_for_models
+from .conftest import wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tests.e2e.conftest import Proc
+    from tests._procs import Proc
+    from tests._serving import Cluster
 
 pytestmark = pytest.mark.slow
+
+
+async def handled(status_url: str, endpoint: str = "generate") -> float:
+    """Requests a worker's handler received on ``endpoint`` so far."""
+    return await scrape(status_url, COMPONENT_REQUESTS_TOTAL, dynamo_endpoint=endpoint)
 
 
 class Mocker:
@@ -36,17 +44,8 @@ class Mocker:
         self.proc = proc
         self.status_url = status_url
 
-    async def requests(self, endpoint: str = "generate") -> float:
-        """Requests its handler received on ``endpoint`` so far."""
-        async with httpx.AsyncClient() as http:
-            text = (await http.get(f"{self.status_url}/metrics")).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == COMPONENT_REQUESTS_TOTAL
-            and sample.labels.get("dynamo_endpoint") == endpoint
-        )
+    async def requests(self) -> float:
+        return await handled(self.status_url)
 
 
 async def start_mocker(
@@ -69,8 +68,8 @@ async def start_mocker(
 
 
 async def start_frontend(spawn: Callable[..., Any], env: dict[str, str]) -> str:
-    frontend = await spawn("-m", "dynamo_trio.frontend", "--http-port", "0", env=env)
-    return await _frontend_url(frontend)
+    _, url = await start_frontend_process(spawn, env, models={"omega"})
+    return url
 
 
 async def until_served(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> None:
@@ -84,32 +83,28 @@ def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
-async def test_each_model_is_answered_only_by_its_own_workers(
-    spawn: Callable[..., Any], env: dict[str, str]
-) -> None:
+async def test_each_model_is_answered_only_by_its_own_workers(cluster: Cluster) -> None:
     """Three mockers on one endpoint (``dynamo/mocker/generate``): alpha, beta, gamma; the
-    gamma worker also serves ``alpha`` as an embeddings model (a name clash between types)."""
-    alpha = await start_mocker(spawn, env, "--model-name", "alpha", name="alpha")
-    beta = await start_mocker(spawn, env, "--model-name", "beta", name="beta")
-    gamma = await start_mocker(
-        spawn,
-        env,
-        "--model-name",
-        "gamma",
-        "--embedding-model-name",
-        "alpha",
-        name="gamma + alpha embeddings",
-    )
-    url = await start_frontend(spawn, env)
+    gamma worker also serves ``alpha`` as an embeddings model (a name clash between types).
+    In the test's process: what is tested is where requests go, not processes."""
+    workers: dict[str, str] = {}  # name: status URL
+    for name, *flags in (
+        ("alpha", "--model-name", "alpha"),
+        ("beta", "--model-name", "beta"),
+        ("gamma", "--model-name", "gamma", "--embedding-model-name", "alpha"),
+    ):
+        runtime = await cluster.mocker("--ttft-ms", "20", "--inter-token-latency-ms", "5", *flags)
+        assert runtime.status_url is not None
+        workers[name] = runtime.status_url
+    url = await cluster.frontend()
     await wait_for_models(url, {"alpha", "beta", "gamma"}, within=15)
     embed = {"model": "alpha", "input": "hi"}
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         for model in ("alpha", "beta", "gamma"):
             await until_served(http, "/v1/chat/completions", chat(model))
         await until_served(http, "/v1/embeddings", embed)
-        workers = {"alpha": alpha, "beta": beta, "gamma": gamma}
-        before = {name: await worker.requests() for name, worker in workers.items()}
-        embeds_before = await gamma.requests("embed")
+        before = {name: await handled(status) for name, status in workers.items()}
+        embeds_before = await handled(workers["gamma"], "embed")
 
         for model in ("alpha", "beta"):
             for _ in range(20):
@@ -124,10 +119,10 @@ async def test_each_model_is_answered_only_by_its_own_workers(
         response = await http.post("/v1/completions", json=completions)
         assert response.status_code == 200, response.text
 
-        after = {name: await worker.requests() for name, worker in workers.items()}
+        after = {name: await handled(status) for name, status in workers.items()}
         served = {name: after[name] - before[name] for name in workers}
         assert served == {"alpha": 21, "beta": 20, "gamma": 0}, served
-        assert await gamma.requests("embed") - embeds_before == 10
+        assert await handled(workers["gamma"], "embed") - embeds_before == 10
         # Asked for a type its workers do not serve, a model is a clear 404.
         response = await http.post("/v1/embeddings", json={"model": "beta", "input": "hi"})
         assert response.status_code == 404, response.text
@@ -137,7 +132,8 @@ async def test_each_model_is_answered_only_by_its_own_workers(
 async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    """One model on two components, one worker each; SIGKILL one worker mid-run."""
+    """One model on two components, one worker each; SIGKILL one worker mid-run (the
+    worker processes are the point: one dies as a process does)."""
     first = await start_mocker(spawn, env, "--model-name", "omega", "--component", "c1", name="c1")
     second = await start_mocker(spawn, env, "--model-name", "omega", "--component", "c2", name="c2")
     url = await start_frontend(spawn, env)

@@ -28,7 +28,7 @@ from ._faults import LiveStream, expected_output
 from .conftest import CHAT_BODY, assert_openai_error, openai_client_leaves_generators, parse_sse
 
 if TYPE_CHECKING:
-    from .conftest import StartStack
+    from .conftest import StartProcStack
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +54,9 @@ async def _during_the_drain(url: str) -> dict[str, Any]:
 @openai_client_leaves_generators
 @pytest.mark.parametrize("flags", [(), ("--http-workers", "2")], ids=["one process", "workers"])
 async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
-    stack: StartStack, flags: tuple[str, ...]
+    proc_stack: StartProcStack, flags: tuple[str, ...]
 ) -> None:
-    running = await stack(*flags)
+    running = await proc_stack(*flags)
     # 60 tokens at 20 ms: well within the grace.
     chat = {**CHAT_BODY, "max_tokens": 60, "stream": True}
     live = LiveStream("/v1/chat/completions", chat, "chat")
@@ -116,8 +116,10 @@ async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
 
 
 @openai_client_leaves_generators
-async def test_requests_still_running_after_the_grace_end_recognisably(stack: StartStack) -> None:
-    running = await stack()
+async def test_requests_still_running_after_the_grace_end_recognisably(
+    proc_stack: StartProcStack,
+) -> None:
+    running = await proc_stack()
     results: dict[str, Any] = {}
     started = trio.Semaphore(0)
 

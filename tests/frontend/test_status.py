@@ -6,18 +6,15 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import CHAT_BODY, MODELS, raw_post
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import Stack
+    from tests._serving import Served
 
     from .conftest import StartStack
-
-pytestmark = pytest.mark.slow
 
 
 async def test_health_and_live(stack: StartStack) -> None:
@@ -112,7 +109,7 @@ async def test_metrics_count_each_successful_request_once(stack: StartStack) -> 
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 0
 
 
-async def debug_requests(running: Stack) -> list[dict[str, Any]]:
+async def debug_requests(running: Served) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(base_url=running.url) as http:
         response = await http.get("/debug/requests")
     assert response.status_code == 200

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,14 +23,11 @@ from dynamo_trio.discovery._file_store import FileLayout, key_to_name
 from .conftest import CHAT_BODY, MODELS, wait_for_models
 
 if TYPE_CHECKING:
-    from .conftest import StartStack
+    from .conftest import StartProcStack
 
 pytestmark = pytest.mark.slow
 
 GARBAGE = 2000
-
-SLACK = 1.0
-"""Seconds past the TTL allowed for a loaded machine (the worker checks every TTL/3)."""
 
 
 def skip_lines(stderr: bytearray) -> list[str]:
@@ -39,7 +35,7 @@ def skip_lines(stderr: bytearray) -> list[str]:
 
 
 async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
-    stack: StartStack, env: dict[str, str]
+    proc_stack: StartProcStack, env: dict[str, str]
 ) -> None:
     ttl = float(env["DYN_LEASE_TTL_SECS"])
     layout = FileLayout(Path(env["DYN_FILE_KV"]))
@@ -50,7 +46,7 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
     for i in range(GARBAGE):
         path = layout.kv_dir / key_to_name(f"v1/models/dynamo/junk-{i}/chat/1")
         path.write_bytes(b"\xff not an entry")
-    running = await stack()
+    running = await proc_stack()
 
     # The worker's registrations are deleted from the store behind its back.
     ours = [
@@ -64,13 +60,12 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
     names = {path.name for path in ours}
     for path in ours:
         path.unlink()
-    deleted = time.monotonic()
-    with trio.fail_after(ttl + SLACK):  # the worker writes every one of them back...
+    # The worker writes every one of them back (it checks every TTL/3; the bound is only
+    # a timeout, generous for a loaded machine)...
+    with trio.fail_after(ttl * 10):
         while not names <= {path.name for path in layout.kv_dir.iterdir()}:  # noqa: ASYNC110
             await trio.sleep(0.01)
-    restored = time.monotonic() - deleted
     await wait_for_models(running.url, MODELS, within=10)  # ...and the frontend follows
-    assert restored < ttl + SLACK, f"restored after {restored:.2f}s (TTL {ttl}s)"
     async with httpx.AsyncClient(base_url=running.url) as http:
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
     assert response.status_code == 200, response.text
@@ -83,8 +78,16 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
     assert summaries, before
     assert max(summaries) >= GARBAGE - 10, summaries  # the rest of the flood: one line
     assert len(before) < 100, before
-    await trio.sleep(1.0)  # twenty polls
-    assert skip_lines(running.frontend.stderr) == before
+    # One more bad file: once the frontend reports it, it has polled again since
+    # ``before``; and that poll reported nothing it had reported already.
+    late = key_to_name("v1/models/dynamo/late-junk/chat/1")
+    (layout.kv_dir / late).write_bytes(b"\xff not an entry")
+    with trio.fail_after(10):
+        while not any(late in line for line in skip_lines(running.frontend.stderr)):
+            await running.frontend.changed()
+    after = skip_lines(running.frontend.stderr)
+    assert after[: len(before)] == before
+    assert len(after) == len(before) + 1 and late in after[-1], after[len(before) :]
 
     running.frontend.signal(signal.SIGTERM)
     assert await running.frontend.wait_exit(within=10) == 0

@@ -21,8 +21,6 @@ from .conftest import CHAT_BODY, RawConnection, raw_exchange, raw_post
 if TYPE_CHECKING:
     from .conftest import StartStack
 
-pytestmark = pytest.mark.slow
-
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 SPAN = re.compile(r"[0-9a-f]{16}")

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 import trio
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests._metrics import Sample, parse, total
 
 from ..e2e.conftest import Proc
 from ._netns import in_netns
@@ -149,24 +150,8 @@ class Bed:
         raise AssertionError(f"no etcd member answered: {errors}")
 
 
-def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """``{sample name: [(labels, value), ...]}`` from a Prometheus exposition."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return samples
-
-
-def metric_sum(
-    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str
-) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    return sum(
-        value
-        for sample_labels, value in samples.get(name, [])
-        if all(sample_labels.get(k) == v for k, v in labels.items())
-    )
+parse_metrics = parse
+metric_sum = total
 
 
 @dataclass
@@ -186,7 +171,7 @@ class Member:
     def alive(self) -> bool:
         return self.proc.process.returncode is None
 
-    async def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+    async def metrics(self) -> list[Sample]:
         """This process's metrics, read from inside its host."""
         status, text = await self.bed.inside(self.host, f"{self.metrics_base}/metrics")
         assert status == 200, f"{self.host} /metrics answered {status}"

@@ -53,25 +53,32 @@ async def outcome(pool, address):
     return "connected", trio.current_time() - start, ""
 
 
-async def test_three_at_once_then_a_fourth_later_all_fail_cleanly_in_time(nursery):
-    """The issue's reproduction, with a 0.5 s connect timeout instead of 5 s."""
-    address, accepted = await silent_listener(nursery)
-    pool = ConnectionPool(SHORT, nursery, name="caller")
+async def test_three_at_once_then_a_fourth_later_all_fail_cleanly_in_time(autojump_clock, nursery):
+    """The issue's reproduction, with a 0.5 s connect timeout instead of 5 s, on the
+    autojump clock: each caller waits exactly the connect timeout, never more."""
+    network = MemoryNetwork(nursery)
+
+    async def silent(stream):
+        async with stream:
+            await trio.sleep_forever()
+
+    network.route("worker:1", silent)
+    pool = ConnectionPool(SHORT, nursery, name="caller", open_transport=network.open)
     results = []
 
     async def call():
-        results.append(await outcome(pool, address))
+        results.append(await outcome(pool, "worker:1"))
 
-    with trio.fail_after(5):
-        async with trio.open_nursery() as calls:
-            for _ in range(3):
-                calls.start_soon(call)
-            await trio.sleep(0.7)  # the issue's "7 s later", scaled to the timeout
+    async with trio.open_nursery() as calls:
+        for _ in range(3):
             calls.start_soon(call)
+        await trio.sleep(0.7)  # the issue's "7 s later", scaled to the timeout
+        calls.start_soon(call)
     assert [kind for kind, _, _ in results] == ["CannotConnect"] * 4, results
-    assert all(elapsed < SHORT.connect_timeout + 0.5 for _, elapsed, _ in results), results
+    assert [elapsed for _, elapsed, _ in results] == [pytest.approx(SHORT.connect_timeout)] * 4
     assert all("no answer" in message for _, _, message in results), results
-    assert len(accepted) == 2  # one shared attempt for the three, a fresh one for the fourth
+    # One shared attempt for the three, a fresh one for the fourth.
+    assert network.opened == {"worker:1": 2}
     assert pool._attempts == {}
 
 

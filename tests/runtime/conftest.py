@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_trio import (
     Config,
@@ -22,6 +21,7 @@ from dynamo_trio import (
 )
 from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.runtime import Client, DistributedRuntime
+from tests._metrics import parse, total
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -36,13 +36,8 @@ TEST_CONFIG = Config(
 
 
 def metric_value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    """The value of one sample (0.0 if absent), read from the text exposition."""
-    text = generate_latest(registry).decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
+    """The sum of the matching samples (0.0 if absent), read from the text exposition."""
+    return total(parse(generate_latest(registry).decode()), name, **labels)
 
 
 @dataclass

@@ -67,15 +67,14 @@ async def test_shutdown_kills_what_ignores_the_stop(cluster: Cluster) -> None:
     client = await cluster.serve(stubborn)
     stream = await client.generate({})
     await stream.__anext__()
+    grace = TEST_CONFIG.worker.shutdown_grace
     start = trio.current_time()
     cluster.worker.shutdown()
-    with pytest.raises(EngineShutdown):
+    with trio.fail_after(grace * 20), pytest.raises(EngineShutdown):  # a timeout for a hang
         async for _ in stream:
             pass
-    elapsed = trio.current_time() - start
     assert killed.is_set()
-    grace = TEST_CONFIG.worker.shutdown_grace
-    assert grace <= elapsed < grace + 2
+    assert trio.current_time() - start >= grace  # it had the whole grace first
 
 
 async def test_a_draining_worker_refuses_new_streams(cluster: Cluster) -> None:

@@ -1,0 +1,55 @@
+"""The one Prometheus scraper of the tests: the samples an exposition holds, and their sums.
+
+``/metrics`` is read over HTTP here (:func:`samples`); where a test reads it
+another way (from inside a network namespace, a registry in the test's
+process) it parses the text with :func:`parse` and sums with :func:`total`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+Sample = tuple[str, dict[str, str], float]
+"""One sample: its name, labels and value."""
+
+
+def parse(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text exposition, in the order served."""
+    return [
+        (sample.name, dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+    return sum(
+        value
+        for found, found_labels, value in samples
+        if found == name and all(found_labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def samples(url: str) -> list[Sample]:
+    """Every sample on ``url``'s ``/metrics``."""
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"{url}/metrics")
+    assert response.status_code == 200, response.text
+    return parse(response.text)
+
+
+async def scrape(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
+    return total(await samples(url), name, **labels)
+
+
+async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
+    return [(labels, value) for found, labels, value in await samples(url) if found == name]
