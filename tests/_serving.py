@@ -15,18 +15,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 from functools import partial
 from typing import TYPE_CHECKING, Any, final
-from unittest import mock
 
 import trio
 
-from dynamo_trio import Config, cli
+from dynamo_trio import Config
+from dynamo_trio._config import add_flags, config_from_args
 from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.edge import listen_sockets
 from dynamo_trio.frontend import serve_frontend
 from dynamo_trio.mocker import MockerSettings
+from dynamo_trio.mocker._main import MODELS, add_mocker_flags
 from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.runtime import DistributedRuntime
 from tests._metrics import scrape
@@ -87,11 +87,8 @@ class Served:
 def frontend_config(environ: dict[str, str], *flags: str) -> Config:
     """The config ``python -m dynamo_trio.frontend *flags`` builds in ``environ``."""
     parser = argparse.ArgumentParser()
-    cli._discovery_flags(parser)
-    cli._frontend_flags(parser)
-    args = parser.parse_args(list(flags))
-    with mock.patch.dict(os.environ, environ, clear=True):
-        return cli._config(args)
+    add_flags(parser)
+    return config_from_args(parser.parse_args(list(flags)), environ)
 
 
 @final
@@ -164,24 +161,21 @@ class Cluster:
         """``python -m dynamo_trio mocker *flags``: its models are listed once a frontend
         sees them (:func:`wait_for_models`)."""
         parser = argparse.ArgumentParser()
-        cli._discovery_flags(parser)
         parser.add_argument("--component", default="mocker")
-        cli._mocker_flags(parser)
+        add_mocker_flags(parser, named=False)
+        add_flags(parser)
         args = parser.parse_args(list(flags))
-        with mock.patch.dict(os.environ, self.env, clear=True):
-            config = cli._config(args)
+        config = config_from_args(args, self.env)
+        engine = MockerSettings(
+            **{item.name: getattr(args, item.name) for item in dataclasses.fields(MockerSettings)}
+        )
         worker = await self._runtime(config)
         self.nursery.start_soon(
             partial(
                 serve_mocker,
                 worker,
-                cli._settings(args),
-                model_name=args.model_name,
-                embedding_model_name=args.embedding_model_name,
-                tensor_model_name=args.tensor_model_name,
-                image_model_name=args.image_model_name,
-                video_model_name=args.video_model_name,
-                speech_model_name=args.speech_model_name,
+                engine,
+                **{name: getattr(args, name) for name, _, _ in MODELS},
                 namespace=config.frontend.namespace,
                 component=args.component,
             )
