@@ -18,19 +18,11 @@ started with different ``--model-name`` on the default component): the
 candidates are the *(endpoint, instance)* pairs of the model's cards, never
 the endpoint's other instances.
 
-Each request picks among the candidates that are *live*: listed by discovery
-and in the rotation of the endpoint's :class:`~dynamo_trio.runtime.Client`
-(out of it after a refused or timed-out connection, a connection lost, a
-worker going away; back once a background probe reconnects, see
-:mod:`dynamo_trio.runtime._client`).  ``round-robin`` (the default) takes
-them in turn per model, ``random`` at random.  If the chosen instance cannot
-be reached, or its stream fails before its first item (the worker died or
-is shutting down), it leaves rotation and the request is sent at once to
-another candidate it has not tried, so a model served by a live instance
-anywhere is answered even while a dead one's cards wait for its lease to
-expire, or while a split keeps this frontend from an instance others reach.
-If no candidate is live but some are out of rotation with their rest over
-(a probe is trying them), the request tries those rather than failing.
+The runtime's router (``docs/architecture.md``, "Routing") picks among the
+candidates, in turn per model (``round-robin``) or at random.  If the chosen
+instance cannot be reached, or its stream fails before its first item (the
+worker died or is shutting down), it leaves rotation and the request goes at
+once to another candidate it has not tried.
 
 Faults after the first item: migration
 ======================================
@@ -95,7 +87,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -121,7 +112,7 @@ if TYPE_CHECKING:
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream
+    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream, Target
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
 
@@ -138,9 +129,6 @@ _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomple
 
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
 """Engine ``request_type``s whose streams can be continued elsewhere."""
-
-Target = tuple[str, int]
-"""``(endpoint path, instance id)``: one place a model's request can go."""
 
 _T = TypeVar("_T")
 
@@ -465,14 +453,13 @@ class ModelRegistry:
         self._index: dict[tuple[str, ModelType], list[ModelCard]] = {}
         self._types: dict[str, set[ModelType]] = {}
         self._clients: dict[str, Client] = {}
-        self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
 
     async def start(self) -> None:
         """Begin watching discovery (the watches live as long as the runtime)."""
         self._cards = await self._runtime.watch_prefix(
             model_prefix(self._namespace), decode_model_card
         )
-        self._runtime._require_nursery().start_soon(self._prepare_clients)
+        self._runtime.start_soon(self._prepare_clients, name="model endpoints' watches")
 
     async def _prepare_clients(self) -> None:
         """Open the client (the instance watch) of every endpoint a card names, as the
@@ -579,50 +566,6 @@ class ModelRegistry:
             client = self._clients.setdefault(path, await endpoint.client())
         return client
 
-    async def _candidates(
-        self, route: ModelRoute, tried: set[Target], *, continuing: bool = False
-    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
-        """The model's untried targets (only those whose card accepts continuations, if
-        ``continuing``): live ones, ones not listed yet, and listed ones out of rotation
-        whose rest is over (the longest due first)."""
-        live: list[tuple[Target, Client]] = []
-        unlisted: list[tuple[int, Client]] = []
-        resting: list[tuple[int, Target, Client]] = []
-        seen: dict[str, tuple[set[int], set[int], dict[int, int]]] = {}
-        for card in self.cards(route.name, route.model_type):
-            target = (_path(card), card.instance_id)
-            if target in tried or (continuing and not card.accepts_continuation):
-                continue
-            try:
-                client = await self._client(card)
-            except DiscoveryError as exc:
-                raise NoInstances(
-                    f"cannot look up the instances of {target[0]} (discovery unavailable: {exc})"
-                ) from None
-            if target[0] not in seen:
-                order = {i: n for n, i in enumerate(client.due_instance_ids())}
-                seen[target[0]] = (
-                    set(client.live_instance_ids()),
-                    set(client.instance_ids()),
-                    order,
-                )
-            in_rotation, listed, resting_order = seen[target[0]]
-            if card.instance_id in in_rotation:
-                live.append((target, client))
-            elif card.instance_id not in listed:
-                unlisted.append((card.instance_id, client))
-            elif card.instance_id in resting_order:
-                resting.append((resting_order[card.instance_id], target, client))
-        resting.sort(key=lambda entry: entry[0])
-        return live, unlisted, [(target, client) for _, target, client in resting]
-
-    def _pick(self, route: ModelRoute, live: list[tuple[Target, Client]]) -> tuple[Target, Client]:
-        if self._router_mode == "random":
-            return random.choice(live)
-        turn = self._turns[route.name, route.model_type]
-        self._turns[route.name, route.model_type] = (turn + 1) % (1 << 62)
-        return live[turn % len(live)]
-
     async def _send(
         self,
         route: ModelRoute,
@@ -636,7 +579,8 @@ class ModelRegistry:
         moved: Moved | None = None,
         continuing: bool = False,
     ) -> tuple[Target | None, ResponseStream]:
-        """Send to a live instance of the model not tried yet, moving on from any that fails.
+        """Send to an instance of the model the router chooses, moving on from any that
+        fails (``tried`` grows with each).
 
         ``moved``: this send moves the request away from an instance that failed
         it; counted (``faults.on_migration``) once the request reaches another.
@@ -646,35 +590,64 @@ class ModelRegistry:
             ``last_error`` (or the last connection error, or :class:`NoInstances`)
             when no candidate is left.
         """
+        router = self._runtime.router
         wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
-        while True:
-            live, unlisted, resting = await self._candidates(route, tried, continuing=continuing)
-            if not live and unlisted and trio.current_time() < wait_until:
+
+        async def candidates() -> dict[Target, str]:
+            while True:
+                listed, unlisted = await self._candidates(route, tried, continuing)
+                live = any(router.is_live(t) and t not in tried for t in listed)
+                if live or not unlisted or trio.current_time() >= wait_until:
+                    return listed
                 await self._wait_for_any(unlisted, wait_until)
-                continue
-            if live:
-                target, client = self._pick(route, live)
-            elif resting:
-                target, client = resting[0]  # none in rotation: one whose rest is over
-            else:
-                if last_error is not None:
-                    raise last_error
-                raise NoInstances(
-                    f"no live instance serves the {route.model_type} model `{route.name}`"
-                )
-            tried.add(target)
+
+        async def send(target: Target) -> tuple[Target | None, ResponseStream]:
+            nonlocal moved
             try:
-                stream = await client.direct(request, target[1], context=context)
-            except NoInstances as exc:
-                last_error = exc  # it left discovery a moment ago
-                continue
+                stream = await self._clients[target[0]].direct(request, target[1], context=context)
             except CannotConnect as exc:
-                last_error = exc  # the client took it out of rotation
-                moved = moved or ("new_request", "cannot_connect")
-                continue
+                if not isinstance(exc, NoInstances):  # (that one left discovery a moment ago)
+                    moved = moved or ("new_request", "cannot_connect")
+                raise
             if moved is not None and faults.on_migration is not None and stream.instance_id:
                 faults.on_migration(route.name, *moved)
             return target, stream
+
+        return await router.send(
+            candidates,
+            send,
+            tried,
+            mode=self._router_mode,
+            turn=(route.name, route.model_type),
+            last_error=last_error,
+            nobody=f"no live instance serves the {route.model_type} model `{route.name}`",
+        )
+
+    async def _candidates(
+        self, route: ModelRoute, tried: set[Target], continuing: bool
+    ) -> tuple[dict[Target, str], list[tuple[int, Client]]]:
+        """The model's targets (only those whose card accepts continuations, if
+        ``continuing``) whose instance is listed, with its address; and the untried
+        instances not listed yet."""
+        listed: dict[Target, str] = {}
+        unlisted: list[tuple[int, Client]] = []
+        for card in self.cards(route.name, route.model_type):
+            if continuing and not card.accepts_continuation:
+                continue
+            try:
+                client = await self._client(card)
+            except DiscoveryError as exc:
+                raise NoInstances(
+                    f"cannot look up the instances of {_path(card)} (discovery unavailable: {exc})"
+                ) from None
+            target = (_path(card), card.instance_id)
+            address = client.targets().get(target)
+            if address is None:
+                if target not in tried:
+                    unlisted.append((card.instance_id, client))
+            else:
+                listed[target] = address
+        return listed, unlisted
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
@@ -692,13 +665,10 @@ class ModelRegistry:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
 
     def _failed(self, target: Target | None, error: DynamoError) -> None:
-        """Take ``target`` out of its endpoint's rotation (a no-op if already out)."""
-        if target is None:
-            return
-        client = self._clients.get(target[0])
-        if client is not None:
-            client._instance_failed(
-                target[1],
+        """Take ``target`` out of rotation (a no-op if already out)."""
+        if target is not None:
+            self._runtime.router.failed(
+                target,
                 f"{type(error).__name__}: {error}",
                 expected=isinstance(error, EngineShutdown | StreamIncomplete),  # it is draining
             )
