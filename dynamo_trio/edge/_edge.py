@@ -63,7 +63,7 @@ import trio
 
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
-from ._chunks import ChunkWriter
+from ._chunks import direct_chunks
 from ._prefetch import BodyPrefetch
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class Edge:
                 await _until_disconnect(self._answer, route, scope, receive, send)
         elif self.app is not None:
             if scope.get("http_version", "1.1") in ("1.0", "1.1"):
-                send = _shielded_send(ChunkWriter.offer(scope, send))
+                send = _shielded_send(direct_chunks(scope, send))
             if self.max_body_size is not None:
                 receive = await BodyPrefetch.offer(
                     scope, receive, limit=self.max_body_size, end_timeout=self.body_timeout

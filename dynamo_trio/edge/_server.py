@@ -403,7 +403,7 @@ class _IdleTimer:
 
 @final
 class _ConnectionWriter:
-    """Writes a response's body bytes straight to its connection (for :class:`ChunkWriter`).
+    """Writes a response's body bytes straight to its connection (``direct_chunks``).
 
     Each write is the connection's ordered ``send_all`` (:class:`_OrderedSends`):
     in the usual case, a socket with room for the bytes, one non-blocking write,

@@ -20,14 +20,8 @@ cancellation: the kill reaches the linked call first, the worker sees *why*,
 and the producer's scope then ends the local work.  The guard's ``finally``
 catches every other way a response can go undelivered.
 
-Once an SSE response has started over HTTP/1.1, the body writes what the
-producer made so far and then hands writing over to it
-(:class:`~dynamo_trio.frontend._body.StreamBody`): each batch of tokens goes
-from the producer straight to the connection, a task and a channel hop fewer
-per token; the channel then only carries the stream's end.  After the body is
-gone (the client left), the producer's writes are discarded, as its channel
-sends are.
-With the ``stop`` policy the producer keeps reading the worker's drain (for
+After the body is gone (the client left), the producer's sends are
+discarded.  With the ``stop`` policy the producer keeps reading the worker's drain (for
 usage) and discards it, until the worker finishes or ``stop_grace`` passes.
 
 A streaming request waits for the engine's first item before answering, so an
@@ -99,7 +93,7 @@ from ._models import ModelRegistry, StreamFaults
 from ._turns import Turns
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import Callable, Iterator
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
@@ -164,12 +158,7 @@ _Event = bytes | JsonReply | BytesReply | _Failed
 
 
 class _Emitter:
-    """Sends to the view; once the client is gone, quietly discards instead.
-
-    Once an SSE body has handed writing over (:meth:`hand_over`), the
-    stream's bytes are written to the connection from here, without the hop
-    through the channel and the body's task.
-    """
+    """Sends to the view; once the client is gone, quietly discards instead."""
 
     def __init__(self, send: trio.MemorySendChannel[_Event]) -> None:
         self._send = send
@@ -177,22 +166,9 @@ class _Emitter:
         self.broken = False
         self.stream_failure: Callable[[int, str], bytes] | None = None
         """Once a stream has started: the bytes that end it with ``(status, message)``."""
-        self._direct: Callable[[bytes], Awaitable[bool]] | None = None
-
-    def hand_over(self, write: Callable[[bytes], Awaitable[bool]]) -> None:
-        """From now on, write the stream's bytes with ``write`` (``False``: nobody listens)."""
-        self._direct = write
 
     async def __call__(self, event: _Event) -> None:
         if self.broken:
-            return
-        direct = self._direct
-        if direct is not None:
-            # Once a stream has started, its producer only ever sends bytes.
-            if await direct(cast("bytes", event)):
-                self.sent_any = True
-            else:
-                self.broken = True
             return
         try:
             try:
@@ -410,7 +386,7 @@ class Pipeline:
             # Once a stream has started, its producer only ever sends bytes.
             chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
             interval = self.config.keepalive_interval if keepalive else 0.0
-            body = StreamBody(first, chunks, keepalive=interval, hand_over=emit.hand_over)
+            body = StreamBody(first, chunks, keepalive=interval)
             return StreamReply(body, content_type)
         receive.close()
         if isinstance(first, _Failed):

@@ -52,7 +52,7 @@ from .._tracing import (
     is_valid_request_id,
     request_ids,
 )
-from ..edge import BodyPrefetch, ChunkWriter, json_bytes, shown
+from ..edge import BodyPrefetch, json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
 from ._apis import (
     ANTHROPIC_MESSAGES,
@@ -180,7 +180,6 @@ def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Res
         )
         whole.headers.update(ids.response_headers())
         return whole
-    result.body.write_through(ChunkWriter.of(request.scope))
     response: Response = current_app.response_class(
         result.body, content_type=result.content_type, headers=_SSE_HEADERS
     )
