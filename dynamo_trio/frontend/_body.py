@@ -1,27 +1,18 @@
-"""A streamed response body (SSE, MJPEG, audio): reads a channel, gathers what waits,
-sends SSE keep-alives (never into a body that is not SSE: ``keepalive`` 0).
+"""One response on its way from the request's producer to quart: :class:`Reply`.
 
-quart sends a body as ``async with body: async for chunk in body: send(chunk)``.
-:class:`StreamBody` reads the producer's chunks from a memory channel; when
-the client goes away mid-stream, quart-trio cancels that loop and
-``__aexit__`` closes the channel, so the producer learns nobody is listening
-(what that does to the request is :mod:`._hangup`'s business, not the body's).
-
-Chunks that are already waiting when the body asks for one are sent
-together: under load that is one write instead of dozens, and it never
-delays a chunk (only what is already there is taken).
-
-During long silences (a slow prefill) it sends an SSE comment every
-``keepalive`` seconds, so proxies keep the connection open and a client that
-vanished without a FIN is found out by the failed write.
-
-Over HTTP/1.1 the edge writes each chunk quart sends straight to the
-connection (:func:`~dynamo_trio.edge.direct_chunks`).
+The producer (the request's work, in the frontend's nursery) sends; the view
+takes the first thing sent (an answer, a failure, or a stream's first bytes);
+for a stream, quart then iterates the rest as the response body.  When the
+client leaves mid-stream, quart-trio cancels that loop and ``__aexit__``
+closes the channel: the producer's later sends are discarded (what the
+hang-up does to the request is :mod:`._hangup`'s business).  Chunks already
+waiting are sent together (never delaying one); long silences get SSE
+keep-alive comments (never a body that is not SSE: ``keepalive`` 0).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import trio
 from quart.wrappers.response import ResponseBody
@@ -29,34 +20,81 @@ from quart.wrappers.response import ResponseBody
 from ..llm import keepalive_comment
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
-__all__ = ["StreamBody"]
+__all__ = ["Reply"]
 
 # The most bytes gathered into one write from chunks already waiting.
 _COALESCE_LIMIT: Final = 64 * 1024
 
 
-class StreamBody(ResponseBody):
-    """A streamed body fed by a memory channel of byte chunks.
+class Reply(ResponseBody):
+    """A response's channel: the producer's :meth:`send`, the view's :meth:`first`,
+    quart's body iteration.
 
-    Args:
-        first: The chunk that was ready before the response started.
-        chunks: The rest; the producer closes its end when the stream is over.
-        keepalive: Seconds of silence before a keep-alive comment; 0 for never.
+    ``sent_any``: something reached the view; ``broken``: nobody listens any more
+    (sends are discarded); ``stream_failure``: once a stream has started, the bytes
+    that end it with ``(status, message)`` (its API's error event).
     """
 
-    def __init__(
-        self,
-        first: bytes,
-        chunks: trio.MemoryReceiveChannel[bytes],
-        *,
-        keepalive: float,
-    ) -> None:
-        self._first: bytes | None = first
-        self._chunks = chunks
-        self._keepalive = keepalive
+    def __init__(self, depth: int = 16) -> None:
+        self._send, self._chunks = trio.open_memory_channel[Any](depth)
+        self.sent_any = False
+        self.broken = False
+        self.stream_failure: Callable[[int, str], bytes] | None = None
+        self._first: bytes | None = None
+        self._keepalive = 0.0
         self._ended = False  # the channel ran dry while gathering: end at the next call
+
+    # -- the producer's side
+
+    async def send(self, event: object) -> None:
+        """Send ``event`` to the view (the first) or the body (a stream's bytes after
+        its first); once nobody listens, discard it."""
+        if self.broken:
+            return
+        try:
+            try:
+                # Room in the channel (the usual case): no trip through the scheduler;
+                # the producer's next receive is its checkpoint.
+                self._send.send_nowait(event)
+            except trio.WouldBlock:
+                await self._send.send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.broken = True
+        else:
+            self.sent_any = True
+
+    def close(self) -> None:
+        """The producer is done (synchronous: the end, without a checkpoint)."""
+        self._send.close()
+
+    # -- the view's side
+
+    async def first(self) -> object:
+        """The first thing sent; ``None`` if the producer ended having sent nothing.
+        Unless it is a stream's first bytes, nothing more is read."""
+        try:
+            first = await self._chunks.receive()
+        except trio.EndOfChannel:
+            first = None
+        except BaseException:
+            self._chunks.close()
+            raise
+        if isinstance(first, bytes):
+            self._first = first
+        else:
+            self._chunks.close()
+        return first
+
+    def stream(self, *, keepalive: float) -> Self:
+        """From now on, the body quart sends (keep-alive comments after ``keepalive``
+        seconds of silence, 0 for never)."""
+        self._keepalive = keepalive
+        return self
+
+    # -- quart's side
 
     async def __aenter__(self) -> Self:
         return self

@@ -1,86 +1,15 @@
 """The models the frontend serves, and which workers each request for them goes to.
 
 A worker announces a model with ``endpoint.register_model(name, type)``: a
-:class:`~dynamo_trio.discovery.ModelCard` tied to the worker's lease, naming
-the endpoint *and the instance* that serves it.  The registry watches the
-cards of its namespace, so a model appears when its first worker registers
-it and vanishes when its last one goes (shuts down, or dies and its lease
-expires).
-
-Routing is by model, per request
-================================
-
-A request for model *M* of type *T* (chat, completions, embeddings) goes only
-to an instance that registered a card for *(M, T)*, on the endpoint that
-card names.  Several endpoints may serve one model (one component per
-hardware pool, say) and several models may share one endpoint (two mockers
-started with different ``--model-name`` on the default component): the
-candidates are the *(endpoint, instance)* pairs of the model's cards, never
-the endpoint's other instances.
-
-The runtime's router (``docs/architecture.md``, "Routing") picks among the
-candidates, in turn per model (``round-robin``) or at random.  If the chosen
-instance cannot be reached, or its stream fails before its first item (the
-worker died or is shutting down), it leaves rotation and the request goes at
-once to another candidate it has not tried.
-
-Faults after the first item: migration
-======================================
-
-Once items have arrived, a lost worker (its connection gone:
-``Disconnected``; it abandoned the request to shut down: ``EngineShutdown``;
-or it stopped the request to shut down, ending it early; or it ended the
-stream ``stopped`` though nobody asked it to, before any finish reason) is
-handled as the request's :class:`StreamFaults` say:
-
-* with ``migration_limit`` N > 0, the request is sent again, at most N times,
-  to a live instance whose card accepts continuations, carrying what was
-  generated so far as its ``continuation`` (see :mod:`dynamo_trio.llm`): the
-  new worker goes on from there, so the consumer reads one uninterrupted
-  stream, no item repeated or missing (Dynamo's request migration);
-* otherwise, or once no instance can take it, the failure is the request's
-  error: the lost connection, or :class:`~dynamo_trio.StreamIncomplete` for a
-  worker that stopped the request to shut down or on its own (its partial
-  output must not read as a complete answer; OpenAI has no finish reason that
-  says so).
-
-A request whose context is stopped or killed is never moved: it was
-cancelled (its calls then end quietly instead of failing), and a cancellation
-during a migration reaches the new attempt, whose call is linked under the
-request's context like the first one.  A generation whose last item had
-arrived before the connection was lost is complete: the stream just ends.
-Each move to another instance after one failed the request is counted in
-``dynamo_frontend_model_migration_total{model, migration_type, reason}``
-(``new_request`` before the first item, ``ongoing_request`` after it), once
-the request has reached the new instance.
-
-With ``idle_timeout``, a worker that sends nothing for that long (before its
-first item, or between two) has its call killed with reason ``inactivity``;
-:class:`~dynamo_trio.ResponseTimeout` is the request's error.  The instance
-stays in rotation (unlike Dynamo, which quarantines it): one silent request
-says nothing about the worker's others, and its connection's heartbeats say
-whether it is alive.
-
-A card can be seen a moment before the instance record it names (they are
-separate watches): a request that finds no live candidate but some not yet
-listed waits up to ``_INSTANCE_WAIT`` for one to appear.
-
-The instance watch of each endpoint a card names is opened in the background
-as soon as the card is seen (retried while etcd is unavailable), not by the
-first request for the model: a request never waits for discovery, and an
-etcd outage (a member lost, a leader election) costs no request anything,
-since the request plane does not need etcd.  A request that still finds an
-endpoint's watch unopened while discovery is down is a 503, not a 500.
-
-Name clashes between model types
-================================
-
-One name may be registered as different types by different workers (``m``
-as chat by one, as embeddings by another).  That is served correctly, not
-refused: every request type is routed only to the cards of its own type, so
-a chat request for ``m`` reaches the chat worker and an embeddings request
-the embeddings worker; ``/v1/models`` lists ``m`` once.  A request of a type
-no worker serves the model as is a 404 that says which types it is served as.
+:class:`~dynamo_trio.discovery.ModelCard` tied to its lease, naming the endpoint
+and the instance that serve it.  The registry watches its namespace's cards
+(a model lives while one of its cards does) and opens the instance watch of
+each endpoint a card names as soon as it is seen, so no request waits for
+discovery.  A request for model *M* as type *T* goes only to the *(endpoint,
+instance)* targets of *(M, T)*'s cards, as the runtime's router chooses; a
+:class:`ModelStream` moves it to another when its worker fails (before its
+first item always, after it as :class:`StreamFaults` allow: migration).
+``docs/architecture.md`` ("Models and migration") has the rules.
 """
 
 from __future__ import annotations

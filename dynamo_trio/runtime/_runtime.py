@@ -1,21 +1,13 @@
 """``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
 
 Everything a runtime starts runs in its own nursery, so leaving ``async with
-DistributedRuntime(...)`` (or the end of a ``@dynamo_worker()`` function)
-leaves nothing behind: not a task, not a socket, not a registration.
-
-Graceful shutdown (``runtime.shutdown()``, or SIGINT/SIGTERM under
-``@dynamo_worker()``, or there the death of the supervisor that started the
-process: see :mod:`dynamo_trio._lifeline`) runs in this order:
-
-1. deregister every endpoint and model from discovery, so callers stop
-   choosing this process;
-2. send ``goaway`` on every connection and stop accepting new ones: requests
-   that still arrive are refused with ``EngineShutdown``;
-3. stop every in-flight request (reason ``shutdown``): handlers drain;
-4. after ``shutdown_grace`` seconds, kill whatever is still running;
-5. close the connections; ``serve_endpoint`` calls return, and the process
-   can exit 0.
+DistributedRuntime(...)`` leaves nothing behind: not a task, not a socket, not
+a registration.  Graceful shutdown (``runtime.shutdown()``, SIGINT/SIGTERM under
+``@dynamo_worker()``, or the death of the supervisor that started the process)
+deregisters every endpoint and model, sends ``goaway`` on every connection
+(requests still arriving are refused with ``EngineShutdown``), stops every
+in-flight request (reason ``shutdown``) so handlers drain, kills what still
+runs after ``shutdown_grace`` seconds, and closes the connections.
 """
 
 from __future__ import annotations
