@@ -19,7 +19,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 
@@ -35,13 +35,13 @@ from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_pref
 from ..llm import RequestError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
     from types import TracebackType
 
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream, Target
+    from ..runtime import Client, DistributedRuntime, ResponseStream, Target
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
 
@@ -58,8 +58,6 @@ _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomple
 
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
 """Engine ``request_type``s whose streams can be continued elsewhere."""
-
-_T = TypeVar("_T")
 
 Moved = tuple[str, str]
 """``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
@@ -87,23 +85,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, Disconnected):
         return "disconnected"
     return "cannot_connect"
-
-
-async def _one_item(stream: ResponseStream, idle_timeout: float | None) -> list[Annotated]:
-    item = await stream.receive(idle_timeout=idle_timeout)
-    return [] if item is None else [item]
-
-
-async def _batch(stream: ResponseStream, idle_timeout: float | None) -> list[Any]:
-    return await stream.receive_batch(idle_timeout=idle_timeout)
-
-
-def _annotated_data(item: Annotated) -> Any:
-    return item.data()
-
-
-def _same(data: Any) -> Any:
-    return data
 
 
 def _path(card: ModelCard) -> str:
@@ -153,8 +134,8 @@ class ModelRoute:
 
 @final
 class ModelStream:
-    """The items of one model request (an async iterator of ``Annotated``, like a
-    :class:`~dynamo_trio.runtime.ResponseStream`, which it wraps).
+    """The items of one model request, in batches (:meth:`receive_batch`), from the
+    :class:`~dynamo_trio.runtime.ResponseStream` it wraps.
 
     A failure of the instance serving it sends the request to another
     instance instead, as the module docstring says: before the first item
@@ -199,27 +180,10 @@ class ModelStream:
         """The current call's own context (a child of the request's)."""
         return self._stream.context
 
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Annotated:
-        items = await self._receive(_one_item, _annotated_data)
-        if not items:
-            raise StopAsyncIteration
-        item: Annotated = items[0]
-        return item
-
     async def receive_batch(self) -> list[Any]:
-        """The data of every item that has arrived, at least one; ``[]`` at the end
-        (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
-        return await self._receive(_batch, _same)
-
-    async def _receive(
-        self,
-        receive: Callable[[ResponseStream, float | None], Awaitable[list[_T]]],
-        data: Callable[[_T], Any],
-    ) -> list[_T]:
-        """The next items (``[]`` at the end), moving the request when its instance fails."""
+        """The data of every item that has arrived, at least one (waiting for it); ``[]``
+        at the end (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`).
+        Moves the request when its instance fails."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
@@ -227,7 +191,7 @@ class ModelStream:
                     continue  # moved to another instance
                 return [held]
             try:
-                items = await receive(self._stream, self._faults.idle_timeout)
+                items = await self._stream.receive_batch(idle_timeout=self._faults.idle_timeout)
             except _RETRYABLE as exc:
                 if self._finished:
                     return []  # the generation was complete; only its end was lost
@@ -243,7 +207,7 @@ class ModelStream:
                 return items
             self._started = True
             if self._is_text:
-                self._note(items, data)
+                self._note(items)
                 if not items:
                     continue  # only the held item: decided on the next round
             return items
@@ -264,11 +228,11 @@ class ModelStream:
             and not self._context.is_stopped()
         )
 
-    def _note(self, items: list[_T], data: Callable[[_T], Any]) -> None:
+    def _note(self, items: list[Any]) -> None:
         """Note what a text generation's items carry, and hold back a last item that
         says the worker ended the generation early on its own
         (:meth:`_worker_ended_early` decides what it means)."""
-        last = data(items[-1])  # a finish reason is only ever on a stream's last item
+        last = items[-1]  # a finish reason is only ever on a stream's last item
         if type(last) is dict:
             finish = last.get("finish_reason")
             if finish == "cancelled" and not self._context.is_stopped():
@@ -276,8 +240,7 @@ class ModelStream:
             elif finish is not None:
                 self._finished = True
         if self._migrations_left > 0:
-            for item in items:
-                value = data(item)
+            for value in items:
                 if type(value) is not dict:
                     continue
                 text = value.get("text")

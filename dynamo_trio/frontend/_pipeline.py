@@ -484,8 +484,8 @@ class Pipeline:
         async with await route.call(
             request.to_engine(), lifecycle.context, self._embed_faults
         ) as stream:
-            async for item in stream:
-                output = item.data()
+            while batch := await stream.receive_batch():
+                output = batch[-1]
         answer = JsonReply(200, embedding_response(request, output))
         lifecycle.completed()
         await reply.send(answer)
