@@ -136,13 +136,10 @@ class ResponseStream:
         return self
 
     async def __anext__(self) -> Annotated:
-        return await self._next_item()
-
-    async def _next_item(self) -> Annotated:
-        frame = await self._next(ClientStream.receive)
-        if frame is None:
+        item = await self.receive()
+        if item is None:
             raise StopAsyncIteration
-        return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
+        return item
 
     async def receive(self, *, idle_timeout: float | None = None) -> Annotated | None:
         """The next item, or ``None`` once the stream has ended (what iterating gives).
@@ -293,7 +290,7 @@ class DataStream(ResponseStream):
 
     async def __anext__(self) -> Any:
         while True:
-            item = await self._next_item()
+            item = await super().__anext__()
             data = item.data()
             if data is None and (item.id is not None or item.event is not None or item.comment):
                 continue
