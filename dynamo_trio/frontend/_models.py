@@ -15,7 +15,6 @@ first item always, after it as :class:`StreamFaults` allow: migration).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -126,9 +125,7 @@ class ModelRoute:
             CannotConnect: no live instance could be reached (503).
         """
         tried: set[Target] = set()
-        target, stream = await self._registry._send(
-            self, request, context, tried, wait=True, faults=faults
-        )
+        target, stream = await self._registry._send(self, request, context, tried, faults=faults)
         return ModelStream(self, request, context, tried, target, stream, faults)
 
 
@@ -282,7 +279,6 @@ class ModelStream:
                 self._request,
                 self._context,
                 self._tried,
-                wait=True,
                 last_error=exc,
                 faults=self._faults,
                 moved=("new_request", _reason(exc)),
@@ -299,7 +295,6 @@ class ModelStream:
                 request,
                 self._context,
                 self._tried,
-                wait=True,
                 faults=self._faults,
                 moved=("ongoing_request", _reason(exc)),
                 continuing=True,
@@ -465,7 +460,6 @@ class ModelRegistry:
         context: Context,
         tried: set[Target],
         *,
-        wait: bool = False,
         last_error: DynamoError | None = None,
         faults: StreamFaults = _NO_FAULT_HANDLING,
         moved: Moved | None = None,
@@ -483,7 +477,7 @@ class ModelRegistry:
             when no candidate is left.
         """
         router = self._runtime.router
-        wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
+        wait_until = trio.current_time() + _INSTANCE_WAIT
 
         async def candidates() -> dict[Target, str]:
             while True:
