@@ -1,29 +1,9 @@
-"""One error hierarchy for everything a caller can see go wrong.
+"""One error hierarchy for everything a caller can see go wrong (on :class:`DynamoError`).
 
-The names and wire codes follow Dynamo's ``ErrorType`` so that errors read the
-same on both systems::
-
-    DynamoError
-    ├── InvalidArgument        the request was malformed, or the handler raised ValueError/TypeError
-    │   └── InvalidRequestId   a request-id header (x-request-id, x-dynamo-request-id) is not an id
-    ├── Cancelled              the work was cancelled on the remote side (not by this caller)
-    ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
-    ├── ResourceExhausted      a limit was hit (too many streams, queue full)
-    ├── ConnectionTimeout      the handler raised TimeoutError
-    ├── ResponseTimeout        no response within a configured bound (an inactivity
-    │                          timeout, a request's deadline)
-    ├── StreamIncomplete       the worker ended the stream before the work was complete,
-    │                          for a reason it gave (its shutdown)
-    ├── Unknown                anything else the handler raised
-    └── TransportError         the request plane failed
-        ├── CannotConnect      no connection could be made to the worker
-        │   └── NoInstances    no live instance serves the endpoint
-        ├── Disconnected       the connection was lost mid-stream
-        └── ProtocolError      a peer sent bytes that are not a valid frame sequence
-
-Cancellation caused by *this* caller (its context was stopped or killed) is
-never an error: the stream just ends.  :class:`Cancelled` is for work that was
-cancelled on the other side for its own reasons.  trio's own
+The names and wire codes follow Dynamo's ``ErrorType``, so errors read the same
+on both systems.  Cancellation caused by *this* caller (its context was stopped
+or killed) is never an error: the stream just ends.  :class:`Cancelled` is for
+work cancelled on the other side for its own reasons.  trio's own
 :class:`trio.Cancelled` is unrelated: a live one is never caught or converted
 (a stale one a handler raises on its own is its way of saying "cancelled").
 """
@@ -54,7 +34,25 @@ __all__ = [
 
 
 class DynamoError(Exception):
-    """Base of every error this package raises for a request.
+    """Base of every error this package raises for a request::
+
+        DynamoError
+        ├── InvalidArgument        the request was malformed, or the handler raised ValueError
+        │   └── InvalidRequestId   a request-id header is not an id
+        ├── Cancelled              the work was cancelled on the remote side (not by this caller)
+        ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
+        ├── ResourceExhausted      a limit was hit (too many streams, queue full)
+        ├── ConnectionTimeout      the handler raised TimeoutError
+        ├── ResponseTimeout        no response within a configured bound (an inactivity
+        │                          timeout, a request's deadline)
+        ├── StreamIncomplete       the worker ended the stream before the work was complete,
+        │                          for a reason it gave (its shutdown)
+        ├── Unknown                anything else the handler raised
+        └── TransportError         the request plane failed
+            ├── CannotConnect      no connection could be made to the worker
+            │   └── NoInstances    no live instance serves the endpoint
+            ├── Disconnected       the connection was lost mid-stream
+            └── ProtocolError      a peer sent bytes that are not a valid frame sequence
 
     Args:
         message: What went wrong, for a human.

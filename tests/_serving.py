@@ -26,7 +26,8 @@ from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.edge import listen_sockets
 from dynamo_trio.frontend import serve_frontend
 from dynamo_trio.mocker import MockerSettings
-from dynamo_trio.mocker._main import MODELS, add_mocker_flags
+from dynamo_trio.mocker._main import MODELS as MOCKER_MODELS
+from dynamo_trio.mocker._main import add_mocker_flags
 from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.runtime import DistributedRuntime
 from tests._metrics import scrape
@@ -175,7 +176,7 @@ class Cluster:
                 serve_mocker,
                 worker,
                 engine,
-                **{name: getattr(args, name) for name, _, _ in MODELS},
+                **{name: getattr(args, name) for name, _, _ in MOCKER_MODELS},
                 namespace=config.frontend.namespace,
                 component=args.component,
             )

@@ -5,12 +5,12 @@ accept loop whose shutdown always ends; :class:`Edge` is the outermost ASGI
 layer (refusals, fixed routes, the hand-off to the app); :func:`status_routes`
 are the ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` routes
 both the frontend and a worker's status server answer.  Two short ways for
-the app's hot path: :class:`ChunkWriter` writes a streamed body's chunks
+the app's hot path: :func:`direct_chunks` writes a streamed body's chunks
 straight to the connection, and :class:`BodyPrefetch` hands the app a request
 body that has already arrived without a wait.
 """
 
-from ._chunks import CHUNK_WRITER as CHUNK_WRITER, ChunkWriter as ChunkWriter
+from ._chunks import direct_chunks as direct_chunks
 from ._edge import (
     LAST_SEND_SHIELD as LAST_SEND_SHIELD,
     Edge as Edge,
@@ -38,11 +38,9 @@ from ._status import (
 )
 
 __all__ = [
-    "CHUNK_WRITER",
     "LAST_SEND_SHIELD",
     "PREFETCHED_BODY",
     "BodyPrefetch",
-    "ChunkWriter",
     "Edge",
     "EdgeRequest",
     "EdgeResponse",

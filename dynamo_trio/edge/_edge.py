@@ -1,53 +1,18 @@
 """The edge: the one ASGI layer every HTTP server of dynamo-trio stands on.
 
-:class:`Edge` is the outermost ASGI app of the frontend *and* of a worker's
-status server.  It does, for both, what is the same everywhere:
-
-* **Refusals**, in the JSON error shape the server's API uses (``error_body``:
-  the frontend gives its own, the API's; a status server keeps the plain
-  :func:`error_json`) and without a traceback:
-  WebSocket handshakes on any path (404 through the ASGI
-  ``websocket.http.response`` extension, else a close before accept), a
-  request target over ``max_header_size`` bytes (414) and headers over it
-  (431), each with ``Connection: close`` and the body never read.  hypercorn's
-  parser enforces the same limit only on a head still incomplete in its
-  buffer; one that arrives whole in one read would reach the app.
-* **Fixed routes**, answered here from a table (:class:`Route`): ``/health``,
-  ``/live``, ``/metrics``, ``/debug/requests`` (:mod:`._status`).  They are
-  the routes probes and scrapers hit every few seconds: answered at the edge,
-  they cost about what a bare ASGI app costs, and never wait behind the app.
-* **Everything else** goes to the wrapped app (the frontend's quart app), or
-  is a 404 when there is none (the status server).  The last ``send`` of each
-  HTTP/1.x response of the app is shielded (see :meth:`Edge._shielded_send`).
-  With ``max_body_size`` set, a body that has already arrived is offered to
-  the app ahead of its own reading (:mod:`._prefetch`).
-* **Containment**: whatever a request's code raises ends that request only.
-  hypercorn answers an ``Exception`` with a 500 (or cuts a response already
-  started) and keeps serving; anything else it lets through, and it would end
-  the connection's task group and then the whole server: a ``BaseException``
-  that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
-  ``GeneratorExit``, a library's own) or a stale ``trio.Cancelled`` (raised
-  by code that caught it inside a scope it has left).  The edge logs those
-  (at a bounded rate) and ends the request as hypercorn ends a failed one; ``KeyboardInterrupt``
-  and ``SystemExit`` also call ``request_exit`` (the frontend then shuts down
-  gracefully, as on SIGTERM).  A live cancellation (the server closing) is
-  never contained.
-
-Why the last send is shielded
------------------------------
-hypercorn's h11 protocol restarts a keep-alive connection's idle timer from
-inside the last send of a response, and quart-trio cancels its request tasks
-as soon as the response is out; unshielded, the restart is cancelled with
-them, and an idle keep-alive connection then stays open for ever (one file
-descriptor per idle client, and a shutdown that waits the whole graceful
-timeout).  Over h11 the send only queues bytes (hypercorn shields its socket
-writes), so shielding it delays nothing; the shield still gives up after
-:data:`LAST_SEND_SHIELD` seconds, so it can never hold a task for ever.
-HTTP/2 is never shielded: there the last send waits for hypercorn to drain
-the stream to the socket, which never completes once the client has gone (a
-shielded wait for it kept the frontend from exiting on SIGTERM).  Routes
-answered at the edge run outside quart-trio's request nursery, so nothing
-cancels their sends in the first place.
+:class:`Edge`, the outermost ASGI app of the frontend and of a worker's status
+server, does what is the same everywhere: **refusals** in the server's API's
+JSON error shape, without a traceback (WebSocket handshakes; a request target
+or headers over ``max_header_size``, 414/431, which hypercorn's parser lets
+through when a head arrives whole); **fixed routes** from a table
+(:class:`Route`: ``/health``, ``/live``, ``/metrics``, ``/debug/requests``),
+answered here at about a bare ASGI app's cost, never behind the app;
+**everything else** to the wrapped app, its chunked bodies written straight to
+the connection (:mod:`._chunks`), a body that has already arrived offered
+ahead (:mod:`._prefetch`), and its last send shielded (:func:`_shielded_send`);
+and **containment**: whatever a request's code raises (a ``BaseException``, a
+stale ``trio.Cancelled``, which hypercorn would let end the server) ends that
+request only, logged at a bounded rate; a live cancellation goes on.
 """
 
 from __future__ import annotations
@@ -63,7 +28,7 @@ import trio
 
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
-from ._chunks import ChunkWriter
+from ._chunks import direct_chunks
 from ._prefetch import BodyPrefetch
 
 if TYPE_CHECKING:
@@ -262,7 +227,7 @@ class Edge:
                 await _until_disconnect(self._answer, route, scope, receive, send)
         elif self.app is not None:
             if scope.get("http_version", "1.1") in ("1.0", "1.1"):
-                send = _shielded_send(ChunkWriter.offer(scope, send))
+                send = _shielded_send(direct_chunks(scope, send))
             if self.max_body_size is not None:
                 receive = await BodyPrefetch.offer(
                     scope, receive, limit=self.max_body_size, end_timeout=self.body_timeout
@@ -377,6 +342,18 @@ def body_timeout_message(seconds: float) -> str:
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
+    """``send``, with the last send of a response shielded (for up to
+    :data:`LAST_SEND_SHIELD` seconds).
+
+    hypercorn's h11 protocol restarts a keep-alive connection's idle timer from
+    inside the last send of a response, and quart-trio cancels its request
+    tasks as soon as the response is out; unshielded, the restart is cancelled
+    with them, and an idle keep-alive connection stays open for ever.  Over h11
+    the send only queues bytes, so shielding it delays nothing.  HTTP/2 is never
+    shielded (its last send waits for the stream to drain to a client that may
+    be gone); routes answered at the edge run outside quart-trio's nursery.
+    """
+
     async def send_last_shielded(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             with trio.move_on_after(LAST_SEND_SHIELD, shield=True):

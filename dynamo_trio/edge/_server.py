@@ -1,63 +1,16 @@
 """Serving an ASGI app over HTTP with hypercorn, with a shutdown that always ends.
 
-Both HTTP servers of dynamo-trio (the frontend and a worker's status server)
-run on :func:`serve_http`.
-
-hypercorn's own ``serve`` ends a graceful shutdown by cancelling its
-connections ``graceful_timeout`` seconds after the trigger.  But it writes to
-sockets inside a shielded cancel scope (``TCPServer.protocol_send``), and a
-shielded write to a client that stopped reading (a full TCP window: an SSE
-client that went to sleep, a peer that never reads) waits for ever: the
-cancellation never reaches it, ``serve`` never returns, and the process only
-dies to SIGKILL.
-
-:func:`serve_http` runs the same per-connection protocol code (hypercorn's
-``TCPServer``: h11, h2, the ASGI lifespan) under its own accept loop, and
-keeps each connection's socket.  When the grace period ends, it closes the
-sockets of the connections still open: a blocked write then fails with
-``ClosedResourceError``, which hypercorn treats as a closed connection, and
-every task of the connection ends.  A connection that finished its work in
-time is never touched.
-
-Dead clients: with ``dead_peer_timeout``, every accepted connection gets TCP
-keepalive and ``TCP_USER_TIMEOUT`` set so that a client whose network went
-silent (no FIN, no RST: a cable pulled, a laptop closed, a NAT that forgot
-the flow) is found out within about that many seconds: while the server has
-nothing to send (a long prefill before the first token), keepalive probes go
-unanswered; while it has (tokens, SSE comments), its data goes unacknowledged.
-Either way the kernel errors the socket, hypercorn's read fails, and the app
-gets ``http.disconnect`` like for any hang-up.  Writing alone would not do:
-bytes sent to a silent peer sit in the send queue, retransmitted for many
-minutes, before any write fails.  A live client acknowledges both probes and
-data, however slow its link, so it is not cut by this, with one exception
-Linux (5.11 and later) makes: a client that stops *reading* altogether, so
-that the server's data fills its receive window (about a thousand unread SSE
-tokens), and keeps it full for longer than the bound is cut like a dead one,
-since ``TCP_USER_TIMEOUT`` also bounds how long a window may stay closed.
-
-It listens on the sockets :func:`listen_sockets` makes from the bind
-addresses: with ``reuse_port``, each gets ``SO_REUSEPORT``, so several
-processes can serve one port and the kernel spreads connections between them
-(``dynamo-trio frontend --http-workers N``).
-
-Each connection's stream is also wrapped (:class:`_OrderedSends`) to close a
-race in hypercorn's ``TCPServer``: it serializes ``send_all`` with a lock but
-calls ``send_eof`` (when a connection ends) without it.  When a response goes
-out while the reading task is ending the connection (a client that keeps
-sending after an early answer, say a 414, until h11 gives up on it), the
-response's ``send_all`` met the EOF in trio's conflict detector and raised
-``BusyResourceError`` into the app: an "Error in ASGI Framework" traceback.
-The same wrapper writes at once, without a trip through the scheduler, when no
-other send is under way and the socket has room (a response's head, a small
-body): hypercorn's own send lock is then the write's only checkpoint.
-
-Whatever a connection's code raises ends that connection only (logged, at a
-bounded rate): hypercorn
-contains an app's ``Exception`` per request, but lets anything else (a
-``BaseException`` that is not an ``Exception``, a stale ``trio.Cancelled``) out of
-the connection, where it would end the accept loop and the server.  (The
-:class:`~._edge.Edge` contains those per request first; this is for any other
-app, and for hypercorn's own code.)  A live cancellation, the server closing, goes on.
+hypercorn's own ``serve`` writes to sockets inside a shielded cancel scope,
+and a shielded write to a client that stopped reading waits for ever, so its
+graceful shutdown may never end.  :func:`serve_http` runs the same
+per-connection protocol code (hypercorn's ``TCPServer``: h11, h2, the ASGI
+lifespan) under its own accept loop and keeps each connection's socket: when
+the grace period ends it closes the sockets still open, a blocked write fails
+with ``ClosedResourceError``, and every task of the connection ends.  Silent
+clients are found out by the kernel (:func:`dead_peer_options`); several
+processes may serve one port (:func:`listen_sockets`); each connection's
+stream is :class:`_OrderedSends`.  Whatever a connection's code raises ends
+that connection only (logged at a bounded rate); a live cancellation goes on.
 """
 
 from __future__ import annotations
@@ -137,6 +90,14 @@ def dead_peer_options(timeout: float) -> list[tuple[int, int, int]]:
     acknowledged nothing (probes or data) for the whole bound.  Without
     ``TCP_USER_TIMEOUT``, the probe count ends the connection at about the
     same time.
+
+    A client whose network went silent (no FIN, no RST) leaves probes or data
+    unacknowledged; the kernel errors the socket and the app gets
+    ``http.disconnect`` like for any hang-up (writing alone would not do: bytes
+    to a silent peer are retransmitted for many minutes).  A live client
+    acknowledges both, however slow, with one exception Linux (5.11 and later)
+    makes: one that stops *reading* until the server's data fills its window,
+    for longer than the bound, is cut like a dead one.
     """
     idle = max(1, int(timeout // 3))
     interval = max(1, int(timeout // 6))
@@ -403,7 +364,7 @@ class _IdleTimer:
 
 @final
 class _ConnectionWriter:
-    """Writes a response's body bytes straight to its connection (for :class:`ChunkWriter`).
+    """Writes a response's body bytes straight to its connection (``direct_chunks``).
 
     Each write is the connection's ordered ``send_all`` (:class:`_OrderedSends`):
     in the usual case, a socket with room for the bytes, one non-blocking write,
@@ -432,6 +393,13 @@ class _ConnectionWriter:
 
 class _OrderedSends(trio.abc.HalfCloseableStream):
     """A socket stream on which ``send_eof`` never collides with a ``send_all``.
+
+    hypercorn's ``TCPServer`` serializes ``send_all`` with a lock but calls
+    ``send_eof`` without it: a response going out while the reading task ends
+    the connection (a client that keeps sending after an early 414) met the EOF
+    in trio's conflict detector and raised ``BusyResourceError`` into the app.
+    It also writes at once, without a trip through the scheduler, when no other
+    send is under way and the socket has room.
 
     A ``send_all`` that finds an EOF being sent waits for it (then fails as a
     send after an EOF does: ``ClosedResourceError``, which hypercorn handles).

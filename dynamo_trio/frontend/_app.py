@@ -5,21 +5,12 @@ How a request reaches its view::
     hypercorn (h11/h2) -> Edge (refusals; /health /live /metrics /debug/requests)
         -> HangUpGuard (the one owner of hang-up detection) -> quart (the route table)
 
-The API routes are a table (:mod:`._routes`); the status routes are the
-edge's (:mod:`dynamo_trio.edge`), shared with a worker's status server.
-
-Everything a client can send is answered with an API-shaped JSON error and
-the right status, never a traceback: malformed JSON and invalid fields 400
-(bodies are decoded by :func:`~dynamo_trio.llm.decode_json_body`: strict,
-depth-limited, no repeated keys), an unknown model 404, a body not finished
-within ``body_timeout`` 408, a body over the size limit 413, a request target
-or headers over ``max_header_size`` 414/431, a body that is not JSON (or not
-UTF-8) 415, no live instance 503, a request cancelled on the worker 499,
-anything else 500.  WebSocket handshakes are refused with a 404.
-Each response carries ``x-request-id`` and ``x-dynamo-request-id``: the request's
-id (from ``x-dynamo-request-id``, else ``x-request-id``, else a fresh UUID; it
-is the request's context id end to end), and a ``traceparent`` joins the
-client's trace (see :mod:`dynamo_trio._tracing`).
+Everything a client can send is answered with an API-shaped JSON error and the
+right status, never a traceback (bodies are decoded strictly, depth-limited, no
+repeated keys; WebSocket handshakes are refused with a 404).  Each response
+carries ``x-request-id`` and ``x-dynamo-request-id``: the request's id (from
+``x-dynamo-request-id``, else ``x-request-id``, else a fresh UUID; its context
+id end to end); a ``traceparent`` joins the client's trace.
 """
 
 from __future__ import annotations

@@ -1,44 +1,18 @@
 """Hang-up detection: one owner, one rule.
 
-The rule
-========
-
 **A request counts as cancelled by its client if, and only if, the client's
-connection ends before the request's work is complete.**  The work is
-complete once the engine's stream has ended and the last of the response has
-been produced (:meth:`RequestLifecycle.completed`, called by the pipeline
-*before* it hands those last bytes on).  So:
+connection ends before the request's work is complete** (the engine's stream
+has ended and the last of the response was produced:
+:meth:`RequestLifecycle.completed`, called *before* those last bytes are handed
+on).  So a client that reads ``data: [DONE]`` and closes before the chunked
+terminator (the official ``openai`` client does) cancels nothing, nor does one
+leaving after its request failed.  A cancelled request's context is killed (or,
+with ``--on-disconnect stop``, stopped) with reason ``client disconnect`` and
+counted once in ``dynamo_frontend_model_cancellation_total``.
 
-* a client that hangs up before the response starts (every unary request, a
-  streaming one before its first byte) or mid-stream cancels the request;
-* a client that reads ``data: [DONE]`` and closes before the chunked
-  terminator (the official ``openai`` client does exactly this), or leaves
-  while the last bytes are in flight, does **not**: the work was complete;
-* a request that failed (4xx, 5xx, an error event) is not a cancellation
-  either, whatever the client does afterwards.
-
-A cancelled request's context is killed (or, with ``--on-disconnect stop``,
-stopped) with reason ``client disconnect``, which reaches the worker at
-once, and it is counted once in ``dynamo_frontend_model_cancellation_total``.
-
-The owner
-=========
-
-:class:`HangUpGuard` wraps the frontend's ASGI app; every HTTP request passes
-through it, and it is the only place that declares a client gone.  The
-pipeline binds the request's :class:`RequestLifecycle` to the HTTP request
-(:func:`bind_to_request`, a context-variable slot that quart-trio's request
-tasks inherit).  The guard then calls :meth:`RequestLifecycle.client_gone`:
-
-* the moment the app receives ``http.disconnect`` from hypercorn (the guard
-  watches the app's ``receive``): before quart-trio cancels the view or the
-  SSE body, so the kill is sent first and its reason is the client's;
-* in its ``finally``, however the HTTP exchange ended: a backstop for every
-  other way a response can go undelivered (a send that failed, the window
-  quart leaves between a streaming view's return and its body).
-
-Both are no-ops for a request whose work was complete: the rule decides,
-not the place.
+:class:`HangUpGuard`, around the app, is the only place that declares a client
+gone: when the app receives ``http.disconnect`` (before quart-trio cancels the
+view or the body), and in its ``finally`` whatever else ended the exchange.
 """
 
 from __future__ import annotations

@@ -1,105 +1,24 @@
 """The models the frontend serves, and which workers each request for them goes to.
 
 A worker announces a model with ``endpoint.register_model(name, type)``: a
-:class:`~dynamo_trio.discovery.ModelCard` tied to the worker's lease, naming
-the endpoint *and the instance* that serves it.  The registry watches the
-cards of its namespace, so a model appears when its first worker registers
-it and vanishes when its last one goes (shuts down, or dies and its lease
-expires).
-
-Routing is by model, per request
-================================
-
-A request for model *M* of type *T* (chat, completions, embeddings) goes only
-to an instance that registered a card for *(M, T)*, on the endpoint that
-card names.  Several endpoints may serve one model (one component per
-hardware pool, say) and several models may share one endpoint (two mockers
-started with different ``--model-name`` on the default component): the
-candidates are the *(endpoint, instance)* pairs of the model's cards, never
-the endpoint's other instances.
-
-Each request picks among the candidates that are *live*: listed by discovery
-and in the rotation of the endpoint's :class:`~dynamo_trio.runtime.Client`
-(out of it after a refused or timed-out connection, a connection lost, a
-worker going away; back once a background probe reconnects, see
-:mod:`dynamo_trio.runtime._client`).  ``round-robin`` (the default) takes
-them in turn per model, ``random`` at random.  If the chosen instance cannot
-be reached, or its stream fails before its first item (the worker died or
-is shutting down), it leaves rotation and the request is sent at once to
-another candidate it has not tried, so a model served by a live instance
-anywhere is answered even while a dead one's cards wait for its lease to
-expire, or while a split keeps this frontend from an instance others reach.
-If no candidate is live but some are out of rotation with their rest over
-(a probe is trying them), the request tries those rather than failing.
-
-Faults after the first item: migration
-======================================
-
-Once items have arrived, a lost worker (its connection gone:
-``Disconnected``; it abandoned the request to shut down: ``EngineShutdown``;
-or it stopped the request to shut down, ending it early; or it ended the
-stream ``stopped`` though nobody asked it to, before any finish reason) is
-handled as the request's :class:`StreamFaults` say:
-
-* with ``migration_limit`` N > 0, the request is sent again, at most N times,
-  to a live instance whose card accepts continuations, carrying what was
-  generated so far as its ``continuation`` (see :mod:`dynamo_trio.llm`): the
-  new worker goes on from there, so the consumer reads one uninterrupted
-  stream, no item repeated or missing (Dynamo's request migration);
-* otherwise, or once no instance can take it, the failure is the request's
-  error: the lost connection, or :class:`~dynamo_trio.StreamIncomplete` for a
-  worker that stopped the request to shut down or on its own (its partial
-  output must not read as a complete answer; OpenAI has no finish reason that
-  says so).
-
-A request whose context is stopped or killed is never moved: it was
-cancelled (its calls then end quietly instead of failing), and a cancellation
-during a migration reaches the new attempt, whose call is linked under the
-request's context like the first one.  A generation whose last item had
-arrived before the connection was lost is complete: the stream just ends.
-Each move to another instance after one failed the request is counted in
-``dynamo_frontend_model_migration_total{model, migration_type, reason}``
-(``new_request`` before the first item, ``ongoing_request`` after it), once
-the request has reached the new instance.
-
-With ``idle_timeout``, a worker that sends nothing for that long (before its
-first item, or between two) has its call killed with reason ``inactivity``;
-:class:`~dynamo_trio.ResponseTimeout` is the request's error.  The instance
-stays in rotation (unlike Dynamo, which quarantines it): one silent request
-says nothing about the worker's others, and its connection's heartbeats say
-whether it is alive.
-
-A card can be seen a moment before the instance record it names (they are
-separate watches): a request that finds no live candidate but some not yet
-listed waits up to ``_INSTANCE_WAIT`` for one to appear.
-
-The instance watch of each endpoint a card names is opened in the background
-as soon as the card is seen (retried while etcd is unavailable), not by the
-first request for the model: a request never waits for discovery, and an
-etcd outage (a member lost, a leader election) costs no request anything,
-since the request plane does not need etcd.  A request that still finds an
-endpoint's watch unopened while discovery is down is a 503, not a 500.
-
-Name clashes between model types
-================================
-
-One name may be registered as different types by different workers (``m``
-as chat by one, as embeddings by another).  That is served correctly, not
-refused: every request type is routed only to the cards of its own type, so
-a chat request for ``m`` reaches the chat worker and an embeddings request
-the embeddings worker; ``/v1/models`` lists ``m`` once.  A request of a type
-no worker serves the model as is a 404 that says which types it is served as.
+:class:`~dynamo_trio.discovery.ModelCard` tied to its lease, naming the endpoint
+and the instance that serve it.  The registry watches its namespace's cards
+(a model lives while one of its cards does) and opens the instance watch of
+each endpoint a card names as soon as it is seen, so no request waits for
+discovery.  A request for model *M* as type *T* goes only to the *(endpoint,
+instance)* targets of *(M, T)*'s cards, as the runtime's router chooses; a
+:class:`ModelStream` moves it to another when its worker fails (before its
+first item always, after it as :class:`StreamFaults` allow: migration).
+``docs/architecture.md`` ("Models and migration") has the rules.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 
@@ -115,13 +34,13 @@ from ..discovery import DiscoveryError, ModelCard, decode_model_card, model_pref
 from ..llm import RequestError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
     from types import TracebackType
 
     from .._config import RouterMode
     from .._context import Context
     from ..discovery import ModelType, PrefixView
-    from ..runtime import Annotated, Client, DistributedRuntime, ResponseStream
+    from ..runtime import Client, DistributedRuntime, ResponseStream, Target
 
 __all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
 
@@ -138,11 +57,6 @@ _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomple
 
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
 """Engine ``request_type``s whose streams can be continued elsewhere."""
-
-Target = tuple[str, int]
-"""``(endpoint path, instance id)``: one place a model's request can go."""
-
-_T = TypeVar("_T")
 
 Moved = tuple[str, str]
 """``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
@@ -170,23 +84,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, Disconnected):
         return "disconnected"
     return "cannot_connect"
-
-
-async def _one_item(stream: ResponseStream, idle_timeout: float | None) -> list[Annotated]:
-    item = await stream.receive(idle_timeout=idle_timeout)
-    return [] if item is None else [item]
-
-
-async def _batch(stream: ResponseStream, idle_timeout: float | None) -> list[Any]:
-    return await stream.receive_batch(idle_timeout=idle_timeout)
-
-
-def _annotated_data(item: Annotated) -> Any:
-    return item.data()
-
-
-def _same(data: Any) -> Any:
-    return data
 
 
 def _path(card: ModelCard) -> str:
@@ -228,16 +125,14 @@ class ModelRoute:
             CannotConnect: no live instance could be reached (503).
         """
         tried: set[Target] = set()
-        target, stream = await self._registry._send(
-            self, request, context, tried, wait=True, faults=faults
-        )
+        target, stream = await self._registry._send(self, request, context, tried, faults=faults)
         return ModelStream(self, request, context, tried, target, stream, faults)
 
 
 @final
 class ModelStream:
-    """The items of one model request (an async iterator of ``Annotated``, like a
-    :class:`~dynamo_trio.runtime.ResponseStream`, which it wraps).
+    """The items of one model request, in batches (:meth:`receive_batch`), from the
+    :class:`~dynamo_trio.runtime.ResponseStream` it wraps.
 
     A failure of the instance serving it sends the request to another
     instance instead, as the module docstring says: before the first item
@@ -282,27 +177,10 @@ class ModelStream:
         """The current call's own context (a child of the request's)."""
         return self._stream.context
 
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Annotated:
-        items = await self._receive(_one_item, _annotated_data)
-        if not items:
-            raise StopAsyncIteration
-        item: Annotated = items[0]
-        return item
-
     async def receive_batch(self) -> list[Any]:
-        """The data of every item that has arrived, at least one; ``[]`` at the end
-        (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`)."""
-        return await self._receive(_batch, _same)
-
-    async def _receive(
-        self,
-        receive: Callable[[ResponseStream, float | None], Awaitable[list[_T]]],
-        data: Callable[[_T], Any],
-    ) -> list[_T]:
-        """The next items (``[]`` at the end), moving the request when its instance fails."""
+        """The data of every item that has arrived, at least one (waiting for it); ``[]``
+        at the end (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`).
+        Moves the request when its instance fails."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
@@ -310,7 +188,7 @@ class ModelStream:
                     continue  # moved to another instance
                 return [held]
             try:
-                items = await receive(self._stream, self._faults.idle_timeout)
+                items = await self._stream.receive_batch(idle_timeout=self._faults.idle_timeout)
             except _RETRYABLE as exc:
                 if self._finished:
                     return []  # the generation was complete; only its end was lost
@@ -326,7 +204,7 @@ class ModelStream:
                 return items
             self._started = True
             if self._is_text:
-                self._note(items, data)
+                self._note(items)
                 if not items:
                     continue  # only the held item: decided on the next round
             return items
@@ -347,11 +225,11 @@ class ModelStream:
             and not self._context.is_stopped()
         )
 
-    def _note(self, items: list[_T], data: Callable[[_T], Any]) -> None:
+    def _note(self, items: list[Any]) -> None:
         """Note what a text generation's items carry, and hold back a last item that
         says the worker ended the generation early on its own
         (:meth:`_worker_ended_early` decides what it means)."""
-        last = data(items[-1])  # a finish reason is only ever on a stream's last item
+        last = items[-1]  # a finish reason is only ever on a stream's last item
         if type(last) is dict:
             finish = last.get("finish_reason")
             if finish == "cancelled" and not self._context.is_stopped():
@@ -359,8 +237,7 @@ class ModelStream:
             elif finish is not None:
                 self._finished = True
         if self._migrations_left > 0:
-            for item in items:
-                value = data(item)
+            for value in items:
                 if type(value) is not dict:
                     continue
                 text = value.get("text")
@@ -402,7 +279,6 @@ class ModelStream:
                 self._request,
                 self._context,
                 self._tried,
-                wait=True,
                 last_error=exc,
                 faults=self._faults,
                 moved=("new_request", _reason(exc)),
@@ -419,7 +295,6 @@ class ModelStream:
                 request,
                 self._context,
                 self._tried,
-                wait=True,
                 faults=self._faults,
                 moved=("ongoing_request", _reason(exc)),
                 continuing=True,
@@ -465,14 +340,13 @@ class ModelRegistry:
         self._index: dict[tuple[str, ModelType], list[ModelCard]] = {}
         self._types: dict[str, set[ModelType]] = {}
         self._clients: dict[str, Client] = {}
-        self._turns: dict[tuple[str, ModelType], int] = defaultdict(int)
 
     async def start(self) -> None:
         """Begin watching discovery (the watches live as long as the runtime)."""
         self._cards = await self._runtime.watch_prefix(
             model_prefix(self._namespace), decode_model_card
         )
-        self._runtime._require_nursery().start_soon(self._prepare_clients)
+        self._runtime.start_soon(self._prepare_clients, name="model endpoints' watches")
 
     async def _prepare_clients(self) -> None:
         """Open the client (the instance watch) of every endpoint a card names, as the
@@ -579,50 +453,6 @@ class ModelRegistry:
             client = self._clients.setdefault(path, await endpoint.client())
         return client
 
-    async def _candidates(
-        self, route: ModelRoute, tried: set[Target], *, continuing: bool = False
-    ) -> tuple[list[tuple[Target, Client]], list[tuple[int, Client]], list[tuple[Target, Client]]]:
-        """The model's untried targets (only those whose card accepts continuations, if
-        ``continuing``): live ones, ones not listed yet, and listed ones out of rotation
-        whose rest is over (the longest due first)."""
-        live: list[tuple[Target, Client]] = []
-        unlisted: list[tuple[int, Client]] = []
-        resting: list[tuple[int, Target, Client]] = []
-        seen: dict[str, tuple[set[int], set[int], dict[int, int]]] = {}
-        for card in self.cards(route.name, route.model_type):
-            target = (_path(card), card.instance_id)
-            if target in tried or (continuing and not card.accepts_continuation):
-                continue
-            try:
-                client = await self._client(card)
-            except DiscoveryError as exc:
-                raise NoInstances(
-                    f"cannot look up the instances of {target[0]} (discovery unavailable: {exc})"
-                ) from None
-            if target[0] not in seen:
-                order = {i: n for n, i in enumerate(client.due_instance_ids())}
-                seen[target[0]] = (
-                    set(client.live_instance_ids()),
-                    set(client.instance_ids()),
-                    order,
-                )
-            in_rotation, listed, resting_order = seen[target[0]]
-            if card.instance_id in in_rotation:
-                live.append((target, client))
-            elif card.instance_id not in listed:
-                unlisted.append((card.instance_id, client))
-            elif card.instance_id in resting_order:
-                resting.append((resting_order[card.instance_id], target, client))
-        resting.sort(key=lambda entry: entry[0])
-        return live, unlisted, [(target, client) for _, target, client in resting]
-
-    def _pick(self, route: ModelRoute, live: list[tuple[Target, Client]]) -> tuple[Target, Client]:
-        if self._router_mode == "random":
-            return random.choice(live)
-        turn = self._turns[route.name, route.model_type]
-        self._turns[route.name, route.model_type] = (turn + 1) % (1 << 62)
-        return live[turn % len(live)]
-
     async def _send(
         self,
         route: ModelRoute,
@@ -630,13 +460,13 @@ class ModelRegistry:
         context: Context,
         tried: set[Target],
         *,
-        wait: bool = False,
         last_error: DynamoError | None = None,
         faults: StreamFaults = _NO_FAULT_HANDLING,
         moved: Moved | None = None,
         continuing: bool = False,
     ) -> tuple[Target | None, ResponseStream]:
-        """Send to a live instance of the model not tried yet, moving on from any that fails.
+        """Send to an instance of the model the router chooses, moving on from any that
+        fails (``tried`` grows with each).
 
         ``moved``: this send moves the request away from an instance that failed
         it; counted (``faults.on_migration``) once the request reaches another.
@@ -646,35 +476,64 @@ class ModelRegistry:
             ``last_error`` (or the last connection error, or :class:`NoInstances`)
             when no candidate is left.
         """
-        wait_until = trio.current_time() + _INSTANCE_WAIT if wait else -math.inf
-        while True:
-            live, unlisted, resting = await self._candidates(route, tried, continuing=continuing)
-            if not live and unlisted and trio.current_time() < wait_until:
+        router = self._runtime.router
+        wait_until = trio.current_time() + _INSTANCE_WAIT
+
+        async def candidates() -> dict[Target, str]:
+            while True:
+                listed, unlisted = await self._candidates(route, tried, continuing)
+                live = any(router.is_live(t) and t not in tried for t in listed)
+                if live or not unlisted or trio.current_time() >= wait_until:
+                    return listed
                 await self._wait_for_any(unlisted, wait_until)
-                continue
-            if live:
-                target, client = self._pick(route, live)
-            elif resting:
-                target, client = resting[0]  # none in rotation: one whose rest is over
-            else:
-                if last_error is not None:
-                    raise last_error
-                raise NoInstances(
-                    f"no live instance serves the {route.model_type} model `{route.name}`"
-                )
-            tried.add(target)
+
+        async def send(target: Target) -> tuple[Target | None, ResponseStream]:
+            nonlocal moved
             try:
-                stream = await client.direct(request, target[1], context=context)
-            except NoInstances as exc:
-                last_error = exc  # it left discovery a moment ago
-                continue
+                stream = await self._clients[target[0]].direct(request, target[1], context=context)
             except CannotConnect as exc:
-                last_error = exc  # the client took it out of rotation
-                moved = moved or ("new_request", "cannot_connect")
-                continue
+                if not isinstance(exc, NoInstances):  # (that one left discovery a moment ago)
+                    moved = moved or ("new_request", "cannot_connect")
+                raise
             if moved is not None and faults.on_migration is not None and stream.instance_id:
                 faults.on_migration(route.name, *moved)
             return target, stream
+
+        return await router.send(
+            candidates,
+            send,
+            tried,
+            mode=self._router_mode,
+            turn=(route.name, route.model_type),
+            last_error=last_error,
+            nobody=f"no live instance serves the {route.model_type} model `{route.name}`",
+        )
+
+    async def _candidates(
+        self, route: ModelRoute, tried: set[Target], continuing: bool
+    ) -> tuple[dict[Target, str], list[tuple[int, Client]]]:
+        """The model's targets (only those whose card accepts continuations, if
+        ``continuing``) whose instance is listed, with its address; and the untried
+        instances not listed yet."""
+        listed: dict[Target, str] = {}
+        unlisted: list[tuple[int, Client]] = []
+        for card in self.cards(route.name, route.model_type):
+            if continuing and not card.accepts_continuation:
+                continue
+            try:
+                client = await self._client(card)
+            except DiscoveryError as exc:
+                raise NoInstances(
+                    f"cannot look up the instances of {_path(card)} (discovery unavailable: {exc})"
+                ) from None
+            target = (_path(card), card.instance_id)
+            address = client.targets().get(target)
+            if address is None:
+                if target not in tried:
+                    unlisted.append((card.instance_id, client))
+            else:
+                listed[target] = address
+        return listed, unlisted
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
@@ -692,13 +551,10 @@ class ModelRegistry:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
 
     def _failed(self, target: Target | None, error: DynamoError) -> None:
-        """Take ``target`` out of its endpoint's rotation (a no-op if already out)."""
-        if target is None:
-            return
-        client = self._clients.get(target[0])
-        if client is not None:
-            client._instance_failed(
-                target[1],
+        """Take ``target`` out of rotation (a no-op if already out)."""
+        if target is not None:
+            self._runtime.router.failed(
+                target,
                 f"{type(error).__name__}: {error}",
                 expected=isinstance(error, EngineShutdown | StreamIncomplete),  # it is draining
             )

@@ -1,71 +1,14 @@
-"""A request's walk through the frontend, and where a hang-up meets its context.
+"""A request's walk through the frontend: the view answers, a producer does the work.
 
-Theory of operation
-===================
-
-The HTTP view never runs the request's work itself.  It validates the body,
-finds the model, makes the request's :class:`~dynamo_trio.Context`, and starts
-a *producer* task in the frontend's own nursery, running under
-``context.scope()``.  The producer calls the model's worker (linking the
-call's context under the request's), turns engine items into the API's wire
-shape, and hands the results to the view through a small memory channel.
-
-That split is what makes hang-ups precise.  When the client goes away, the
-:class:`~dynamo_trio.frontend._hangup.HangUpGuard` applies the hang-up rule
-the moment the app receives ``http.disconnect``, before quart-trio cancels the
-*view* (before the response started) or the *SSE body* (mid-stream): the
-request's context is killed (or stopped) with reason ``client disconnect``.
-The producer is not torn down from under the worker call by the HTTP layer's
-cancellation: the kill reaches the linked call first, the worker sees *why*,
-and the producer's scope then ends the local work.  The guard's ``finally``
-catches every other way a response can go undelivered.
-
-Once an SSE response has started over HTTP/1.1, the body writes what the
-producer made so far and then hands writing over to it
-(:class:`~dynamo_trio.frontend._body.StreamBody`): each batch of tokens goes
-from the producer straight to the connection, a task and a channel hop fewer
-per token; the channel then only carries the stream's end.  After the body is
-gone (the client left), the producer's writes are discarded, as its channel
-sends are.
-With the ``stop`` policy the producer keeps reading the worker's drain (for
-usage) and discards it, until the worker finishes or ``stop_grace`` passes.
-
-A streaming request waits for the engine's first item before answering, so an
-error that happens before any output (no instances, a bad argument caught by
-the worker) is an HTTP error with the right status; later errors end the
-stream with the API's error event.
-
-Faults, timeouts and shutdown end a request; they never decide it was cancelled
------------------------------------------------------------------------------
-
-Only :mod:`._hangup` says "cancelled by its client".  Everything else that ends
-a request is a *failure* with a status a client can act on, and a request that
-failed is over (:meth:`~._hangup.RequestLifecycle.completed`), so a client that
-leaves afterwards cancels nothing:
-
-=============================================  ==========================================
-what happened                                  the client gets
-=============================================  ==========================================
-the worker was lost and no instance took the   503 (or the stream's error event): retry
-request over (``--migration-limit``: see
-:mod:`._models`), or it shut down mid-request
-the worker sent nothing for                    504 ``ResponseTimeout`` (error event)
-``DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS``
-the request's deadline passed                  504 ``ResponseTimeout`` (error event)
-(``x-request-timeout``, capped by
-``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``)
-the frontend shut down before the request      503 ``EngineShutdown`` (error event)
-finished (after ``DYN_SHUTDOWN_GRACE_SECS``)
-=============================================  ==========================================
-
-The deadline and the shutdown kill the request's context with their own
-reason (``deadline``, ``shutdown``), which reaches the worker; the pipeline
-reads the reason to choose the ending.
-
-Shutdown drains: :meth:`Pipeline.begin_drain` refuses new requests (503,
-``Connection: close``) while the edge's ``/metrics`` and ``/health`` (503)
-keep answering; the requests in flight may finish until the grace ends, and
-:meth:`Pipeline.end_all` then ends the rest as above.
+The view validates the body, finds the model, makes the request's
+:class:`~dynamo_trio.Context` and starts a *producer* in the frontend's nursery
+under ``context.scope()``: it calls the model's worker (the call linked under
+the request's context), shapes the items and sends them through the request's
+:class:`~._body.Reply`; the view only waits for the first, and quart sends
+the rest.  A hang-up, a fault, a deadline or the shutdown each end the request
+as ``docs/architecture.md`` ("A request in the frontend") says; which status,
+error event or error type a failure becomes is decided in one place,
+:meth:`Pipeline._failed`.
 """
 
 from __future__ import annotations
@@ -93,13 +36,13 @@ from ..llm import (
     status_for_error,
 )
 from ..metrics import FrontendMetrics
-from ._body import StreamBody
+from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, StreamFaults
 from ._turns import Turns
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import Iterator
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
@@ -109,10 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["BytesReply", "JsonReply", "Pipeline", "StreamReply"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
-
-# Chunks a producer may run ahead of a slow HTTP client; beyond that the
-# worker is slowed down through the request plane's credits.
-_CHANNEL_DEPTH: Final = 16
 
 
 def _server_ending(context: Context) -> DynamoError | None:
@@ -146,7 +85,7 @@ class BytesReply:
 class StreamReply:
     """Answer with this stream: server-sent events, unless ``content_type`` says otherwise."""
 
-    body: StreamBody
+    body: Reply
     content_type: str = "text/event-stream"
 
 
@@ -158,53 +97,6 @@ class _Failed:
     message: str
     error_type: str
     cause: BaseException | None = None
-
-
-_Event = bytes | JsonReply | BytesReply | _Failed
-
-
-class _Emitter:
-    """Sends to the view; once the client is gone, quietly discards instead.
-
-    Once an SSE body has handed writing over (:meth:`hand_over`), the
-    stream's bytes are written to the connection from here, without the hop
-    through the channel and the body's task.
-    """
-
-    def __init__(self, send: trio.MemorySendChannel[_Event]) -> None:
-        self._send = send
-        self.sent_any = False
-        self.broken = False
-        self.stream_failure: Callable[[int, str], bytes] | None = None
-        """Once a stream has started: the bytes that end it with ``(status, message)``."""
-        self._direct: Callable[[bytes], Awaitable[bool]] | None = None
-
-    def hand_over(self, write: Callable[[bytes], Awaitable[bool]]) -> None:
-        """From now on, write the stream's bytes with ``write`` (``False``: nobody listens)."""
-        self._direct = write
-
-    async def __call__(self, event: _Event) -> None:
-        if self.broken:
-            return
-        direct = self._direct
-        if direct is not None:
-            # Once a stream has started, its producer only ever sends bytes.
-            if await direct(cast("bytes", event)):
-                self.sent_any = True
-            else:
-                self.broken = True
-            return
-        try:
-            try:
-                # Room in the channel (the usual case): no trip through the scheduler;
-                # the producer's next receive is its checkpoint.
-                self._send.send_nowait(event)
-            except trio.WouldBlock:
-                await self._send.send(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.broken = True
-        else:
-            self.sent_any = True
 
 
 class Pipeline:
@@ -392,38 +284,26 @@ class Pipeline:
         content_type: str = "text/event-stream",
         keepalive: bool = True,
     ) -> JsonReply | BytesReply | StreamReply:
-        send, receive = trio.open_memory_channel[_Event](_CHANNEL_DEPTH)
-        emit = _Emitter(send)
-        self._nursery.start_soon(self._produce, lifecycle, send, emit, produce, *args)
-        try:
-            first = await receive.receive()
-        except trio.EndOfChannel:
-            receive.close()
-            # Nothing was produced: the request was cancelled on our side.
+        reply = Reply()
+        self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
+        # Cancelled here: the client left before the first byte (the HangUpGuard has
+        # already applied the hang-up rule), and the producer learns nobody listens.
+        first = await reply.first()
+        if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, error_body(503, "the frontend is shutting down"))
-        except BaseException:
-            # The view was cancelled (the client left before the first byte: the
-            # HangUpGuard has already applied the hang-up rule), or failed.
-            receive.close()
-            raise
         if isinstance(first, bytes):
-            # Once a stream has started, its producer only ever sends bytes.
-            chunks = cast("trio.MemoryReceiveChannel[bytes]", receive)
             interval = self.config.keepalive_interval if keepalive else 0.0
-            body = StreamBody(first, chunks, keepalive=interval, hand_over=emit.hand_over)
-            return StreamReply(body, content_type)
-        receive.close()
+            return StreamReply(reply.stream(keepalive=interval), content_type)
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
-        return first
+        return cast("JsonReply | BytesReply", first)
 
     # ------------------------------------------------------------------ the producer's side
 
     async def _produce(
         self,
         lifecycle: RequestLifecycle,
-        send: trio.MemorySendChannel[_Event],
-        emit: _Emitter,
+        reply: Reply,
         produce: Any,
         *args: Any,
     ) -> None:
@@ -434,10 +314,10 @@ class Pipeline:
                 with self.runtime.track(context):
                     try:
                         status, error_type = await self._guarded(
-                            produce, emit, lifecycle, grace, *args
+                            produce, reply, lifecycle, grace, *args
                         )
                     finally:
-                        send.close()  # synchronous: the stream's end, without a checkpoint
+                        reply.close()
                 lifecycle.tracker.finish(status, error_type)
             finally:
                 lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above ran
@@ -461,7 +341,7 @@ class Pipeline:
     async def _guarded(
         self,
         produce: Any,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         grace: float | None,
         *args: Any,
@@ -472,75 +352,72 @@ class Pipeline:
         only; a live cancellation of the producer task (the frontend closing)
         is never swallowed.
         """
-        context = lifecycle.context
+        failure: BaseException | None = None
         try:
-            async with context.scope(drain_grace=grace):
-                await produce(emit, lifecycle, *args)
+            async with lifecycle.context.scope(drain_grace=grace):
+                await produce(reply, lifecycle, *args)
         except BaseException as exc:
             live, failure = split_live_cancellation(exc)
             if live is not None:
                 raise live from None
-            assert failure is not None
-            return await self._failed(failure, emit, lifecycle)
-        if context.is_killed() and not lifecycle.client_is_gone:
-            ending = _server_ending(context)
-            if ending is not None:
-                return await self._failed(ending, emit, lifecycle)
-            return "error", "cancelled"
-        return "success", None
+        return await self._failed(failure, reply, lifecycle)
 
     async def _failed(
-        self, exc: BaseException, emit: _Emitter, lifecycle: RequestLifecycle
+        self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle
     ) -> tuple[Any, str | None]:
+        """How the request ended (``exc``: what its work raised), told to the client:
+        the one place a failure becomes an HTTP status, a stream's error event, a
+        metric's error type.
+
+        An HTTP error if nothing was sent yet, else the stream's error event; a
+        request the server ended (its deadline, the shutdown) fails as that says;
+        one its client cancelled ends quietly.
+        """
         context = lifecycle.context
-        if is_cancellation(exc) and context.is_killed() and not lifecycle.client_is_gone:
-            exc = _server_ending(context) or exc
+        if (exc is None or is_cancellation(exc)) and context.is_killed():
+            ending = None if lifecycle.client_is_gone else _server_ending(context)
+            if ending is not None:
+                exc = ending
+            elif exc is None:
+                return "error", "cancelled"
+        if exc is None:
+            return "success", None
         if isinstance(exc, DynamoError):
+            status = status_for_error(exc)
             message = bounded_message(
                 exc.message or f"{exc.error_type or 'an error'} without a message"
             )
             if not context.is_stopped():
                 _log.warning("request %s failed: %s: %s", context.id(), exc.error_type, message)
-            await self._fail(emit, lifecycle, status_for_error(exc), message, exc)
-            return "error", exc.error_type
-        if is_cancellation(exc) and context.is_stopped():
+            error_type = exc.error_type
+        elif is_cancellation(exc) and context.is_stopped():
             return "error", "cancelled"  # cancelled as asked, in its own words
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            _log.warning(
-                "request %s raised %s: shutting the frontend down gracefully",
-                context.id(),
-                type(exc).__name__,
-            )
-            self.request_exit()
         else:
-            # A bug, not a client's doing: answer 500 and keep serving everyone else.
-            _log.error(
-                "request %s failed unexpectedly",
-                context.id(),
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-        await self._fail(emit, lifecycle, 500, "Internal server error.", exc)
-        return "error", "internal"
-
-    @staticmethod
-    async def _fail(
-        emit: _Emitter,
-        lifecycle: RequestLifecycle,
-        status: int,
-        message: str,
-        exc: BaseException,
-    ) -> None:
-        """Tell the client: an HTTP error if nothing was sent yet, else the stream's error event."""
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                _log.warning(
+                    "request %s raised %s: shutting the frontend down gracefully",
+                    context.id(),
+                    type(exc).__name__,
+                )
+                self.request_exit()
+            else:
+                # A bug, not a client's doing: answer 500 and keep serving everyone else.
+                _log.error(
+                    "request %s failed unexpectedly",
+                    context.id(),
+                    exc_info=(type(exc), exc, exc.__traceback__),
+                )
+            status, message, error_type = 500, "Internal server error.", "internal"
         lifecycle.completed()  # a failed request is over: a hang-up now cancels nothing
-        if emit.sent_any and emit.stream_failure is not None:
-            await emit(emit.stream_failure(status, message))
+        if reply.sent_any and reply.stream_failure is not None:
+            await reply.send(reply.stream_failure(status, message))
         else:
-            error_type = exc.error_type if isinstance(exc, DynamoError) else "internal"
-            await emit(_Failed(status, message, error_type, exc))
+            await reply.send(_Failed(status, message, error_type, exc))
+        return "error", error_type
 
     async def _unary_text(
         self,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         api: TextApi,
         request: Any,
@@ -559,18 +436,18 @@ class Pipeline:
                 finally:
                     tracker.tokens(generation.output_tokens - counted)
         lifecycle.completed()
-        await emit(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
+        await reply.send(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
 
     async def _stream_text(
         self,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         api: TextApi,
         request: Any,
         route: ModelRoute,
     ) -> None:
         events = api.open_stream(request, lifecycle.context.id())
-        emit.stream_failure = lambda status, message: api.fail_stream(events, status, message)
+        reply.stream_failure = lambda status, message: api.fail_stream(events, status, message)
         tracker = lifecycle.tracker
         generation = events.generation
         async with await route.call(
@@ -591,14 +468,14 @@ class Pipeline:
                 finally:  # (the tokens folded before an engine error count too)
                     tracker.tokens(generation.output_tokens - counted)
                 if sse:
-                    await emit(sse)
+                    await reply.send(sse)
         last = api.encode(events.finish()) + api.done
         lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
-        await emit(last)
+        await reply.send(last)
 
     async def _embed(
         self,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         request: EmbeddingRequest,
         route: ModelRoute,
@@ -607,15 +484,15 @@ class Pipeline:
         async with await route.call(
             request.to_engine(), lifecycle.context, self._embed_faults
         ) as stream:
-            async for item in stream:
-                output = item.data()
-        reply = JsonReply(200, embedding_response(request, output))
+            while batch := await stream.receive_batch():
+                output = batch[-1]
+        answer = JsonReply(200, embedding_response(request, output))
         lifecycle.completed()
-        await emit(reply)
+        await reply.send(answer)
 
     async def _unary_media(
         self,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         api: MediaApi,
         request: Any,
@@ -629,22 +506,21 @@ class Pipeline:
             while batch := await stream.receive_batch():
                 items.extend(batch)
         answer = api.unary(request, lifecycle.context.id(), items, started)
-        if isinstance(answer, BinaryBody):
-            reply: JsonReply | BytesReply = BytesReply(200, answer.content, answer.content_type)
-        else:
-            reply = JsonReply(200, answer)
         lifecycle.completed()
-        await emit(reply)
+        if isinstance(answer, BinaryBody):
+            await reply.send(BytesReply(200, answer.content, answer.content_type))
+        else:
+            await reply.send(JsonReply(200, answer))
 
     async def _stream_media(
         self,
-        emit: _Emitter,
+        reply: Reply,
         lifecycle: RequestLifecycle,
         body: MediaStream,
         request: Any,
         route: ModelRoute,
     ) -> None:
-        emit.stream_failure = body.fail
+        reply.stream_failure = body.fail
         async with await route.call(
             request.to_engine(), lifecycle.context, self._embed_faults
         ) as stream:
@@ -655,7 +531,7 @@ class Pipeline:
                 first = False
                 data = b"".join(body.feed(item) for item in batch)
                 if data:
-                    await emit(data)
+                    await reply.send(data)
         last = body.finish()
         lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
-        await emit(last)
+        await reply.send(last)

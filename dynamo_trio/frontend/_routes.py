@@ -1,35 +1,15 @@
-"""The frontend's API routes, as a table, and the views that serve them.
-
-=======  ==========================  ==============================================
-method   path                        view
-=======  ==========================  ==============================================
-POST     ``/v1/chat/completions``    :func:`generate_view` with :data:`~._apis.CHAT`
-POST     ``/v1/completions``         :func:`generate_view` with ``COMPLETIONS``
-POST     ``/v1/responses``           :func:`generate_view` with ``RESPONSES``
-POST     ``/v1/messages``            :func:`generate_view` with ``ANTHROPIC_MESSAGES``
-POST     ``/v1/embeddings``          :func:`embeddings_view`
-POST     ``/v1/images/generations``  :func:`generate_view` with ``IMAGE_GENERATIONS``
-POST     ``/v1/images/edits``        :func:`generate_view` with ``IMAGE_EDITS``
-POST     ``/v1/audio/speech``        :func:`generate_view` with ``SPEECH``
-POST     ``/v1/videos``              :func:`generate_view` with ``VIDEOS``
-POST     ``/v1/videos/stream``       :func:`generate_view` with ``VIDEOS_MJPEG``
-GET      ``/v1/models``              :func:`models_view`
-=======  ==========================  ==============================================
+"""The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them.
 
 ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` are answered at the
-edge, below quart (:mod:`dynamo_trio.edge`).  Views are module-level
-functions of the :class:`~._pipeline.Pipeline` (bound when the app is built)
-and the API they serve; quart does the routing, the body limits and the
-error pages.  A view reads the whole body before anything can refuse the
-request, so that hypercorn can reuse the keep-alive connection.
-
-A request may carry ``x-request-timeout: SECONDS`` (a positive number): its
-deadline, from when its body has arrived.  The deadline becomes the request
-context's, travels to every worker as time remaining, and, when it passes,
-ends the request with a 504 (or its stream's error event).  It cannot exceed
-the server's maximum (``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``), which is also
-the deadline of a request that names none.  While the frontend shuts down,
-every API response carries ``Connection: close``.
+edge, below quart.  Views are module-level functions of the
+:class:`~._pipeline.Pipeline` (bound when the app is built) and the API they
+serve; quart does the routing, the body limits and the error pages.  A view
+reads the whole body before anything can refuse the request, so that
+hypercorn can reuse the keep-alive connection.  ``x-request-timeout: SECONDS``
+sets the request's deadline (from when its body has arrived, capped by
+``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``, which is also the deadline of a request
+that names none); it travels to every worker as time remaining.  While the
+frontend shuts down, every API response carries ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -52,7 +32,7 @@ from .._tracing import (
     is_valid_request_id,
     request_ids,
 )
-from ..edge import BodyPrefetch, ChunkWriter, json_bytes, shown
+from ..edge import BodyPrefetch, json_bytes, shown
 from ..llm import RequestError, decode_json_body, model_list
 from ._apis import (
     ANTHROPIC_MESSAGES,
@@ -180,7 +160,6 @@ def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Res
         )
         whole.headers.update(ids.response_headers())
         return whole
-    result.body.write_through(ChunkWriter.of(request.scope))
     response: Response = current_app.response_class(
         result.body, content_type=result.content_type, headers=_SSE_HEADERS
     )

@@ -1,28 +1,15 @@
 """Turns: under load, a new stream's first tokens go before the running streams' next ones.
 
-Why
-===
-trio runs every runnable task once per scheduler pass.  A saturated frontend
-spends each pass writing the tokens that arrived for every running stream, so a
-pass grows with the streams, and a new request, which needs about a dozen
-passes before its first chunk (hypercorn, quart-trio, the worker's round
-trip), waits a dozen long passes, though the worker answers it at once.
-
-What
-====
-A running stream's producer takes a *turn* (:meth:`Turns.take`) before it
-encodes and writes each batch of tokens after its first; at most
-``per_pass`` producers take one per pass.  Those that find the pass's turns
-used up wait, in the order they came, and a *ticker* task hands out the next
-pass's turns (the ticker runs only while someone waits: it is one step per
-pass, and the idle frontend has none).  A stream's first batch never waits
-for a turn, nor does any other task (hypercorn, quart-trio, the request
-plane): so a pass stays short and a newcomer's passes are short too.  The
-waiting streams lose nothing: their tokens gather in their request-plane
-queues (bounded by the stream window: the worker is slowed by credits, as for
-a slow client) and go out in one larger write on their next turn, which costs
-less per token.  0 turns the limit off; the measurements behind the default
-are in ``benchmarks/RESULTS.md``.
+trio runs every runnable task once per scheduler pass, so a saturated
+frontend's passes grow with its running streams, and a new request, which
+needs about a dozen passes before its first chunk, waits a dozen long ones.
+So a running stream's producer takes a *turn* (:meth:`Turns.take`) before it
+writes each batch after its first: at most ``per_pass`` per pass, the others
+waiting in order for a later pass (a *ticker* task hands those out, only while
+someone waits).  A stream's first batch never waits, nor does any other task,
+so passes stay short; the waiting streams lose nothing (their tokens gather in
+their request-plane queues, bounded by the stream window, and go out in one
+larger write).  0 turns the limit off.
 """
 
 from __future__ import annotations

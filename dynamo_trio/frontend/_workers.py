@@ -1,37 +1,17 @@
 """``--http-workers N``: one port, N frontend processes, one truthful view of them.
 
-One trio process drives about one core; a frontend that must use every core
-runs N processes on one port.  The process started with ``--http-workers N``
-is a *supervisor*; it serves no HTTP itself:
-
-1. It binds the port (resolving ``--http-port 0`` to a real port) with
-   ``SO_REUSEPORT``, and starts N frontend processes that bind the same port
-   the same way: the kernel spreads new connections over them.  Each has its
-   own runtime: its own discovery watch and request-plane connection pool.
-2. It prints ``dynamo-trio frontend listening on URL`` once all N are.
-3. A process that dies (a crash, an OOM kill) is restarted, after a pause
-   that doubles while it keeps dying (up to :data:`_MAX_BACKOFF`).
-4. SIGINT/SIGTERM is passed on to every process: each drains as a single
-   frontend would; the supervisor waits, then exits 0.  A process whose
-   supervisor vanished without passing anything on (SIGKILL) drains and exits
-   on its own: its lifeline to the supervisor ends (:mod:`dynamo_trio._lifeline`).
-
-Raise N on a machine with spare cores when the frontend, not the engine, is
-the bottleneck (its process near 100% of a core).  Each process costs a
-runtime's memory and connections, so do not raise it past the core count.
-
-One view across processes
--------------------------
-``/metrics`` on any process is the sum over all of them:
-prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by
-the supervisor in a directory of its own, removed when it exits, or by the
-last of its processes to exit when it was killed), so the
-cancellation counters stay exact whichever process served a request, and a
-restarted process's counts are kept.  ``/debug/requests`` on any process
-lists every process's requests: each process also answers its own list on a
-private Unix socket (in Linux's abstract namespace: no file, no path-length
-limit, gone with the process), and the one asked gathers them (each tree's
-``attributes`` say which ``http_worker`` holds it).
+One trio process drives about one core.  The process started with
+``--http-workers N`` is a *supervisor* that serves no HTTP: it binds the port
+with ``SO_REUSEPORT`` (so the kernel spreads connections) and starts N frontend
+processes binding it the same way, each with its own runtime; prints the
+listening line once all N are; restarts one that dies, after a pause that
+doubles while it keeps dying; and passes SIGINT/SIGTERM on (each drains as a
+single frontend would; one whose supervisor vanished drains on its own).
+``/metrics`` on any process is the sum over all of them (prometheus-client's
+multiprocess mode, in a directory of the supervisor's), so counters stay exact
+and a restarted process's counts are kept; ``/debug/requests`` gathers every
+process's list over private abstract Unix sockets.  Raise N only up to the
+core count, when the frontend, not the engine, is the bottleneck.
 """
 
 from __future__ import annotations

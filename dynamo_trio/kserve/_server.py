@@ -545,8 +545,9 @@ class KServeApp:
             with pipeline.in_flight_request(context), pipeline.runtime.track(context):
                 async with context.scope(drain_grace=grace):
                     async with await route.call(worker_input, context) as stream:
-                        async for item in stream:
-                            await send(response_message(item.data(), _ModelInferResponse, raw=raw))
+                        while batch := await stream.receive_batch():
+                            for data in batch:
+                                await send(response_message(data, _ModelInferResponse, raw=raw))
                     complete = True
                     lifecycle.completed()
             if lifecycle.client_is_gone or not complete:  # cancelled, or killed

@@ -3,38 +3,8 @@
 Parsers raise :class:`RequestError` for bad input; it carries the HTTP status
 and, for 400s, the ``param`` it is about.  The frontend renders it (or any
 other failure, through :func:`status_for_error`) in the shape its API uses:
-
-OpenAI (chat, completions, embeddings, responses, models)::
-
-    {"error": {"message": "...", "type": "invalid_request_error",
-               "param": "max_tokens", "code": null}}
-
-Anthropic (messages)::
-
-    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
-
-The same Anthropic body is the data of an ``event: error`` SSE event; the
-OpenAI body is the data of the OpenAI stream error event (see ``_sse.py``).
-
-Status to error ``type``:
-
-=======================  ========================  =========================
-status                   OpenAI ``type``           Anthropic ``type``
-=======================  ========================  =========================
-400, 405, 415, 422       invalid_request_error     invalid_request_error
-401                      authentication_error      authentication_error
-402                      invalid_request_error     billing_error
-403                      permission_error          permission_error
-404                      not_found_error           not_found_error
-408, 504                 timeout_error             timeout_error
-413                      invalid_request_error     request_too_large
-429                      rate_limit_error          rate_limit_error
-499 Client Closed Req.   request_cancelled         request_cancelled
-502                      bad_gateway               api_error
-503, 529                 service_unavailable       overloaded_error
-other 4xx                invalid_request_error     invalid_request_error
-other 5xx                server_error              api_error
-=======================  ========================  =========================
+(:func:`openai_error_body`, :func:`anthropic_error_body`; the same bodies are
+the data of the streams' error events).
 
 499 and ``request_cancelled`` follow Dynamo: a request cancelled on its way
 (client gone, or the work cancelled for its own reasons) is a 499 "Client
@@ -178,14 +148,34 @@ _EXTRA_PHRASES: Final[dict[int, str]] = {499: "Client Closed Request", 529: "Ove
 
 
 def openai_error_type(status: int) -> str:
-    """The OpenAI error ``type`` for an HTTP status (see the module table)."""
+    """The OpenAI error ``type`` for an HTTP status (and :func:`anthropic_error_type`
+    the Anthropic one):
+
+    =======================  ========================  =========================
+    status                   OpenAI ``type``           Anthropic ``type``
+    =======================  ========================  =========================
+    400, 405, 415, 422       invalid_request_error     invalid_request_error
+    401                      authentication_error      authentication_error
+    402                      invalid_request_error     billing_error
+    403                      permission_error          permission_error
+    404                      not_found_error           not_found_error
+    408, 504                 timeout_error             timeout_error
+    413                      invalid_request_error     request_too_large
+    429                      rate_limit_error          rate_limit_error
+    499 Client Closed Req.   request_cancelled         request_cancelled
+    502                      bad_gateway               api_error
+    503, 529                 service_unavailable       overloaded_error
+    other 4xx                invalid_request_error     invalid_request_error
+    other 5xx                server_error              api_error
+    =======================  ========================  =========================
+    """
     return _OPENAI_TYPES.get(status) or (
         "server_error" if status >= 500 else "invalid_request_error"
     )
 
 
 def anthropic_error_type(status: int) -> str:
-    """The Anthropic error ``type`` for an HTTP status (see the module table)."""
+    """The Anthropic error ``type`` for an HTTP status (see :func:`openai_error_type`)."""
     return _ANTHROPIC_TYPES.get(status) or (
         "api_error" if status >= 500 else "invalid_request_error"
     )

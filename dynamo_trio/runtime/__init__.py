@@ -6,6 +6,7 @@ from ._client import (
     DataStream as DataStream,
     ResponseStream as ResponseStream,
 )
+from ._router import Router as Router, Target as Target
 from ._runtime import (
     Component as Component,
     DistributedRuntime as DistributedRuntime,
@@ -24,6 +25,8 @@ __all__ = [
     "Endpoint",
     "Namespace",
     "ResponseStream",
+    "Router",
+    "Target",
     "configure_dynamo_logging",
     "dynamo_worker",
 ]

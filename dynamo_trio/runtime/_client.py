@@ -1,63 +1,18 @@
-"""Calling an endpoint: instance selection, linked contexts, and response streams.
+"""Calling an endpoint: linked contexts and response streams.
 
-A call ``client.round_robin(request, context=ctx)``:
-
-1. sends nothing, and returns an already-ended stream, if ``ctx`` is stopped
-   or killed;
-2. makes a child context with the same request id and links it under ``ctx``
-   (so the child inherits ``ctx``'s deadline, and stopping or killing ``ctx``
-   reaches it);
-3. picks a live instance (skipping ones out of rotation, see below),
-   connects through the runtime's pool if needed, and sends the request;
-4. returns a :class:`ResponseStream` wired to the child context: ``stop`` on
-   the child sends a ``stop`` control frame and the stream drains to its
-   terminal frame; ``kill`` sends ``kill`` and ends the stream at once.
-
-The stream belongs to the scope of the context it was opened with: when
-``ctx.scope()`` is left (normally, by an error, or by a cancellation) while
-the stream is unfinished, the child is killed at that moment (reason ``parent
-finished``, or the enclosing scope's ``scope timeout``/``scope cancelled``)
-and a ``ctl kill`` goes out at once.  Leaving the stream early (``aclose()``,
-leaving ``async with``) kills the child immediately with reason ``stream
-closed``; a consumer whose own scope is cancelled while it waits for an item
-kills it with that scope's reason (``scope timeout``/``scope cancelled``);
-dropping the object unclosed kills it from the finaliser, as a last resort for
-streams opened without a context (unless its owner had asked it to stop: then
-the worker's drain, which its drain grace bounds, is left to finish and
-dropped).  Either way the worker is told at once, whether or not it is
-producing.  A worker that vanishes mid-stream raises
-:class:`~dynamo_trio.Disconnected` and the instance leaves rotation, unless the
-caller had itself cancelled, in which case the stream just ends.
-
-Rotation
-========
-
-An instance leaves rotation when a connection to it cannot be made or is
-lost (refused, timed out, heartbeats missed, the worker going away), and
-stays out for ``_DOWN_FOR`` seconds.  It does not come back on a user's
-request: when its time is up, a *probe* (a connection attempt in the
-runtime's nursery) decides.  If the probe connects, the instance is back at
-once, with that connection ready; if not, it rests twice as long (up to
-``_MAX_DOWN_FOR``) before the next probe.  So an instance discovery still
-lists but this process cannot reach (a network split: its lease is alive,
-other processes reach it) costs requests nothing after it was first found
-out, and comes back within ``_MAX_DOWN_FOR`` of the split healing.  Several
-failures at once (every stream of a lost connection) count as one.
-
-If no listed instance is in rotation, a call tries those whose rest is over
-(their probe is under way: the call shares its connection attempt) rather
-than failing; one that failed a moment ago is not tried again, so a model
-whose only instance is unreachable answers a fast, clear error.  An
-instance that leaves discovery is forgotten.
+A call ``client.round_robin(request, context=ctx)`` sends nothing (and returns
+an ended stream) if ``ctx`` is stopped or killed; else it links a child context
+with the same id under ``ctx`` (so ``ctx``'s deadline, stop and kill reach it),
+sends the request to the instance the runtime's router chooses, and returns a
+:class:`ResponseStream` wired to the child: ``stop`` on it sends a ``stop``
+frame and the stream drains to its terminal frame, ``kill`` sends ``kill`` and
+ends it at once.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import random
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
 
 import trio
@@ -88,21 +43,16 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
+    from .._config import RouterMode
     from .._tracing import TraceContext
     from ..discovery import Instance, PrefixView
-    from ._runtime import DistributedRuntime, Endpoint
+    from ..request_plane import ClientConnection
+    from ._router import Router, Target
 
 __all__ = ["Client", "DataStream", "ResponseStream"]
 
-_log = logging.getLogger("dynamo_trio.runtime")
-
 _R = TypeVar("_R")
 
-# How long an instance whose connection failed stays out of rotation before a probe
-# tries it again; each failed probe doubles it, up to _MAX_DOWN_FOR (discovery
-# removes the instance for good if its process is gone).
-_DOWN_FOR: Final = 2.0
-_MAX_DOWN_FOR: Final = 8.0
 # Distinct instances a routed call tries before giving up on CannotConnect.
 _CONNECT_ATTEMPTS: Final = 3
 
@@ -121,6 +71,16 @@ class ResponseStream:
     :class:`~dynamo_trio.EngineShutdown` or :class:`~dynamo_trio.Cancelled` when
     it killed the work unasked.  A handler that stops its own work ends cleanly:
     :attr:`outcome` is then ``"stopped"``.
+
+    The stream belongs to the scope of the context it was opened with: leaving
+    ``ctx.scope()`` while it is unfinished kills the child (reason ``parent
+    finished``, or the scope's ``scope timeout``/``scope cancelled``).  Leaving it
+    early (:meth:`aclose`, ``async with``) kills it with ``stream closed``; a
+    consumer cancelled while it waits, with its scope's reason; dropping it
+    unclosed, from the finaliser (unless its owner asked it to stop: the drain,
+    bounded by the worker's grace, is left to finish).  The worker is told at
+    once.  A worker that vanishes raises :class:`~dynamo_trio.Disconnected` (and
+    leaves rotation), unless the caller had cancelled: then the stream just ends.
     """
 
     def __init__(
@@ -129,11 +89,11 @@ class ResponseStream:
         stream: ClientStream | None,
         *,
         instance_id: int | None,
-        client: Client | None,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._context = context
         self._stream = stream
-        self._client = client
+        self._on_lost = on_lost
         self.instance_id: Final = instance_id
         """The instance serving the call (``None`` if nothing was sent)."""
         self._done = stream is None
@@ -176,13 +136,10 @@ class ResponseStream:
         return self
 
     async def __anext__(self) -> Annotated:
-        return await self._next_item()
-
-    async def _next_item(self) -> Annotated:
-        frame = await self._next(ClientStream.receive)
-        if frame is None:
+        item = await self.receive()
+        if item is None:
             raise StopAsyncIteration
-        return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
+        return item
 
     async def receive(self, *, idle_timeout: float | None = None) -> Annotated | None:
         """The next item, or ``None`` once the stream has ended (what iterating gives).
@@ -224,8 +181,8 @@ class ResponseStream:
             self._finish()
             if context.is_stopped():
                 return None  # we cancelled; how it ended is moot
-            if isinstance(exc, Disconnected) and self._client is not None:
-                self._client._instance_failed(self.instance_id, str(exc))
+            if isinstance(exc, Disconnected) and self._on_lost is not None:
+                self._on_lost(str(exc))
             raise
         except BaseException as exc:
             # The consumer was cancelled (or failed) while waiting: abandon the stream.
@@ -333,7 +290,7 @@ class DataStream(ResponseStream):
 
     async def __anext__(self) -> Any:
         while True:
-            item = await self._next_item()
+            item = await super().__anext__()
             data = item.data()
             if data is None and (item.id is not None or item.event is not None or item.comment):
                 continue
@@ -359,36 +316,32 @@ def _abandon_reason(exc: BaseException) -> CancelReason:
     return CancelReason.STREAM_CLOSED if cancelled is None else reason_for_cancelled(cancelled)
 
 
-@dataclass(slots=True)
-class _Resting:
-    """An instance out of rotation (see the module docstring)."""
-
-    until: float
-    """When (``time.monotonic()``) a probe may try it again."""
-    failures: int = 1
-    """Failures in a row (the first, then each failed probe)."""
-    probing: bool = False
-
-
 @final
 class Client:
-    """Calls one endpoint's instances, as Dynamo's ``Client``."""
+    """Calls one endpoint's instances, as Dynamo's ``Client``; the runtime's router
+    chooses which."""
 
     def __init__(
-        self, runtime: DistributedRuntime, endpoint: Endpoint, view: PrefixView[Instance]
+        self,
+        path: str,
+        view: PrefixView[Instance],
+        router: Router,
+        connect: Callable[[str], Awaitable[ClientConnection]],
     ) -> None:
-        self._runtime = runtime
-        self._endpoint = endpoint
+        self._path = path
         self._view = view
-        self._next = 0
-        self._resting: dict[int, _Resting] = {}
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return self._endpoint
+        self._router = router
+        self._connect = connect
 
     def _instances(self) -> dict[int, Instance]:
         return {instance.instance_id: instance for instance in self._view.items().values()}
+
+    def targets(self) -> dict[Target, str]:
+        """``{(path, instance id): address}`` of the listed instances, by id (the
+        router forgets the ones discovery no longer lists)."""
+        instances = self._instances()
+        self._router.forget(self._path, instances)
+        return {(self._path, i): instances[i].address for i in sorted(instances)}
 
     def instance_ids(self) -> list[int]:
         """Ids of the instances discovery currently lists for the endpoint, sorted."""
@@ -402,90 +355,13 @@ class Client:
     def live_instance_ids(self) -> list[int]:
         """Ids of the instances in rotation (listed, and not taken out by a recent
         failure), sorted: the ones :meth:`round_robin` and :meth:`random` choose from."""
-        return [instance.instance_id for instance in self._live()]
+        return [target[1] for target in self._router.live(self.targets())]
 
     async def wait_for_instance(self, instance_id: int) -> None:
         """Wait until discovery lists the instance ``instance_id`` for this endpoint."""
         await self._view.wait_until(
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
-
-    def due_instance_ids(self) -> list[int]:
-        """Ids of the listed instances out of rotation whose rest is over (a probe is
-        trying them), the longest due first: worth a try when none is in rotation."""
-        now = time.monotonic()
-        instances = self._instances()
-        due = [(r.until, i) for i, r in self._resting.items() if i in instances and r.until <= now]
-        return [instance_id for _, instance_id in sorted(due)]
-
-    def _live(self) -> list[Instance]:
-        """The listed instances in rotation; starts the probes that are due."""
-        now = time.monotonic()
-        instances = self._instances()
-        for gone in [i for i in self._resting if i not in instances]:
-            del self._resting[gone]
-        live = []
-        for instance_id, instance in sorted(instances.items()):
-            resting = self._resting.get(instance_id)
-            if resting is None:
-                live.append(instance)
-            elif resting.until <= now and not resting.probing:
-                self._start_probe(instance, resting)
-        return live
-
-    def _start_probe(self, instance: Instance, resting: _Resting) -> None:
-        try:
-            nursery = self._runtime._require_nursery()
-            nursery.start_soon(self._probe, instance, name=f"probe {instance.address}")
-        except RuntimeError:
-            return  # the runtime is closing
-        resting.probing = True
-
-    async def _probe(self, instance: Instance) -> None:
-        """Try to connect to a resting instance: back in rotation, or rest longer."""
-        try:
-            await self._runtime._pool().connect(instance.address)
-        except CannotConnect as exc:
-            resting = self._resting.get(instance.instance_id)
-            if resting is None:
-                return  # it came back (or left discovery) meanwhile
-            resting.failures += 1
-            resting.until = time.monotonic() + _rest_for(resting.failures)
-            resting.probing = False
-            _log.info(
-                "instance %x of %s still unreachable (%s); next try in %.0fs",
-                instance.instance_id,
-                self._endpoint.path,
-                exc,
-                resting.until - time.monotonic(),
-            )
-        else:
-            self._back_in_rotation(instance.instance_id)
-
-    def _back_in_rotation(self, instance_id: int) -> None:
-        if self._resting.pop(instance_id, None) is not None:
-            _log.info("instance %x of %s back in rotation", instance_id, self._endpoint.path)
-
-    def _instance_failed(
-        self, instance_id: int | None, reason: str, *, expected: bool = False
-    ) -> None:
-        if instance_id is None:
-            return
-        now = time.monotonic()
-        resting = self._resting.get(instance_id)
-        if resting is not None and (resting.probing or resting.until > now):
-            return  # already out: one event (every stream of a lost connection) counts once
-        failures = 1 if resting is None else resting.failures + 1
-        log = _log.info if expected else _log.warning
-        log("instance %x of %s taken out of rotation: %s", instance_id, self._endpoint.path, reason)
-        self._resting[instance_id] = _Resting(now + _rest_for(failures), failures)
-
-    def _address_lost(self, address: str, reason: str, *, drained: bool) -> None:
-        if drained:
-            reason = f"it shut down ({reason})"
-        for instance in self._instances().values():
-            if instance.address == address:
-                self._instance_failed(instance.instance_id, reason, expected=drained)
 
     # The calls take Dynamo 1.6.1's arguments, in its order: (request, [instance_id,]
     # annotated=True, context=None).  With annotated=False (or None, as in Dynamo)
@@ -517,7 +393,7 @@ class Client:
         self, request: Any, annotated: bool | None = True, context: Context | None = None
     ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
-        return await self._routed(request, _annotated(annotated), context, random.choice)
+        return await self._routed(request, _annotated(annotated), context, "random")
 
     @overload
     async def round_robin(
@@ -531,12 +407,7 @@ class Client:
         self, request: Any, annotated: bool | None = True, context: Context | None = None
     ) -> ResponseStream | DataStream:
         """Send ``request`` to the next live instance in turn."""
-
-        def pick(live: list[Instance]) -> Instance:
-            self._next = (self._next + 1) % (1 << 62)
-            return live[self._next % len(live)]
-
-        return await self._routed(request, _annotated(annotated), context, pick)
+        return await self._routed(request, _annotated(annotated), context, "round-robin")
 
     @overload
     async def direct(
@@ -576,41 +447,39 @@ class Client:
         instance = self._instances().get(instance_id)
         if instance is None:
             child.finish()
-            raise NoInstances(f"no instance {instance_id:x} serves {self._endpoint.path}")
-        return await self._send(request, annotated, child, instance)
+            raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
+        return await self._send(
+            request, annotated, child, (self._path, instance_id), instance.address
+        )
 
     async def _routed(
-        self,
-        request: Any,
-        annotated: bool,
-        context: Context | None,
-        pick: Callable[[list[Instance]], Instance],
+        self, request: Any, annotated: bool, context: Context | None, mode: RouterMode
     ) -> ResponseStream | DataStream:
         child = self._child_context(context)
         if child is None:
             return self._empty(context, annotated)
-        tried: set[int] = set()
-        last_error: CannotConnect | None = None
-        for _ in range(_CONNECT_ATTEMPTS):
-            live = [i for i in self._live() if i.instance_id not in tried]
-            if live:
-                instance: Instance = pick(live)
-            else:
-                # None in rotation: try one whose rest is over (see the module docstring).
-                instances = self._instances()
-                due = [i for i in self.due_instance_ids() if i not in tried]
-                if not due:
-                    break
-                instance = instances[due[0]]
-            tried.add(instance.instance_id)
-            try:
-                return await self._send(request, annotated, child, instance, finish_on_error=False)
-            except CannotConnect as exc:
-                last_error = exc
-        child.finish()
-        if last_error is not None:
-            raise last_error
-        raise NoInstances(f"no live instance serves {self._endpoint.path}")
+        addresses: dict[Target, str] = {}
+
+        async def targets() -> dict[Target, str]:
+            addresses.update(self.targets())
+            return addresses
+
+        async def send(target: Target) -> ResponseStream | DataStream:
+            return await self._send(request, annotated, child, target, addresses[target], keep=True)
+
+        try:
+            return await self._router.send(
+                targets,
+                send,
+                set(),
+                mode=mode,
+                turn=self._path,
+                attempts=_CONNECT_ATTEMPTS,
+                nobody=f"no live instance serves {self._path}",
+            )
+        except BaseException:
+            child.finish()
+            raise
 
     def _child_context(self, parent: Context | None) -> Context | None:
         """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled.
@@ -631,52 +500,58 @@ class Client:
 
     def _empty(self, context: Context | None, annotated: bool) -> ResponseStream | DataStream:
         stream_type = ResponseStream if annotated else DataStream
-        return stream_type(
-            Context(context.id() if context else None), None, instance_id=None, client=None
-        )
+        return stream_type(Context(context.id() if context else None), None, instance_id=None)
 
     async def _send(
         self,
         request: Any,
         annotated: bool,
         child: Context,
-        instance: Instance,
+        target: Target,
+        address: str,
         *,
-        finish_on_error: bool = True,
+        keep: bool = False,
     ) -> ResponseStream | DataStream:
+        """Open the call's stream on ``target``; ``child`` is finished on an error
+        unless ``keep`` (the router may try another instance)."""
         stream_type = ResponseStream if annotated else DataStream
+        instance_id = target[1]
         try:
-            connection = await self._runtime._pool().connect(instance.address)
+            connection = await self._connect(address)
         except BaseException as exc:
             if isinstance(exc, CannotConnect):
-                self._instance_failed(instance.instance_id, str(exc))
-            if finish_on_error:
+                self._router.failed(target, str(exc))
+            if not keep:
                 child.finish()
             raise
-        self._back_in_rotation(instance.instance_id)
+        self._router.connected(target)
         if child.is_stopped():
-            return stream_type(child, None, instance_id=None, client=None)
-        child.attributes["endpoint"] = self._endpoint.path
-        child.attributes["instance"] = f"{instance.instance_id:x}"
+            return stream_type(child, None, instance_id=None)
+        child.attributes["endpoint"] = self._path
+        child.attributes["instance"] = f"{instance_id:x}"
         remaining = child.time_remaining()
         try:
             stream = connection.open_stream(
-                endpoint=self._endpoint.path,
-                instance_id=instance.instance_id,
+                endpoint=self._path,
+                instance_id=instance_id,
                 request_id=child.id(),
                 payload=request,
                 timeout=None if remaining is None or math.isinf(remaining) else remaining,
                 headers=request_headers(child.trace, child.metadata.copy()),
             )
         except (Disconnected, EngineShutdown) as exc:
-            self._instance_failed(instance.instance_id, str(exc))
-            if finish_on_error:
+            self._router.failed(target, str(exc))
+            if not keep:
                 child.finish()
             raise CannotConnect(str(exc)) from None
         except BaseException:
             child.finish()
             raise
-        return stream_type(child, stream, instance_id=instance.instance_id, client=self)
+
+        def on_lost(reason: str) -> None:
+            self._router.failed(target, reason)
+
+        return stream_type(child, stream, instance_id=instance_id, on_lost=on_lost)
 
 
 def _annotated(value: object) -> bool:
@@ -693,9 +568,3 @@ def _current_trace() -> TraceContext | None:
     """The trace of the request the current task works for, if any."""
     request = current_request()
     return None if request is None else request.trace
-
-
-def _rest_for(failures: int) -> float:
-    """How long an instance rests out of rotation after ``failures`` failures in a row."""
-    doubled: float = _DOWN_FOR * 2.0 ** min(failures - 1, 16)
-    return min(doubled, _MAX_DOWN_FOR)

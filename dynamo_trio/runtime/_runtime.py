@@ -1,21 +1,13 @@
 """``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
 
 Everything a runtime starts runs in its own nursery, so leaving ``async with
-DistributedRuntime(...)`` (or the end of a ``@dynamo_worker()`` function)
-leaves nothing behind: not a task, not a socket, not a registration.
-
-Graceful shutdown (``runtime.shutdown()``, or SIGINT/SIGTERM under
-``@dynamo_worker()``, or there the death of the supervisor that started the
-process: see :mod:`dynamo_trio._lifeline`) runs in this order:
-
-1. deregister every endpoint and model from discovery, so callers stop
-   choosing this process;
-2. send ``goaway`` on every connection and stop accepting new ones: requests
-   that still arrive are refused with ``EngineShutdown``;
-3. stop every in-flight request (reason ``shutdown``): handlers drain;
-4. after ``shutdown_grace`` seconds, kill whatever is still running;
-5. close the connections; ``serve_endpoint`` calls return, and the process
-   can exit 0.
+DistributedRuntime(...)`` leaves nothing behind: not a task, not a socket, not
+a registration.  Graceful shutdown (``runtime.shutdown()``, SIGINT/SIGTERM under
+``@dynamo_worker()``, or the death of the supervisor that started the process)
+deregisters every endpoint and model, sends ``goaway`` on every connection
+(requests still arriving are refused with ``EngineShutdown``), stops every
+in-flight request (reason ``shutdown``) so handlers drain, kills what still
+runs after ``shutdown_grace`` seconds, and closes the connections.
 """
 
 from __future__ import annotations
@@ -48,9 +40,10 @@ from ..discovery import (
     view_prefix,
 )
 from ..metrics import StatusReport, WorkerMetrics, serve_status
-from ..request_plane import ConnectionPool, RequestPlaneServer
+from ..request_plane import ClientConnection, ConnectionPool, RequestPlaneServer
 from ._client import Client
 from ._inflight import InflightRequests
+from ._router import Router
 from ._serve import ServedEndpoint, serve_stream
 
 if TYPE_CHECKING:
@@ -110,6 +103,8 @@ class DistributedRuntime:
         self._endpoints: dict[str, ServedEndpoint] = {}
         self._registrations: dict[str, bytes] = {}
         self._clients: dict[str, Client] = {}
+        self.router: Final = Router(self._connect, self._require_nursery)
+        """Which instance each call goes to (for every client and the frontend)."""
         self._inflight = InflightRequests()
         self._shutdown_requested = trio.Event()
         self._shutdown_done = trio.Event()
@@ -428,11 +423,18 @@ class DistributedRuntime:
             )
         return self._connection_pool
 
+    async def _connect(self, address: str) -> ClientConnection:
+        return await self._pool().connect(address)
+
     def _connection_lost(self, address: str, reason: str, drained: bool) -> None:
         if self._stack is None:
             return  # the runtime is closing its own connections
+        if drained:
+            reason = f"it shut down ({reason})"
         for client in self._clients.values():
-            client._address_lost(address, reason, drained=drained)
+            for target, at in client.targets().items():
+                if at == address:
+                    self.router.failed(target, reason, expected=drained)
 
     async def _client(self, endpoint: Endpoint) -> Client:
         client = self._clients.get(endpoint.path)
@@ -441,7 +443,9 @@ class DistributedRuntime:
             view: PrefixView[Instance] = await self._require_nursery().start(
                 self._watch, prefix, decode_instance
             )
-            client = self._clients.setdefault(endpoint.path, Client(self, endpoint, view))
+            client = self._clients.setdefault(
+                endpoint.path, Client(endpoint.path, view, self.router, self._connect)
+            )
         return client
 
     async def _watch(
@@ -454,6 +458,14 @@ class DistributedRuntime:
         async with view_prefix(self._require_discovery(), prefix, decode) as view:
             task_status.started(view)
             await trio.sleep_forever()
+
+    def start_soon(self, task: Callable[[], Awaitable[object]], *, name: str) -> None:
+        """Run ``task`` in the runtime's nursery: it lasts at most as long as the runtime.
+
+        Raises:
+            RuntimeError: the runtime is not open, or is closing.
+        """
+        self._require_nursery().start_soon(task, name=name)
 
     async def watch_prefix(self, prefix: str, decode: Callable[[bytes], Any]) -> PrefixView[Any]:
         """A live view of discovery records under ``prefix``, kept for the runtime's life."""

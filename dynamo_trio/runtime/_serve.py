@@ -1,59 +1,14 @@
 """Serving one request: the handler runs inside its context, and the outcome goes on the wire.
 
-The walk of a request on a worker:
-
-1. The request plane made a :class:`~dynamo_trio.request_plane.ServerStream`
-   whose context carries the caller's request id and remaining time; its
-   ``headers`` give the context the caller's metadata and a span of the
-   caller's trace (a new trace if it sent none), and while the request is
-   served every log line names its request id and trace id.
-2. :func:`serve_stream` enters ``context.scope(drain_grace=...)`` and drives the
-   handler's async generator inside it.  Each yielded value is sent as one
-   item, after waiting for a flow-control credit.
-3. However the scope ends, exactly one terminal frame follows:
-
-   ================================  =============================================
-   how it ended                      terminal frame
-   ================================  =============================================
-   the generator returned            ``end complete``, or ``end stopped`` if the
-                                     context was stopped (by the caller, or by the
-                                     handler itself: a clean end, not an error)
-   the context was killed            ``end killed`` with the reason (the scope was
-                                     cancelled, the generator closed with ``aclose``)
-   the handler raised                see below
-   ================================  =============================================
-
-A handler can end its request, never its worker
------------------------------------------------
-
-Whatever a handler raises, BaseException included, ends that one stream and
-nothing else; the worker keeps serving and stays in discovery:
-
-==========================================  ====================================
-the handler raised                          the stream ends with
-==========================================  ====================================
-``asyncio.CancelledError``, or a stale      ``end stopped``/``end killed`` if its
-``trio.Cancelled``, while its context is    context was stopped or killed: the
-stopped or killed (Dynamo's convention:     handler was cancelled as asked, and the
-``if context.is_stopped(): raise            request counts as one cancellation;
-asyncio.CancelledError``)                   ``err Cancelled`` while it is live
-``GeneratorExit``                           ``err EngineShutdown`` (as in Dynamo)
-``KeyboardInterrupt``, ``SystemExit``       ``err EngineShutdown``; and the worker
-                                            starts its graceful shutdown
-``ValueError``, ``TypeError``, ...          Dynamo's error types (``err InvalidArgument``,
-                                            ...): ``error_from_exception`` in ``_errors``
-any other BaseException                     ``err Unknown``
-==========================================  ====================================
-
-A live ``trio.Cancelled`` (an enclosing scope, say the worker shutting down,
-is cancelling this task) is never swallowed: the stream is finished, then the
-cancellation goes on.  Errors that are the caller's doing (invalid arguments)
-are logged as one line; a handler's own bugs get one traceback per endpoint and
-exception type per minute, so no caller can flood the log.
-
-The generator is always closed deterministically (``aclose`` in a ``finally``),
-never left to the garbage collector, and the request is counted exactly once
-in the endpoint's metrics.
+:func:`serve_stream` gives the request plane's stream's context the caller's
+metadata and a span of its trace, enters ``context.scope(drain_grace=...)``
+and drives the handler's async generator inside it, one item per yielded
+value (each after a flow-control credit).  However the scope ends, exactly one
+terminal frame follows, and the request is counted once.  Whatever a handler
+raises, BaseException included, ends that one stream, never its worker; a
+live ``trio.Cancelled`` is never swallowed; the generator is always closed
+deterministically.  ``docs/architecture.md`` ("Serving a request") has the
+table of endings.
 """
 
 from __future__ import annotations

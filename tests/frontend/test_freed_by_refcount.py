@@ -26,7 +26,7 @@ import trio.testing
 from dynamo_trio import Context, DistributedRuntime, FrontendConfig
 from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.frontend._app import serve_frontend
-from dynamo_trio.frontend._body import StreamBody
+from dynamo_trio.frontend._body import Reply
 from dynamo_trio.frontend._hangup import RequestLifecycle
 from dynamo_trio.mocker import MockerSettings
 from dynamo_trio.mocker._worker import serve_mocker
@@ -39,7 +39,7 @@ from .conftest import wait_for_models
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-KINDS = (Context, RequestLifecycle, StreamBody, ServerStream, ClientStream)
+KINDS = (Context, RequestLifecycle, Reply, ServerStream, ClientStream)
 
 
 def _alive() -> dict[str, int]:

@@ -14,7 +14,7 @@ import trio
 
 from dynamo_trio import CannotConnect, Context, NoInstances, WorkerConfig
 from dynamo_trio.discovery import Instance, MemoryDiscovery, MemoryStore, ModelCard, encode_record
-from dynamo_trio.frontend._models import ModelRegistry
+from dynamo_trio.frontend._models import ModelRegistry, ModelStream
 from dynamo_trio.runtime import DistributedRuntime
 from tests.discovery._etcd_server import free_port
 from tests.runtime.conftest import TEST_CONFIG
@@ -86,12 +86,20 @@ def cluster(nursery: trio.Nursery) -> Cluster:
     return Cluster(nursery)
 
 
+async def everything(stream: ModelStream) -> list[Any]:
+    """The data of every item of ``stream``, in order."""
+    items: list[Any] = []
+    while batch := await stream.receive_batch():
+        items.extend(batch)
+    return items
+
+
 async def ask(registry: ModelRegistry, model: str) -> str:
     """One request for ``model``; which worker answered."""
     with trio.fail_after(5):
         await wait_for_cards(registry, model)
         async with await registry.route(model, "chat").call({}, Context()) as stream:
-            items = [item.data() async for item in stream]
+            items = await everything(stream)
     assert len(items) == 1, items
     who: str = items[0]["who"]
     return who
@@ -178,7 +186,7 @@ async def test_a_failure_before_the_first_item_moves_the_request(cluster: Cluste
             await cluster.worker("ns/c2/generate", "m", answering("b"))
             await wait_for_cards(registry, "m", 2)
             stuck.shutdown()
-            items = [item.data() async for item in stream]
+            items = await everything(stream)
     assert items == [{"who": "b"}]
     assert not context.is_stopped()
 
@@ -199,4 +207,4 @@ async def test_a_name_clash_between_types_serves_each_type_from_its_own_workers(
         route = registry.route("m", model_type)  # type: ignore[arg-type]
         assert [card.model_type for card in route.cards] == [model_type]
         async with await route.call({}, Context()) as stream:
-            assert [item.data() async for item in stream] == [{"who": expected}]
+            assert await everything(stream) == [{"who": expected}]

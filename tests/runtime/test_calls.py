@@ -247,7 +247,7 @@ async def test_a_self_stopped_handler_ends_cleanly_and_stays_in_rotation(
         stream = await client.generate({})
         assert [i.data() async for i in stream] == [1, 2, "last"]
         assert stream.outcome == "stopped"
-    assert client._live()  # not taken out of rotation
+    assert client.live_instance_ids()  # not taken out of rotation
     assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 0
 
 
@@ -531,4 +531,4 @@ async def test_a_local_stall_longer_than_the_heartbeat_timeout_is_not_a_dead_pee
     timeout = cluster.caller.config.request_plane.heartbeat_timeout
     time.sleep(timeout * 2.5)  # noqa: ASYNC251 - deliberately block the whole event loop
     assert len([item async for item in stream]) == 19
-    assert client._live()  # nobody was declared dead
+    assert client.live_instance_ids()  # nobody was declared dead

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from dynamo_trio import Context, DistributedRuntime
-from dynamo_trio.runtime import _client
+from dynamo_trio.runtime import _router
 
 from .conftest import TEST_CONFIG
 
@@ -86,8 +86,8 @@ async def split(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Client, Relay]]:
     # Short rests, so that several probe rounds fit in the test.
-    monkeypatch.setattr(_client, "_DOWN_FOR", 0.2)
-    monkeypatch.setattr(_client, "_MAX_DOWN_FOR", 0.4)
+    monkeypatch.setattr(_router, "_DOWN_FOR", 0.2)
+    monkeypatch.setattr(_router, "_MAX_DOWN_FOR", 0.4)
     from dynamo_trio.discovery import MemoryStore
 
     store: MemoryStore = MemoryStore()
