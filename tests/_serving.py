@@ -26,8 +26,7 @@ from dynamo_trio.discovery import MemoryStore
 from dynamo_trio.edge import listen_sockets
 from dynamo_trio.frontend import serve_frontend
 from dynamo_trio.mocker import MockerSettings
-from dynamo_trio.mocker._main import MODELS as MOCKER_MODELS
-from dynamo_trio.mocker._main import add_mocker_flags
+from dynamo_trio.mocker._main import MODELS as MOCKER_MODELS, add_mocker_flags
 from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.runtime import DistributedRuntime
 from tests._metrics import scrape
