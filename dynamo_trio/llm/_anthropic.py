@@ -62,7 +62,6 @@ class MessagesRequest:
     stream: bool = False
 
     prompt_param: ClassVar[str] = "messages"
-    """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""
@@ -76,11 +75,7 @@ class MessagesRequest:
 
 
 def parse_messages_request(body: object) -> MessagesRequest:
-    """Validate a Messages API body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate a Messages API body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     max_tokens = required_int(obj, "max_tokens", minimum=1)
@@ -129,11 +124,8 @@ def _message(value: object, param: str) -> EngineMessage:
     return {"role": role, "content": content}
 
 
-# ---------------------------------------------------------------------------- responses
-
-
 def anthropic_stop_reason(generation: Generation) -> tuple[AnthropicStopReason, str | None]:
-    """``(stop_reason, stop_sequence)`` for a finished generation (see the module table)."""
+    """``(stop_reason, stop_sequence)`` for a finished generation."""
     reason = generation.finish_reason
     if reason == "length":
         return "max_tokens", None
@@ -147,7 +139,6 @@ def message_object(
 ) -> dict[str, object]:
     """The unary ``message`` object for a finished generation; its id is ``msg_<request_id>``."""
     stop_reason, stop_sequence = anthropic_stop_reason(generation)
-    usage = generation.usage
     return {
         "id": f"msg_{request_id}",
         "type": "message",
@@ -156,20 +147,17 @@ def message_object(
         "content": [{"type": "text", "text": generation.text}],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {
-            "input_tokens": usage["prompt_tokens"],
-            "output_tokens": usage["completion_tokens"],
-        },
+        "usage": _usage(generation),
     }
 
 
-class MessagesStream:
-    """Turns engine output items into the Messages API's streaming events.
+def _usage(generation: Generation) -> dict[str, object]:
+    usage = generation.usage
+    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
-    Args:
-        request: The parsed request (for ``model``).
-        request_id: The request id; the message id is ``msg_<request_id>``.
-    """
+
+class MessagesStream:
+    """Turns engine output items into the Messages API's streaming events (``msg_<request_id>``)."""
 
     __slots__ = ("_closed", "_generation", "_id", "_model", "_started")
 
@@ -211,24 +199,17 @@ class MessagesStream:
         ]
 
     def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item (opening the stream first if needed).
+        """The events for one engine output item, opening the stream first if needed.
 
-        Raises:
-            EngineError: if the item is malformed or reports an engine
-                error; answer it with :meth:`fail`.
+        Raises EngineError for a malformed or failed item: answer it with :meth:`fail`.
         """
         events = self.start()
         if self._closed:
             return events
         text = self._generation.feed(item)
         if text:
-            events.append(
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": text},
-                }
-            )
+            delta = {"type": "text_delta", "text": text}
+            events.append({"type": "content_block_delta", "index": 0, "delta": delta})
         if self._generation.finished:
             events += self._close()
         return events
@@ -253,16 +234,9 @@ class MessagesStream:
     def _close(self) -> list[dict[str, object]]:
         self._closed = True
         stop_reason, stop_sequence = anthropic_stop_reason(self._generation)
-        usage = self._generation.usage
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         return [
             {"type": "content_block_stop", "index": 0},
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": {
-                    "input_tokens": usage["prompt_tokens"],
-                    "output_tokens": usage["completion_tokens"],
-                },
-            },
+            {"type": "message_delta", "delta": delta, "usage": _usage(self._generation)},
             {"type": "message_stop"},
         ]

@@ -64,11 +64,7 @@ class EmbeddingRequest:
 
 
 def parse_embedding_request(body: object) -> EmbeddingRequest:
-    """Validate an embeddings body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate an embeddings body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     inputs = _inputs(required(obj, "input"))
