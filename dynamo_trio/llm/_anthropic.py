@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 from ._errors import anthropic_error_body
-from ._generation import Generation
+from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
@@ -156,28 +156,17 @@ def _usage(generation: Generation) -> dict[str, object]:
     return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
 
-class MessagesStream:
+class MessagesStream(EventStream):
     """Turns engine output items into the Messages API's streaming events (``msg_<request_id>``)."""
 
-    __slots__ = ("_closed", "_generation", "_id", "_model", "_started")
+    __slots__ = ("_id", "_model")
 
     def __init__(self, request: MessagesRequest, request_id: str) -> None:
+        super().__init__()
         self._id = f"msg_{request_id}"
         self._model = request.model
-        self._generation = Generation()
-        self._started = False
-        self._closed = False
 
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
-
-    def start(self) -> list[dict[str, object]]:
-        """``message_start``, ``content_block_start`` and ``ping`` (once)."""
-        if self._started:
-            return []
-        self._started = True
+    def _opening(self) -> list[dict[str, object]]:
         message: dict[str, object] = {
             "id": self._id,
             "type": "message",
@@ -188,38 +177,16 @@ class MessagesStream:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
+        block = {"type": "text", "text": ""}
         return [
             {"type": "message_start", "message": message},
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
+            {"type": "content_block_start", "index": 0, "content_block": block},
             {"type": "ping"},
         ]
 
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item, opening the stream first if needed.
-
-        Raises EngineError for a malformed or failed item: answer it with :meth:`fail`.
-        """
-        events = self.start()
-        if self._closed:
-            return events
-        text = self._generation.feed(item)
-        if text:
-            delta = {"type": "text_delta", "text": text}
-            events.append({"type": "content_block_delta", "index": 0, "delta": delta})
-        if self._generation.finished:
-            events += self._close()
-        return events
-
-    def finish(self) -> list[dict[str, object]]:
-        """The events that end the stream once the engine stream is over."""
-        events = self.start()
-        if not self._closed:
-            events += self._close()
-        return events
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        delta = {"type": "text_delta", "text": text}
+        return [{"type": "content_block_delta", "index": 0, "delta": delta}]
 
     def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
         """The ``error`` event that ends a failed stream (``[]`` if it already ended).
@@ -231,11 +198,12 @@ class MessagesStream:
         self._closed = True
         return [anthropic_error_body(status, message)]
 
-    def _close(self) -> list[dict[str, object]]:
-        self._closed = True
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        events = self._delta(text) if text else []
         stop_reason, stop_sequence = anthropic_stop_reason(self._generation)
         delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         return [
+            *events,
             {"type": "content_block_stop", "index": 0},
             {"type": "message_delta", "delta": delta, "usage": _usage(self._generation)},
             {"type": "message_stop"},

@@ -15,7 +15,7 @@ from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["Generation", "plain_text"]
+__all__ = ["EventStream", "Generation", "plain_text"]
 
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 
@@ -145,3 +145,61 @@ class Generation:
             "prompt_tokens": reported["prompt_tokens"],
             "completion_tokens": reported["completion_tokens"],
         }
+
+
+class EventStream:
+    """Engine items in, one API's stream events out: opened once, closed once.
+
+    Subclasses say what opens the stream, what a text delta is, and what closes
+    it (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it).
+    """
+
+    __slots__ = ("_closed", "_generation", "_started")
+
+    def __init__(self) -> None:
+        self._generation = Generation()
+        self._started = False
+        self._closed = False
+
+    @property
+    def generation(self) -> Generation:
+        """The generation folded so far (text, finish reason, usage)."""
+        return self._generation
+
+    def start(self) -> list[dict[str, object]]:
+        """The events that open the stream (once; later calls return ``[]``)."""
+        if self._started:
+            return []
+        self._started = True
+        return self._opening()
+
+    def feed(self, item: object) -> list[dict[str, object]]:
+        """The events for one engine output item, opening the stream first if needed.
+
+        Raises EngineError for a malformed or failed item: answer it with ``fail``.
+        """
+        events = self.start()
+        if self._closed:
+            return events
+        text = self._generation.feed(item)
+        if self._generation.finished:
+            self._closed = True
+            return events + self._closing(text)
+        return events + self._delta(text) if text else events
+
+    def finish(self) -> list[dict[str, object]]:
+        """The events that end the stream once the engine stream is over."""
+        events = self.start()
+        if not self._closed:
+            self._closed = True
+            events += self._closing("")
+        return events
+
+    def _opening(self) -> list[dict[str, object]]:
+        return []
+
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        raise NotImplementedError
+
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        raise NotImplementedError

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Final, Literal
 import msgspec
 
 from ._errors import openai_error_body
-from ._generation import Generation, plain_text
+from ._generation import EventStream, Generation, plain_text
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._sse import encode_event
@@ -328,36 +328,20 @@ def _unary(
     }
 
 
-class _ChunkStream:
-    """What the chat and completion chunk streams share: the fold and the ending."""
+class _ChunkStream(EventStream):
+    """What the chat and completion chunk streams share: the chunk, the SSE fast path, the end."""
 
-    __slots__ = (
-        "_closed",
-        "_created",
-        "_generation",
-        "_id",
-        "_include_usage",
-        "_model",
-        "_started",
-        "_template",
-    )
+    __slots__ = ("_created", "_id", "_include_usage", "_model", "_template")
 
     _object: str
 
     def __init__(self, id: str, model: str, include_usage: bool, created: int | None) -> None:
+        super().__init__()
         self._id = id
         self._model = model
         self._include_usage = include_usage
         self._created = _now() if created is None else created
-        self._generation = Generation()
-        self._started = False
-        self._closed = False
         self._template: tuple[bytes, bytes] | None = None
-
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
 
     def _chunk(self, choice: dict[str, object] | None, **usage: object) -> dict[str, object]:
         chunk: dict[str, object] = {
@@ -374,32 +358,11 @@ class _ChunkStream:
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         raise NotImplementedError
 
-    def _first_chunks(self) -> list[dict[str, object]]:
-        return []
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        return [self._text_chunk(text, None)]
 
-    def start(self) -> list[dict[str, object]]:
-        """The chunks that open the stream (once; later calls return ``[]``)."""
-        if self._started:
-            return []
-        self._started = True
-        return self._first_chunks()
-
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The chunks for one engine output item, opening the stream first if needed.
-
-        Raises EngineError for a malformed or failed item (the stream then ends in error).
-        """
-        chunks = self.start()
-        if self._closed:
-            return chunks
-        text = self._generation.feed(item)
-        if self._generation.finished:
-            self._closed = True
-            reason = openai_finish_reason(self._generation.finish_reason)
-            chunks.append(self._text_chunk(text, reason))
-        elif text:
-            chunks.append(self._text_chunk(text, None))
-        return chunks
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        return [self._text_chunk(text, openai_finish_reason(self._generation.finish_reason))]
 
     def feed_sse(self, items: Iterable[object]) -> bytes:
         """The SSE bytes of :meth:`feed` for a batch of items, in order.
@@ -431,12 +394,7 @@ class _ChunkStream:
 
         Send ``data: [DONE]`` after them.
         """
-        chunks = self.start()
-        if not self._closed:
-            self._closed = True
-            chunks.append(
-                self._text_chunk("", openai_finish_reason(self._generation.finish_reason))
-            )
+        chunks = super().finish()
         if self._include_usage:
             chunks.append(self._chunk(None, usage=openai_usage(self._generation.usage)))
             self._include_usage = False  # at most once
@@ -473,7 +431,7 @@ class ChatCompletionStream(_ChunkStream):
     ) -> None:
         super().__init__(f"chatcmpl-{request_id}", request.model, request.include_usage, created)
 
-    def _first_chunks(self) -> list[dict[str, object]]:
+    def _opening(self) -> list[dict[str, object]]:
         delta = {"role": "assistant", "content": ""}
         return [self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})]
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-from ._generation import Generation
+from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
@@ -262,39 +262,23 @@ def response_object(
     )
 
 
-class ResponseStream:
+class ResponseStream(EventStream):
     """Turns engine output items into the Responses API's streaming events.
 
     The response is ``resp_<request_id>``, its message item ``msg_<request_id>``.
     """
 
-    __slots__ = (
-        "_closed",
-        "_created_at",
-        "_generation",
-        "_item_id",
-        "_request",
-        "_request_id",
-        "_sequence",
-        "_started",
-    )
+    __slots__ = ("_created_at", "_item_id", "_request", "_request_id", "_sequence")
 
     def __init__(
         self, request: ResponsesRequest, request_id: str, *, created_at: int | None = None
     ) -> None:
+        super().__init__()
         self._request = request
         self._request_id = request_id
         self._item_id = f"msg_{request_id}"
         self._created_at = int(time.time()) if created_at is None else created_at
-        self._generation = Generation()
         self._sequence = 0
-        self._started = False
-        self._closed = False
-
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
 
     def _event(self, type: str, **fields: object) -> dict[str, object]:
         event: dict[str, object] = {"type": type, "sequence_number": self._sequence, **fields}
@@ -307,11 +291,7 @@ class ResponseStream:
     def _in_text(self, type: str, **fields: object) -> dict[str, object]:
         return self._event(type, item_id=self._item_id, output_index=0, content_index=0, **fields)
 
-    def start(self) -> list[dict[str, object]]:
-        """The events that open the stream, up to the empty text part (once)."""
-        if self._started:
-            return []
-        self._started = True
+    def _opening(self) -> list[dict[str, object]]:
         in_progress = self._snapshot("in_progress", output=[], usage=None)
         return [
             self._event("response.created", response=in_progress),
@@ -327,27 +307,8 @@ class ResponseStream:
             ),
         ]
 
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item, opening the stream first if needed.
-
-        Raises EngineError for a malformed or failed item: answer it with :meth:`fail`.
-        """
-        events = self.start()
-        if self._closed:
-            return events
-        text = self._generation.feed(item)
-        if text:
-            events.append(self._in_text("response.output_text.delta", delta=text, logprobs=[]))
-        if self._generation.finished:
-            events += self._close()
-        return events
-
-    def finish(self) -> list[dict[str, object]]:
-        """The events that end the stream once the engine stream is over."""
-        events = self.start()
-        if not self._closed:
-            events += self._close()
-        return events
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        return [self._in_text("response.output_text.delta", delta=text, logprobs=[])]
 
     def fail(self, message: str, *, code: str = "server_error") -> list[dict[str, object]]:
         """The events that end the stream with an error: ``error``, then ``response.failed``.
@@ -375,8 +336,8 @@ class ResponseStream:
         )
         return events
 
-    def _close(self) -> list[dict[str, object]]:
-        self._closed = True
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        events = self._delta(text) if text else []
         generation = self._generation
         status, item, details = _outcome(generation, self._item_id)
         text = generation.text
@@ -384,6 +345,7 @@ class ResponseStream:
             status, output=[item], usage=generation.usage, incomplete_details=details
         )
         return [
+            *events,
             self._in_text("response.output_text.done", text=text, logprobs=[]),
             self._in_text("response.content_part.done", part=_output_text(text)),
             self._event("response.output_item.done", output_index=0, item=item),
