@@ -45,6 +45,11 @@ _WATCH_BUFFER: Final = 64
 """Events a watch may queue ahead of its reader before it stops reading etcd."""
 
 
+def _lease_gone(exc: DiscoveryError) -> bool:
+    """Whether etcd said the lease (or what it names) does not exist."""
+    return isinstance(exc, EtcdError) and exc.code == GRPC_NOT_FOUND
+
+
 def attempt_timeout(ttl: float) -> float:
     """Seconds one request may take at one endpoint, for a lease of ``ttl`` seconds."""
     return min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, ttl / 3))
@@ -99,25 +104,18 @@ class EtcdDiscovery(Discovery):
             self._owned[key] = value
             try:
                 await gateway.put(key, value, self._etcd_lease)
-            except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
-                    self._forget_failed_put(key, previous)
+            except DiscoveryError as exc:
+                if not _lease_gone(exc):
+                    if previous is None:
+                        self._owned.pop(key, None)
+                    else:
+                        self._owned[key] = previous
                     raise
-                # The lease is gone: recovery re-grants it and re-puts every
-                # owned key, this one included.
+                # Recovery re-grants the lease and re-puts every owned key, this one included.
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
                 if not await self._recover_locked():
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
-            except DiscoveryError:
-                self._forget_failed_put(key, previous)
-                raise
-
-    def _forget_failed_put(self, key: str, previous: bytes | None) -> None:
-        if previous is None:
-            self._owned.pop(key, None)
-        else:
-            self._owned[key] = previous
 
     async def delete(self, key: str) -> None:
         check_key(key)
@@ -219,16 +217,13 @@ class EtcdDiscovery(Discovery):
         for key in repairs.rewrite:
             try:
                 await gateway.put(key, owned[key], self._etcd_lease)
-            except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
+            except DiscoveryError as exc:
+                if not _lease_gone(exc):
                     logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
                     return
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
                 await self._recover_locked()
-                return
-            except DiscoveryError as exc:
-                logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
                 return
 
     async def _recover_locked(self) -> bool:
@@ -274,7 +269,7 @@ class EtcdDiscovery(Discovery):
             try:
                 await gateway.revoke(self._etcd_lease)
             except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
+                if not _lease_gone(exc):
                     logger.warning("discovery: cannot revoke lease %x: %s", self._etcd_lease, exc)
             except DiscoveryError as exc:
                 logger.warning(
