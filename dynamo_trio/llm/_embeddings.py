@@ -110,12 +110,7 @@ def encode_base64_floats(vector: Sequence[float]) -> str:
 
 
 def embedding_response(request: EmbeddingRequest, output: object) -> dict[str, object]:
-    """The embeddings ``list`` object for the engine's output item.
-
-    Raises:
-        EngineError: if the output is malformed or has one vector per input
-            missing.
-    """
+    """The embeddings ``list`` object for the engine's output item (EngineError if malformed)."""
     valid = parse_embed_output(output, count=len(request.inputs))
     as_base64 = request.encoding_format == "base64"
     data = [

@@ -46,10 +46,8 @@ class _Waiter:
 class AuthTurns:
     """Whose proof is judged next, and when (docs/protocol.md, "The worker side").
 
-    Args:
-        penalty: Failures are judged at most 16 per ``penalty`` seconds in total
-            (0: no pacing).
-        burst: Failures judged back to back before the pace applies.
+    Failures are judged at most 16 per ``penalty`` seconds in total (0: no
+    pacing), after a ``burst`` judged back to back.
     """
 
     def __init__(self, penalty: float, *, burst: int = 4) -> None:
