@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
-__all__ = ["collapse", "is_cancellation", "split_live_cancellation"]
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+__all__ = ["collapse", "contain", "is_cancellation", "split_live_cancellation"]
 
 
 def split_live_cancellation(
@@ -31,6 +36,19 @@ def split_live_cancellation(
         cancelled, rest = exc.split(trio.Cancelled)
         return cancelled, collapse(rest)
     return None, exc
+
+
+@contextmanager
+def contain(on_escape: Callable[[BaseException], None]) -> Iterator[None]:
+    """Run the block: a live cancellation propagates, any other failure goes to ``on_escape``."""
+    try:
+        yield
+    except BaseException as exc:
+        cancelled, escaped = split_live_cancellation(exc)
+        if escaped is not None:
+            on_escape(escaped)
+        if cancelled is not None:
+            raise cancelled from None
 
 
 def collapse(exc: BaseException | None) -> BaseException | None:

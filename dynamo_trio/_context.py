@@ -97,22 +97,11 @@ def _current_token() -> trio.lowlevel.TrioToken | None:
 class Context:
     """Cancellation state for one request stream, shared by the frontend, workers and sub-requests.
 
-    Args:
-        id: The user request id.  Defaults to a fresh UUIDv4 string.  Sub-requests
-            and worker-side contexts reuse it end to end.
-        metadata: Dynamo's propagated metadata: string keys to string values
-            that travel with every call made with this context (see
-            :attr:`metadata`).
-        timeout: Optional time budget in seconds from now; see :meth:`set_deadline`.
-        trace: Where the request is in its W3C trace on this process (see
-            :attr:`trace_id`).  ``None`` for a context made by hand, as in
-            Dynamo; the frontend and the runtime set it for the contexts they make.
-
-    ``stop_generating()``, ``stop()``, ``kill()``, ``is_stopped()`` and
-    ``is_killed()`` are synchronous, never checkpoint, and are safe to call
-    from any thread.  Everything else must be called from the trio thread that
-    owns the context: the run it was made in, or, for one made outside trio or in
-    a run that has ended, the first run that links a child under it or uses it.
+    ``id`` (default a fresh UUIDv4) is reused end to end; ``timeout`` is seconds
+    from now (:meth:`set_deadline`); ``trace`` is ``None`` for a context made by hand.
+    ``stop()``, ``kill()`` and the ``is_*`` queries are synchronous and safe from any
+    thread; everything else belongs to the trio run that owns the context (the one
+    it was made in, else the first to link or use it).
     """
 
     __slots__ = (
@@ -189,23 +178,15 @@ class Context:
         reason = f" reason={self._reason.value!r}" if self._reason else ""
         return f"<Context {self._id} {self._state.name}{reason}>"
 
-    # ------------------------------------------------------------------ state queries
-
     def id(self) -> str:
         """The user request id, shared by every context serving the same request."""
         return self._id
 
-    # ------------------------------------------------------------------ metadata and trace
-
     @property
     def metadata(self) -> ContextMetadata:
-        """Dynamo's propagated metadata: a live, mutable ``str -> str`` mapping.
+        """Dynamo's propagated metadata: a live ``str -> str`` mapping that travels with calls.
 
-        Whatever it holds when a call is made with ``context=`` this context
-        travels with the request and arrives as the handler's
-        ``context.metadata`` (and onwards, if the handler passes its context
-        on).  Assigning a dict replaces the contents; views already taken see
-        the new contents, as in Dynamo.
+        Assigning a dict replaces the contents (views already taken see them).
         """
         return ContextMetadata(self._metadata)
 
@@ -236,12 +217,7 @@ class Context:
         return None if self._trace is None else self._trace.parent_span_id
 
     def trace_headers(self) -> dict[str, str] | None:
-        """W3C trace headers to hand to a downstream engine, as Dynamo's ``trace_headers()``.
-
-        ``{"traceparent": "00-<trace id>-<span id>-<flags>"}`` plus
-        ``tracestate`` and ``x-request-id`` when the request carried them, and
-        ``request-id`` (this request's id); ``None`` without a trace.
-        """
+        """W3C trace headers (and ``request-id``) for a downstream engine; None without a trace."""
         if self._trace is None:
             return None
         headers = self._trace.headers()
@@ -297,8 +273,6 @@ class Context:
         """True once kill was requested.  Thread-safe."""
         return self.state is ContextState.KILLED
 
-    # ------------------------------------------------------------------ deadline
-
     @property
     def deadline(self) -> float | None:
         """The deadline in ``time.monotonic()`` seconds, or ``None``."""
@@ -311,11 +285,9 @@ class Context:
         return max(0.0, self._deadline - time.monotonic())
 
     def set_deadline(self, deadline: float) -> None:
-        """Give the context a deadline in ``time.monotonic()`` seconds.
+        """Give the context a deadline in ``time.monotonic()`` seconds (only ever earlier).
 
-        A deadline only ever moves earlier; it is inherited by linked children
-        and travels to workers as time remaining.  When it passes the context
-        is killed with reason :attr:`CancelReason.DEADLINE`.
+        Linked children inherit it; when it passes the context is killed (``DEADLINE``).
         """
         with _LOCK:
             changed = self._tighten_deadlines(deadline)
@@ -342,8 +314,6 @@ class Context:
             and time.monotonic() >= deadline
         ):
             self._transition(ContextState.KILLED, CancelReason.DEADLINE)
-
-    # ------------------------------------------------------------------ transitions
 
     def stop_generating(self, reason: CancelReason = CancelReason.STOP_REQUESTED) -> None:
         """Graceful cancel: ask the work to finish early.  Idempotent and thread-safe."""
@@ -397,21 +367,12 @@ class Context:
         """Run ``fn(*args)`` now if we are in this context's trio thread, else hand it over."""
         _run_in(self._token, fn, *args)
 
-    # ------------------------------------------------------------------ tree
-
     def link_child(self, child: Context) -> None:
         """Put ``child`` in this context's scope: stop/kill of this context then reaches it.
 
-        The child inherits this context's deadline (if earlier than its own) and,
-        if this context is already stopped or killed, that state at once.  When
-        this context's scope is left (or it is otherwise finished) while the
-        child is unfinished, the child is killed with reason
-        :attr:`CancelReason.PARENT_FINISHED`; a child linked under a context
-        that is already finished is killed at once.
-
-        Raises:
-            ValueError: if linking would create a cycle, or ``child`` is already
-                linked under another parent.
+        The child inherits an earlier deadline and a cancelled state at once, and
+        is killed (``PARENT_FINISHED``) if unfinished when this context finishes.
+        ValueError for a cycle or a child linked elsewhere.
         """
         if child is self:
             raise ValueError(f"cannot link context {self._id} to itself")
@@ -459,13 +420,10 @@ class Context:
                 child._parent = None
 
     def finish(self) -> None:
-        """Declare the work for this context over.  Idempotent.
+        """Declare the work for this context over (idempotent; :meth:`scope` does on exit).
 
-        Every linked child that is still unfinished is killed with reason
-        :attr:`CancelReason.PARENT_FINISHED` (children first, in link order),
-        then this context leaves its parent's child list.  Called by
-        :meth:`scope` on exit and by response streams when they end.  Stop and
-        kill still work afterwards (they just have no work to reach).
+        Unfinished linked children are killed (``PARENT_FINISHED``), in link
+        order; then this context leaves its parent.
         """
         with _LOCK:
             changed: list[Context] = []
@@ -487,11 +445,9 @@ class Context:
             stack.extend(ctx._children)
 
     def add_cancel_callback(self, callback: CancelCallback) -> None:
-        """Call ``callback(context, state, reason)`` in the trio thread on each transition.
+        """Call ``callback(context, state, reason)`` in the trio thread on each later transition.
 
-        A callback added to an already stopped or killed context is *not* called
-        for the past transition; check :meth:`is_stopped` after adding.  Callbacks
-        must be quick, must not block, and should not raise (an exception is logged).
+        Callbacks must be quick and must not block (an exception is logged).
         """
         self._callbacks.append(callback)
         self._wants_watcher = True
@@ -508,8 +464,6 @@ class Context:
         with suppress(ValueError):
             self._callbacks.remove(callback)
 
-    # ------------------------------------------------------------------ waiting
-
     def _bind_token(self) -> None:
         token = _current_token()
         if token is None:
@@ -521,12 +475,7 @@ class Context:
             )
 
     def _learn_run(self, token: trio.lowlevel.TrioToken) -> bool:
-        """Make the run of ``token`` this context's owner, unless another live run owns it.
-
-        A context made outside trio (at import, in a plain thread) or in a run that has
-        ended belongs to the first run that links or uses it; its effects (waking waiters,
-        cancelling its scope, its callbacks) run there from then on.
-        """
+        """Make the run of ``token`` this context's owner, unless another live run owns it."""
         owner = self._token
         if owner is token:
             return True
@@ -572,24 +521,14 @@ class Context:
         await self._wait(ContextState.STOPPED)
         return True
 
-    # ------------------------------------------------------------------ running work
-
     @asynccontextmanager
     async def scope(self, *, drain_grace: float | None = None) -> AsyncIterator[trio.Nursery]:
-        """Run the work for this request under the context's cancel scope and nursery.
+        """Run the request's work under the context's cancel scope; yield its nursery (once).
 
-        ``kill()`` cancels the scope; the block then exits normally.  After
-        ``stop()``, work still running ``drain_grace`` seconds later is killed
-        (reason :attr:`CancelReason.DRAIN_TIMEOUT`); ``None`` never escalates.
-        The deadline, if any, is enforced.  A cancellation from outside (an
-        enclosing scope's timeout or cancel) kills the context, as ``kill()``
-        would, and then propagates as usual.  On exit, however it happens, the
-        context is finished: linked children still unfinished are killed
-        (reason :attr:`CancelReason.PARENT_FINISHED`).  A context's scope can
-        be entered once.
-
-        Yields:
-            The context's nursery; tasks started in it are cancelled by ``kill()``.
+        ``kill()`` cancels the scope (the block exits normally); work still running
+        ``drain_grace`` seconds after ``stop()`` is killed; the deadline is enforced;
+        a cancellation from outside kills the context, then propagates; on exit the
+        context is finished (docs/cancellation.md).
         """
         self._bind_token()
         if self._scope_used:
@@ -714,8 +653,6 @@ class Context:
     def _cancel_message(self) -> str:
         return f"context {self._id} killed: {self._reason.value if self._reason else 'unknown'}"
 
-    # ------------------------------------------------------------------ introspection
-
     def snapshot(self) -> dict[str, Any]:
         """This context and its subtree as plain data (for the in-flight request listing)."""
         now = time.monotonic()
@@ -763,11 +700,9 @@ _MISSING: Final[Any] = object()
 
 @final
 class ContextMetadata:
-    """A live view of a context's metadata (Dynamo's ``ContextMetadata``).
+    """A live ``str -> str`` view of a context's metadata (Dynamo's ``ContextMetadata``).
 
-    String keys to string values; reads and writes go to the context itself.
-    ``keys()``, ``values()`` and ``items()`` return lists (snapshots), as in
-    Dynamo; ``copy()`` a dict.
+    ``keys()``, ``values()`` and ``items()`` return snapshot lists, as in Dynamo.
     """
 
     __slots__ = ("_items",)
@@ -892,10 +827,8 @@ def _apply_effects(changed: list[Context]) -> None:
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:
     """Whether ``candidate`` is ``ctx`` or above it.
 
-    Walks up from ``ctx`` and down from ``candidate`` in lock step and stops as
-    soon as either walk is exhausted, so the cost is the smaller of the depth of
-    ``ctx`` and the size of ``candidate``'s subtree: linking a fresh leaf under
-    a deep chain, or a deep chain under a fresh root, is O(1).
+    Walks up from ``ctx`` and down from ``candidate`` in lock step: the cost is
+    the smaller of ``ctx``'s depth and ``candidate``'s subtree.
     """
     up: Context | None = ctx
     down = [candidate]

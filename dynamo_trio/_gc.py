@@ -18,13 +18,9 @@ DEFAULT_GEN0_THRESHOLD: Final = 10_000
 
 
 def tune_gc(gen0_threshold: int) -> None:
-    """Freeze the heap as it is and set the youngest generation's threshold.
+    """Freeze the heap as it is and set the youngest generation's threshold (``0``: leave all).
 
-    Call once, before the process starts serving (its imports done).  ``0`` leaves the
-    collector exactly as Python set it (nothing is frozen).
-
-    Raises:
-        ValueError: ``gen0_threshold`` is negative.
+    Call once, before the process starts serving (its imports done).
     """
     if gen0_threshold < 0:
         raise ValueError(f"a GC threshold must be 0 or more, not {gen0_threshold}")

@@ -51,11 +51,8 @@ def _shown(value: str) -> str:
 class RequestLogFilter(logging.Filter):
     """Adds ``request_id``, ``trace_id``, ``span_id`` and ``request_context`` to records.
 
-    Attach it to a *handler* so that it sees the records of every logger
-    (the application's included).  It never drops a record.  Outside a
-    request the ids are ``-`` and ``request_context`` is empty, so a format
-    such as ``%(name)s%(request_context)s: %(message)s`` reads well both ways.
-    Ids chosen by a peer are printed escaped when not printable.
+    Attach it to a *handler* to see every logger's records; it drops none.
+    Outside a request the ids are ``-`` and ``request_context`` is empty.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -19,14 +19,7 @@ __all__ = ["LogLimiter"]
 
 @final
 class LogLimiter:
-    """At most ``burst`` lines at once, then one per ``interval`` seconds, per kind.
-
-    Args:
-        logger: Where lines go.
-        interval: Seconds to earn back one line of a kind.
-        burst: Lines of one kind that may go out back to back.
-        clock: A monotonic clock (tests pass a fake one).
-    """
+    """At most ``burst`` lines at once, then one per ``interval`` seconds, per kind."""
 
     def __init__(
         self,
@@ -51,11 +44,7 @@ class LogLimiter:
         *args: object,
         exc_info: BaseException | None = None,
     ) -> bool:
-        """Log ``message % args`` unless ``kind`` has used up its lines for now.
-
-        ``exc_info`` adds a traceback to the line, when it is logged at all.
-        Returns whether it was logged.
-        """
+        """Log ``message % args`` unless ``kind`` has used up its lines for now; whether it did."""
         if not self._logger.isEnabledFor(level):
             return False
         now = self._clock()

@@ -25,11 +25,8 @@ _children: list[Iterable[_Killable]] = []
 async def shut_down_on_signals(shutdown: Callable[[], object]) -> None:
     """Call ``shutdown()`` on the first SIGINT/SIGTERM; exit the process on the next.
 
-    The second signal is handled by a plain Python signal handler, not by a trio
-    task: it ends the process (``os._exit``, status 128 + the signal) even while a
-    handler holds the event loop with CPU-bound code or waits in a thread that
-    cannot be cancelled.  Run it as a task for as long as the process serves; the
-    previous handlers are back when it is cancelled.
+    The second is a plain signal handler (``os._exit(128 + signal)``), so it works
+    even while the event loop is held.  Cancelling restores the previous handlers.
     """
     with trio.open_signal_receiver(*_SIGNALS) as signals:  # restores the handlers on exit
         async for signum in signals:

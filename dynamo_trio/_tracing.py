@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final
 from ._errors import InvalidArgument, InvalidRequestId
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
 
 __all__ = [
     "MAX_METADATA_ENTRIES",
@@ -73,9 +73,6 @@ _ZERO_SPAN: Final = "0" * 16
 _random_bits: Final = random.getrandbits
 _SAMPLED: Final = 0x01
 _OWS: Final = " \t"
-
-
-# ---------------------------------------------------------------------------- traceparent
 
 
 @final
@@ -204,9 +201,6 @@ class TraceContext:
         return headers
 
 
-# ---------------------------------------------------------------------------- request ids
-
-
 def is_valid_request_id(value: str) -> bool:
     """1 to 256 printable ASCII characters, without spaces."""
     return _REQUEST_ID_RE.fullmatch(value) is not None
@@ -246,9 +240,7 @@ def _given(header: str, value: str | None) -> str | None:
 def request_ids(x_request_id: str | None, x_dynamo_request_id: str | None) -> RequestIds:
     """Decide a request's id from its ``x-request-id`` and ``x-dynamo-request-id`` headers.
 
-    Raises:
-        InvalidRequestId: a header that is present is not a valid id (checked
-            for both, ``x-request-id`` first, whichever would be used).
+    Both are checked (InvalidRequestId), ``x-request-id`` first, whichever is used.
     """
     plain = _given(X_REQUEST_ID, x_request_id)
     dynamo = _given(X_DYNAMO_REQUEST_ID, x_dynamo_request_id)
@@ -259,15 +251,8 @@ def request_ids(x_request_id: str | None, x_dynamo_request_id: str | None) -> Re
     return RequestIds(str(uuid.uuid4()), None, "generated")
 
 
-# ---------------------------------------------------------------------------- request plane
-
-
 def check_metadata(metadata: Mapping[Any, Any]) -> None:
-    """Refuse context metadata that cannot travel in a request frame.
-
-    Raises:
-        InvalidArgument: too many entries, or a key or value too long (or not a string).
-    """
+    """Refuse (InvalidArgument) context metadata that cannot travel in a request frame."""
     if len(metadata) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(
             f"context metadata has {len(metadata)} entries; at most "
@@ -307,8 +292,7 @@ def request_headers(
 
 
 def read_request_headers(headers: Mapping[str, str]) -> tuple[TraceContext, dict[str, str]]:
-    """A worker's view of a ``req`` frame's headers: its own span of the caller's trace
-    (a new trace if the caller sent none), and the caller's context metadata.
+    """A worker's own span of the caller's trace (or a new trace), and the caller's metadata.
 
     Unknown header names are ignored (a newer caller may send more).
     """
@@ -317,11 +301,6 @@ def read_request_headers(headers: Mapping[str, str]) -> tuple[TraceContext, dict
         headers.get(TRACESTATE),
         x_request_id=headers.get(X_REQUEST_ID),
     )
-    metadata = dict(_metadata_items(headers))
+    prefix = METADATA_PREFIX
+    metadata = {name[len(prefix) :]: v for name, v in headers.items() if name.startswith(prefix)}
     return trace, metadata
-
-
-def _metadata_items(headers: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    for name, value in headers.items():
-        if name.startswith(METADATA_PREFIX):
-            yield name[len(METADATA_PREFIX) :], value

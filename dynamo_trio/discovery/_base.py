@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 import secrets
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -18,7 +19,7 @@ import trio
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
     from typing import Self
@@ -43,24 +44,16 @@ logger = logging.getLogger("dynamo_trio.discovery")
 
 
 class DiscoveryError(Exception):
-    """The discovery backend failed: unreachable, refused the request, or closed.
+    """The backend is unreachable, refused the request, or is closed.
 
-    Raised at startup when the backend cannot be reached (e.g. no etcd endpoint
-    answers), by operations on a closed :class:`Discovery`, and by operations
-    the backend rejected.  Corrupt data found while reading is never raised:
-    it is logged and skipped.
+    Corrupt data found while reading is never raised: it is logged and skipped.
     """
 
 
 def check_key(key: str) -> str:
-    """Validate a key (or prefix, which may be empty) and return it.
+    """Return ``key`` (or a prefix) if it is a ``str`` without NUL that encodes as UTF-8.
 
-    Keys are stored as UTF-8, so every backend sees the same bytes.
-
-    Raises:
-        TypeError: if ``key`` is not a ``str``.
-        ValueError: if ``key`` contains a NUL character or cannot be encoded
-            as UTF-8 (a lone surrogate).
+    Raises TypeError or ValueError otherwise.
     """
     if not isinstance(key, str):
         raise TypeError(f"discovery keys are str, not {type(key).__name__}")
@@ -74,12 +67,7 @@ def check_key(key: str) -> str:
 
 
 def check_value(value: bytes, max_size: int | None = None) -> bytes:
-    """Validate a value and return it as immutable ``bytes``.
-
-    Raises:
-        TypeError: if ``value`` is not bytes-like.
-        ValueError: if it is longer than ``max_size`` (``DYN_DISCOVERY_MAX_RECORD_SIZE``).
-    """
+    """Return ``value`` as ``bytes``; TypeError if not bytes-like, ValueError if too long."""
     if not isinstance(value, bytes | bytearray | memoryview):
         raise TypeError(f"discovery values are bytes, not {type(value).__name__}")
     value = bytes(value)
@@ -93,14 +81,7 @@ def check_value(value: bytes, max_size: int | None = None) -> bytes:
 
 @dataclass(frozen=True)
 class Repairs:
-    """What an owner must do to get its keys back into the store (see :func:`plan_repairs`).
-
-    Attributes:
-        rewrite: Owned keys the store lost (or holds with another value under
-            the owner's own lease): write them back.
-        relinquish: Owned keys another instance has overwritten since: they
-            are that instance's now, forget them.
-    """
+    """Owned keys to write back (lost or changed) and to forget (another live lease took them)."""
 
     rewrite: tuple[str, ...] = ()
     relinquish: tuple[str, ...] = ()
@@ -115,16 +96,10 @@ def plan_repairs(
     found: Mapping[str, tuple[bytes, int]],
     lease_alive: Callable[[int], bool] = lambda lease: True,
 ) -> Repairs:
-    """Compare what an owner wrote with what the store holds.
+    """Compare what an owner wrote with what the store holds (``{key: (value, lease)}``).
 
-    Args:
-        owned: ``{key: value}`` the owner put and has not deleted.
-        lease_id: The lease its keys must be attached to.
-        found: ``{key: (value, lease)}`` for each owned key the store holds
-            (absent keys are missing from it).
-        lease_alive: Whether another lease is alive.  A key found under a
-            live lease was overwritten by its holder and is given up; one
-            under a dead lease (a stale file copied back) is rewritten.
+    A key found under another live lease was overwritten by its holder and is
+    given up; one under a dead lease (a stale file copied back) is rewritten.
     """
     rewrite: list[str] = []
     relinquish: list[str] = []
@@ -164,8 +139,7 @@ def random_lease_id() -> int:
 class Discovery(abc.ABC):
     """A key-value store where this process holds one lease (docs/discovery.md has the contract).
 
-    Use as an async context manager; the operations below are valid inside the
-    context, until :meth:`aclose`.  Every operation can be cancelled; a
+    Operations are valid inside ``async with``, until :meth:`aclose`; a
     cancelled ``put`` or ``delete`` may or may not have taken effect.
     """
 
@@ -174,79 +148,52 @@ class Discovery(abc.ABC):
         self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
 
-    # -- the contract ---------------------------------------------------------
-
     @property
     @abc.abstractmethod
     def lease_id(self) -> int:
-        """A positive 63-bit integer unique to this instance (the runtime's instance id).
-
-        It never changes, even when a backend has to re-acquire a lost lease.
-        The mem and file backends choose it at construction; etcd grants it
-        when the context is entered, and raises :class:`DiscoveryError` if
-        asked earlier.
-        """
+        """This instance's positive 63-bit id; it never changes (etcd's exists once entered)."""
 
     @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:
-        """Set ``key`` to ``value``, attached to this instance's lease.
-
-        Raises:
-            DiscoveryError: if the discovery is closed or the backend failed.
-            ValueError: if the key is invalid.
-        """
+        """Set ``key`` to ``value``, attached to this instance's lease."""
 
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
-        """Remove ``key`` (whichever lease it is attached to); absent keys are fine.
-
-        The caller gives the key up if it owned it.  A key owned by another
-        live instance is written back by that owner within its lease TTL.
-
-        Raises:
-            DiscoveryError: if the discovery is closed or the backend failed.
-        """
+        """Remove ``key`` whatever its lease; another live owner writes it back within its TTL."""
 
     @abc.abstractmethod
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
-        """Every live key starting with ``prefix``, with its value.
-
-        Raises:
-            DiscoveryError: if the discovery is closed or the backend failed.
-        """
+        """Every live key starting with ``prefix``, with its value."""
 
     @abc.abstractmethod
     def watch_prefix(self, prefix: str) -> AbstractAsyncContextManager[Watch]:
-        """Watch the keys starting with ``prefix``.
+        """A :class:`Watch` of the keys under ``prefix``: ``initial``, then every change.
 
-        ``async with discovery.watch_prefix(p) as watch:`` gives a
-        :class:`~dynamo_trio.discovery.Watch` whose ``initial`` is the state
-        when the watch started and which iterates over every change after it.
-        Leaving the context stops the watch and releases what it holds (tasks,
-        connections, threads).
-
-        Raises:
-            DiscoveryError: on entry, if the discovery is closed or the
-                backend failed to take the initial snapshot.
+        Leaving the context releases what the watch holds (tasks, connections, threads).
         """
 
     @abc.abstractmethod
     def _lifetime(self) -> AbstractAsyncContextManager[None]:
-        """Acquire the lease, keep it alive while the context lasts, revoke it on exit.
-
-        Implementations run their keepalive task in a nursery they own and
-        call :meth:`aclose` (shielded, bounded by :data:`CLOSE_TIMEOUT`) on
-        exit.
-
-        Raises:
-            DiscoveryError: on entry, if the lease cannot be acquired.
-        """
+        """Acquire the lease, keep it alive in an owned nursery, and :meth:`aclose` on exit."""
 
     @abc.abstractmethod
     async def _revoke_lease(self) -> None:
         """Drop the lease and every key attached to it (called once, by :meth:`aclose`)."""
 
-    # -- lifecycle ------------------------------------------------------------
+    @asynccontextmanager
+    async def _run_while_open(self, *tasks: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+        """Run ``tasks`` in an owned nursery while the context lasts, then :meth:`aclose`."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for task in tasks:
+                    nursery.start_soon(task)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel(reason="discovery closing")
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                await self.aclose()
 
     @property
     def closed(self) -> bool:
@@ -254,12 +201,9 @@ class Discovery(abc.ABC):
         return self._closed
 
     async def aclose(self) -> None:
-        """Revoke the lease: this instance's keys vanish for every reader at once.
+        """Revoke the lease (idempotent): this instance's keys vanish for every reader at once.
 
-        Idempotent.  Watches opened through this instance keep working until
-        their own contexts are left; every other operation raises
-        :class:`DiscoveryError` afterwards.  Leaving the ``async with`` block
-        calls this too.
+        Open watches keep working until left; other operations raise :class:`DiscoveryError`.
         """
         if self._closed:
             await trio.lowlevel.checkpoint()

@@ -38,13 +38,16 @@ __all__ = ["EtcdDiscovery"]
 logger = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT: Final = 5.0
-"""Seconds a unary request to one endpoint may take, at most (see "Timeouts follow the TTL")."""
-
+"""Bounds, in seconds, of one unary request to one endpoint ("Timeouts follow the TTL")."""
 _MIN_REQUEST_TIMEOUT: Final = 0.5
-"""... and at least, however short the TTL."""
 
 _WATCH_BUFFER: Final = 64
 """Events a watch may queue ahead of its reader before it stops reading etcd."""
+
+
+def _lease_gone(exc: DiscoveryError) -> bool:
+    """Whether etcd said the lease (or what it names) does not exist."""
+    return isinstance(exc, EtcdError) and exc.code == GRPC_NOT_FOUND
 
 
 def attempt_timeout(ttl: float) -> float:
@@ -54,11 +57,7 @@ def attempt_timeout(ttl: float) -> float:
 
 @final
 class EtcdDiscovery(Discovery):
-    """Discovery in an etcd v3 cluster (``config.etcd_endpoints``).
-
-    Args:
-        config: Uses ``etcd_endpoints``, ``lease_ttl`` and ``max_record_size``.
-    """
+    """Discovery in an etcd v3 cluster (``config.etcd_endpoints``)."""
 
     def __init__(self, config: DiscoveryConfig) -> None:
         super().__init__()
@@ -68,28 +67,18 @@ class EtcdDiscovery(Discovery):
         self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
-        self._lease_id = 0
-        """The id this instance is known by (the first lease's id)."""
-        self._etcd_lease = 0
-        """The lease keys are currently attached to (normally ``_lease_id``)."""
+        self._lease_id = 0  # the first lease's id: this instance's identity
+        self._etcd_lease = 0  # the lease keys are attached to now (normally the same)
         self._owned: dict[str, bytes] = {}
-        self._lock = trio.Lock()
-        """Serialises put/delete with lease recovery and revocation."""
-        self._lease_lost = False
-        """The lease must be re-granted (then every owned key re-put)."""
-        self._keys_lost = False
-        """Owned keys must be re-put under the current lease."""
+        self._lock = trio.Lock()  # put/delete against lease recovery and revocation
+        self._lease_lost = False  # re-grant it, then re-put every owned key
+        self._keys_lost = False  # re-put the owned keys under the current lease
         self._gateway_or_none: EtcdGateway | None = None
-        self._granted_at = 0.0
-        """When (trio clock) the first lease was granted."""
+        self._granted_at = 0.0  # trio clock
 
     @property
     def lease_id(self) -> int:
-        """The etcd lease id granted when the context was entered.
-
-        Raises:
-            DiscoveryError: before the context is entered.
-        """
+        """The etcd lease id granted on entry (:class:`DiscoveryError` before)."""
         if not self._lease_id:
             raise DiscoveryError("EtcdDiscovery has no lease before it is started")
         return self._lease_id
@@ -115,25 +104,18 @@ class EtcdDiscovery(Discovery):
             self._owned[key] = value
             try:
                 await gateway.put(key, value, self._etcd_lease)
-            except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
-                    self._forget_failed_put(key, previous)
+            except DiscoveryError as exc:
+                if not _lease_gone(exc):
+                    if previous is None:
+                        self._owned.pop(key, None)
+                    else:
+                        self._owned[key] = previous
                     raise
-                # The lease is gone: recovery re-grants it and re-puts every
-                # owned key, this one included.
+                # Recovery re-grants the lease and re-puts every owned key, this one included.
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
                 if not await self._recover_locked():
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
-            except DiscoveryError:
-                self._forget_failed_put(key, previous)
-                raise
-
-    def _forget_failed_put(self, key: str, previous: bytes | None) -> None:
-        if previous is None:
-            self._owned.pop(key, None)
-        else:
-            self._owned[key] = previous
 
     async def delete(self, key: str) -> None:
         check_key(key)
@@ -163,8 +145,6 @@ class EtcdDiscovery(Discovery):
                 nursery.cancel_scope.cancel(reason="watch closed")
                 receive_channel.close()
 
-    # -- the lease ------------------------------------------------------------
-
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
         attempt = attempt_timeout(self._requested_ttl)
@@ -180,18 +160,9 @@ class EtcdDiscovery(Discovery):
             self._etcd_lease = self._lease_id
             self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._keepalive)
-                    try:
-                        yield
-                    finally:
-                        nursery.cancel_scope.cancel(reason="discovery closing")
-            finally:
-                with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                    await self.aclose()
-        finally:
-            # Shielded so that a cancelled exit still closes every connection.
+            async with self._run_while_open(self._keepalive):
+                yield
+        finally:  # shielded: a cancelled exit still closes every connection
             with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 await client.aclose()
 
@@ -201,8 +172,7 @@ class EtcdDiscovery(Discovery):
         gateway = self._gateway_or_none
         due = self._granted_at + self._ttl / 3
         while True:
-            # Due TTL/3 after the last attempt began, not after this task last ran:
-            # after a stall of the event loop, the lease is refreshed as soon as it resumes.
+            # Due after the last attempt began, so a stalled loop refreshes as soon as it resumes.
             await trio.sleep_until(due)
             due = trio.current_time() + self._ttl / 3
             if self._closed:
@@ -226,10 +196,7 @@ class EtcdDiscovery(Discovery):
                     await self._repair_keys_locked()
 
     async def _repair_keys_locked(self) -> None:
-        """Re-put the owned keys etcd lost while the lease lived; the caller holds the lock.
-
-        Failures are logged; the next keepalive tick checks again.
-        """
+        """Re-put the owned keys etcd lost while the lease lived (lock held; failures logged)."""
         if self._closed or not self._owned:
             return
         assert self._gateway_or_none is not None
@@ -250,26 +217,19 @@ class EtcdDiscovery(Discovery):
         for key in repairs.rewrite:
             try:
                 await gateway.put(key, owned[key], self._etcd_lease)
-            except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
+            except DiscoveryError as exc:
+                if not _lease_gone(exc):
                     logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
                     return
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
                 await self._recover_locked()
                 return
-            except DiscoveryError as exc:
-                logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
-                return
 
     async def _recover_locked(self) -> bool:
-        """Re-grant the lease and re-put every owned key; the caller holds the lock.
+        """Re-grant the lease and re-put every owned key (lock held); whether all are back.
 
-        Failures are logged and leave the repair pending for the next
-        keepalive tick.
-
-        Returns:
-            Whether the lease and every owned key are back.
+        Failures are logged and leave the repair pending for the next keepalive tick.
         """
         if self._closed:
             return False
@@ -309,7 +269,7 @@ class EtcdDiscovery(Discovery):
             try:
                 await gateway.revoke(self._etcd_lease)
             except EtcdError as exc:
-                if exc.code != GRPC_NOT_FOUND:
+                if not _lease_gone(exc):
                     logger.warning("discovery: cannot revoke lease %x: %s", self._etcd_lease, exc)
             except DiscoveryError as exc:
                 logger.warning(

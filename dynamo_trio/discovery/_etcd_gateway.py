@@ -53,18 +53,14 @@ _M = TypeVar("_M")
 
 
 class EtcdError(DiscoveryError):
-    """etcd answered with an error.
-
-    Attributes:
-        code: The gRPC status code (0 if the answer had none).
-    """
+    """etcd answered with an error; ``code`` is its gRPC status (0 if none)."""
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
 
 
-# -- messages (only the fields this package reads) ------------------------------
+# Messages (only the fields this package reads), then requests.
 
 
 class _Header(msgspec.Struct, frozen=True):
@@ -155,9 +151,6 @@ class WatchMessage(msgspec.Struct, frozen=True):
     error: _StreamError | None = None
 
 
-# -- requests --------------------------------------------------------------------
-
-
 class _RangeRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     key: bytes
     range_end: bytes = b""
@@ -205,12 +198,7 @@ _watch_decoder = msgspec.json.Decoder(WatchMessage, strict=False)
 
 
 def prefix_range(prefix: str) -> tuple[bytes, bytes]:
-    """``(key, range_end)`` selecting every key that starts with ``prefix``.
-
-    ``range_end`` is the prefix with its last byte incremented (trailing
-    ``0xff`` bytes dropped first); the empty prefix selects the whole keyspace
-    (``"\\0"`` to ``"\\0"``, etcd's "from key to the end").
-    """
+    """``(key, range_end)`` selecting every key under ``prefix`` (empty: the whole keyspace)."""
     key = prefix.encode()
     end = key.rstrip(b"\xff")
     if not end:
@@ -219,11 +207,7 @@ def prefix_range(prefix: str) -> tuple[bytes, bytes]:
 
 
 def decode_watch_message(line: bytes | str) -> WatchMessage:
-    """Parse one line of the watch stream.
-
-    Raises:
-        DiscoveryError: if the line is not a watch response.
-    """
+    """Parse one line of the watch stream (:class:`DiscoveryError` if it is not one)."""
     try:
         return _watch_decoder.decode(line)
     except msgspec.DecodeError as exc:
@@ -232,13 +216,7 @@ def decode_watch_message(line: bytes | str) -> WatchMessage:
 
 @final
 class EtcdGateway:
-    """Typed calls to the gateway of a list of etcd endpoints, with failover.
-
-    Args:
-        client: The HTTP client (owned by the caller, who closes it).
-        endpoints: Base URLs such as ``http://127.0.0.1:2379``.
-        timeout: Seconds a unary request may take.
-    """
+    """Typed calls to the gateways of ``endpoints``, with failover (the caller owns ``client``)."""
 
     def __init__(
         self, client: httpx.AsyncClient, endpoints: Sequence[str], *, timeout: float
@@ -253,7 +231,6 @@ class EtcdGateway:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        """The configured endpoints."""
         return self._endpoints
 
     @property
@@ -266,14 +243,8 @@ class EtcdGateway:
         while self.endpoint == endpoint:
             await self._moved.wait()
 
-    # -- KV --------------------------------------------------------------------
-
     async def range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
-        """Every key under ``prefix`` and the revision of that snapshot.
-
-        Keys that are not UTF-8 (written by some other client) are logged and
-        skipped.
-        """
+        """Every key under ``prefix`` (non-UTF-8 ones logged and skipped) and its revision."""
         key, range_end = prefix_range(prefix)
         response = await self._call(
             "/v3/kv/range", _RangeRequest(key=key, range_end=range_end), _RangeResponse
@@ -298,7 +269,6 @@ class EtcdGateway:
         return found
 
     async def put(self, key: str, value: bytes, lease_id: int) -> None:
-        """Set ``key`` attached to ``lease_id``."""
         request = _PutRequest(key=key.encode(), value=value, lease=str(lease_id))
         await self._call("/v3/kv/put", request, _Empty)
 
@@ -306,14 +276,8 @@ class EtcdGateway:
         """Delete ``key`` (absent is fine)."""
         await self._call("/v3/kv/deleterange", _RangeRequest(key=key.encode()), _Empty)
 
-    # -- leases ----------------------------------------------------------------
-
     async def grant(self, ttl: int, lease_id: int = 0) -> tuple[int, int]:
-        """Create a lease (with ``lease_id``, or one etcd picks if 0).
-
-        Returns:
-            ``(lease_id, granted_ttl)``; etcd may raise the TTL to its minimum.
-        """
+        """Create a lease (``lease_id`` 0: etcd picks); ``(id, ttl)``, etcd may raise the ttl."""
         request = _GrantRequest(TTL=str(ttl), ID=str(lease_id))
         response = await self._call("/v3/lease/grant", request, _GrantResponse)
         if response.error or response.ID <= 0 or response.TTL <= 0:
@@ -334,21 +298,11 @@ class EtcdGateway:
         """Discard history before ``revision`` (used by tests to force a resync)."""
         await self._call("/v3/kv/compaction", _CompactionRequest(str(revision)), _Empty)
 
-    # -- watch -----------------------------------------------------------------
-
     @asynccontextmanager
     async def watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[tuple[str, AsyncIterator[str]]]:
-        """Open a watch stream of ``prefix`` from ``start_revision``.
-
-        Yields ``(endpoint, lines)``: the endpoint that serves the stream and
-        the stream's lines.  The connection belongs to this context: leaving
-        it (or cancelling the reader) closes it.
-
-        Raises:
-            DiscoveryError: if no endpoint accepted the stream.
-        """
+        """Yield ``(endpoint, lines)`` of a watch of ``prefix``; leaving closes the connection."""
         key, range_end = prefix_range(prefix)
         body = _WatchRequest(
             _WatchCreate(key=key, range_end=range_end, start_revision=str(start_revision))
@@ -366,8 +320,6 @@ class EtcdGateway:
         finally:
             with trio.move_on_after(self._timeout, shield=True):
                 await response.aclose()
-
-    # -- plumbing --------------------------------------------------------------
 
     async def _call(
         self,
@@ -391,13 +343,8 @@ class EtcdGateway:
     ) -> httpx.Response:
         """Send to the current endpoint, failing over to the next ones; return a 200 response.
 
-        ``http_timeout`` bounds each attempt (httpx's per-phase timeouts).  A
-        response with ``stream=True`` is open and must be closed by the caller.
-
-        Raises:
-            EtcdError: if etcd answered with an error that another endpoint
-                would not fix.
-            DiscoveryError: if no endpoint answered.
+        A ``stream=True`` response is open (the caller closes it).  Raises
+        :class:`EtcdError` for an error another endpoint would not fix.
         """
         content = _encoder.encode(request)
         failures: list[str] = []

@@ -34,15 +34,9 @@ _MAX_PENDING: Final = 10_000
 
 @final
 class WatchPump:
-    """Feeds every change under ``prefix`` from ``next_revision`` on into a channel.
+    """Feeds every change under ``prefix`` from ``next_revision`` on into ``send_channel``.
 
-    Args:
-        gateway: The etcd client.
-        prefix: The watched prefix.
-        state: The prefix at revision ``next_revision - 1`` (what the
-            consumer's ``Watch.initial`` holds).
-        next_revision: The first revision to watch from.
-        send_channel: Where events go; closed when :meth:`run` ends.
+    ``state`` is the prefix at ``next_revision - 1`` (the consumer's ``Watch.initial``).
     """
 
     def __init__(
@@ -75,8 +69,6 @@ class WatchPump:
             nursery.start_soon(self._deliver)
             await self._read()
 
-    # -- the reader -------------------------------------------------------------
-
     async def _read(self) -> None:
         backoff = _MIN_BACKOFF
         while True:
@@ -104,12 +96,7 @@ class WatchPump:
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     async def _follow(self) -> None:
-        """Read one watch stream; it only ends by an exception.
-
-        Raises:
-            DiscoveryError: if the stream cannot be opened, breaks, ends, or
-                was dropped on purpose (``_stop_reason``).
-        """
+        """Read one watch stream; it only ends by :class:`DiscoveryError` (saying why)."""
         broke: BaseException | None = None
         async with self._gateway.watch(self._prefix, self.next_revision) as (endpoint, lines):
             with trio.CancelScope() as own_scope:
@@ -210,8 +197,6 @@ class WatchPump:
         elif not self._overflowed:
             self._queue.append(event)
         self._wakeup.set()
-
-    # -- the deliverer ----------------------------------------------------------
 
     async def _deliver(self) -> None:
         while True:

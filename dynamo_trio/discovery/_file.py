@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 
 from ._base import (
-    CLOSE_TIMEOUT,
     Discovery,
     DiscoveryError,
     check_key,
@@ -42,12 +41,7 @@ _WATCH_BUFFER: Final = 64
 
 @final
 class FileDiscovery(Discovery):
-    """Discovery through the shared directory ``config.file_kv`` (created if missing).
-
-    Args:
-        config: Uses ``file_kv``, ``lease_ttl``, ``poll_interval`` and
-            ``max_record_size``.
-    """
+    """Discovery through the shared directory ``config.file_kv`` (created if missing)."""
 
     def __init__(self, config: DiscoveryConfig) -> None:
         super().__init__()
@@ -56,25 +50,17 @@ class FileDiscovery(Discovery):
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
         self._owned: dict[str, bytes] = {}
-        self._written: dict[str, Signature] = {}
-        """The signature of each owned entry file as last written or checked."""
-        self._lock = trio.Lock()
-        """Serialises writes with lease recovery and revocation."""
-        self._last_problem: str | None = None
-        """The last keepalive failure logged (each is logged once, until it changes)."""
-        self._touched_at = -math.inf
-        """When (trio clock) the lease file was last refreshed or created."""
-        self._scanner = Scanner(self._layout, self._ttl)
-        """The one scanner of the whole directory (one thread at a time: the lock)."""
+        self._written: dict[str, Signature] = {}  # each owned file as last written or checked
+        self._lock = trio.Lock()  # writes against lease recovery and revocation
+        self._last_problem: str | None = None  # keepalive failures are logged once each
+        self._touched_at = -math.inf  # trio clock
+        self._scanner = Scanner(self._layout, self._ttl)  # one thread at a time: _scan_lock
         self._scan_lock = trio.Lock()
         self._latest: dict[str, bytes] = {}
-        self._version = 0
-        """Counts the scans whose result differed from the one before."""
+        self._version = 0  # bumped, and _scanned set and replaced, when a scan's result changed
         self._scanned = trio.Event()
-        """Set (and replaced) when a scan's result differs from the one before."""
         self._watches = 0
-        self._watch_opened = trio.Event()
-        """Set (and replaced) when a watch opens: the poll runs only while one is open."""
+        self._watch_opened = trio.Event()  # set and replaced: the poll runs only while watched
 
     @property
     def lease_id(self) -> int:
@@ -103,7 +89,7 @@ class FileDiscovery(Discovery):
                     self._owned[key] = previous
                 raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
             self._touched_at = trio.current_time()
-            if lost:
+            if lost:  # the lease file had gone: everything owned was written back
                 logger.warning(
                     "discovery: lease %016x was lost; re-registered %d keys",
                     self._lease_id,
@@ -114,13 +100,9 @@ class FileDiscovery(Discovery):
     def _write_with_fresh_lease(
         self, key: str, value: bytes, owned: dict[str, bytes]
     ) -> tuple[dict[str, Signature], bool]:
-        """Refresh the lease, then write ``key``: an entry is never written under a lease
-        that readers may already judge stale (a process whose event loop stalled past
-        the ttl, say in a long import, would otherwise register into a dead lease and
-        be collected at once).  If the lease was lost, recover everything owned.
+        """Refresh the lease, then write ``key`` (never under a lease readers may judge stale).
 
-        Returns:
-            The signatures written, and whether the lease had been lost.
+        Returns the signatures written and whether the lease was lost (then all is recovered).
         """
         if self._layout.touch_lease(self._lease_id):
             return {key: self._layout.write_entry(key, value, self._lease_id)}, False
@@ -167,11 +149,7 @@ class FileDiscovery(Discovery):
             self._watches -= 1
 
     async def _scan(self) -> dict[str, bytes]:
-        """The directory's live entries now (one scan, shared with every caller).
-
-        Raises:
-            DiscoveryError: the directory cannot be read.
-        """
+        """The directory's live entries now (one scan, shared with every caller)."""
         async with self._scan_lock:
             try:
                 latest = await trio.to_thread.run_sync(self._scanner.scan, "")
@@ -185,11 +163,7 @@ class FileDiscovery(Discovery):
             return latest
 
     async def _poll(self) -> None:
-        """Every ``poll_interval`` while a watch is open: one scan for all of them.
-
-        It runs in the discovery's own nursery, so no failure of a scan may end it:
-        each distinct failure is logged once, and the next poll tries again.
-        """
+        """Every ``poll_interval`` while watched, one scan for all; failures logged once each."""
         failure: str | None = None
         while True:
             if not self._watches:
@@ -230,8 +204,6 @@ class FileDiscovery(Discovery):
                     await send_channel.send(event)
                 state = new_state
 
-    # -- the lease ------------------------------------------------------------
-
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
         try:
@@ -239,24 +211,13 @@ class FileDiscovery(Discovery):
         except OSError as exc:
             raise DiscoveryError(f"cannot use {self._layout.root} for discovery: {exc}") from exc
         self._touched_at = trio.current_time()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keepalive)
-                nursery.start_soon(self._poll)
-                try:
-                    yield
-                finally:
-                    nursery.cancel_scope.cancel(reason="discovery closing")
-        finally:
-            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                await self.aclose()
+        async with self._run_while_open(self._keepalive, self._poll):
+            yield
 
     async def _keepalive(self) -> None:
-        """Every ttl/3: touch the lease file (recreating it and every key if it was lost),
-        then check the owned entries and write back any the directory lost (rule 5)."""
+        """Every ttl/3 touch the lease file (recreate all if lost), then repair entries (rule 5)."""
         while True:
-            # Due ttl/3 after the last refresh, not after this task last ran: after a
-            # stall of the event loop, the lease is refreshed as soon as it resumes.
+            # Due after the last refresh, so a stalled loop refreshes as soon as it resumes.
             await trio.sleep_until(self._touched_at + self._ttl / 3)
             async with self._lock:
                 if self._closed:
@@ -328,7 +289,6 @@ class FileDiscovery(Discovery):
 
 
 def _under(entries: dict[str, bytes], prefix: str) -> dict[str, bytes]:
-    """The entries whose key starts with ``prefix``."""
     if not prefix:
         return dict(entries)
     return {key: value for key, value in entries.items() if key.startswith(prefix)}

@@ -111,38 +111,28 @@ def _signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+_KINDS: Final = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+
+
 def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
 def read_regular_file(
     path: str | Path, max_size: int, st: os.stat_result | None = None
 ) -> tuple[Signature, bytes]:
-    """Read a regular file of at most ``max_size`` bytes without ever blocking on it.
+    """The signature and bytes of a regular file of at most ``max_size`` bytes, never blocking.
 
-    Args:
-        path: The file.
-        max_size: Larger files are refused unread.
-        st: Its ``lstat`` result if the caller has one (saves a system call).
-
-    Returns:
-        The signature of the version read, and its bytes.
-
-    Raises:
-        Unreadable: if it is not a regular file (checked before opening and
-            again on the open descriptor), is larger than ``max_size``, or
-            cannot be opened or read (the reason says which).
-        FileNotFoundError: if it vanished (a normal race, not a fault).
+    ``st`` is its ``lstat`` if the caller has one.  Raises :class:`Unreadable`
+    (with the reason) for anything but a small enough regular file, checked
+    before opening and on the descriptor; FileNotFoundError if it vanished.
     """
     if st is None:
         st = os.lstat(path)
@@ -180,13 +170,7 @@ def read_regular_file(
 
 
 def parse_entry(data: bytes, name: str | None = None) -> _Entry:
-    """Decode an entry file's bytes (``name``: the file name it was found under, checked).
-
-    Raises:
-        ValueError: (``msgspec.DecodeError`` or plain) with the reason, if the
-            bytes are not an entry, hold an invalid key, or a key that does not
-            belong under ``name``.
-    """
+    """Decode an entry file; ValueError with the reason if it is not one or not ``name``'s."""
     entry = _entry_decoder.decode(data)
     try:
         expected = _name_of(entry.key)
@@ -200,12 +184,7 @@ def parse_entry(data: bytes, name: str | None = None) -> _Entry:
 
 
 def parse_lease(data: bytes) -> float:
-    """The ttl a lease file's bytes declare.
-
-    Raises:
-        ValueError: (``msgspec.DecodeError`` or plain) if they are not a lease
-            file, or the ttl is not a finite positive number.
-    """
+    """The ttl a lease file declares; ValueError unless it is one with a finite positive ttl."""
     ttl = _lease_decoder.decode(data).ttl
     if not (math.isfinite(ttl) and ttl > 0):
         raise ValueError(f"ttl must be a finite positive number, not {ttl}")
@@ -213,11 +192,7 @@ def parse_lease(data: bytes) -> float:
 
 
 def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
-    """Write ``directory/name`` through a temporary file (rule 1); recreate a removed directory.
-
-    Returns:
-        The signature of the file written (its rename keeps inode, mtime and size).
-    """
+    """Write ``directory/name`` through a temporary file (rule 1); return its signature."""
     tmp = directory / f".tmp-{secrets.token_hex(8)}"
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -238,11 +213,7 @@ def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
 
 
 def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
-    """Remove ``path`` only if it is still the version that was judged (rule 3).
-
-    Returns:
-        Whether the judged version was removed.
-    """
+    """Remove ``path`` if it is still the version judged (rule 3); whether it was."""
     grave = path.with_name(f".gc-{secrets.token_hex(8)}")
     try:
         os.rename(path, grave)
@@ -268,41 +239,30 @@ def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
 
 @dataclass(frozen=True)
 class FileLayout:
-    """Paths and owner-side operations of one shared directory.
-
-    Args:
-        root: The shared directory (``DiscoveryConfig.file_kv``).
-        max_record_size: The largest entry file written or read.
-    """
+    """Paths and owner-side operations of one shared directory (``DiscoveryConfig.file_kv``)."""
 
     root: Path
     max_record_size: int = field(default=DEFAULT_MAX_RECORD_SIZE)
 
     @property
     def kv_dir(self) -> Path:
-        """Where the entries live."""
         return self.root / "kv"
 
     @property
     def lease_dir(self) -> Path:
-        """Where the lease heartbeat files live."""
         return self.root / "leases"
 
     def ensure(self) -> None:
-        """Create the directories if missing."""
         self.kv_dir.mkdir(parents=True, exist_ok=True)
         self.lease_dir.mkdir(parents=True, exist_ok=True)
 
     def lease_path(self, lease_id: int) -> Path:
-        """The heartbeat file of ``lease_id``."""
         return self.lease_dir / f"{lease_id:016x}{_LEASE_SUFFIX}"
 
     def entry_path(self, key: str) -> Path:
-        """The file ``key`` is stored in."""
         return self.kv_dir / _name_of(key)
 
     def create_lease(self, lease_id: int, ttl: float) -> None:
-        """Write (or rewrite) the heartbeat file of ``lease_id``."""
         self.ensure()
         info = _LeaseInfo(ttl=ttl, pid=os.getpid())
         _write_atomically(self.lease_dir, self.lease_path(lease_id).name, _encoder.encode(info))
@@ -323,11 +283,7 @@ class FileLayout:
         self.lease_path(lease_id).unlink(missing_ok=True)
 
     def encode_entry(self, key: str, value: bytes, lease_id: int) -> bytes:
-        """The bytes of ``key``'s entry file.
-
-        Raises:
-            ValueError: if they would be larger than ``max_record_size``.
-        """
+        """The bytes of ``key``'s entry file; ValueError if over ``max_record_size``."""
         data = _encoder.encode(_Entry(key=key, lease=lease_id, value=value))
         if len(data) > self.max_record_size:
             raise ValueError(
@@ -337,17 +293,11 @@ class FileLayout:
         return data
 
     def write_entry(self, key: str, value: bytes, lease_id: int) -> Signature:
-        """Store ``key`` atomically, attached to ``lease_id``; return the file's signature.
-
-        Raises:
-            ValueError: if the entry would be larger than ``max_record_size``.
-            OSError: if it cannot be written (a directory in its place...).
-        """
+        """Store ``key`` atomically, attached to ``lease_id``; return the file's signature."""
         data = self.encode_entry(key, value, lease_id)
         return _write_atomically(self.kv_dir, _name_of(key), data)
 
     def delete_entry(self, key: str) -> None:
-        """Delete ``key`` whoever owns it (absent is fine)."""
         self.entry_path(key).unlink(missing_ok=True)
 
     def read_entry(self, key: str) -> tuple[Signature, _Entry] | None:
@@ -365,16 +315,9 @@ class FileLayout:
     ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
         """What the store holds for each owned key (rule 5), reading only what changed.
 
-        Args:
-            owned: ``{key: value}`` the caller owns.
-            written: The signature of each file as the caller last wrote (or
-                checked) it; a file still at that signature is not read.
-            lease_id: The caller's lease (what its unchanged files hold).
-
-        Returns:
-            ``{key: (value, lease)}`` for the keys present and usable, the
-            signatures to remember for them, and which of the other leases
-            they name are alive.
+        A file still at its ``written`` signature is not read.  Returns
+        ``{key: (value, lease)}``, the signatures to remember, and which of
+        the other leases named are alive.
         """
         found: dict[str, tuple[bytes, int]] = {}
         signatures: dict[str, Signature] = {}
@@ -429,20 +372,11 @@ _COLLECTED_NAMED: Final = 3
 class Scanner:
     """Reads the live entries under one prefix, collecting dead ones on the way.
 
-    Keeps what it learnt between scans (rule 8): the listing of ``kv/`` and
-    the directory mtime it was taken at, each matching file's signature and
-    verdict (its entry, or ``None`` for a bad file, reported once), and the
-    lease ttls.  A watcher polling many times a second therefore lists the
-    directory only after a change, reads only files that changed, and
-    rebuilds its result only when an entry or a lease's liveness changed; the
-    same result object is returned while nothing did.  One scanner must not
-    scan from two threads at once (each watch owns one).
-
-    Args:
-        layout: The shared directory.
-        default_ttl: The ttl assumed for a lease file that cannot be parsed.
-        full_rescan: Seconds after which the directory is listed and every
-            file checked again even if its mtime did not move.
+    Keeps what it learnt between scans (rule 8), so it lists ``kv/`` only after
+    a change, reads only changed files, and returns the same result object
+    while nothing changed.  One thread at a time (each watch owns one).
+    ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan``
+    seconds force a full pass even if no mtime moved.
     """
 
     def __init__(
@@ -453,29 +387,21 @@ class Scanner:
         self._full_rescan = max(1.0, default_ttl / 2) if full_rescan is None else full_rescan
         self._prefix: str | None = None
         self._entries: dict[str, _Verdict] = {}
-        """Every matching name of the last listing, with its verdict."""
         self._listed_at: tuple[int, int] | None = None
         """``(inode, mtime_ns)`` of ``kv/`` at the last listing, if that mtime can be trusted."""
         self._listed_when = -float("inf")
         self._lease_ttls: dict[str, tuple[int, float]] = {}
         self._lease_swept_when = -float("inf")
-        self._wanted: frozenset[int] = frozenset()
-        """The leases the entries name."""
+        self._wanted: frozenset[int] = frozenset()  # the leases the entries name
         self._alive: frozenset[int] | None = None
         self._state: dict[str, bytes] = {}
         self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
         self._lease_reporter = BadRecordReport(logger, f"unusable lease files under {layout.root}")
-        """Lease files are reported apart: a flood of bad entries never hides one."""
-        self._collected: list[str] = []
-        """Keys collected by the scan under way (reported in one line at its end)."""
+        self._collected: list[str] = []  # reported in one line at the scan's end
         self._missing_logged = False
 
     def scan(self, prefix: str) -> dict[str, bytes]:
-        """Every live key starting with ``prefix`` (one blocking pass; rule 8 says how much).
-
-        The result must not be modified: it is returned again, as the same
-        object, by the following scans until something changes.
-        """
+        """Every live key under ``prefix``: the same (read-only) object until something changes."""
         changed = False
         if prefix != self._prefix:
             self._prefix = prefix
@@ -494,8 +420,6 @@ class Scanner:
         self._lease_reporter.end_batch()
         self._report_collected()
         return self._state
-
-    # -- the entries ------------------------------------------------------------
 
     def _listing_is_stale(self, now: float) -> bool:
         if self._listed_at is None or now - self._listed_when >= self._full_rescan:
@@ -597,8 +521,6 @@ class Scanner:
                 f" and {more} more" if more > 0 else "",
             )
 
-    # -- the leases -------------------------------------------------------------
-
     def _live_leases(self, now: float) -> frozenset[int]:
         """Which of the leases the entries name are alive (one ``lstat`` each)."""
         lease_dir = self._layout.lease_dir
@@ -677,12 +599,7 @@ class Scanner:
             del self._lease_ttls[name]
 
     def _scandir(self, directory: Path) -> list[os.DirEntry[str]]:
-        """The directory's entries; a missing directory is empty (said once).
-
-        Raises:
-            OSError: if it cannot be listed for another reason (not a
-                directory, no permission): the caller keeps its last state.
-        """
+        """The directory's entries; a missing one is empty (said once), other OSErrors raise."""
         try:
             with os.scandir(directory) as it:
                 entries = list(it)

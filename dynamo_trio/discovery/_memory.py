@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 
 from ._base import (
-    CLOSE_TIMEOUT,
     Discovery,
     check_key,
     check_value,
@@ -25,6 +24,8 @@ from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
+
 
 __all__ = ["MemoryDiscovery", "MemoryStore", "default_memory_store"]
 
@@ -42,10 +43,7 @@ class _Subscriber:
 
 @final
 class MemoryStore:
-    """The keys, leases and watches of the ``mem`` backend (one per process, or per test).
-
-    Not thread-safe: use it from one trio run.
-    """
+    """The keys, leases and watches of the ``mem`` backend (per process or test; one trio run)."""
 
     def __init__(self) -> None:
         self._values: dict[str, bytes] = {}
@@ -54,7 +52,6 @@ class MemoryStore:
         self._subscribers: set[_Subscriber] = set()
 
     def new_lease(self) -> int:
-        """Allocate a lease id not in use in this store."""
         while True:
             lease_id = random_lease_id()
             if lease_id not in self._leases:
@@ -62,7 +59,6 @@ class MemoryStore:
                 return lease_id
 
     def lease_alive(self, lease_id: int) -> bool:
-        """Whether ``lease_id`` was allocated and not revoked."""
         return lease_id in self._leases
 
     def restore_lease(self, lease_id: int) -> None:
@@ -70,7 +66,6 @@ class MemoryStore:
         self._leases.add(lease_id)
 
     def lookup(self, key: str) -> tuple[bytes, int] | None:
-        """``(value, lease)`` of ``key``, or ``None`` if it is absent."""
         value = self._values.get(key)
         return None if value is None else (value, self._owner[key])
 
@@ -81,7 +76,7 @@ class MemoryStore:
         self._notify(WatchEvent("put", key, value))
 
     def delete(self, key: str) -> None:
-        """Remove ``key``; nothing happens (and nobody is notified) if it is absent."""
+        """Remove ``key``; watchers hear only of keys that existed."""
         if self._values.pop(key, None) is not None:
             del self._owner[key]
             self._notify(WatchEvent("delete", key, None))
@@ -93,7 +88,6 @@ class MemoryStore:
             self.delete(key)
 
     def snapshot(self, prefix: str) -> dict[str, bytes]:
-        """Every key starting with ``prefix``."""
         return {key: value for key, value in self._values.items() if key.startswith(prefix)}
 
     def subscribe(
@@ -105,7 +99,6 @@ class MemoryStore:
         return self.snapshot(prefix), subscriber
 
     def unsubscribe(self, subscriber: _Subscriber) -> None:
-        """Stop sending events to ``subscriber`` (idempotent)."""
         self._subscribers.discard(subscriber)
 
     @property
@@ -135,17 +128,9 @@ def default_memory_store() -> MemoryStore:
 
 @final
 class MemoryDiscovery(Discovery):
-    """Discovery in one process's memory.
+    """Discovery in one process's memory; instances on one :class:`MemoryStore` see each other.
 
-    Several instances on one :class:`MemoryStore` see each other's keys, as
-    separate processes would through etcd.  A lease ends when its instance is
-    closed, or when someone revokes it in the store; in the second case the
-    instance restores it and its keys within ``lease_ttl``.
-
-    Args:
-        store: Where the keys live; defaults to :func:`default_memory_store`.
-        lease_ttl: The owned keys are checked every ``lease_ttl / 3`` seconds.
-        max_record_size: The largest value ``put`` accepts.
+    A lease revoked in the store (not by closing) is restored with its keys within ``lease_ttl``.
     """
 
     def __init__(
@@ -204,18 +189,8 @@ class MemoryDiscovery(Discovery):
             send_channel.close()
             receive_channel.close()
 
-    @asynccontextmanager
-    async def _lifetime(self) -> AsyncIterator[None]:
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keep_owned_keys)
-                try:
-                    yield
-                finally:
-                    nursery.cancel_scope.cancel(reason="discovery closing")
-        finally:
-            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                await self.aclose()
+    def _lifetime(self) -> AbstractAsyncContextManager[None]:
+        return self._run_while_open(self._keep_owned_keys)
 
     async def _keep_owned_keys(self) -> None:
         """Every ttl/3: restore the lease and the owned keys if the store lost them."""

@@ -21,16 +21,7 @@ __all__ = ["make_discovery", "open_discovery"]
 def make_discovery(
     config: DiscoveryConfig, *, memory_store: MemoryStore | None = None
 ) -> Discovery:
-    """Build (without starting) the backend named by ``config.backend``.
-
-    Args:
-        config: The discovery settings.
-        memory_store: The store of the ``mem`` backend (default: the
-            process-wide one); ignored by the other backends.
-
-    Raises:
-        ValueError: if the backend name is unknown.
-    """
+    """Build (not start) the backend named by ``config.backend`` (``mem`` uses ``memory_store``)."""
     match config.backend:
         case "mem":
             return MemoryDiscovery(
@@ -53,19 +44,6 @@ def make_discovery(
 async def open_discovery(
     config: DiscoveryConfig, *, memory_store: MemoryStore | None = None
 ) -> AsyncIterator[Discovery]:
-    """Open the backend named by ``config.backend`` for the duration of the context.
-
-    Entering acquires the lease and starts its keepalive task; leaving revokes
-    the lease, so every key put through the discovery vanishes for every
-    reader at once, and releases everything the backend holds.
-
-    Args:
-        config: The discovery settings.
-        memory_store: The store of the ``mem`` backend (tests pass their own).
-
-    Raises:
-        DiscoveryError: on entry, if the backend cannot be reached (no etcd
-            endpoint answers, the directory cannot be written).
-    """
+    """Hold a lease in the backend named by ``config.backend`` while the context lasts."""
     async with make_discovery(config, memory_store=memory_store) as discovery:
         yield discovery

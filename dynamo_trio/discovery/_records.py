@@ -58,11 +58,12 @@ class InvalidRecord(DiscoveryError, ValueError):
     """A discovery value could not be decoded into the expected record."""
 
 
-def _check_segment(what: str, value: str) -> None:
-    if not value:
-        raise ValueError(f"{what} must not be empty")
-    if "/" in value:
-        raise ValueError(f"{what} must not contain '/': {value!r}")
+def _check_segments(**segments: str) -> None:
+    for what, value in segments.items():
+        if not value:
+            raise ValueError(f"{what} must not be empty")
+        if "/" in value:
+            raise ValueError(f"{what} must not contain '/': {value!r}")
 
 
 def _check_instance_id(instance_id: int) -> None:
@@ -77,14 +78,9 @@ def _check_address(address: str) -> None:
 
 
 class Instance(msgspec.Struct, frozen=True):
-    """One worker process serving one endpoint, reachable on the TCP request plane.
+    """One worker process serving one endpoint, at ``address`` (``host:port``) on the request plane.
 
-    Attributes:
-        namespace: The Dynamo namespace (no ``/``).
-        component: The component name (no ``/``).
-        endpoint: The endpoint name (no ``/``).
-        instance_id: The worker's lease id (positive, 63-bit).
-        address: ``"host:port"`` of the worker's request-plane listener.
+    Names hold no ``/``; ``instance_id`` is the worker's lease id.
     """
 
     namespace: str
@@ -94,15 +90,12 @@ class Instance(msgspec.Struct, frozen=True):
     address: str
 
     def __post_init__(self) -> None:
-        _check_segment("namespace", self.namespace)
-        _check_segment("component", self.component)
-        _check_segment("endpoint", self.endpoint)
+        _check_segments(namespace=self.namespace, component=self.component, endpoint=self.endpoint)
         _check_instance_id(self.instance_id)
         _check_address(self.address)
 
     @property
     def key(self) -> str:
-        """Where this record is stored."""
         prefix = instance_prefix(self.namespace, self.component, self.endpoint)
         return f"{prefix}{self.instance_id:x}"
 
@@ -136,11 +129,7 @@ class TensorModelConfig(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TensorModelConfig:
-        """From Dynamo's dict form; datatypes may be spelled KServe's way (``"INT32"``).
-
-        Raises:
-            ValueError: a config that is not one.
-        """
+        """From Dynamo's dict form (datatypes may be KServe's, ``"INT32"``); else ValueError."""
 
         def spec(tensor: dict[str, Any]) -> TensorSpec:
             data_type = str(tensor["data_type"])
@@ -161,23 +150,11 @@ class TensorModelConfig(msgspec.Struct, frozen=True):
 
 
 class ModelCard(msgspec.Struct, frozen=True):
-    """A model served by one instance of an endpoint.
+    """A model (``name`` may hold ``/``) served by one instance of an endpoint.
 
-    Attributes:
-        name: The model name clients ask for; may contain ``/``.
-        model_type: Which API it serves.
-        namespace: Where the serving endpoint lives (no ``/``).
-        component: The serving component (no ``/``).
-        endpoint: The serving endpoint (no ``/``).
-        instance_id: The serving worker's instance id.
-        context_length: The model's context window in tokens (prompt plus
-            output), if known.
-        max_output_tokens: The most tokens one request may generate, if known.
-        accepts_continuation: The engine honours a generate request's
-            ``continuation`` (see :mod:`dynamo_trio.llm`), so the frontend may
-            migrate an interrupted request to it.
-        tensor_model_config: A ``tensor`` model's inputs and outputs (the
-            KServe frontend's metadata and config answers).
+    ``context_length`` counts prompt plus output tokens; ``accepts_continuation``:
+    the engine honours a generate request's ``continuation``, so the frontend may
+    migrate an interrupted request to it.
     """
 
     name: str
@@ -194,41 +171,27 @@ class ModelCard(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("model name must not be empty")
-        _check_segment("namespace", self.namespace)
-        _check_segment("component", self.component)
-        _check_segment("endpoint", self.endpoint)
+        _check_segments(namespace=self.namespace, component=self.component, endpoint=self.endpoint)
         _check_instance_id(self.instance_id)
-        if self.context_length is not None and self.context_length <= 0:
-            raise ValueError(f"context_length must be positive, not {self.context_length}")
-        if self.max_output_tokens is not None and self.max_output_tokens <= 0:
-            raise ValueError(f"max_output_tokens must be positive, not {self.max_output_tokens}")
+        for what in ("context_length", "max_output_tokens"):
+            if (value := getattr(self, what)) is not None and value <= 0:
+                raise ValueError(f"{what} must be positive, not {value}")
 
     @property
     def key(self) -> str:
-        """Where this record is stored."""
         name = quote(self.name, safe="")
         return f"{model_prefix(self.namespace)}{name}/{self.model_type}/{self.instance_id:x}"
 
 
 def instance_prefix(namespace: str, component: str, endpoint: str) -> str:
-    """The prefix under which every :class:`Instance` of one endpoint is stored (ends in ``/``).
-
-    Raises:
-        ValueError: if a name is empty or contains ``/``.
-    """
-    _check_segment("namespace", namespace)
-    _check_segment("component", component)
-    _check_segment("endpoint", endpoint)
+    """Where every :class:`Instance` of one endpoint is stored (ValueError for a bad name)."""
+    _check_segments(namespace=namespace, component=component, endpoint=endpoint)
     return f"v1/instances/{namespace}/{component}/{endpoint}/"
 
 
 def model_prefix(namespace: str) -> str:
-    """The prefix under which every :class:`ModelCard` of a namespace is stored (ends in ``/``).
-
-    Raises:
-        ValueError: if the namespace is empty or contains ``/``.
-    """
-    _check_segment("namespace", namespace)
+    """Where every :class:`ModelCard` of a namespace is stored (ValueError for a bad name)."""
+    _check_segments(namespace=namespace)
     return f"v1/models/{namespace}/"
 
 
@@ -243,11 +206,7 @@ def encode_record(record: Instance | ModelCard) -> bytes:
 
 
 def decode_instance(data: bytes) -> Instance:
-    """Decode and validate an :class:`Instance` value.
-
-    Raises:
-        InvalidRecord: if ``data`` is not a valid instance record.
-    """
+    """Decode and validate an :class:`Instance` (:class:`InvalidRecord` if it is not one)."""
     try:
         return _instance_decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
@@ -255,11 +214,7 @@ def decode_instance(data: bytes) -> Instance:
 
 
 def decode_model_card(data: bytes) -> ModelCard:
-    """Decode and validate a :class:`ModelCard` value.
-
-    Raises:
-        InvalidRecord: if ``data`` is not a valid model card.
-    """
+    """Decode and validate a :class:`ModelCard` (:class:`InvalidRecord` if it is not one)."""
     try:
         return _model_card_decoder.decode(data)
     except msgspec.DecodeError as exc:

@@ -21,12 +21,7 @@ NAMED_PER_BATCH: Final = 10
 
 @final
 class BadRecordReport:
-    """Names up to :data:`NAMED_PER_BATCH` bad records per batch, then counts them.
-
-    Args:
-        logger: Where the warnings go.
-        what: What the summary counts, e.g. ``"unusable files under /tmp/kv"``.
-    """
+    """Names up to :data:`NAMED_PER_BATCH` bad records per batch, then counts ``what``."""
 
     def __init__(self, logger: logging.Logger, what: str) -> None:
         self._logger = logger

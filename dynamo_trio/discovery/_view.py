@@ -36,11 +36,7 @@ T = TypeVar("T")
 
 @final
 class PrefixView(Generic[T]):
-    """The decoded records under a prefix, kept current by :func:`view_prefix`.
-
-    Not constructed directly.  All methods are safe to call from any task of
-    the trio run that owns the view.
-    """
+    """The decoded records under a prefix, kept current by :func:`view_prefix` (any task reads)."""
 
     def __init__(self, prefix: str, decode: Callable[[bytes], T]) -> None:
         self.prefix = prefix
@@ -62,13 +58,8 @@ class PrefixView(Generic[T]):
         return dict(self._records)
 
     async def wait_changed(self, since_version: int) -> int:
-        """Wait until :attr:`version` differs from ``since_version``; return the new version.
-
-        Returns at once (after a checkpoint) if it already differs.  Cancellable.
-
-        Raises:
-            DiscoveryError: if the underlying watch ended.
-        """
+        """Wait until :attr:`version` differs from ``since_version``; return it (DiscoveryError
+        if the watch ended)."""
         await trio.lowlevel.checkpoint()
         while self._version == since_version:
             self._check_alive()
@@ -76,21 +67,12 @@ class PrefixView(Generic[T]):
         return self._version
 
     async def wait_until(self, predicate: Callable[[Mapping[str, T]], bool]) -> dict[str, T]:
-        """Wait until ``predicate(records)`` is true; return a copy of those records.
-
-        Checks the current state first.  Combine with :func:`trio.fail_after`
-        for a deadline.
-
-        Raises:
-            DiscoveryError: if the underlying watch ended first.
-        """
+        """Wait until ``predicate(records)`` holds; return a copy (DiscoveryError: watch ended)."""
         await trio.lowlevel.checkpoint()
         while not predicate(self._records):
             self._check_alive()
             await self._changed.wait()
         return dict(self._records)
-
-    # -- driven by view_prefix ------------------------------------------------
 
     def _load(self, initial: Mapping[str, bytes]) -> None:
         for key in sorted(initial):
@@ -149,17 +131,8 @@ async def _pump(view: PrefixView[T], watch: Watch) -> None:
 async def view_prefix(
     discovery: Discovery, prefix: str, decode: Callable[[bytes], T]
 ) -> AsyncIterator[PrefixView[T]]:
-    """Keep a live ``{key: decode(value)}`` view of ``prefix`` while the context lasts.
-
-    Args:
-        discovery: Any backend.
-        prefix: The key prefix to follow.
-        decode: Turns a stored value into a record; any exception it raises
-            makes the record be logged and skipped.
-
-    Raises:
-        DiscoveryError: on entry, if the watch cannot be opened.
-    """
+    """Keep a live ``{key: decode(value)}`` view of ``prefix`` (records ``decode`` rejects are
+    logged and skipped)."""
     view: PrefixView[T] = PrefixView(prefix, decode)
     async with discovery.watch_prefix(prefix) as watch, trio.open_nursery() as nursery:
         view._load(watch.initial)

@@ -1,10 +1,7 @@
 """Watch events and the :class:`Watch` handle every backend hands out.
 
-A backend implements ``watch_prefix`` by taking a consistent snapshot of the
-prefix (``Watch.initial``) and then feeding every later change into a trio
-memory channel.  :class:`Watch` is the consumer end of that channel; the
-producer end belongs to the backend's pump (a task in a nursery owned by the
-``watch_prefix`` context manager, or the in-memory store itself).
+A backend snapshots the prefix (``Watch.initial``) and feeds every later change
+into a memory channel whose receiving end the :class:`Watch` holds.
 """
 
 from __future__ import annotations
@@ -23,14 +20,7 @@ __all__ = ["Watch", "WatchEvent", "diff_events"]
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change under a watched prefix.
-
-    Attributes:
-        kind: ``"put"`` (the key was created or its value replaced) or
-            ``"delete"`` (the key is gone: deleted, or its lease ended).
-        key: The full key.
-        value: The new value for a put, ``None`` for a delete.
-    """
+    """One change under a watched prefix: a put, or a delete (``value`` None; maybe a lease end)."""
 
     kind: Literal["put", "delete"]
     key: str
@@ -39,16 +29,10 @@ class WatchEvent:
 
 @final
 class Watch:
-    """The state of a prefix when the watch started, then every change after it.
+    """The state of a prefix when the watch started, then (``async for``) every change after it.
 
-    Iterate with ``async for event in watch``.  Applying the events in order to
-    a copy of :attr:`initial` always gives the backend's current view of the
-    prefix: no change is lost or repeated between the snapshot and the first
-    event.  The iteration ends only when the watch's context is left.
-
-    Args:
-        initial: The snapshot, ``{key: value}``.
-        events: The receiving end of the channel the backend sends changes to.
+    Applying the events in order to :attr:`initial` gives the backend's current
+    view: none lost or repeated.  Iteration ends when the watch's context is left.
     """
 
     __slots__ = ("_events", "initial")
@@ -80,11 +64,7 @@ class Watch:
 
 
 def diff_events(old: Mapping[str, bytes], new: Mapping[str, bytes]) -> list[WatchEvent]:
-    """The events that turn ``old`` into ``new``, sorted by key.
-
-    Used by backends that learn about changes by comparing snapshots (the file
-    backend's polling, the etcd backend's resynchronisation after compaction).
-    """
+    """The events that turn ``old`` into ``new``, sorted by key (backends comparing snapshots)."""
     events: list[WatchEvent] = []
     for key in sorted(old.keys() | new.keys()):
         value = new.get(key)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 from ._errors import anthropic_error_body
-from ._generation import Generation
+from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
@@ -62,7 +62,6 @@ class MessagesRequest:
     stream: bool = False
 
     prompt_param: ClassVar[str] = "messages"
-    """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""
@@ -76,11 +75,7 @@ class MessagesRequest:
 
 
 def parse_messages_request(body: object) -> MessagesRequest:
-    """Validate a Messages API body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate a Messages API body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     max_tokens = required_int(obj, "max_tokens", minimum=1)
@@ -129,11 +124,8 @@ def _message(value: object, param: str) -> EngineMessage:
     return {"role": role, "content": content}
 
 
-# ---------------------------------------------------------------------------- responses
-
-
 def anthropic_stop_reason(generation: Generation) -> tuple[AnthropicStopReason, str | None]:
-    """``(stop_reason, stop_sequence)`` for a finished generation (see the module table)."""
+    """``(stop_reason, stop_sequence)`` for a finished generation."""
     reason = generation.finish_reason
     if reason == "length":
         return "max_tokens", None
@@ -147,7 +139,6 @@ def message_object(
 ) -> dict[str, object]:
     """The unary ``message`` object for a finished generation; its id is ``msg_<request_id>``."""
     stop_reason, stop_sequence = anthropic_stop_reason(generation)
-    usage = generation.usage
     return {
         "id": f"msg_{request_id}",
         "type": "message",
@@ -156,40 +147,26 @@ def message_object(
         "content": [{"type": "text", "text": generation.text}],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {
-            "input_tokens": usage["prompt_tokens"],
-            "output_tokens": usage["completion_tokens"],
-        },
+        "usage": _usage(generation),
     }
 
 
-class MessagesStream:
-    """Turns engine output items into the Messages API's streaming events.
+def _usage(generation: Generation) -> dict[str, object]:
+    usage = generation.usage
+    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
-    Args:
-        request: The parsed request (for ``model``).
-        request_id: The request id; the message id is ``msg_<request_id>``.
-    """
 
-    __slots__ = ("_closed", "_generation", "_id", "_model", "_started")
+class MessagesStream(EventStream):
+    """Turns engine output items into the Messages API's streaming events (``msg_<request_id>``)."""
+
+    __slots__ = ("_id", "_model")
 
     def __init__(self, request: MessagesRequest, request_id: str) -> None:
+        super().__init__()
         self._id = f"msg_{request_id}"
         self._model = request.model
-        self._generation = Generation()
-        self._started = False
-        self._closed = False
 
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
-
-    def start(self) -> list[dict[str, object]]:
-        """``message_start``, ``content_block_start`` and ``ping`` (once)."""
-        if self._started:
-            return []
-        self._started = True
+    def _opening(self) -> list[dict[str, object]]:
         message: dict[str, object] = {
             "id": self._id,
             "type": "message",
@@ -200,45 +177,16 @@ class MessagesStream:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
+        block = {"type": "text", "text": ""}
         return [
             {"type": "message_start", "message": message},
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
+            {"type": "content_block_start", "index": 0, "content_block": block},
             {"type": "ping"},
         ]
 
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item (opening the stream first if needed).
-
-        Raises:
-            EngineError: if the item is malformed or reports an engine
-                error; answer it with :meth:`fail`.
-        """
-        events = self.start()
-        if self._closed:
-            return events
-        text = self._generation.feed(item)
-        if text:
-            events.append(
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": text},
-                }
-            )
-        if self._generation.finished:
-            events += self._close()
-        return events
-
-    def finish(self) -> list[dict[str, object]]:
-        """The events that end the stream once the engine stream is over."""
-        events = self.start()
-        if not self._closed:
-            events += self._close()
-        return events
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        delta = {"type": "text_delta", "text": text}
+        return [{"type": "content_block_delta", "index": 0, "delta": delta}]
 
     def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
         """The ``error`` event that ends a failed stream (``[]`` if it already ended).
@@ -250,19 +198,13 @@ class MessagesStream:
         self._closed = True
         return [anthropic_error_body(status, message)]
 
-    def _close(self) -> list[dict[str, object]]:
-        self._closed = True
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        events = self._delta(text) if text else []
         stop_reason, stop_sequence = anthropic_stop_reason(self._generation)
-        usage = self._generation.usage
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         return [
+            *events,
             {"type": "content_block_stop", "index": 0},
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": {
-                    "input_tokens": usage["prompt_tokens"],
-                    "output_tokens": usage["completion_tokens"],
-                },
-            },
+            {"type": "message_delta", "delta": delta, "usage": _usage(self._generation)},
             {"type": "message_stop"},
         ]

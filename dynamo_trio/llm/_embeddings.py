@@ -64,11 +64,7 @@ class EmbeddingRequest:
 
 
 def parse_embedding_request(body: object) -> EmbeddingRequest:
-    """Validate an embeddings body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate an embeddings body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     inputs = _inputs(required(obj, "input"))
@@ -114,12 +110,7 @@ def encode_base64_floats(vector: Sequence[float]) -> str:
 
 
 def embedding_response(request: EmbeddingRequest, output: object) -> dict[str, object]:
-    """The embeddings ``list`` object for the engine's output item.
-
-    Raises:
-        EngineError: if the output is malformed or has one vector per input
-            missing.
-    """
+    """The embeddings ``list`` object for the engine's output item (EngineError if malformed)."""
     valid = parse_embed_output(output, count=len(request.inputs))
     as_base64 = request.encoding_format == "base64"
     data = [

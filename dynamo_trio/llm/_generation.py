@@ -1,12 +1,9 @@
 """Folding a stream of engine output items into one generation: text, finish reason, usage.
 
-Every API builder (unary and streaming, OpenAI, Responses, Anthropic) reads
-engine items through a :class:`Generation`, so they agree on the rules: items
-are validated, text deltas concatenate, the first ``finish_reason`` ends the
-generation (later items are ignored), ``finish_reason: "error"`` raises
-:class:`~dynamo_trio.llm.EngineError`, and usage is the last usage the engine
-reported, with the number of token ids seen standing in for a missing
-``completion_tokens``.
+Every API builder reads engine items through a :class:`Generation`, so all agree:
+text deltas concatenate, the first ``finish_reason`` ends it, ``"error"`` raises
+:class:`~dynamo_trio.llm.EngineError`, usage is the engine's last report (or
+the token ids counted).
 """
 
 from __future__ import annotations
@@ -18,19 +15,16 @@ from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["Generation", "plain_text"]
+__all__ = ["EventStream", "Generation", "plain_text"]
 
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 
 
 def plain_text(item: object) -> str | None:
-    """An item's text if it carries only text and token ids, well typed (the common
-    item: mid-stream, no finish reason, no usage), else ``None``.
+    """An item's text if it is only well-typed text and token ids (the common item), else None.
 
-    Such an item is valid as it is, checked at a fraction of the cost of the full
-    validation (:func:`~dynamo_trio.llm.parse_generate_output`), which every other
-    item still gets.  It is on every streamed token's path, hence the plain loop
-    over the token ids rather than ``all()`` over a generator.
+    A cheap check on every streamed token's path (hence the plain loop); every
+    other item gets the full :func:`~dynamo_trio.llm.parse_generate_output`.
     """
     if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
         return None
@@ -48,19 +42,7 @@ def plain_text(item: object) -> str | None:
 
 
 class Generation:
-    """The state of one generation, built up from its engine output items.
-
-    For a unary response, feed every item and then hand the generation to the
-    API's response builder::
-
-        generation = Generation()
-        async for item in stream:
-            generation.feed(item.data())
-        body = chat_completion(request, request_id, generation)
-
-    ``feed`` is synchronous and cheap (a type check of a small dict; the full
-    validation only for items with more than text and token ids).
-    """
+    """The state of one generation, built up (synchronously, cheaply) from its engine items."""
 
     __slots__ = (
         "_counted_tokens",
@@ -88,15 +70,9 @@ class Generation:
         return generation
 
     def feed(self, item: object) -> str:
-        """Fold one engine output item in and return its text delta.
+        """Fold one engine output item in and return its text (``""`` after the end).
 
-        Returns:
-            The item's text, or ``""`` if it has none or arrives after the
-            item that ended the generation (such items are ignored).
-
-        Raises:
-            EngineError: if the item is malformed or its ``finish_reason`` is
-                ``"error"`` (the message is the engine's ``error``).
+        Raises EngineError for a malformed item or ``finish_reason: "error"``.
         """
         if self._finish_reason is not None:
             return ""
@@ -125,8 +101,7 @@ class Generation:
         return text
 
     def feed_plain(self, text: str, token_ids: list[int] | None) -> None:
-        """Fold in an item already known to carry only text and token ids (the
-        caller checked it with :func:`plain_text`): :meth:`feed` without the check."""
+        """:meth:`feed` for an item :func:`plain_text` already accepted."""
         if self._finish_reason is not None:
             return
         if token_ids is not None:
@@ -138,35 +113,31 @@ class Generation:
 
     @property
     def output_tokens(self) -> int:
-        """Output tokens folded in so far, as the frontend's metrics count them: each
-        item's token ids, or one for an item with text and no token ids."""
+        """Output tokens so far: token ids, or one per item with text and no token ids."""
         return self._counted_tokens + self._untokenized
 
     @property
     def text(self) -> str:
-        """The text generated so far."""
         if len(self._pieces) > 1:
             self._pieces[:] = ["".join(self._pieces)]
         return self._pieces[0] if self._pieces else ""
 
     @property
     def finished(self) -> bool:
-        """Whether an item with a ``finish_reason`` has been fed."""
         return self._finish_reason is not None
 
     @property
     def finish_reason(self) -> FinishReason:
-        """Why the generation ended: the engine's reason, ``"stop"`` if it gave none."""
+        """The engine's reason, ``"stop"`` if it gave none."""
         return self._finish_reason or "stop"
 
     @property
     def stop_sequence(self) -> str | None:
-        """The stop sequence that ended the generation, if the engine named one."""
         return self._stop_sequence
 
     @property
     def usage(self) -> Usage:
-        """Token counts: the engine's last report, completed by counting token ids."""
+        """The engine's last report, else the token ids counted."""
         reported = self._reported
         if reported is None:
             return {"prompt_tokens": 0, "completion_tokens": self._counted_tokens}
@@ -174,3 +145,61 @@ class Generation:
             "prompt_tokens": reported["prompt_tokens"],
             "completion_tokens": reported["completion_tokens"],
         }
+
+
+class EventStream:
+    """Engine items in, one API's stream events out: opened once, closed once.
+
+    Subclasses say what opens the stream, what a text delta is, and what closes
+    it (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it).
+    """
+
+    __slots__ = ("_closed", "_generation", "_started")
+
+    def __init__(self) -> None:
+        self._generation = Generation()
+        self._started = False
+        self._closed = False
+
+    @property
+    def generation(self) -> Generation:
+        """The generation folded so far (text, finish reason, usage)."""
+        return self._generation
+
+    def start(self) -> list[dict[str, object]]:
+        """The events that open the stream (once; later calls return ``[]``)."""
+        if self._started:
+            return []
+        self._started = True
+        return self._opening()
+
+    def feed(self, item: object) -> list[dict[str, object]]:
+        """The events for one engine output item, opening the stream first if needed.
+
+        Raises EngineError for a malformed or failed item: answer it with ``fail``.
+        """
+        events = self.start()
+        if self._closed:
+            return events
+        text = self._generation.feed(item)
+        if self._generation.finished:
+            self._closed = True
+            return events + self._closing(text)
+        return events + self._delta(text) if text else events
+
+    def finish(self) -> list[dict[str, object]]:
+        """The events that end the stream once the engine stream is over."""
+        events = self.start()
+        if not self._closed:
+            self._closed = True
+            events += self._closing("")
+        return events
+
+    def _opening(self) -> list[dict[str, object]]:
+        return []
+
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        raise NotImplementedError
+
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        raise NotImplementedError

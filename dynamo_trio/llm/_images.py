@@ -68,11 +68,7 @@ class ImageRequest:
 
 
 def parse_image_request(body: object) -> ImageRequest:
-    """Validate an image generation body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate an image generation body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     required_str(obj, "prompt", nonempty=True, max_length=_MAX_PROMPT)
@@ -104,11 +100,7 @@ def parse_image_request(body: object) -> ImageRequest:
 
 
 def parse_image_edit_request(body: object) -> ImageRequest:
-    """Validate an image edit body: a generation's, plus the required ``input_reference``.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate an image edit body: a generation's plus the required ``input_reference``."""
     obj = expect_object(body, None)
     model_name(obj)
     required_str(obj, "input_reference", nonempty=True)
@@ -120,11 +112,7 @@ def _is_image(entry: object) -> bool:
 
 
 def image_response(request: ImageRequest, items: list[object]) -> dict[str, object]:
-    """The images response for the worker's items (the last one carries the images).
-
-    Raises:
-        EngineError: no item, or one without ``data``, or images missing.
-    """
+    """The images response for the worker's items (the last has the images; else EngineError)."""
     if not items:
         raise EngineError("the worker sent no images")
     item = engine_object(items[-1], "an image result")

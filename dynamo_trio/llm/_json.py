@@ -41,20 +41,11 @@ _NUMBERS: Final[frozenset[type]] = frozenset({int, float, bool})
 
 
 def decode_json_body(body: bytes, *, max_depth: int) -> object:
-    """Decode a request body that must be one JSON value (RFC 8259, UTF-8).
+    """Decode a request body that must be one JSON value (RFC 8259, UTF-8), ``[]`` depth 1.
 
-    Args:
-        body: The raw body.
-        max_depth: The deepest nesting of arrays and objects allowed
-            (``[]`` and ``{}`` are depth 1, a scalar depth 0).
-
-    Raises:
-        RequestError: 400 with ``param=None`` for a body that is not valid
-            JSON, nests too deeply, or repeats a key in one object; 400 with
-            ``param`` set to the value's path (``messages[0].content``) and
-            ``code="invalid_value"`` for an integer outside
-            :data:`INTEGER_RANGE`, or for a ``NaN``/``Infinity`` in a body
-            that is JSON but for it.
+    A 400 :class:`RequestError` for invalid JSON, deeper nesting or a repeated
+    key; with ``param`` the value's path for an integer outside
+    :data:`INTEGER_RANGE` or a ``NaN``/``Infinity``.
     """
     try:
         value = _DECODER.decode(body)
@@ -78,9 +69,7 @@ def decode_json_body(body: bytes, *, max_depth: int) -> object:
 def _skeleton(body: bytes) -> bytes:
     """``body`` (valid JSON) without its string literals, quotes included.
 
-    Escaped backslashes go first, then escaped quotes, so every ``"`` left
-    opens or closes a string: splitting on ``"`` alternates between outside
-    and inside.  (A backslash outside a string is not valid JSON.)
+    With escaped backslashes then quotes gone, splitting on ``"`` alternates outside/inside.
     """
     if b"\\" in body:
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -88,12 +77,8 @@ def _skeleton(body: bytes) -> bytes:
 
 
 def _scan(value: dict[str, object] | list[object], max_depth: int) -> tuple[int, bool]:
-    """How many key/value pairs the objects in ``value`` hold, and whether an
-    integer in it may be outside :data:`INTEGER_RANGE`.
-
-    Raises:
-        RequestError: if ``value`` nests deeper than ``max_depth``.
-    """
+    """How many key/value pairs the objects in ``value`` hold, and whether an integer may be
+    outside :data:`INTEGER_RANGE` (RequestError if deeper than ``max_depth``)."""
     low, high = INTEGER_RANGE
     members = 0
     outside = False

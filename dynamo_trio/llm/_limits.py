@@ -34,8 +34,7 @@ class TokenLimits(Protocol):
         """Prompt plus output, at most; ``None`` if unknown."""
 
     @property
-    def max_output_tokens(self) -> int | None:
-        """Generated tokens, at most; ``None`` if unknown."""
+    def max_output_tokens(self) -> int | None: ...
 
 
 def output_ceiling(limits: TokenLimits) -> int | None:
@@ -51,19 +50,8 @@ def check_output_tokens(
     model: str,
     anthropic: bool = False,
 ) -> None:
-    """Refuse output token counts the model cannot produce.
-
-    Args:
-        limits: The model's limits (its card).
-        requested: The request's token-count parameters by name
-            (``{"max_tokens": 100, "min_tokens": None}``); ``None`` values
-            were not given.
-        model: The model's name, for Anthropic's message.
-        anthropic: Word the error as Anthropic does.
-
-    Raises:
-        RequestError: 400 naming the first parameter over the model's limit.
-    """
+    """Refuse (400 naming it) the first of ``requested`` (``{param: count or None}``) over the
+    model's limits, worded as Anthropic's API does if ``anthropic``."""
     ceiling = output_ceiling(limits)
     if ceiling is None:
         return
@@ -86,13 +74,8 @@ def check_output_tokens(
 class ContextLengthExceeded(ValueError):
     """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window.
 
-    Args:
-        context_length: The model's context window, in tokens.
-        prompt_tokens: The prompt's length, in tokens.
-        max_tokens: The output tokens the request asked for, or ``None`` if
-            the prompt alone does not fit.
-        prompt_kind: What the prompt is called in the message (``"messages"``
-            for chat, ``"prompt"`` for completions).
+    ``max_tokens`` is None if the prompt alone does not fit; ``prompt_kind``
+    names the prompt in the message (``"messages"``, ``"prompt"``).
     """
 
     def __init__(
@@ -123,12 +106,7 @@ class ContextLengthExceeded(ValueError):
 
 
 def context_length_error(error: DynamoError, *, param: str | None) -> RequestError | None:
-    """The 400 for a worker's :class:`ContextLengthExceeded`, or ``None`` for other errors.
-
-    Args:
-        error: The error the worker call failed with.
-        param: The request's prompt parameter (``messages``, ``prompt``, ``input``).
-    """
+    """The 400 (blaming ``param``) for a worker's :class:`ContextLengthExceeded`, else None."""
     if error.caused_by != ContextLengthExceeded.__name__:
         return None
     return RequestError(400, error.message, param=param, code=CONTEXT_LENGTH_EXCEEDED)

@@ -58,22 +58,14 @@ def optional_choice(body: JsonObject, key: str, choices: tuple[str, ...]) -> str
 
 
 def engine_object(item: object, what: str) -> JsonObject:
-    """A worker's item as an object.
-
-    Raises:
-        EngineError: it is not one.
-    """
+    """A worker's item as an object (EngineError: it is not one)."""
     if not isinstance(item, dict):
         raise EngineError(f"the worker sent {what} that is not an object")
     return item
 
 
 def engine_bytes(item: JsonObject, key: str, what: str) -> bytes:
-    """The base64 field ``key`` of a worker's item, decoded.
-
-    Raises:
-        EngineError: it is missing or not valid base64.
-    """
+    """The base64 field ``key`` of a worker's item, decoded (EngineError if missing or invalid)."""
     value = item.get(key)
     if not isinstance(value, str):
         raise EngineError(f"the worker sent {what} without a base64 {key!r}")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Final, Literal
 import msgspec
 
 from ._errors import openai_error_body
-from ._generation import Generation, plain_text
+from ._generation import EventStream, Generation, plain_text
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._sse import encode_event
@@ -69,9 +69,6 @@ _MAX_LOGIT_BIAS: Final = 300
 OpenAIFinishReason = Literal["stop", "length"]
 
 
-# ---------------------------------------------------------------------------- requests
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatRequest:
     """A validated ``POST /v1/chat/completions`` body."""
@@ -89,7 +86,6 @@ class ChatRequest:
     """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
-        """The engine request for this conversation."""
         return self.sampling.chat_request(self.model, self.messages)
 
     def check_limits(self, limits: TokenLimits) -> None:
@@ -108,10 +104,8 @@ class CompletionRequest:
     include_usage: bool = False
 
     prompt_param: ClassVar[str] = "prompt"
-    """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
-        """The engine request to continue the prompt."""
         return self.sampling.completion_request(self.model, self.prompt)
 
     def check_limits(self, limits: TokenLimits) -> None:
@@ -127,12 +121,7 @@ def _check_sampling(
 
 
 def parse_chat_request(body: object) -> ChatRequest:
-    """Validate a chat completions body.
-
-    Raises:
-        RequestError: 400, naming the parameter, for anything malformed or
-            unsupported (docs/llm.md, "Request bodies").
-    """
+    """Validate a chat completions body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     raw_messages = expect_list(required(obj, "messages"), "messages")
@@ -157,12 +146,7 @@ def parse_chat_request(body: object) -> ChatRequest:
 
 
 def parse_completion_request(body: object) -> CompletionRequest:
-    """Validate a (legacy) completions body with a single text prompt.
-
-    Raises:
-        RequestError: 400, naming the parameter; batch prompts (several
-            strings) and token-id prompts are refused as unsupported.
-    """
+    """Validate a (legacy) completions body with one text prompt (batch, token ids: 400)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     prompt = _prompt(required(obj, "prompt"))
@@ -230,8 +214,7 @@ def _refuse_choices(obj: JsonObject, key: str) -> None:
 
 
 def _refuse_logit_bias(obj: JsonObject) -> None:
-    """Check ``logit_bias`` (token id -> bias in [-100, 100], at most 300), then refuse a
-    non-empty one: this server's engine protocol cannot carry it."""
+    """Check ``logit_bias``, then refuse a non-empty one (the engine protocol cannot carry it)."""
     bias = optional_object(obj, "logit_bias")
     if not bias:
         return
@@ -284,9 +267,6 @@ def _sampling(obj: JsonObject) -> SamplingParams:
     )
 
 
-# ---------------------------------------------------------------------------- responses
-
-
 def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
     """The OpenAI ``finish_reason`` for an engine one; ``"cancelled"`` becomes ``"stop"``."""
     return "length" if reason == "length" else "stop"
@@ -310,21 +290,10 @@ def chat_completion(
     request: ChatRequest, request_id: str, generation: Generation, *, created: int | None = None
 ) -> dict[str, object]:
     """The unary ``chat.completion`` object for a finished generation."""
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
-        "created": _now() if created is None else created,
-        "model": request.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": generation.text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": openai_finish_reason(generation.finish_reason),
-            }
-        ],
-        "usage": openai_usage(generation.usage),
-    }
+    message = {"role": "assistant", "content": generation.text, "refusal": None}
+    return _unary(
+        f"chatcmpl-{request_id}", "chat.completion", request, generation, created, message=message
+    )
 
 
 def completion(
@@ -335,108 +304,70 @@ def completion(
     created: int | None = None,
 ) -> dict[str, object]:
     """The unary ``text_completion`` object for a finished generation."""
+    return _unary(
+        f"cmpl-{request_id}", "text_completion", request, generation, created, text=generation.text
+    )
+
+
+def _unary(
+    id: str,
+    kind: str,
+    request: ChatRequest | CompletionRequest,
+    generation: Generation,
+    created: int | None,
+    **content: object,
+) -> dict[str, object]:
+    reason = openai_finish_reason(generation.finish_reason)
     return {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
+        "id": id,
+        "object": kind,
         "created": _now() if created is None else created,
         "model": request.model,
-        "choices": [
-            {
-                "index": 0,
-                "text": generation.text,
-                "logprobs": None,
-                "finish_reason": openai_finish_reason(generation.finish_reason),
-            }
-        ],
+        "choices": [{"index": 0, **content, "logprobs": None, "finish_reason": reason}],
         "usage": openai_usage(generation.usage),
     }
 
 
-class _ChunkStream:
-    """What the chat and completion chunk streams share: the fold and the ending."""
+class _ChunkStream(EventStream):
+    """What the chat and completion chunk streams share: the chunk, the SSE fast path, the end."""
 
-    __slots__ = (
-        "_closed",
-        "_created",
-        "_generation",
-        "_id",
-        "_include_usage",
-        "_model",
-        "_started",
-        "_template",
-    )
+    __slots__ = ("_created", "_id", "_include_usage", "_model", "_template")
 
     _object: str
 
     def __init__(self, id: str, model: str, include_usage: bool, created: int | None) -> None:
+        super().__init__()
         self._id = id
         self._model = model
         self._include_usage = include_usage
         self._created = _now() if created is None else created
-        self._generation = Generation()
-        self._started = False
-        self._closed = False
         self._template: tuple[bytes, bytes] | None = None
 
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
-
-    def _chunk(self, choice: dict[str, object]) -> dict[str, object]:
+    def _chunk(self, choice: dict[str, object] | None, **usage: object) -> dict[str, object]:
         chunk: dict[str, object] = {
             "id": self._id,
             "object": self._object,
             "created": self._created,
             "model": self._model,
-            "choices": [choice],
+            "choices": [] if choice is None else [choice],
         }
         if self._include_usage:
             chunk["usage"] = None
-        return chunk
+        return chunk | usage
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         raise NotImplementedError
 
-    def _first_chunks(self) -> list[dict[str, object]]:
-        return []
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        return [self._text_chunk(text, None)]
 
-    def start(self) -> list[dict[str, object]]:
-        """The chunks that open the stream (once; later calls return ``[]``)."""
-        if self._started:
-            return []
-        self._started = True
-        return self._first_chunks()
-
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The chunks for one engine output item (opening the stream first if needed).
-
-        Raises:
-            EngineError: if the item is malformed or reports an engine error;
-                the frontend then ends the stream with an error event.
-        """
-        chunks = self.start()
-        if self._closed:
-            return chunks
-        text = self._generation.feed(item)
-        if self._generation.finished:
-            self._closed = True
-            reason = openai_finish_reason(self._generation.finish_reason)
-            chunks.append(self._text_chunk(text, reason))
-        elif text:
-            chunks.append(self._text_chunk(text, None))
-        return chunks
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        return [self._text_chunk(text, openai_finish_reason(self._generation.finish_reason))]
 
     def feed_sse(self, items: Iterable[object]) -> bytes:
-        """The SSE bytes of the chunks for a batch of engine items, in order.
+        """The SSE bytes of :meth:`feed` for a batch of items, in order.
 
-        The same bytes as :meth:`feed` for each item followed by
-        :func:`~dynamo_trio.llm.encode_event` of each chunk, made faster for the
-        common item (text and token ids only, mid-stream): its chunk is a
-        pre-encoded template around the JSON-encoded text.
-
-        Raises:
-            EngineError: as :meth:`feed`.
+        A plain text item (the common case) fills a pre-encoded chunk template.
         """
         parts = [encode_event(chunk) for chunk in self.start()]
         for item in items:
@@ -459,38 +390,20 @@ class _ChunkStream:
         return self._template
 
     def finish(self) -> list[dict[str, object]]:
-        """The chunks that end the stream once the engine stream is over.
+        """The chunks that end the stream (a finish chunk if none yet, the usage chunk if asked).
 
-        A finish chunk if the engine gave no finish reason, then, with
-        ``include_usage``, the usage chunk (empty ``choices``).  Send
-        ``data: [DONE]`` after them.
+        Send ``data: [DONE]`` after them.
         """
-        chunks = self.start()
-        if not self._closed:
-            self._closed = True
-            chunks.append(
-                self._text_chunk("", openai_finish_reason(self._generation.finish_reason))
-            )
+        chunks = super().finish()
         if self._include_usage:
+            chunks.append(self._chunk(None, usage=openai_usage(self._generation.usage)))
             self._include_usage = False  # at most once
-            chunks.append(
-                {
-                    "id": self._id,
-                    "object": self._object,
-                    "created": self._created,
-                    "model": self._model,
-                    "choices": [],
-                    "usage": openai_usage(self._generation.usage),
-                }
-            )
         return chunks
 
     def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
         """The error that ends a failed stream (``[]`` if it already ended).
 
-        Send it with :func:`~dynamo_trio.llm.encode_error_event` (``event:
-        error``, which the ``openai`` client raises as ``APIError``) and no
-        ``[DONE]`` after it.
+        Send it with :func:`~dynamo_trio.llm.encode_error_event`, and no ``[DONE]`` after it.
         """
         if self._closed:
             return []
@@ -506,15 +419,8 @@ _MARK: Final = "\x00text\x00"  # no engine text is this: a NUL-delimited placeho
 class ChatCompletionStream(_ChunkStream):
     """Turns engine output items into ``chat.completion.chunk`` objects.
 
-    The first chunk has ``delta: {"role": "assistant", "content": ""}``;
-    each text delta becomes a content chunk; the item that ends the
-    generation carries ``finish_reason``; :meth:`finish` adds the usage
-    chunk when ``stream_options.include_usage`` was set.
-
-    Args:
-        request: The parsed request (model, include_usage).
-        request_id: The request id; the chunk id is ``chatcmpl-<request_id>``.
-        created: Unix time for ``created``; now by default.
+    The first chunk's delta is the assistant role with empty content; each text
+    delta is a content chunk; the ending item carries ``finish_reason``.
     """
 
     __slots__ = ()
@@ -525,17 +431,9 @@ class ChatCompletionStream(_ChunkStream):
     ) -> None:
         super().__init__(f"chatcmpl-{request_id}", request.model, request.include_usage, created)
 
-    def _first_chunks(self) -> list[dict[str, object]]:
-        return [
-            self._chunk(
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            )
-        ]
+    def _opening(self) -> list[dict[str, object]]:
+        delta = {"role": "assistant", "content": ""}
+        return [self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})]
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         delta = {"content": text} if text else {}
@@ -545,13 +443,7 @@ class ChatCompletionStream(_ChunkStream):
 
 
 class CompletionStream(_ChunkStream):
-    """Turns engine output items into streamed ``text_completion`` objects.
-
-    Args:
-        request: The parsed request (model, include_usage).
-        request_id: The request id; the chunk id is ``cmpl-<request_id>``.
-        created: Unix time for ``created``; now by default.
-    """
+    """Turns engine output items into streamed ``text_completion`` objects."""
 
     __slots__ = ()
     _object = "text_completion"
@@ -565,9 +457,6 @@ class CompletionStream(_ChunkStream):
         return self._chunk(
             {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         )
-
-
-# ---------------------------------------------------------------------------- models
 
 
 def model_object(

@@ -131,14 +131,7 @@ class EmbedOutput(TypedDict):
 
 
 def validate_generate_request(request: object) -> GenerateRequest:
-    """Check a text-generation request as a worker receives it.
-
-    Returns:
-        The request, with unknown keys dropped and integers accepted for floats.
-
-    Raises:
-        ValueError: with a message naming the offending field.
-    """
+    """Check a text-generation request as a worker receives it (ValueError naming the field)."""
     try:
         valid = msgspec.convert(request, GenerateRequest)
     except msgspec.ValidationError as exc:
@@ -165,11 +158,7 @@ def validate_generate_request(request: object) -> GenerateRequest:
 
 
 def validate_embed_request(request: object) -> EmbedRequest:
-    """Check an embeddings request as a worker receives it.
-
-    Raises:
-        ValueError: with a message naming the offending field.
-    """
+    """Check an embeddings request as a worker receives it (ValueError naming the field)."""
     try:
         return msgspec.convert(request, EmbedRequest)
     except msgspec.ValidationError as exc:
@@ -177,11 +166,9 @@ def validate_embed_request(request: object) -> EmbedRequest:
 
 
 def parse_generate_output(item: object) -> GenerateOutput:
-    """Check one output item as the frontend receives it.
+    """Check one output item as the frontend receives it (EngineError if malformed).
 
-    Raises:
-        EngineError: if the item is malformed.  A ``finish_reason`` of
-            ``"error"`` is *not* raised here; see :class:`~dynamo_trio.llm.Generation`.
+    A ``finish_reason`` of ``"error"`` is raised by :class:`~dynamo_trio.llm.Generation`.
     """
     try:
         return msgspec.convert(item, GenerateOutput)
@@ -190,11 +177,7 @@ def parse_generate_output(item: object) -> GenerateOutput:
 
 
 def parse_embed_output(item: object, *, count: int) -> EmbedOutput:
-    """Check the output of an embeddings request that had ``count`` inputs.
-
-    Raises:
-        EngineError: if the item is malformed or has the wrong number of vectors.
-    """
+    """Check the output of an embeddings request of ``count`` inputs (EngineError if not)."""
     try:
         output = msgspec.convert(item, EmbedOutput)
     except msgspec.ValidationError as exc:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-from ._generation import Generation
+from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
@@ -36,7 +36,7 @@ from ._validate import (
 
 if TYPE_CHECKING:
     from ._limits import TokenLimits
-    from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
+    from ._protocol import EngineMessage, GenerateRequest, Usage
 
 __all__ = [
     "ResponseStream",
@@ -60,15 +60,13 @@ class ResponsesRequest:
     """A validated ``POST /v1/responses`` body."""
 
     model: str
-    messages: tuple[EngineMessage, ...]
-    """The conversation from ``input`` (without ``instructions``)."""
+    messages: tuple[EngineMessage, ...]  # from ``input``, without ``instructions``
     instructions: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
 
     prompt_param: ClassVar[str] = "input"
-    """The parameter a too-long prompt is blamed on."""
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``instructions`` become a leading system message."""
@@ -82,11 +80,7 @@ class ResponsesRequest:
 
 
 def parse_responses_request(body: object) -> ResponsesRequest:
-    """Validate a Responses API body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate a Responses API body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     messages = _input(required(obj, "input"))
@@ -168,9 +162,6 @@ def _metadata(obj: JsonObject) -> dict[str, str]:
     return checked
 
 
-# ---------------------------------------------------------------------------- responses
-
-
 def responses_usage(usage: Usage) -> dict[str, object]:
     """Responses ``usage``: input/output/total tokens and their (zero) details."""
     prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
@@ -183,12 +174,20 @@ def responses_usage(usage: Usage) -> dict[str, object]:
     }
 
 
-def _outcome(reason: FinishReason) -> tuple[ResponseStatus, dict[str, object] | None]:
+def _outcome(
+    generation: Generation, item_id: str
+) -> tuple[ResponseStatus, dict[str, object], dict[str, object] | None]:
+    """A finished generation's status, message item and ``incomplete_details``."""
+    reason = generation.finish_reason
+    status: ResponseStatus = "completed"
+    details: dict[str, object] | None = None
     if reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    if reason == "cancelled":
-        return "cancelled", None
-    return "completed", None
+        status, details = "incomplete", {"reason": "max_output_tokens"}
+    elif reason == "cancelled":
+        status = "cancelled"
+    item_status = "completed" if status == "completed" else "incomplete"
+    item = _message_item(item_id, item_status, [_output_text(generation.text)])
+    return status, item, details
 
 
 def _output_text(text: str) -> dict[str, object]:
@@ -250,91 +249,49 @@ def response_object(
     *,
     created_at: int | None = None,
 ) -> dict[str, object]:
-    """The unary ``response`` object for a finished generation (see the module table)."""
-    status, details = _outcome(generation.finish_reason)
-    item_status = "completed" if status == "completed" else "incomplete"
+    """The unary ``response`` object for a finished generation."""
+    status, item, details = _outcome(generation, f"msg_{request_id}")
     return _response(
         request,
         request_id,
         int(time.time()) if created_at is None else created_at,
         status,
-        output=[_message_item(f"msg_{request_id}", item_status, [_output_text(generation.text)])],
+        output=[item],
         usage=generation.usage,
         incomplete_details=details,
     )
 
 
-class ResponseStream:
+class ResponseStream(EventStream):
     """Turns engine output items into the Responses API's streaming events.
 
-    Args:
-        request: The parsed request (echoed in every ``response`` snapshot).
-        request_id: The request id: the response is ``resp_<id>``, its
-            message item ``msg_<id>``.
-        created_at: Unix time for ``created_at``; now by default.
+    The response is ``resp_<request_id>``, its message item ``msg_<request_id>``.
     """
 
-    __slots__ = (
-        "_closed",
-        "_created_at",
-        "_generation",
-        "_item_id",
-        "_request",
-        "_request_id",
-        "_sequence",
-        "_started",
-    )
+    __slots__ = ("_created_at", "_item_id", "_request", "_request_id", "_sequence")
 
     def __init__(
         self, request: ResponsesRequest, request_id: str, *, created_at: int | None = None
     ) -> None:
+        super().__init__()
         self._request = request
         self._request_id = request_id
         self._item_id = f"msg_{request_id}"
         self._created_at = int(time.time()) if created_at is None else created_at
-        self._generation = Generation()
         self._sequence = 0
-        self._started = False
-        self._closed = False
-
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
 
     def _event(self, type: str, **fields: object) -> dict[str, object]:
         event: dict[str, object] = {"type": type, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return event
 
-    def _snapshot(
-        self,
-        status: ResponseStatus,
-        *,
-        output: list[dict[str, object]],
-        usage: Usage | None,
-        incomplete_details: dict[str, object] | None = None,
-        error: dict[str, object] | None = None,
-    ) -> dict[str, object]:
-        return _response(
-            self._request,
-            self._request_id,
-            self._created_at,
-            status,
-            output=output,
-            usage=usage,
-            incomplete_details=incomplete_details,
-            error=error,
-        )
+    def _snapshot(self, status: ResponseStatus, **fields: Any) -> dict[str, object]:
+        return _response(self._request, self._request_id, self._created_at, status, **fields)
 
     def _in_text(self, type: str, **fields: object) -> dict[str, object]:
         return self._event(type, item_id=self._item_id, output_index=0, content_index=0, **fields)
 
-    def start(self) -> list[dict[str, object]]:
-        """The events that open the stream, up to the empty text part (once)."""
-        if self._started:
-            return []
-        self._started = True
+    def _opening(self) -> list[dict[str, object]]:
         in_progress = self._snapshot("in_progress", output=[], usage=None)
         return [
             self._event("response.created", response=in_progress),
@@ -350,29 +307,8 @@ class ResponseStream:
             ),
         ]
 
-    def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item (opening the stream first if needed).
-
-        Raises:
-            EngineError: if the item is malformed or reports an engine
-                error; answer it with :meth:`fail`.
-        """
-        events = self.start()
-        if self._closed:
-            return events
-        text = self._generation.feed(item)
-        if text:
-            events.append(self._in_text("response.output_text.delta", delta=text, logprobs=[]))
-        if self._generation.finished:
-            events += self._close()
-        return events
-
-    def finish(self) -> list[dict[str, object]]:
-        """The events that end the stream once the engine stream is over."""
-        events = self.start()
-        if not self._closed:
-            events += self._close()
-        return events
+    def _delta(self, text: str) -> list[dict[str, object]]:
+        return [self._in_text("response.output_text.delta", delta=text, logprobs=[])]
 
     def fail(self, message: str, *, code: str = "server_error") -> list[dict[str, object]]:
         """The events that end the stream with an error: ``error``, then ``response.failed``.
@@ -400,20 +336,16 @@ class ResponseStream:
         )
         return events
 
-    def _close(self) -> list[dict[str, object]]:
-        self._closed = True
+    def _closing(self, text: str) -> list[dict[str, object]]:
+        events = self._delta(text) if text else []
         generation = self._generation
-        status, details = _outcome(generation.finish_reason)
+        status, item, details = _outcome(generation, self._item_id)
         text = generation.text
-        item = _message_item(
-            self._item_id,
-            "completed" if status == "completed" else "incomplete",
-            [_output_text(text)],
-        )
         response = self._snapshot(
             status, output=[item], usage=generation.usage, incomplete_details=details
         )
         return [
+            *events,
             self._in_text("response.output_text.done", text=text, logprobs=[]),
             self._in_text("response.content_part.done", part=_output_text(text)),
             self._event("response.output_item.done", output_index=0, item=item),

@@ -51,11 +51,7 @@ class SpeechRequest:
 
 
 def parse_speech_request(body: object) -> SpeechRequest:
-    """Validate a speech body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate a speech body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     required_str(obj, "input", nonempty=True, max_length=_MAX_INPUT)
@@ -76,11 +72,7 @@ def _chunk(item: object) -> bytes:
 
 
 def speech_body(request: SpeechRequest, items: list[object]) -> BinaryBody:
-    """The whole audio file from the worker's chunks.
-
-    Raises:
-        EngineError: a chunk is malformed.
-    """
+    """The whole audio file from the worker's chunks (EngineError: a chunk is malformed)."""
     return BinaryBody(b"".join(_chunk(item) for item in items), request.content_type)
 
 

@@ -36,17 +36,9 @@ def encode_event(
     *,
     id: str | None = None,
 ) -> bytes:
-    """The bytes of one SSE event.
+    """The bytes of one SSE event: ``data`` a JSON object (compact) or text (maybe multi-line).
 
-    Args:
-        data: A JSON object (encoded compactly), or text (UTF-8 ``bytes`` or
-            ``str``), which may span several lines.
-        event: The event name, or ``None`` for the default ``message`` event.
-        id: The event id, if any.
-
-    Raises:
-        ValueError: if ``event`` or ``id`` contains a line break, or ``id`` a NUL.
-        TypeError: if a dict holds something that is not JSON.
+    ValueError for a line break in ``event`` or ``id`` or a NUL in ``id``.
     """
     head = b""
     if event is not None:

@@ -29,17 +29,10 @@ class StopMatcher:
         self._held = ""
 
     def push(self, text: str, *, active: bool = True) -> tuple[str, str | None]:
-        """Add generated text.
+        """Add generated text; ``(released, stop)``: what can be output now, and the stop found.
 
-        Args:
-            text: The new text.
-            active: Whether stop sequences may end generation yet
-                (``min_tokens``); when false, all text is released.
-
-        Returns:
-            ``(released, stop)``: the text that can be output now, and the
-            stop sequence found (then ``released`` ends just before it and
-            the rest is dropped), or ``None``.
+        ``released`` ends before a found stop (the rest is dropped); while not
+        ``active`` (``min_tokens``) all text is released.
         """
         pending = self._held + text
         if not active or not self._stops:

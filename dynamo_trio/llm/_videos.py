@@ -81,11 +81,7 @@ def _seconds(obj: Any) -> None:
 
 
 def parse_video_request(body: object) -> VideoRequest:
-    """Validate a videos body.
-
-    Raises:
-        RequestError: 400, naming the parameter.
-    """
+    """Validate a videos body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
     required_str(obj, "prompt", nonempty=True, max_length=_MAX_PROMPT)
@@ -130,11 +126,7 @@ def mjpeg_part(jpeg: bytes) -> bytes:
 def video_response(
     request: VideoRequest, request_id: str, items: list[object], started: float
 ) -> dict[str, object]:
-    """The video object for the worker's frames (``started``: ``time.monotonic()``).
-
-    Raises:
-        EngineError: no frame, or a malformed one.
-    """
+    """The video object for the worker's frames (EngineError for none or a malformed one)."""
     frames = [jpeg for _, jpeg in map(_frame, items) if jpeg is not None]
     if not frames:
         raise EngineError("the worker sent no video frames")

@@ -71,15 +71,7 @@ _STATUSES: Final = frozenset(get_args(FrontendStatus))
 
 @final
 class FrontendMetrics:
-    """The ``dynamo_frontend_*`` metric families of one frontend process.
-
-    Build exactly one per registry and pass it to the HTTP handlers; nothing
-    here is global.
-
-    Args:
-        registry: The frontend's registry, served on its ``/metrics``.
-        clock: Seconds, monotonic; injectable so tests can control latencies.
-    """
+    """The ``dynamo_frontend_*`` metric families of one frontend process (one per registry)."""
 
     def __init__(
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
@@ -159,18 +151,8 @@ class FrontendMetrics:
         self._routes: dict[tuple[str, str, str], _Route] = {}
 
     def migrated(self, model: str, migration_type: str, reason: str) -> None:
-        """Count one move of a request to another worker.
-
-        Args:
-            model: The served model's name.
-            migration_type: ``"new_request"`` (before its first item) or
-                ``"ongoing_request"`` (mid-stream), as in Dynamo.
-            reason: Why its worker was left: ``disconnected``,
-                ``engine_shutdown``, ``cannot_connect``.
-
-        Raises:
-            ValueError: On a migration type outside Dynamo's two.
-        """
+        """Count one move of a request to another worker (Dynamo's ``new_request`` before its
+        first item, ``ongoing_request`` mid-stream); ``reason``: why its worker was left."""
         if migration_type not in MIGRATION_TYPES:
             raise ValueError(f"unknown migration type {migration_type!r}")
         self._migrations.labels(model, migration_type, reason).inc()
@@ -178,16 +160,9 @@ class FrontendMetrics:
     def start_request(
         self, model: str, endpoint: FrontendEndpoint, request_type: RequestType
     ) -> FrontendRequestTracker:
-        """Track one request from now until :meth:`FrontendRequestTracker.finish`.
+        """Track one request until :meth:`FrontendRequestTracker.finish`.
 
-        Args:
-            model: The served model's name (a label value: pass the name the
-                request was routed to, never unvalidated user input).
-            endpoint: The API the request came in on (``"chat_completions"``...).
-            request_type: ``"stream"`` or ``"unary"``.
-
-        Raises:
-            ValueError: On an endpoint or request type outside the known set.
+        ``model`` is a label value: the name routed to, never unvalidated input.
         """
         key = (model, endpoint, request_type)
         route = self._routes.get(key)
@@ -262,11 +237,8 @@ class _Route:
 class FrontendRequestTracker:
     """One HTTP request: cancelled at most once, finished exactly once.
 
-    :meth:`cancelled` and :meth:`finish` are idempotent and thread-safe;
-    :meth:`first_token` and :meth:`tokens` are meant for the one task that
-    streams the response.  Everything after :meth:`finish` is ignored.
-
-    Obtained from :meth:`FrontendMetrics.start_request`, not built directly.
+    :meth:`cancelled` and :meth:`finish` are idempotent and thread-safe; the
+    token methods belong to the streaming task; all is ignored after the finish.
     """
 
     __slots__ = ("_first_token_at", "_last_token_at", "_life", "_route", "_started")
@@ -280,21 +252,15 @@ class FrontendRequestTracker:
 
     @property
     def cancel_reason(self) -> str | None:
-        """The reason of the first :meth:`cancelled` call, if any."""
         signal = self._life.cancel
         return None if signal is None else signal.reason
 
     @property
     def finished(self) -> bool:
-        """Whether :meth:`finish` has run."""
         return self._life.finished
 
     def first_token(self) -> None:
-        """Observe the time to first token; later calls do nothing.
-
-        Equivalent to the first :meth:`tokens` call, for callers that do not
-        count tokens.
-        """
+        """Observe the time to first token, once (for callers that do not count tokens)."""
         if self._first_token_at is None and not self._life.finished:
             now = self._route.metrics._clock()
             self._first_token_at = self._last_token_at = now
@@ -303,10 +269,8 @@ class FrontendRequestTracker:
     def tokens(self, count: int = 1) -> None:
         """Note that ``count`` output tokens were just sent.
 
-        The first call observes the time to first token; each later call
-        observes the inter-token latency ``count`` times, as the gap since the
-        previous call divided by ``count``.  All calls add to
-        ``dynamo_frontend_output_tokens_total``.
+        The first call observes the time to first token; later ones observe
+        ``count`` inter-token gaps of (time since the previous call) / ``count``.
         """
         if count <= 0 or self._life.finished:
             return
@@ -323,17 +287,9 @@ class FrontendRequestTracker:
         observe_many(self._route.itl, gap, count)
 
     def cancelled(self, reason: str) -> None:
-        """Count the request as cancelled, now; the first call wins.
+        """Count the request as cancelled now (a low-cardinality ``reason``); the first call wins.
 
-        Increments ``model_cancellation_total`` and the by-reason counter (and
-        ``disconnected_clients`` for a client disconnect), and starts the
-        cancellation-latency clock.  Ignored after :meth:`finish`.  Sync and
-        checkpoint-free: safe in a response body's ``__aexit__`` or a
-        :class:`~dynamo_trio.Context` cancel callback.
-
-        Args:
-            reason: Usually a :class:`~dynamo_trio.CancelReason`; it becomes a
-                label value, so it must come from a small fixed set.
+        Starts the latency clock; ignored after :meth:`finish`.  Sync and checkpoint-free.
         """
         route = self._route
         signal = self._life.mark_cancelled(str(reason), route.metrics._clock())
@@ -347,20 +303,8 @@ class FrontendRequestTracker:
     def finish(self, status: FrontendStatus = "success", error_type: str | None = None) -> None:
         """Record the end of the request; only the first call counts.
 
-        Decrements the in-flight gauge, observes the duration and counts
-        ``requests_total{status, error_type}``.  A cancelled request is
-        recorded as ``("error", "cancelled")`` whatever is passed here.
-
-        Args:
-            status: ``"success"`` or ``"error"``, as in Dynamo.
-            error_type: Only with ``"error"``; Dynamo's values are
-                ``validation``, ``not_found``, ``overload``, ``unavailable``,
-                ``cancelled``, ``response_timeout``, ``internal`` (the
-                default), ``not_implemented``...
-
-        Raises:
-            ValueError: On an unknown status or an ``error_type`` with
-                ``"success"`` (checked before anything is recorded).
+        A cancelled request is ``("error", "cancelled")`` whatever is passed;
+        ``error_type`` (Dynamo's, default ``internal``) goes only with ``"error"``.
         """
         if status not in _STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {sorted(_STATUSES)}")
@@ -393,14 +337,8 @@ class FrontendRequestTracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Finish the request if the block did not.
-
-        A clean exit is ``"success"`` (or cancelled, if :meth:`cancelled` ran);
-        an :class:`Exception` is ``("error", "internal")``; anything else
-        (``trio.Cancelled``: quart-trio cancels a view whose client went away)
-        is a cancellation, with reason ``"unknown"`` unless one was given.
-        An explicit :meth:`finish` inside the block takes precedence.
-        """
+        """Finish if the block did not: ``success``, an :class:`Exception` ``("error",
+        "internal")``, anything else (``trio.Cancelled``: the client left) cancelled."""
         if exc is None:
             self.finish()
         elif isinstance(exc, Exception):
@@ -412,13 +350,8 @@ class FrontendRequestTracker:
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """``histogram.observe(amount)``, ``count`` times, at the cost of one.
 
-    A batch of tokens observes one inter-token gap per token: done one by one,
-    that was a tenth of the frontend's CPU per streamed token.  prometheus-client
-    has no weighted observation, so this adds to the bucket and the sum that
-    ``observe`` would pick (the first bound ``>= amount``; ``+Inf`` is last), in
-    one increment each: the exposed samples are those of ``count`` calls (the sum
-    up to float rounding).
-    A prometheus-client without those attributes gets the calls.
+    prometheus-client has no weighted observation: this adds to the bucket and
+    sum ``observe`` would pick (a client without those attributes gets the calls).
     """
     try:
         bounds: list[float] = histogram._upper_bounds

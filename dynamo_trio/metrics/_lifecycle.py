@@ -44,11 +44,7 @@ class _Lifecycle:
         return self._finished
 
     def mark_cancelled(self, reason: str, at: float) -> CancelSignal | None:
-        """Record the signal if it is the first one and the request is still running.
-
-        Returns:
-            The recorded signal if this call recorded it, else ``None``.
-        """
+        """Record the signal if it is the first and the request runs; it if recorded, else None."""
         with self._lock:
             if self._finished or self._cancel is not None:
                 return None
@@ -56,12 +52,7 @@ class _Lifecycle:
             return self._cancel
 
     def mark_finished(self) -> tuple[bool, CancelSignal | None]:
-        """Record the end.
-
-        Returns:
-            ``(True, signal_or_None)`` for the call that ended the request,
-            ``(False, None)`` for every later call.
-        """
+        """Record the end: ``(True, signal or None)`` the first time, then ``(False, None)``."""
         with self._lock:
             if self._finished:
                 return False, None

@@ -43,11 +43,7 @@ class StatusReport:
 
     @classmethod
     def from_endpoints(cls, endpoints: Mapping[str, bool]) -> StatusReport:
-        """Ready iff at least one endpoint is served and every one is ready.
-
-        Dynamo's ``DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS`` rule: health is the
-        AND of the endpoints' health.
-        """
+        """Ready iff some endpoint is served and all are ready (Dynamo's endpoint health rule)."""
         return cls(ready=bool(endpoints) and all(endpoints.values()), endpoints=dict(endpoints))
 
 
@@ -68,28 +64,12 @@ async def serve_status(
 ) -> None:
     """Serve the status routes on ``config.host:config.port`` until ``shutdown_trigger`` returns.
 
-    Use with ``nursery.start``: it reports the bound URL (with the real port
-    when ``config.port`` is 0) once the socket is listening.
-
-    Args:
-        config: Host and port; the server binds to ``config.host`` only.
-        registry: The process's registry, exposed on ``/metrics``.
-        health: Called on each ``/health`` or ``/live`` request; must be quick
-            and must not block (it runs in the trio thread).
-        inflight: Called on each ``/debug/requests``; returns one
-            :meth:`~dynamo_trio.Context.snapshot` tree per in-flight request.
-        task_status: Receives the bound URL, e.g. ``"http://127.0.0.1:39001"``.
-        shutdown_trigger: Returns to begin a graceful shutdown.  Without it
-            the server runs until its scope is cancelled.
-
-    Raises:
-        ValueError: If ``config.port`` is negative (the server is off).
-        OSError: If the address cannot be bound.
+    With ``nursery.start`` it reports the bound URL once listening; without a
+    trigger it runs until cancelled.  ValueError if ``config.port`` is negative.
     """
     if config.port < 0:
         raise ValueError("the status server is disabled (DYN_SYSTEM_PORT is -1)")
-    # Imported here: hypercorn costs start-up time, paid only by processes that
-    # turn the status server on.
+    # Imported here: hypercorn's start-up cost is paid only with the status server on.
     from hypercorn.config import Config as HypercornConfig
 
     from ..edge import Edge, listen_sockets, serve_http, status_routes

@@ -64,65 +64,29 @@ _Kind = Literal["counter", "gauge", "histogram"]
 # (name, type, help, the family's own label after the endpoint's, histogram buckets)
 _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
     (COMPONENT_REQUESTS_TOTAL, "counter", "Requests received by the endpoint's handler", None, ()),
-    (
-        COMPONENT_INFLIGHT_REQUESTS,
-        "gauge",
-        "Requests whose handler work has not ended yet",
-        None,
-        (),
-    ),
-    (
-        COMPONENT_REQUEST_DURATION_SECONDS,
-        "histogram",
-        "Seconds from receiving a request to its handler work having ended",
-        None,
-        REQUEST_DURATION_BUCKETS,
-    ),
-    (
-        COMPONENT_ERRORS_TOTAL,
-        "counter",
-        "Requests whose handler failed, by error type",
-        LABEL_ERROR_TYPE,
-        (),
-    ),
-    (
-        COMPONENT_CANCELLATION_TOTAL,
-        "counter",
-        "Requests cancelled (stop, kill or caller gone), each counted once",
-        None,
-        (),
-    ),
-    (
-        COMPONENT_CANCELLED_REQUESTS_TOTAL,
-        "counter",
-        "Requests cancelled, each counted once, by the first cancellation reason",
-        LABEL_REASON,
-        (),
-    ),
-    (
-        COMPONENT_CANCELLATION_LATENCY_SECONDS,
-        "histogram",
-        "Seconds from the cancel signal reaching the worker to the handler work having ended",
-        LABEL_REASON,
-        CANCELLATION_LATENCY_BUCKETS,
-    ),
-    (
-        COMPONENT_CANCELLING_REQUESTS,
-        "gauge",
-        "Requests told to cancel whose handler work has not ended yet",
-        None,
-        (),
-    ),
-)
+    (COMPONENT_INFLIGHT_REQUESTS, "gauge",
+     "Requests whose handler work has not ended yet", None, ()),
+    (COMPONENT_REQUEST_DURATION_SECONDS, "histogram",
+     "Seconds from receiving a request to its handler work having ended",
+     None, REQUEST_DURATION_BUCKETS),
+    (COMPONENT_ERRORS_TOTAL, "counter", "Requests whose handler failed, by error type",
+     LABEL_ERROR_TYPE, ()),
+    (COMPONENT_CANCELLATION_TOTAL, "counter",
+     "Requests cancelled (stop, kill or caller gone), each counted once", None, ()),
+    (COMPONENT_CANCELLED_REQUESTS_TOTAL, "counter",
+     "Requests cancelled, each counted once, by the first cancellation reason", LABEL_REASON, ()),
+    (COMPONENT_CANCELLATION_LATENCY_SECONDS, "histogram",
+     "Seconds from the cancel signal reaching the worker to the handler work having ended",
+     LABEL_REASON, CANCELLATION_LATENCY_BUCKETS),
+    (COMPONENT_CANCELLING_REQUESTS, "gauge",
+     "Requests told to cancel whose handler work has not ended yet", None, ()),
+)  # fmt: skip
 
 
 def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]:
-    """Dynamo's ``metrics_labels``: extra ``(name, value)`` labels, checked.
+    """Dynamo's ``metrics_labels``: extra ``(name, value)`` string labels.
 
-    Raises:
-        ValueError: a name that is not a Prometheus label name, is reserved
-            (the labels dynamo-trio sets itself, as Dynamo refuses them), or
-            is given twice; a name or value that is not a string.
+    ValueError for an invalid, reserved (set by dynamo-trio itself) or repeated name.
     """
     checked: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -148,22 +112,11 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
 
 @final
 class WorkerMetrics:
-    """The ``dynamo_component_*`` metric families of one worker process.
+    """The ``dynamo_component_*`` metric families of one worker process (one per registry).
 
-    Build exactly one per registry (a second one on the same registry raises
-    ``ValueError: Duplicated timeseries``); pass it to whatever serves
-    endpoints.  Nothing here is global, so two registries in one process (two
-    workers in one test) never see each other's counts.
-
-    Each endpoint's series carry ``dynamo_namespace``, ``dynamo_component`` and
-    ``dynamo_endpoint``; an endpoint served by a runtime also carries
-    ``worker_id`` (the instance id in hex, as Dynamo's) and the extra labels
-    its ``serve_endpoint(metrics_labels=...)`` gave, so the label set of a
-    family may differ between endpoints, as it does in Dynamo.
-
-    Args:
-        registry: The process's registry; the status server exposes it.
-        clock: Seconds, monotonic; injectable so tests can control latencies.
+    Series carry the endpoint's three names, and for a runtime's endpoint
+    ``worker_id`` (hex) and its ``metrics_labels``: label sets may differ
+    between endpoints of one family, as in Dynamo.  ``clock`` is injectable.
     """
 
     def __init__(
@@ -184,21 +137,9 @@ class WorkerMetrics:
         worker_id: str | None = None,
         labels: Iterable[tuple[str, str]] = (),
     ) -> EndpointMetrics:
-        """The metrics of one served endpoint, created on first use and cached.
+        """The metrics of one served endpoint, cached; its series show at zero from creation.
 
-        Creating it makes the endpoint's series visible at zero (so
-        ``increase()`` works from the first request and a scrape shows
-        ``cancellation_total 0`` rather than nothing).
-
-        Args:
-            worker_id: Adds the ``worker_id`` label (Dynamo's: the worker's
-                instance id, in hex).
-            labels: Extra ``(name, value)`` labels on every series of the
-                endpoint (Dynamo's ``metrics_labels``).
-
-        Raises:
-            ValueError: an extra label is invalid or reserved (see
-                :func:`_check_extra_labels`).
+        ``labels`` are Dynamo's ``metrics_labels`` (see :func:`_check_extra_labels`).
         """
         extra = _check_extra_labels(labels)
         key = (namespace, component, endpoint, worker_id, extra)
@@ -227,28 +168,15 @@ def _family_name(name: str, kind: _Kind) -> str:
     return name.removesuffix("_total") if kind == "counter" else name
 
 
-def _counter(index: int, labelnames: list[str]) -> Counter:
+def _spec(index: int, labelnames: list[str]) -> tuple[str, str, tuple[str, ...]]:
+    """``(name, documentation, labelnames)`` of family ``index`` for one endpoint."""
     name, _, doc, own, _ = _FAMILIES[index]
-    return Counter(name, doc, (*labelnames, *((own,) if own else ())), registry=None)
-
-
-def _gauge(index: int, labelnames: list[str]) -> Gauge:
-    name, _, doc, own, _ = _FAMILIES[index]
-    return Gauge(name, doc, (*labelnames, *((own,) if own else ())), registry=None)
-
-
-def _histogram(index: int, labelnames: list[str]) -> Histogram:
-    name, _, doc, own, buckets = _FAMILIES[index]
-    labels = (*labelnames, *((own,) if own else ()))
-    return Histogram(name, doc, labels, registry=None, buckets=buckets)
+    return name, doc, (*labelnames, *((own,) if own else ()))
 
 
 @final
 class EndpointMetrics:
-    """Label-bound metrics of one served endpoint; see :meth:`start_request`.
-
-    Obtained from :meth:`WorkerMetrics.endpoint`, not built directly.
-    """
+    """Label-bound metrics of one served endpoint (from :meth:`WorkerMetrics.endpoint`)."""
 
     def __init__(
         self,
@@ -258,9 +186,7 @@ class EndpointMetrics:
         namespace, component, endpoint, worker_id, extra = key
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
-        """The ``worker_id`` label's value, if the endpoint has one."""
         self.extra_labels: Final = dict(extra)
-        """The endpoint's extra labels (``metrics_labels``)."""
         names = list(_LABELS)
         values = [namespace, component, endpoint]
         if worker_id is not None:
@@ -270,22 +196,17 @@ class EndpointMetrics:
         values += [value for _, value in extra]
         self._values: Final = tuple(values)
         # Not registered anywhere: WorkerMetrics collects them, in _FAMILIES order.
-        requests, inflight, duration = _counter(0, names), _gauge(1, names), _histogram(2, names)
-        errors, cancellations, by_reason = (
-            _counter(3, names),
-            _counter(4, names),
-            _counter(5, names),
-        )
-        latency, cancelling = _histogram(6, names), _gauge(7, names)
+        requests = Counter(*_spec(0, names), registry=None)
+        inflight = Gauge(*_spec(1, names), registry=None)
+        errors = Counter(*_spec(3, names), registry=None)
+        cancellations = Counter(*_spec(4, names), registry=None)
+        by_reason = Counter(*_spec(5, names), registry=None)
+        cancelling = Gauge(*_spec(7, names), registry=None)
+        duration = Histogram(*_spec(2, names), registry=None, buckets=_FAMILIES[2][4])
+        latency = Histogram(*_spec(6, names), registry=None, buckets=_FAMILIES[6][4])
         self._metrics: Final[tuple[MetricWrapperBase, ...]] = (
-            requests,
-            inflight,
-            duration,
-            errors,
-            cancellations,
-            by_reason,
-            latency,
-            cancelling,
+            *(requests, inflight, duration, errors),
+            *(cancellations, by_reason, latency, cancelling),
         )
         self._clock = families._clock
         self._requests: Final = requests.labels(*self._values)
@@ -305,12 +226,7 @@ class EndpointMetrics:
         return self._key
 
     def start_request(self) -> RequestTracker:
-        """Count a received request and track it until :meth:`RequestTracker.finish`.
-
-        Use it as a context manager to make the finish unconditional: a
-        request that leaves the ``with`` block unfinished is finished there
-        (see :meth:`RequestTracker.__exit__`).
-        """
+        """Count a received request and track it (``with``: until finished, for sure)."""
         self._requests.inc()
         self._inflight.inc()
         return RequestTracker(self, self._clock())
@@ -356,11 +272,7 @@ class EndpointMetrics:
 class RequestTracker:
     """One request on a worker: told to cancel at most once, finished exactly once.
 
-    Every method is idempotent in the way that matters for counting, and safe
-    to call from any thread: :meth:`cancelled` keeps the first signal,
-    :meth:`finish` acts once, and a signal after the finish is ignored.
-
-    Obtained from :meth:`EndpointMetrics.start_request`, not built directly.
+    Thread-safe: the first signal counts, :meth:`finish` acts once, later signals are ignored.
     """
 
     __slots__ = ("_endpoint", "_life", "_started")
@@ -372,48 +284,27 @@ class RequestTracker:
 
     @property
     def cancel_reason(self) -> str | None:
-        """The reason of the first :meth:`cancelled` call, if any."""
         signal = self._life.cancel
         return None if signal is None else signal.reason
 
     @property
     def finished(self) -> bool:
-        """Whether :meth:`finish` has run."""
         return self._life.finished
 
     def cancelled(self, reason: str) -> None:
-        """Note that a cancel signal reached the worker; the first call wins.
+        """A cancel signal (a low-cardinality ``reason``) reached the worker; the first wins.
 
-        Starts the cancellation-latency clock and raises
-        ``dynamo_component_cancelling_requests`` until the finish.  Counting
-        happens in :meth:`finish`, which knows whether the signal actually cut
-        the work short.  Sync and checkpoint-free, so it can run in a
-        :class:`~dynamo_trio.Context` cancel callback.
-
-        Args:
-            reason: Usually a :class:`~dynamo_trio.CancelReason`; it becomes a
-                label value, so it must come from a small fixed set.
+        Starts the latency clock and the cancelling gauge; :meth:`finish`
+        counts it if it cut the work short.  Sync and checkpoint-free.
         """
         if self._life.mark_cancelled(str(reason), self._endpoint._clock()) is not None:
             self._endpoint._cancelling.inc()
 
     def finish(self, outcome: WorkerOutcome = "complete", error_type: str | None = None) -> None:
-        """Record how the request's work ended; only the first call counts.
+        """Record how the work *fully* ended (the first call counts; durations end here).
 
-        Call it once the handler's work has *fully* ended (its scope exited,
-        its generator closed): the duration and the cancellation latency end
-        here.
-
-        Args:
-            outcome: ``"complete"`` (never a cancellation), ``"stopped"`` or
-                ``"killed"`` (always exactly one), or ``"error"`` (one if a
-                signal had arrived).
-            error_type: Only with ``"error"``; defaults to ``"generate"``
-                (Dynamo's type for a failing handler).
-
-        Raises:
-            ValueError: On an unknown outcome or an ``error_type`` without
-                ``"error"`` (checked before anything is recorded).
+        ``stopped``/``killed`` count one cancellation, ``error`` one if a signal
+        had arrived; ``error_type`` only with ``error`` (default ``generate``).
         """
         if outcome not in _OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {sorted(_OUTCOMES)}")
@@ -432,14 +323,8 @@ class RequestTracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Finish the request if the block did not.
-
-        A clean exit is ``"complete"``, or ``"stopped"`` if a cancel signal
-        had arrived (the handler honoured it by returning early); an
-        :class:`Exception` is ``"error"``; anything else (``trio.Cancelled``,
-        ``KeyboardInterrupt``) is ``"killed"``.  An explicit :meth:`finish`
-        inside the block takes precedence.
-        """
+        """Finish if the block did not: ``complete`` (``stopped`` after a signal), an
+        :class:`Exception` ``error``, anything else (``trio.Cancelled``) ``killed``."""
         if exc is None:
             self.finish("complete" if self._life.cancel is None else "stopped")
         elif isinstance(exc, Exception):

@@ -28,16 +28,13 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._context import Context
-    from ..llm import Continuation, EmbedOutput, GenerateOutput, Usage
+    from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput, Usage
 
 __all__ = ["MockEngine"]
 
 
 class MockEngine:
     """A mock LLM: deterministic words for text generation, hashed unit vectors for embeddings.
-
-    Args:
-        settings: Latency and sizes; the defaults if omitted.
 
     Serve :meth:`generate` and :meth:`embed` as endpoint handlers::
 
@@ -54,28 +51,14 @@ class MockEngine:
 
     @property
     def settings(self) -> MockerSettings:
-        """The engine's settings."""
         return self._settings
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
-        """Generate text for an engine request, one item per token.
+        """Generate text for an engine request, one item per token (docs/mocker.md).
 
-        Args:
-            request: A text-generation engine request (chat or completion).
-            context: The request's context (docs/mocker.md says
-                what stop and kill do).
-
-        Yields:
-            One item per token (``text`` may be empty while text is held back
-            as a possible stop sequence); the last item carries
-            ``finish_reason`` (``"length"``, ``"stop"`` or ``"cancelled"``)
-            and ``usage``.
-
-        Raises:
-            ValueError: if the request is not a valid generate request, or
-                asks for more than the model's limits
-                (:class:`~dynamo_trio.llm.ContextLengthExceeded` if the
-                prompt and ``max_tokens`` do not fit the context).
+        ``text`` may be empty while held back as a possible stop sequence; the
+        last item carries ``finish_reason`` and ``usage``.  ValueError for an
+        invalid request or one over the limits (:class:`ContextLengthExceeded`).
         """
         valid = validate_generate_request(request)
         prompt = render_prompt(valid)
@@ -91,41 +74,20 @@ class MockEngine:
         deadline = trio.current_time() + self._first_delay
         if generated >= max_tokens:  # the earlier attempt produced every token but not the end
             await _wait_until(deadline, context)  # a kill lands here
-            yield {
-                "text": stops.flush(),
-                "token_ids": [],
-                "finish_reason": "length",
-                "usage": _usage(prompt_tokens, generated),
-            }
+            yield _last(stops.flush(), [], "length", prompt_tokens, generated)
             return
         while True:
             if await _wait_until(deadline, context, burst=generated % BURST != 0):
-                yield {
-                    "text": stops.flush(),
-                    "token_ids": [],
-                    "finish_reason": "cancelled",
-                    "usage": _usage(prompt_tokens, generated),
-                }
+                yield _last(stops.flush(), [], "cancelled", prompt_tokens, generated)
                 return
             token_id, token = tokens.next()
             generated += 1
             text, stop = stops.push(token, active=generated >= min_tokens)
             if stop is not None:
-                yield {
-                    "text": text,
-                    "token_ids": [token_id],
-                    "finish_reason": "stop",
-                    "stop_sequence": stop,
-                    "usage": _usage(prompt_tokens, generated),
-                }
+                yield _last(text, [token_id], "stop", prompt_tokens, generated, stop)
                 return
             if generated >= max_tokens:
-                yield {
-                    "text": text + stops.flush(),
-                    "token_ids": [token_id],
-                    "finish_reason": "length",
-                    "usage": _usage(prompt_tokens, generated),
-                }
+                yield _last(text + stops.flush(), [token_id], "length", prompt_tokens, generated)
                 return
             yield {"text": text, "token_ids": [token_id]}
             deadline += self._token_delay
@@ -151,19 +113,10 @@ class MockEngine:
         return min(settings.default_max_tokens, settings.max_output_tokens, room)
 
     async def embed(self, request: object, context: Context) -> AsyncIterator[EmbedOutput]:
-        """Embed each input as a deterministic unit vector, after ``ttft_ms``.
+        """Embed each input as a unit vector fixed by its hash, after ``ttft_ms``.
 
-        The vector of a text is fixed by a hash of the text.  A request for
-        fewer ``dimensions`` gets the leading components, renormalised (as
-        Matryoshka embeddings behave).  If the context is stopped before the
-        vectors are ready, nothing is yielded: an embedding has no partial
-        result.
-
-        Raises:
-            ValueError: if the request is invalid or asks for more dimensions
-                than ``embedding_dimensions``;
-                :class:`~dynamo_trio.llm.ContextLengthExceeded` if an input is
-                longer than ``context_length``.
+        Fewer ``dimensions`` get the leading components, renormalised; a stop
+        before then yields nothing.  ValueError for an invalid request.
         """
         valid = validate_embed_request(request)
         full = self._settings.embedding_dimensions
@@ -192,20 +145,14 @@ class MockEngine:
         }
 
 
-BURST: Final = 16
-"""Due tokens generated between two trips through the scheduler."""
+BURST: Final = 16  # due tokens generated between two trips through the scheduler
 
 
 async def _wait_until(deadline: float, context: Context, *, burst: bool = False) -> bool:
-    """Sleep until ``deadline`` (trio time) unless the context is stopped first.
+    """Sleep until ``deadline`` unless stopped first; whether the context is stopped.
 
-    A kill (which cancels the caller's scope) always lands here as
-    :class:`trio.Cancelled`.  With ``burst``, a deadline already past (no
-    latency, or catching up with the schedule) takes no trip through the
-    scheduler.
-
-    Returns:
-        Whether the context is stopped.
+    A kill always lands here as :class:`trio.Cancelled`; with ``burst``, a
+    deadline already past takes no trip through the scheduler.
     """
     if not context.is_stopped() and deadline > trio.current_time():
         with trio.move_on_at(deadline):
@@ -224,12 +171,7 @@ async def _wait_until(deadline: float, context: Context, *, burst: bool = False)
 def _replay(
     continuation: Continuation, tokens: TokenSource, stops: StopMatcher, min_tokens: int
 ) -> int:
-    """Draw the continuation's tokens again, checking they are this request's; return how many.
-
-    Raises:
-        ValueError: if the continuation is not what this engine generated for
-            the request (another prompt or seed, or an item lost or repeated).
-    """
+    """Draw the continuation's tokens again, checking they are this request's; return how many."""
     released: list[str] = []
     token_ids = continuation["token_ids"]
     for position, token_id in enumerate(token_ids, start=1):
@@ -255,6 +197,22 @@ def _replay(
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
+def _last(
+    text: str,
+    token_ids: list[int],
+    reason: FinishReason,
+    prompt_tokens: int,
+    generated: int,
+    stop: str | None = None,
+) -> GenerateOutput:
+    """The item that ends a generation."""
+    item: GenerateOutput = {"text": text, "token_ids": token_ids, "finish_reason": reason}
+    if stop is not None:
+        item["stop_sequence"] = stop
+    item["usage"] = _usage(prompt_tokens, generated)
+    return item
 
 
 def _embedding(text: str, full: int, dimensions: int) -> list[float]:

@@ -10,12 +10,7 @@ __all__ = ["MockerSettings"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MockerSettings:
-    """How the mock engine behaves.  Each field maps to the CLI flag of the same name.
-
-    Raises:
-        ValueError: on construction, for a negative or non-finite latency or a
-            size below 1.
-    """
+    """How the mock engine behaves; each field is the CLI flag of the same name (checked)."""
 
     ttft_ms: float = 0.0
     """Time to first token (``--ttft-ms``); also the latency of an embeddings request."""

@@ -49,12 +49,7 @@ def render_prompt(request: GenerateRequest) -> str:
 
 
 class TokenSource:
-    """The deterministic token stream for one prompt and seed.
-
-    Args:
-        prompt: The rendered prompt.
-        seed: The request's seed; ``None`` is a seed of its own.
-    """
+    """The deterministic token stream for one rendered prompt and seed (``None`` is one too)."""
 
     __slots__ = ("_first", "_random")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import split_live_cancellation
+from .._contain import contain, split_live_cancellation
 from .._errors import (
     CannotConnect,
     Disconnected,
@@ -62,11 +62,7 @@ _FAIR_EVERY: Final = 32
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """Split ``"host:port"`` or ``"[v6]:port"``.
-
-    Raises:
-        ValueError: if there is no valid port.
-    """
+    """Split ``"host:port"`` or ``"[v6]:port"`` (ValueError without a valid port)."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"bad address {address!r}: expected host:port")
@@ -78,8 +74,7 @@ class ClientStream:
 
     def __init__(self, connection: ClientConnection, sid: int, window: int) -> None:
         self.sid: Final = sid
-        self.outcome: Outcome | None = None
-        """How the worker ended the stream (``None`` until an ``end`` frame arrives)."""
+        self.outcome: Outcome | None = None  # from the ``end`` frame
         self.end_reason: str | None = None
         self._connection = connection
         self._queue: deque[Item | End | Error] = deque()
@@ -109,8 +104,7 @@ class ClientStream:
         self._wake()
 
     def discard(self) -> None:
-        """Nobody will read this stream again: drop what is queued and what still comes,
-        returning credits so the worker's drain is not held up by the missing reader."""
+        """Nobody will read this stream again: drop what comes, returning its credits."""
         if self._discarding or self._done or self._killed:
             return
         self._discarding = True
@@ -133,9 +127,8 @@ class ClientStream:
     async def receive(self) -> Item | None:
         """The next item, or ``None`` once the stream has ended.
 
-        Raises:
-            DynamoError: the worker ended the stream with an error (its type).
-            Disconnected: the connection was lost before the terminal frame.
+        Raises the worker's error (its :class:`DynamoError` type), or
+        :class:`Disconnected` if the connection was lost first.
         """
         while True:
             if self._queue and not self._killed:
@@ -150,13 +143,9 @@ class ClientStream:
                 return None
 
     async def receive_many(self) -> list[Item] | None:
-        """Every item already queued, at least one (waiting for it), in order; ``None``
-        once the stream has ended.  A consumer that takes items in batches pays the
-        per-wakeup costs once per batch instead of once per item.
+        """Every item queued (waiting for at least one), or ``None`` once ended; as :meth:`receive`.
 
-        Raises:
-            DynamoError: the worker ended the stream with an error (its type).
-            Disconnected: the connection was lost before the terminal frame.
+        Batches pay the per-wakeup costs once per batch instead of once per item.
         """
         queue = self._queue
         while True:
@@ -185,8 +174,7 @@ class ClientStream:
         raise error_from_wire(frame.code, frame.message, frame.caused_by)
 
     async def _ended_or_wait(self) -> bool:
-        """``True`` if the stream is over (killed, done); raise if it was lost;
-        otherwise wait for the next frame and return ``False``."""
+        """``True`` if the stream is over, raise if lost, else wait for a frame: ``False``."""
         if self._killed or self._done:
             self._done = True
             await trio.lowlevel.checkpoint()
@@ -243,13 +231,7 @@ class ClientStream:
 class ClientConnection:
     """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`.
 
-    Args:
-        address: ``host:port`` of the worker.
-        config: Request-plane settings (timeouts, token, TLS).
-        name: This process's name in the handshake.
-        ssl_context: TLS settings, or ``None`` for plaintext.
-        open_transport: Opens the byte stream to ``address`` (default: TCP
-            with TCP_NODELAY); tests pass in-memory streams.
+    ``open_transport`` opens the byte stream (default TCP; tests pass in-memory streams).
     """
 
     def __init__(
@@ -294,15 +276,9 @@ class ClientConnection:
     async def run(self, *, task_status: trio.TaskStatus[ClientConnection]) -> None:
         """Connect, shake hands, report ready, then serve until the connection ends.
 
-        Everything up to ``task_status.started`` (TCP, TLS, the handshake) is
-        bounded by ``connect_timeout``.  After it, nothing raises but
-        ``trio.Cancelled``: whatever ends the connection ends it alone, and
-        its streams get :class:`~dynamo_trio.Disconnected`.
-
-        Raises:
-            CannotConnect: before ``task_status.started``, if the worker cannot
-                be reached, the TLS or request-plane handshake fails, or the
-                worker refuses the connection.
+        Up to ``started`` (bounded by ``connect_timeout``) failures raise
+        :class:`CannotConnect`; after it only ``trio.Cancelled``: an ending
+        connection ends alone and its streams get :class:`Disconnected`.
         """
         protocol = ProtocolConnection(
             Role.CLIENT,
@@ -323,26 +299,23 @@ class ClientConnection:
         if early_frames:
             self._on_frames(early_frames)
         task_status.started(self)
-        try:
+        with contain(self._log_escape):  # whatever ends the connection ends it alone
             await connection.run()
-        except BaseException as exc:
-            cancelled, escaped = split_live_cancellation(exc)
-            if escaped is not None:
-                limited_log.error(
-                    "client-connection-escape",
-                    "connection to %s: ended by an internal error: %s",
-                    self.address,
-                    type(escaped).__name__,
-                    exc_info=escaped,
-                )
-            if cancelled is not None:
-                raise cancelled from None
-            # Contained: the exception ends here, with this connection.
+
+    def _log_escape(self, escaped: BaseException) -> None:
+        limited_log.error(
+            "client-connection-escape",
+            "connection to %s: ended by an internal error: %s",
+            self.address,
+            type(escaped).__name__,
+            exc_info=escaped,
+        )
 
     async def _connect(self, protocol: ProtocolConnection) -> tuple[trio.abc.Stream, list[Frame]]:
-        """The transport, past TLS and the handshake, and any frames that came
-        right behind ``welcome``.  Raises only :class:`CannotConnect` (or
-        ``trio.Cancelled``)."""
+        """The transport past TLS and the handshake, and frames behind ``welcome``.
+
+        Raises only :class:`CannotConnect` (or ``trio.Cancelled``).
+        """
         timeout = self._config.connect_timeout
         stream: trio.abc.Stream | None = None
         step = "connect"
@@ -461,12 +434,7 @@ class ClientConnection:
                 self._retire_if_drained()
 
     def _retire_if_drained(self) -> None:
-        """After ``goaway``, close the connection once no stream is left on it.
-
-        Nothing new can start on it, and the pool opens a fresh connection for
-        the next request: keeping this one would leave a socket behind for every
-        reconnect.  Frames already queued (a last ``kill`` or credit) still go out.
-        """
+        """After ``goaway``, close the connection once no stream is left (queued frames go out)."""
         connection = self._connection
         if connection is None or self._streams or connection.closed:
             return
@@ -483,16 +451,11 @@ class ClientConnection:
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> ClientStream:
-        """Send a ``req`` frame and return its stream.  Never blocks.
+        """Send a ``req`` frame and return its stream; never blocks.
 
-        ``timeout`` is the time left before the caller's deadline; one that
-        has already passed (negative) is sent as 0.
-
-        Raises:
-            Disconnected: the connection is closed.
-            EngineShutdown: the worker sent ``goaway``.
-            InvalidArgument: the payload cannot be encoded or is too large,
-                or ``timeout`` is NaN or infinite.
+        ``timeout``: seconds left to the caller's deadline (a past one is sent
+        as 0).  Raises :class:`Disconnected`, :class:`EngineShutdown` after
+        ``goaway``, :class:`InvalidArgument` for a bad payload or timeout.
         """
         connection = self._connection
         if connection is None or connection.closed:
@@ -507,9 +470,8 @@ class ClientConnection:
         window = self._config.stream_window
         sid = protocol.next_sid()
         stream = ClientStream(self, sid, window)
-        # Registered first: the send may write the frame from this task (see
-        # FrameConnection) and, if that write fails, close the connection before
-        # it returns; the loss then reaches this stream like every other one.
+        # Registered first: a failed write in the send closes the connection, and
+        # the loss must reach this stream like every other one.
         self._streams[sid] = stream
         try:
             sent = connection.send(
@@ -562,20 +524,10 @@ class _Attempt:
 
 
 class ConnectionPool:
-    """At most one live connection per worker address, connected on demand.
+    """At most one live connection per worker address, connected on demand in ``nursery``.
 
-    Args:
-        config: Request-plane settings.
-        nursery: Where connection tasks live (the runtime's nursery).
-        name: This process's name in handshakes.
-        on_connection_lost: Called with ``(address, reason, drained)`` whenever
-            a connection that had been established ends; ``drained`` says the
-            worker announced its shutdown first (an expected loss).
-        open_transport: Opens the byte stream to an address (default: TCP);
-            tests pass in-memory streams.
-
-    Raises:
-        ValueError: TLS is on and a configured certificate or CA cannot be loaded.
+    ``on_connection_lost(address, reason, drained)`` follows every established
+    connection's end (``drained``: the worker said ``goaway`` first).
     """
 
     def __init__(
@@ -602,12 +554,8 @@ class ConnectionPool:
     async def connect(self, address: str) -> ClientConnection:
         """The usable connection to ``address``, connecting if there is none.
 
-        Concurrent callers for the same address share exactly one attempt.
-        Cancelling one caller does not cancel the attempt for the others.
-
-        Raises:
-            CannotConnect: the worker cannot be reached, or refused the
-                connection (every caller sharing the attempt gets it).
+        Concurrent callers share one attempt (one cancelled caller does not
+        cancel it) and its :class:`CannotConnect`.
         """
         connection = self._connections.get(address)
         if connection is not None and connection.usable:

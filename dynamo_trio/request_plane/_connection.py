@@ -42,15 +42,12 @@ limited_log: Final = LogLimiter(_log)
 
 _RECEIVE_SIZE: Final = 65536
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
-_DIRECT_BURST: Final = 2
-"""Frames sent straight to an idle socket per quiet moment, before the writer takes over."""
-_DIRECT_PERIOD: Final = 0.001
-"""How long a quiet moment's allowance lasts (seconds)."""
+_DIRECT_BURST: Final = 2  # frames sent straight to an idle socket per quiet moment
+_DIRECT_PERIOD: Final = 0.001  # how long a quiet moment's allowance lasts
 
 
 def printable(text: str, limit: int = 300) -> str:
-    """``text`` a peer may have chosen, made safe for a log line: short, ASCII, no
-    control characters (a newline cannot forge a second log line)."""
+    """``text`` a peer may have chosen, made safe for a log line: short, ASCII, no controls."""
     escaped = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
     return escaped if len(escaped) <= limit and len(text) <= limit else f"{escaped[: limit - 3]}..."
 
@@ -61,17 +58,10 @@ def describe_close(frame: Close) -> str:
 
 
 class FrameConnection:
-    """Frames over one stream, with a single writer task and heartbeats.
+    """Frames over one stream (closed when :meth:`run` returns), one writer task, heartbeats.
 
-    Args:
-        stream: The connected byte stream (it is closed when :meth:`run` returns).
-        protocol: The state machine for this end, past its handshake.
-        config: Heartbeat timings and the write-buffer limit.
-        on_frames: Called in the reader task with each batch of received frames.
-        on_close: Called once, synchronously, the moment the connection is
-            declared over (before its tasks and socket are torn down), with
-            the reason: the owner cancels its streams without waiting.
-        name: How log lines name this connection (e.g. the peer address).
+    ``on_frames`` gets each received batch in the reader task; ``on_close(reason)``
+    runs once, synchronously, the moment the connection is declared over.
     """
 
     def __init__(
@@ -86,8 +76,7 @@ class FrameConnection:
     ) -> None:
         self.protocol: Final = protocol
         self.name: Final = name
-        self.close_reason: str | None = None
-        """Why the connection ended (``None`` while it is open)."""
+        self.close_reason: str | None = None  # None while open
         self._stream = stream
         self._config = config
         self._on_frames = on_frames
@@ -109,18 +98,10 @@ class FrameConnection:
         return self.close_reason is not None
 
     def send(self, frame: Frame) -> bool:
-        """Queue ``frame``; the writer task sends it soon.  Never blocks.
+        """Queue ``frame`` for the writer; never blocks.  Whether it was queued.
 
-        Returns:
-            ``True`` if it was queued, ``False`` if it was dropped: the
-            connection is closed, or the protocol dropped it (see
-            :meth:`ProtocolConnection.send`).  A closed connection is never
-            an error here: it is the peer's doing, not the sender's.
-
-        Raises:
-            InvalidArgument: the frame cannot be encoded or is too large (it
-                is not sent; the connection stays usable).
-            RuntimeError: the frame breaks a local rule (a bug in the caller).
+        A closed connection drops it (the peer's doing, not an error);
+        InvalidArgument for a frame that cannot be encoded (the connection stays usable).
         """
         if self.close_reason is not None:
             return False
@@ -139,20 +120,13 @@ class FrameConnection:
         return True
 
     def close(self, reason: str) -> None:
-        """End the connection now (idempotent, synchronous): :meth:`run` returns soon.
-
-        Nothing more is sent: use it when the peer is dead or must be cut off.
-        """
+        """End the connection now, sending nothing more (idempotent, synchronous)."""
         self._declare_closed(reason)
         if self._scope is not None:
             self._scope.cancel()
 
     def shutdown(self, reason: str) -> None:
-        """End the connection gracefully (idempotent, synchronous).
-
-        No new frame can be queued; what is already queued (a ``goaway``, a
-        ``close``) is still sent, then the connection lingers briefly and closes.
-        """
+        """End the connection gracefully: queued frames still go out (idempotent, synchronous)."""
         self._declare_closed(reason)
         if self._reader_scope is not None:
             self._reader_scope.cancel()
@@ -169,8 +143,8 @@ class FrameConnection:
                     _log.exception("connection %s: error in its close callback", self.name)
 
     async def run(self) -> None:
-        """Serve the connection until it ends; then close the stream.  Never raises
-        for network or protocol failures (see :attr:`close_reason`)."""
+        """Serve the connection until it ends, then close the stream (never raises for network
+        or protocol failures: see :attr:`close_reason`)."""
         self._last_received = trio.current_time()
         try:
             with trio.CancelScope() as self._scope:
@@ -184,16 +158,13 @@ class FrameConnection:
                         if self.close_reason is not None:
                             self._reader_scope.cancel()  # shut down before it ran
                         await self._read_loop()
-                    # The reader ended on its own (EOF, a protocol error, the peer's
-                    # close, a graceful shutdown): let the writer deliver what is
-                    # queued (a close or goaway frame saying why), briefly, instead
-                    # of dropping it.
+                    # The reader ended on its own: the writer briefly delivers what is queued.
                     heartbeat.cancel()
                     self._draining = True
                     self._wake_writer()
                     nursery.cancel_scope.deadline = trio.current_time() + _FINAL_FLUSH_TIMEOUT
             if self._flushed:
-                await self._linger()
+                await linger(self._stream)
         except BaseException as exc:
             _, escaped = split_live_cancellation(exc)
             if escaped is not None:  # a bug here or in on_frames: the owner contains it
@@ -266,8 +237,7 @@ class FrameConnection:
         return True
 
     def _write_directly(self) -> bool:
-        """Write the outbox from this task while the writer is idle; ``True`` if all of it
-        went.  What the socket does not take is put back for the writer."""
+        """Write the outbox from this task while the writer is idle; whether all of it went."""
         assert self._socket is not None
         fd = self._socket.fileno()
         if fd == -1:
@@ -309,16 +279,13 @@ class FrameConnection:
             await self._heartbeats()
 
     async def _heartbeats(self) -> None:
-        interval = self._config.heartbeat_interval
-        timeout = self._config.heartbeat_timeout
+        interval, timeout = self._config.heartbeat_interval, self._config.heartbeat_timeout
         while True:
             expected = trio.current_time() + interval
             await trio.sleep(interval)
             now = trio.current_time()
             if now - expected > interval:
-                # This process was stalled (a GC pause, a handler blocking the loop):
-                # the peer's frames may be sitting unread in the socket.  Blame the
-                # peer only for silence we were awake to hear.
+                # This process stalled: blame the peer only for silence we were awake to hear.
                 self._last_received = max(self._last_received, now - interval)
             silent_for = now - self._last_received
             if silent_for > timeout:
@@ -332,17 +299,12 @@ class FrameConnection:
                 return
             self.send(Ping())
 
-    async def _linger(self) -> None:
-        await linger(self._stream)
-
 
 async def linger(stream: trio.abc.Stream, *, limit: int | None = None) -> None:
-    """Close gracefully: FIN, then discard the peer's input until it closes too.
+    """Close gracefully: FIN, then discard the peer's input (up to ``limit``) until it closes.
 
-    Closing a socket with unread input makes the kernel send a reset, and a
-    reset destroys whatever the peer has not read yet: the close frame that
-    says why we hung up, for one.  Bounded by a short timeout and, with
-    ``limit``, by the bytes discarded.  The caller still closes ``stream``.
+    Unread input would make the kernel reset, destroying our close frame in
+    flight.  Bounded by a short timeout; the caller still closes ``stream``.
     """
     with (
         trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True),

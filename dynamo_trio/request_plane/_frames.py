@@ -108,10 +108,7 @@ class Request(_Frame, tag="req", frozen=True):
 class RawRequest(_Frame, tag="req", frozen=True):
     """A ``req`` frame as received: only ``sid`` is typed by the decoder.
 
-    The other fields are checked one by one by the protocol
-    (:func:`~dynamo_trio.request_plane._validate.validate_request`), so a bad
-    field fails that stream with a precise ``InvalidArgument`` instead of
-    failing the whole connection as an undecodable frame.
+    The protocol checks the rest, so a bad field fails that stream, not the connection.
     """
 
     sid: int
@@ -197,12 +194,8 @@ _encoder: Final = msgspec.msgpack.Encoder()
 
 
 def encode_frame(frame: Frame | WireFrame, out: bytearray, max_frame_size: int) -> None:
-    """Append ``frame``, length-prefixed, to ``out``.
-
-    Raises:
-        InvalidArgument: if the frame holds a value msgpack cannot encode, or
-            its body would exceed ``max_frame_size``; ``out`` is left as it was.
-    """
+    """Append ``frame``, length-prefixed, to ``out`` (InvalidArgument, ``out`` unchanged, if
+    it cannot be encoded or exceeds ``max_frame_size``)."""
     start = len(out)
     out += b"\0\0\0\0"
     try:
@@ -228,12 +221,8 @@ def frame_tag(frame: Frame | WireFrame) -> str:
 class FrameDecoder:
     """Incremental decoder: bytes in, whole frames out.
 
-    Args:
-        max_frame_size: Largest body accepted; a larger length prefix is a
-            protocol error raised as soon as the prefix arrives (at most one
-            read's worth of the body is ever held).  It may be changed between
-            calls (:attr:`max_frame_size`): the protocol raises it once the
-            handshake is complete.
+    A length prefix over ``max_frame_size`` (changeable between calls) is a
+    ProtocolError as soon as it arrives.
     """
 
     def __init__(self, max_frame_size: int) -> None:
@@ -244,24 +233,14 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet part of a whole frame."""
         return len(self._buffer) - self._position
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[WireFrame]:
-        """Add received bytes; return every frame they complete, in order.
-
-        Raises:
-            ProtocolError: on an oversized length prefix or an undecodable body.
-        """
+        """Add received bytes; return every frame they complete, in order."""
         return list(self.frames(data))
 
     def frames(self, data: bytes | bytearray | memoryview) -> Generator[WireFrame]:
-        """Add received bytes; iterate over the frames they complete, in order.
-
-        Frames are decoded one at a time as the iteration asks for them, so a
-        caller that stops early (its connection closed) decodes no more, and a
-        malformed frame raises :class:`ProtocolError` only when it is reached.
-        """
+        """Add received bytes; iterate over the frames they complete, decoding each on demand."""
         self._buffer += data
         return self._next_frames()
 

@@ -335,17 +335,9 @@ class _StreamState:
 class ProtocolConnection:
     """One end of a request-plane connection, as a pure state machine.
 
-    Args:
-        role: Which end this is.  Clients open streams; servers answer them.
-        max_frame_size: Largest frame body accepted or sent once the
-            handshake is complete (before it, the limit is
-            :data:`~dynamo_trio.request_plane._frames.HANDSHAKE_MAX_FRAME_SIZE`).
-        max_streams: (server) Concurrent streams accepted on this connection.
-        token: The shared token: a server requires a client to prove it knows
-            it; a client proves it and requires the server to prove it too.
-            ``None``: no authentication.
-        peer_name: A name for this end, sent in the handshake (for logs).
-        nonce: This end's handshake nonce (tests only; random by default).
+    ``max_frame_size`` applies once the handshake is complete; with a ``token``
+    each end proves it knows it (``None``: no authentication); ``peer_name`` is
+    this end's name in the handshake; ``nonce`` is for tests.
     """
 
     def __init__(
@@ -362,17 +354,11 @@ class ProtocolConnection:
         self._on_receive: Mapping[type, tuple[_OnReceive, ConnectionState | None]] = {}
         self._on_send: Mapping[type, tuple[_OnSend, ConnectionState | None]] = {}
         self.state = _S.AWAIT_HELLO if role is Role.SERVER else _S.AWAIT_CHALLENGE
-        self.peer_name = ""
-        """The other end's name, from its handshake frame."""
-        self.goaway = False
-        """Server: ``goaway`` was sent.  Client: it was received (open no new streams).
-        It stays true once the connection is closed."""
-        self.close_frame: Close | None = None
-        """The ``close`` frame the peer sent, if that is how the connection ended."""
-        self.frames_received = 0
-        """Valid frames received so far (the I/O layer's sign of life)."""
-        self.refused_streams = 0
-        """(server) ``req`` frames answered with ``err`` without opening a stream."""
+        self.peer_name = ""  # from the peer's handshake frame
+        self.goaway = False  # sent (server) or received (client); stays true once closed
+        self.close_frame: Close | None = None  # the peer's, if that is how it ended
+        self.frames_received = 0  # valid ones: the I/O layer's sign of life
+        self.refused_streams = 0  # (server) ``req`` answered with ``err`` unopened
         self._max_frame_size = max_frame_size
         self._max_streams = max_streams
         self._token = token
@@ -443,18 +429,11 @@ class ProtocolConnection:
         return self._last_sid + 1
 
     def send(self, frame: Frame) -> bool:
-        """Queue ``frame`` for sending, updating the stream table.
+        """Queue ``frame``, updating the stream table; ``False`` if dropped (closed, draining,
+        or its stream ended).
 
-        Returns:
-            ``True`` if it was queued; ``False`` if it was dropped because the
-            connection is closed (or, for a ``req``, draining), or because its
-            stream has ended (``ctl``, ``credit``).
-
-        Raises:
-            InvalidArgument: if the frame is too large or holds a value
-                msgpack cannot encode (the state is left unchanged).
-            RuntimeError: if this role may never send it here, or a stream
-                rule is broken (a local bug, never the peer's doing).
+        InvalidArgument for a frame that cannot be encoded (state unchanged);
+        RuntimeError for a local bug (a frame this role may not send here).
         """
         key = RawRequest if isinstance(frame, Request) else type(frame)
         on_send, next_state = self._on_send[key]
@@ -535,11 +514,8 @@ class ProtocolConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Feed received bytes; return the frames the caller must act on, in order.
 
-        Raises:
-            ProtocolError: the peer broke the protocol; a ``close`` frame
-                explaining why has been queued and the state is ``CLOSED``.
-                Frames accepted before the violation in the same call are
-                lost with the connection.
+        ProtocolError if the peer broke the protocol: a ``close`` saying why is
+        queued, the state is ``CLOSED``, and this call's frames are lost.
         """
         if self.state is _S.CLOSED:
             return []

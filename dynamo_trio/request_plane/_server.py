@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import split_live_cancellation
+from .._contain import contain
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from ._connection import FrameConnection, limited_log, linger, printable
@@ -49,23 +49,14 @@ __all__ = ["RequestPlaneServer", "ServerStream"]
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
-# Checkpoint fully (letting the reader, the writer and other streams run) at least
-# every this many items, and at least every this many seconds, when a handler yields
-# items without blocking: a fast handler pays for a trip through the scheduler once
-# per batch of items, and one that computes between items (CPU-bound) still hears
-# its kill, and lets its neighbours run, within a slice of its own time.
+# A handler yielding items without blocking checkpoints fully every this many
+# items or seconds: batches pay the scheduler once, a CPU-bound one still hears its kill.
 _YIELD_EVERY: Final = 32
 _YIELD_AFTER: Final = 0.02
-
-
-# Refusing a connection beyond a cap: how long its close frame may take, and how
-# many refused connections may linger at once so that frame arrives.
-_REFUSAL_TIMEOUT: Final = 0.25
+_REFUSAL_TIMEOUT: Final = 0.25  # for a refused connection's close frame
+_MAX_LINGERING_REFUSALS: Final = 16  # refused connections lingering so that frame arrives
 _VERDICT_MARGIN: Final = 0.1
-# Seconds a stream task may run on after its connection ended (its context was
-# killed at once) before it is cancelled.
-_ORPHAN_GRACE: Final = 2.0
-_MAX_LINGERING_REFUSALS: Final = 16
+_ORPHAN_GRACE: Final = 2.0  # a stream task outliving its connection is cancelled after this
 
 _RUNTIME_CANCELS: Final = frozenset(
     {CancelReason.DEADLINE, CancelReason.SHUTDOWN, CancelReason.DRAIN_TIMEOUT}
@@ -87,11 +78,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class ServerStream:
-    """One request being served: its payload, its context, and a way to answer.
-
-    The handler side uses :meth:`send_item` (waits for flow-control credit) and
-    finishes with exactly one of :meth:`end` or :meth:`fail`.
-    """
+    """One request being served: :meth:`send_item` answers, then one :meth:`end` or :meth:`fail`."""
 
     def __init__(self, session: _Session, connection: FrameConnection, request: Request) -> None:
         self.sid: Final = request.sid
@@ -100,10 +87,9 @@ class ServerStream:
         self.payload: Final[Any] = request.payload
         self.headers: Final = request.headers or {}
         self.context: Final = Context(request.request_id, timeout=request.timeout)
+        # The first cancel signal from the caller's side (control, transport, deadline).
         self.cancel_signal: CancelReason | None = None
-        """The first cancel signal from the caller's side (control, transport, deadline)."""
-        self.on_cancel_signal: Callable[[CancelReason], None] | None = None
-        """Called once, when :attr:`cancel_signal` is first set."""
+        self.on_cancel_signal: Callable[[CancelReason], None] | None = None  # called once
         self._session = session
         self._connection = connection
         self._credit_wakeup: trio.Event | None = None
@@ -118,7 +104,6 @@ class ServerStream:
 
     @property
     def finished(self) -> bool:
-        """:meth:`end` or :meth:`fail` was called."""
         return self._finished
 
     def _note_cancel_signal(self, reason: CancelReason) -> None:
@@ -136,14 +121,12 @@ class ServerStream:
             self._note_cancel_signal(reason)
 
     def _apply_control(self, frame: Control) -> None:
-        if frame.action == "kill":
-            reason = _reason(frame.reason, CancelReason.KILL_REQUESTED)
-            self._note_cancel_signal(reason)
-            self.context.kill(reason)
-        else:
-            reason = _reason(frame.reason, CancelReason.STOP_REQUESTED)
-            self._note_cancel_signal(reason)
-            self.context.stop(reason)
+        kill = frame.action == "kill"
+        reason = _reason(
+            frame.reason, CancelReason.KILL_REQUESTED if kill else CancelReason.STOP_REQUESTED
+        )
+        self._note_cancel_signal(reason)
+        (self.context.kill if kill else self.context.stop)(reason)
 
     def _transport_lost(self) -> None:
         self._note_cancel_signal(CancelReason.TRANSPORT_LOST)
@@ -163,12 +146,7 @@ class ServerStream:
         event: str | None = None,
         comment: list[str] | None = None,
     ) -> None:
-        """Send one item, first waiting for a flow-control credit if none is left.
-
-        Raises:
-            Disconnected: the connection is gone.
-            InvalidArgument: ``data`` cannot be encoded, or is too large.
-        """
+        """Send one item, waiting for a credit if none is left (Disconnected, InvalidArgument)."""
         connection = self._connection
         protocol = connection.protocol
         while protocol.credits(self.sid) <= 0:
@@ -228,18 +206,14 @@ class _Session:
             token=config.auth_token,
             peer_name=server.name,
         )
-        self.connection: FrameConnection | None = None
-        """Set once the handshake is complete."""
+        self.connection: FrameConnection | None = None  # once the handshake is complete
         self._stream: trio.abc.Stream = stream
         self._nursery: trio.Nursery | None = None
         self._gate_scope = trio.CancelScope()
         self._gate_deadline = float("inf")
         self.counted_as_handshaking = True
-        """Still counted in the server's :attr:`RequestPlaneServer.handshaking`."""
-        self.awaiting_turn = False
-        """Its proof has arrived and waits to be judged (see :mod:`._throttle`)."""
+        self.awaiting_turn = False  # its proof waits to be judged (see ._throttle)
         self.source: Final = source_key(peer.rpartition(":")[0].strip("[]") or peer)
-        """The source its proof's turn is counted by."""
 
     async def run(self) -> None:
         admitted = False  # also when close() cancels the gate
@@ -266,13 +240,9 @@ class _Session:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await connection.run()
-            # Its streams were killed as the connection ended; a handler that
-            # ignores its context is cancelled after a grace, so nothing a
-            # connection started outlives it for long.
+            # Its streams were killed; a handler ignoring its context is cancelled later.
             if nursery.child_tasks:
                 nursery.cancel_scope.deadline = trio.current_time() + _ORPHAN_GRACE
-
-    # ------------------------------------------------------------ the gate
 
     async def _pass_gate(self) -> bool:
         """TLS and the handshake under the deadline; whether the peer got in."""
@@ -368,8 +338,6 @@ class _Session:
                 self.peer,
             )
 
-    # ------------------------------------------------------------ streams
-
     def _connection_lost(self, reason: str) -> None:
         # Runs inside FrameConnection's close: the streams die before any teardown.
         if self.streams:
@@ -416,23 +384,21 @@ class _Session:
 
     async def _serve_stream(self, stream: ServerStream) -> None:
         """Run the handler for one stream; whatever escapes it ends that stream only."""
+
+        def escaped(exc: BaseException) -> None:
+            limited_log.error(
+                "stream-escape",
+                "connection %s: stream %d ended by an exception that escaped its handler: %s",
+                self.peer,
+                stream.sid,
+                _describe(exc),
+                exc_info=exc,
+            )
+            stream.fail(Unknown("the worker failed while serving the request"))
+
         try:
-            await self.server.handler(stream)
-        except BaseException as exc:
-            cancelled, escaped = split_live_cancellation(exc)
-            if escaped is not None:
-                limited_log.error(
-                    "stream-escape",
-                    "connection %s: stream %d ended by an exception that escaped its handler: %s",
-                    self.peer,
-                    stream.sid,
-                    _describe(escaped),
-                    exc_info=escaped,
-                )
-                stream.fail(Unknown("the worker failed while serving the request"))
-            if cancelled is not None:
-                raise cancelled from None
-            # Contained: the exception ends here, with this stream.
+            with contain(escaped):
+                await self.server.handler(stream)
         finally:
             if not stream.finished:
                 stream.fail(Unknown("the worker ended the request without an answer"))
@@ -444,9 +410,7 @@ class _Session:
             self.retire_if_drained()
 
     def retire_if_drained(self) -> None:
-        """After ``goaway``, close the connection once no stream is left on it
-        (its last frames, the ``goaway`` and the final ``end``, go out first):
-        nothing new can start on it, so keeping it only holds a socket."""
+        """After ``goaway``, close the connection once no stream is left (last frames go first)."""
         connection = self.connection
         if connection is None or self.streams or connection.closed:
             return
@@ -468,17 +432,9 @@ class _Session:
 
 
 class RequestPlaneServer:
-    """Accepts request-plane connections and hands each request to ``handler``.
+    """Accepts request-plane connections and runs ``await handler(stream)`` per request.
 
-    Args:
-        config: Bind address, limits, token, TLS, heartbeats.
-        handler: ``async handler(stream)``, run in a new task per request; it
-            must finish the stream with :meth:`ServerStream.end` or
-            :meth:`ServerStream.fail`.
-        name: This server's name in handshakes and logs.
-
-    Raises:
-        ValueError: TLS is on and its certificate, key or CA cannot be loaded.
+    The handler must finish the stream (:meth:`ServerStream.end` or :meth:`~ServerStream.fail`).
     """
 
     def __init__(
@@ -497,8 +453,7 @@ class RequestPlaneServer:
             server_context(config) if config.tls else None
         )
         self._sessions: set[_Session] = set()
-        self._gated: dict[_Session, None] = {}
-        """The sessions still in their handshake, oldest first."""
+        self._gated: dict[_Session, None] = {}  # sessions in their handshake, oldest first
         self._handshaking = 0
         self._refusing = 0
         self._listen_scope: trio.CancelScope | None = None
@@ -534,11 +489,9 @@ class RequestPlaneServer:
             session.go_away()
 
     def close_all(self, reason: str = "server shutting down", *, graceful: bool = False) -> None:
-        """Close every connection (streams still open on one are killed as transport loss).
+        """Close every connection (its open streams are killed as transport loss).
 
-        With ``graceful``, frames already queued (the ``goaway``) are sent first
-        and each connection lingers briefly; otherwise it is cut at once.
-        Connections still in their handshake are dropped.
+        ``graceful`` sends queued frames (the ``goaway``) first; handshakes are dropped.
         """
         for session in tuple(self._sessions):
             session.close(reason, graceful=graceful)
@@ -552,12 +505,9 @@ class RequestPlaneServer:
         await self.handle_connection(stream, peer=peer)
 
     async def handle_connection(self, stream: trio.abc.Stream, peer: str) -> None:
-        """Serve one accepted connection until it ends.  Never raises, but
-        ``trio.Cancelled``: whatever goes wrong ends this connection only.
+        """Serve one accepted connection (``peer``: ``host:port``) until it ends.
 
-        The accept loop calls it for each TCP connection; tests hand it
-        in-memory streams.  ``peer`` is ``"host:port"`` (the host keys the
-        authentication throttle).
+        Raises only ``trio.Cancelled``: whatever goes wrong ends this connection only.
         """
         config = self.config
         if len(self._sessions) >= config.max_connections:
@@ -573,21 +523,19 @@ class RequestPlaneServer:
         self._sessions.add(session)
         self._gated[session] = None
         self._handshaking += 1
+
+        def escaped(exc: BaseException) -> None:
+            limited_log.error(
+                "connection-escape",
+                "connection %s: ended by an internal error: %s",
+                peer,
+                _describe(exc),
+                exc_info=exc,
+            )
+
         try:
-            await session.run()
-        except BaseException as exc:
-            cancelled, escaped = split_live_cancellation(exc)
-            if escaped is not None:
-                limited_log.error(
-                    "connection-escape",
-                    "connection %s: ended by an internal error: %s",
-                    peer,
-                    _describe(escaped),
-                    exc_info=escaped,
-                )
-            if cancelled is not None:
-                raise cancelled from None
-            # Contained: the exception ends here, with this connection.
+            with contain(escaped):
+                await session.run()
         finally:
             self._handshake_done(session)
             self._sessions.discard(session)
@@ -599,13 +547,12 @@ class RequestPlaneServer:
             self._gated.pop(session, None)
 
     def _evict_oldest_handshake(self, newcomer: str) -> None:
-        """Make room for ``newcomer``: drop a connection still in its handshake, the
-        one there longest.  A slot then costs whoever holds it without proving
-        anything: a flood of such connections only pushes out its own, while a peer
-        that completes its handshake promptly always gets in."""
-        # Stalling connections go first; proofs waiting for their turn are kept while
-        # there is one, so that the queue of proofs moves on.  If every slot holds a
-        # waiting proof, the source with the most of them gives one up.
+        """Make room for ``newcomer``: drop the connection longest in its handshake.
+
+        A flood of stalling connections only pushes out its own.  Proofs waiting
+        their turn are kept while a staller is left; failing that, the source
+        with the most waiting proofs gives one up.
+        """
         oldest = next((session for session in self._gated if not session.awaiting_turn), None)
         if oldest is None:
             counts = Counter(session.source for session in self._gated)
@@ -622,12 +569,9 @@ class RequestPlaneServer:
         oldest.evict()
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
-        """Tell a connection beyond a cap why it is refused, and drop it.
+        """Tell a connection beyond a cap why it is refused (in plaintext only), and drop it.
 
-        The ``close`` frame goes out in plaintext only (over TLS it would need
-        a TLS handshake first).  A few refusals at a time linger so the frame
-        arrives; under a flood, connections are dropped at once, so refused
-        connections never pile up.
+        A few refusals at a time linger so the frame arrives; a flood is dropped at once.
         """
         limited_log.warning("connection-refused", "refusing a connection from %s: %s", peer, why)
         self._refusing += 1

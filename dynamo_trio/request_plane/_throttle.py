@@ -46,10 +46,8 @@ class _Waiter:
 class AuthTurns:
     """Whose proof is judged next, and when (docs/protocol.md, "The worker side").
 
-    Args:
-        penalty: Failures are judged at most 16 per ``penalty`` seconds in total
-            (0: no pacing).
-        burst: Failures judged back to back before the pace applies.
+    Failures are judged at most 16 per ``penalty`` seconds in total (0: no
+    pacing), after a ``burst`` judged back to back.
     """
 
     def __init__(self, penalty: float, *, burst: int = 4) -> None:
@@ -57,11 +55,9 @@ class AuthTurns:
         self.burst: Final = burst
         self._due = -math.inf  # when the pace would allow the next failure, bursts aside
         self._sources: OrderedDict[str, deque[_Waiter]] = OrderedDict()
-        self.failures = 0
-        """Failures judged so far."""
+        self.failures = 0  # judged so far
 
-    def __len__(self) -> int:
-        """Connections waiting for their turn."""
+    def __len__(self) -> int:  # connections waiting for their turn
         return sum(len(waiting) for waiting in self._sources.values())
 
     def _free_at(self) -> float:
@@ -82,9 +78,12 @@ class AuthTurns:
         if not waiting:
             del self._sources[waiter.key]
         if was_head:
-            head = self._head()
-            if head is not None:
-                head.wakeup.set()
+            self._wake_head()
+
+    def _wake_head(self) -> None:
+        head = self._head()
+        if head is not None:
+            head.wakeup.set()
 
     async def judge(self, key: str, verdict: Callable[[], bool], *, deadline: float) -> bool | None:
         """Wait for ``key``'s turn until ``deadline``, then return ``verdict()``
@@ -108,9 +107,7 @@ class AuthTurns:
                             self.failures += 1
                         if key in self._sources:  # its next connection waits its turn again
                             self._sources.move_to_end(key)
-                        head = self._head()
-                        if head is not None:
-                            head.wakeup.set()
+                        self._wake_head()
                         return judged
                     wake_at = min(deadline, free_at)
                 if now >= deadline:

@@ -16,11 +16,7 @@ __all__ = ["client_context", "server_context"]
 
 
 def server_context(config: RequestPlaneConfig) -> ssl.SSLContext:
-    """The worker's context.
-
-    Raises:
-        ValueError: a needed file is not configured or cannot be loaded.
-    """
+    """The worker's context (ValueError if a needed file is not configured or cannot load)."""
     if config.tls_cert is None or config.tls_key is None:
         raise ValueError(
             "a TLS request-plane server needs a certificate and key "
@@ -41,11 +37,7 @@ def server_context(config: RequestPlaneConfig) -> ssl.SSLContext:
 
 
 def client_context(config: RequestPlaneConfig) -> ssl.SSLContext:
-    """The caller's context.
-
-    Raises:
-        ValueError: a configured file cannot be loaded.
-    """
+    """The caller's context (ValueError if a configured file cannot be loaded)."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if config.tls_ca is not None:

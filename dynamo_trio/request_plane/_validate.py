@@ -38,11 +38,7 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def validate_request(raw: RawRequest) -> Request:
-    """The checked :class:`Request` for ``raw``.
-
-    Raises:
-        InvalidArgument: naming the first field that is out of range.
-    """
+    """The checked :class:`Request` for ``raw`` (InvalidArgument naming the first bad field)."""
     endpoint = _name("endpoint", raw.endpoint)
     instance_id = raw.instance_id
     if type(instance_id) is not int or not 0 <= instance_id < _UINT64_LIMIT:
@@ -110,11 +106,9 @@ _Link = tuple["_Link | None", str | int] | None  # (parent link, key): a path, b
 
 
 def json_problem(value: Any) -> str | None:
-    """Why ``value`` is not JSON-like, or ``None`` if it is.
+    """Why ``value`` is not JSON-like (naming the first offending path), or ``None`` if it is.
 
-    JSON-like: dicts with string keys, lists, str, int, float, bool and None,
-    nested.  Iterative (no recursion limit of its own) and linear in the size
-    of the value, however deep; the path of the first offending value is named.
+    Iterative and linear in the size of the value, however deep.
     """
     if type(value) in _SCALARS:
         return None
@@ -123,27 +117,21 @@ def json_problem(value: Any) -> str | None:
         node, link = stack.pop()
         kind = type(node)
         if kind is dict:
-            for key, child in node.items():
-                if type(key) is not str:
-                    return f"must be JSON-like: a map key at {_path(link)} is {_short(key)}"
-                child_kind = type(child)
-                if child_kind in _SCALARS:
-                    continue
-                if child_kind is dict or child_kind is list:
-                    stack.append((child, (link, key)))
-                else:
-                    return _bad(child, (link, key))
+            children = node.items()
         elif kind is list:
-            for index, child in enumerate(node):
-                child_kind = type(child)
-                if child_kind in _SCALARS:
-                    continue
-                if child_kind is dict or child_kind is list:
-                    stack.append((child, (link, index)))
-                else:
-                    return _bad(child, (link, index))
+            children = enumerate(node)
         else:
             return _bad(node, link)
+        for key, child in children:
+            if kind is dict and type(key) is not str:
+                return f"must be JSON-like: a map key at {_path(link)} is {_short(key)}"
+            child_kind = type(child)
+            if child_kind in _SCALARS:
+                continue
+            if child_kind is dict or child_kind is list:
+                stack.append((child, (link, key)))
+            else:
+                return _bad(child, (link, key))
     return None
 
 
