@@ -5,10 +5,11 @@ created there when the worker starts and shut down when it stops, after the
 runtime has drained its requests: ``AsyncLLM.shutdown()`` ends the engine-core
 process it spawned, so the worker leaves no process behind.  Each request is
 one ``engine.generate(...)`` stream (``RequestOutputKind.DELTA``) read through
-:meth:`AsyncioLoop.stream` with ``engine.abort(request_id)`` as its abort
-hook: a hang-up, a deadline, a stop or the worker's shutdown aborts the
-request in the engine before its handler returns.  After a stop the handler
-yields a last ``finish_reason: "cancelled"`` item with the usage so far.
+:meth:`AsyncioLoop.batches` (a batch's outputs go out as one item) with
+``engine.abort(request_id)`` as its abort hook: a hang-up, a deadline, a stop
+or the worker's shutdown aborts the request in the engine before its handler
+returns.  After a stop the handler yields a last ``finish_reason:
+"cancelled"`` item with the usage so far.
 
 The prompt is rendered and tokenized with the model's Hugging Face tokenizer
 (its chat template), as for the transformers worker, on the engine's loop
@@ -98,27 +99,30 @@ class VllmEngine:
             )
             return outputs
 
-        outputs: AsyncGenerator[Any, None] = self._bridge.stream(
+        batches: AsyncGenerator[list[Any], None] = self._bridge.batches(
             start, abort=lambda: engine.abort(request_id), context=context
         )
         generated = 0
         try:
-            async for output in outputs:
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
+            async for batch in batches:
+                # The outputs read since the last batch: one item, so one frame.
+                last = batch[-1]
+                completion = last.outputs[0]
+                token_ids = [token for output in batch for token in output.outputs[0].token_ids]
+                text = "".join(output.outputs[0].text for output in batch)
                 generated += len(token_ids)
-                item: GenerateOutput = {"text": completion.text, "token_ids": token_ids}
-                if output.finished:
+                item: GenerateOutput = {"text": text, "token_ids": token_ids}
+                if last.finished:
                     reason = _FINISH.get(completion.finish_reason or "stop", "stop")
                     item["finish_reason"] = reason
                     if reason == "stop" and isinstance(completion.stop_reason, str):
                         item["stop_sequence"] = completion.stop_reason
                     item["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": generated}
                 yield item
-                if output.finished:
+                if last.finished:
                     return
         finally:
-            await outputs.aclose()
+            await batches.aclose()
         if context.is_killed():
             await trio.lowlevel.checkpoint()  # the kill's Cancelled: no last item
         yield {
