@@ -188,7 +188,7 @@ class _Pipe(Generic[T]):
         waiting = self.trio_waiting
         if waiting is not None and waiting is not self._notified:
             self._notified = waiting
-            self._owner._from_loop(waiting.set)
+            self._owner._wake_soon(waiting)
 
     def take(self) -> list[T]:  # in trio
         """Every item read so far (maybe none); makes room for the loop to read on."""
@@ -220,16 +220,31 @@ class AsyncioLoop:
     an engine is created and used there unchanged.
     """
 
-    __slots__ = ("_calls", "_token", "loop")
+    __slots__ = ("_calls", "_flush_scheduled", "_token", "_wakes", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken) -> None:
         self.loop = loop
         self._token = token
         self._calls: set[_Call[Any]] = set()
+        self._wakes: list[trio.Event] = []  # on the loop only
+        self._flush_scheduled = False  # on the loop only
 
     def _from_loop(self, fn: Callable[..., object], *args: Any) -> None:
         with suppress(trio.RunFinishedError):
             self._token.run_sync_soon(fn, *args)
+
+    def _wake_soon(self, event: trio.Event) -> None:  # on the loop
+        """Set ``event`` in trio at the end of this loop pass: the streams an engine
+        step fed all wake trio in one hop."""
+        self._wakes.append(event)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_wakes)
+
+    def _flush_wakes(self) -> None:  # on the loop
+        self._flush_scheduled = False
+        wakes, self._wakes = self._wakes, []
+        self._from_loop(_set_all, wakes)
 
     async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``await fn()`` on the loop and return its result (or raise its exception).
@@ -392,6 +407,11 @@ async def open_asyncio_loop(name: str = "dynamo-trio asyncio") -> AsyncIterator[
             await ended.wait()
             thread.join()
             loop.close()
+
+
+def _set_all(events: list[trio.Event]) -> None:  # in trio
+    for event in events:
+        event.set()
 
 
 async def _shutdown() -> None:

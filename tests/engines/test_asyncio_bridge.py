@@ -16,11 +16,12 @@ import trio
 
 from dynamo_trio import Context, EngineShutdown, Unknown
 from dynamo_trio.engines import AsyncioLoop, open_asyncio_loop
+from dynamo_trio.engines._asyncio import _set_all
 
 from ._fakes import EngineFailure, FakeAsyncEngine
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     from tests.runtime.conftest import Cluster
 
@@ -382,3 +383,44 @@ async def test_a_window_below_one_is_refused(bridge: AsyncioLoop) -> None:
     batches = bridge.batches(Burst(1).generate, window=0)
     with pytest.raises(ValueError, match="window"):
         await batches.__anext__()
+
+
+async def test_streams_fed_in_one_loop_pass_wake_trio_in_one_hop(
+    bridge: AsyncioLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[int] = []  # the wake-ups each hop carried
+    original = AsyncioLoop._from_loop
+
+    def counting(self: AsyncioLoop, fn: Callable[..., object], *args: Any) -> None:
+        if fn is _set_all:
+            hops.append(len(args[0]))
+        original(self, fn, *args)
+
+    monkeypatch.setattr(AsyncioLoop, "_from_loop", counting)
+    gate = asyncio.Event()
+
+    async def gated() -> AsyncIterator[int]:
+        await gate.wait()
+        yield 1
+        await asyncio.Event().wait()
+
+    async def open_gate() -> None:
+        gate.set()
+
+    streams = [bridge.batches(gated) for _ in range(8)]
+    got: list[list[int]] = []
+
+    async def first(batches: AsyncGenerator[list[int], None]) -> None:
+        got.append(await batches.__anext__())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for batches in streams:
+                nursery.start_soon(first, batches)
+            await trio.testing.wait_all_tasks_blocked()  # all eight wait for an item
+            await bridge.run(open_gate)
+    finally:
+        for batches in streams:
+            await batches.aclose()
+    assert got == [[1]] * 8
+    assert hops == [8]
