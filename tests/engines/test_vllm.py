@@ -4,6 +4,7 @@ Real processes: a frontend and ``python -m dynamo_trio vllm``; the official
 ``openai`` client hangs up after 5 chunks, again and again: each hang-up is
 counted once on each side and leaves ``vllm:num_requests_running`` at 0; a
 SIGTERM ends the worker with status 0 and its engine-core process with it.
+In process (the engine on a bridge in the test): continuations.
 """
 
 from __future__ import annotations
