@@ -378,7 +378,8 @@ async def serve_transformers(
     **settings: Any,
 ) -> None:
     """Load the checkpoint (in a thread) and serve it as ``model_name`` (chat and
-    completions) until the runtime shuts down; its metrics go to the runtime's registry."""
+    completions on ``endpoint``, embeddings on ``embed`` beside it) until the runtime
+    shuts down; its metrics go to the runtime's registry."""
     metrics = EngineMetrics(runtime.registry, model_name)
     load = partial(TransformersEngine.load, model_dir, dtype=dtype, metrics=metrics, **settings)
     engine = await trio.to_thread.run_sync(load)
