@@ -9,14 +9,17 @@ write_tiny_model as w; from pathlib import Path; w(Path('DIR'))"``).
 Both systems are up at once (each its own engine, float32, a small KV cache);
 runs alternate between them.  Per run and system:
 
-- **tokens/s**: one streamed chat of ``--tokens`` tokens (``ignore_eos``),
-  tokens over the time from the first chunk to the last;
+- **tokens/s, N streams**: N streamed chats of ``--tokens`` tokens each
+  (``ignore_eos``) at once, all their tokens over the time from the first
+  chunk of any to the last chunk of all (for each N of ``--streams``);
 - **hang-up to idle**: a stream read for 5 chunks, then the socket closed;
   the time from the close until the system's ``/metrics`` (the worker's status
   server for dynamo-trio) shows ``vllm:num_requests_running`` at 0, polled as
   fast as one scrape allows.
 
-Prints the median and max of each.
+Prints the median and max of each, and the median of the per-run ratios
+(dynamo-trio over vLLM's server: runs next to each other share the machine's
+load, so the ratio is fairer than the figures when other work runs).
 """
 
 from __future__ import annotations
@@ -92,19 +95,27 @@ async def open_stream(url: str, max_tokens: int) -> trio.SocketStream:
     return stream
 
 
-async def throughput(url: str, tokens: int) -> float:
-    stream = await open_stream(url, tokens)
-    received, first = b"", None
-    while b"data: [DONE]" not in received:
-        chunk = await stream.receive_some(65536)
-        if not chunk:
-            break
-        if first is None:
-            first = time.perf_counter()
-        received += chunk
-    elapsed = time.perf_counter() - (first or time.perf_counter())
-    await stream.aclose()
-    return tokens / elapsed
+async def throughput(url: str, tokens: int, streams: int = 1) -> float:
+    firsts: list[float] = []
+    lasts: list[float] = []
+
+    async def one() -> None:
+        stream = await open_stream(url, tokens)
+        received = b""
+        while b"data: [DONE]" not in received:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            if not received:
+                firsts.append(time.perf_counter())
+            received += chunk
+        lasts.append(time.perf_counter())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(streams):
+            nursery.start_soon(one)
+    return tokens * streams / (max(lasts) - min(firsts))
 
 
 async def hang_up_to_idle(http: httpx.AsyncClient, url: str, metrics_url: str) -> float:
@@ -156,26 +167,36 @@ async def main(args: argparse.Namespace) -> None:
             "dynamo-trio": (f"http://127.0.0.1:{frontend_port}", f"http://127.0.0.1:{status_port}"),
             "vLLM server": (f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{vllm_port}"),
         }
+        measures = [f"tokens/s, {n} stream{'s' if n > 1 else ''}" for n in args.streams]
+        measures.append("hang-up to idle (ms)")
         results: dict[str, dict[str, list[float]]] = {
-            name: {"tokens/s": [], "hang-up to idle (ms)": []} for name in systems
+            name: {what: [] for what in measures} for name in systems
         }
         async with httpx.AsyncClient(timeout=30) as http:
             for url, _ in systems.values():
                 await wait_ready(http, url)
             for url, metrics in systems.values():  # warm-up
-                await throughput(url, 50)
+                await throughput(url, 50, max(args.streams))
                 await hang_up_to_idle(http, url, f"{metrics}/metrics")
             for _ in range(args.runs):
                 for name, (url, metrics) in systems.items():
-                    results[name]["tokens/s"].append(await throughput(url, args.tokens))
+                    figures = results[name]
+                    for streams, what in zip(args.streams, measures[:-1], strict=True):
+                        figures[what].append(await throughput(url, args.tokens, streams))
                     idle = await hang_up_to_idle(http, url, f"{metrics}/metrics")
-                    results[name]["hang-up to idle (ms)"].append(idle * 1000)
+                    figures["hang-up to idle (ms)"].append(idle * 1000)
         for name, figures in results.items():
             for what, values in figures.items():
                 print(
                     f"{name:12} {what:22} median {statistics.median(values):8.1f}  "
                     f"max {max(values):8.1f}  ({len(values)} runs)"
                 )
+        ours, theirs = results["dynamo-trio"], results["vLLM server"]
+        for what in measures:
+            ratios = [a / b for a, b in zip(ours[what], theirs[what], strict=True)]
+            print(
+                f"ratio        {what:22} median {statistics.median(ratios):8.3f}  (ours / vLLM's)"
+            )
     finally:
         for process in processes:
             if process.returncode is None:
@@ -192,4 +213,5 @@ if __name__ == "__main__":
     parser.add_argument("--model", required=True)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=500)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     trio.run(main, parser.parse_args())

@@ -5,28 +5,21 @@ request and an ``abort(request_id)`` coroutine.  :func:`open_asyncio_loop`
 runs an asyncio event loop in a thread of its own for the life of the worker
 (the block that opened it owns it: leaving the block, however it is left,
 cancels what still runs on the loop, stops it and joins its thread).
-:meth:`AsyncioLoop.stream` turns one engine call into a trio async generator:
-
-- each item is fetched on demand (one ``__anext__`` on the loop per item the
-  handler asks for), so the engine's stream is read no faster than the
-  client reads (backpressure), and items never pile up between the loops;
-- a **kill**, or any trio cancellation of the handler, ends the stream at
-  once; a **stop** (``context.is_stopped()``) ends it at once too, without
-  an error, so the handler can still yield a last item with the usage so far;
-- in both cases, and for ``aclose``, an exception in the bridge or the
-  engine, or the worker shutting down, the engine's ``abort`` is scheduled on
-  the loop at once and awaited (shielded: no cancellation can skip it), then
-  the engine's generator is closed, all before the stream ends.  Only a
-  stream the engine ended on its own is not aborted;
-- an exception the engine raises is raised to the handler, which makes it the
-  request's typed error; the worker goes on.
-"""
+:meth:`AsyncioLoop.batches` turns one engine call into a trio async generator
+of batches: a task on the loop reads the engine's stream at most ``window``
+items ahead of the handler, and each wake-up of trio hands over every item
+read so far (one hop per batch, not per item; none back while the window has
+room).  A kill, a stop or ``aclose`` aborts the request in the engine
+(shielded), then cancels the reading task and closes the engine's generator,
+before the stream ends; only a stream the engine ended on its own is not
+aborted.  :meth:`AsyncioLoop.stream` is the same, item by item."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+from collections import deque
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
@@ -48,26 +41,21 @@ T = TypeVar("T")
 
 
 @final
-class _End:
-    """The engine's stream ended on its own."""
-
-
-_END = _End()
-
-
-@final
 class _Call(Generic[T]):
     """One coroutine run on the asyncio loop, as seen from trio.
 
-    ``ended`` (and ``wake``) are set in the trio thread once the coroutine has
-    really finished on the loop, whatever way: a cancelled call is only over
-    when its task is.
+    ``ended`` is set (and ``on_end`` called) in the trio thread once the
+    coroutine has really finished on the loop, whatever way: a cancelled call is
+    only over when its task is.
     """
 
-    __slots__ = ("_cancelled", "_fn", "_owner", "_result", "_task", "ended", "wake")
+    __slots__ = ("_cancelled", "_fn", "_on_end", "_owner", "_result", "_task", "ended")
 
     def __init__(
-        self, owner: AsyncioLoop, fn: Callable[[], Awaitable[T]], wake: trio.Event | None = None
+        self,
+        owner: AsyncioLoop,
+        fn: Callable[[], Awaitable[T]],
+        on_end: Callable[[], object] | None = None,
     ) -> None:
         self._owner = owner
         self._fn = fn
@@ -75,7 +63,7 @@ class _Call(Generic[T]):
         self._cancelled = False
         self._result: outcome.Outcome[T] | None = None
         self.ended = trio.Event()
-        self.wake = wake
+        self._on_end = on_end
         owner._calls.add(self)
         try:
             owner.loop.call_soon_threadsafe(self._start)
@@ -119,8 +107,8 @@ class _Call(Generic[T]):
         self._result = result
         self._owner._calls.discard(self)
         self.ended.set()
-        if self.wake is not None:
-            self.wake.set()
+        if self._on_end is not None:
+            self._on_end()
 
     def unwrap(self) -> T:
         """The coroutine's result, or its exception raised (a loop that went away while
@@ -134,27 +122,93 @@ class _Call(Generic[T]):
 
 
 @final
-class _Pump(Generic[T]):
-    """The engine's generator for one request; its methods run on the loop."""
+class _Pipe(Generic[T]):
+    """One request's items between the loops.
 
-    __slots__ = ("_generate", "_iterator")
+    A task on the loop (:meth:`pump`) reads the engine's generator into
+    ``ready`` while fewer than ``window`` items wait there; trio takes them all
+    at once (:meth:`take`).  Each side wakes the other only when it waits: trio
+    by publishing ``trio_waiting``, the loop by publishing ``_space``.  A side
+    publishes before it looks again, and the other looks after it has moved
+    (the GIL orders the two), so a wake-up is never lost; one may come twice,
+    and a second is harmless.
+    """
 
-    def __init__(self, generate: Callable[[], AsyncIterator[T]]) -> None:
+    __slots__ = (
+        "_generate",
+        "_notified",
+        "_owner",
+        "_space",
+        "_space_notified",
+        "_window",
+        "ended",
+        "ready",
+        "trio_waiting",
+    )
+
+    def __init__(
+        self, owner: AsyncioLoop, generate: Callable[[], AsyncIterator[T]], window: int
+    ) -> None:
+        self._owner = owner
         self._generate = generate
-        self._iterator: AsyncIterator[T] | None = None
+        self._window = window
+        self.ready: deque[T] = deque()
+        # Set on the loop after the last item: Value if the engine ended the stream,
+        # Error if it raised.
+        self.ended: outcome.Outcome[None] | None = None
+        self.trio_waiting: trio.Event | None = None  # written in trio only
+        self._notified: trio.Event | None = None  # written on the loop only
+        self._space: asyncio.Event | None = None  # written on the loop only
+        self._space_notified: asyncio.Event | None = None  # written in trio only
 
-    async def next(self) -> T | _End:
-        if self._iterator is None:
-            self._iterator = aiter(self._generate())
+    async def pump(self) -> None:  # on the loop
+        iterator: AsyncIterator[T] | None = None
         try:
-            return await anext(self._iterator)
-        except StopAsyncIteration:
-            return _END
+            try:
+                iterator = aiter(self._generate())
+                async for item in iterator:
+                    self.ready.append(item)
+                    self._wake_trio()
+                    while len(self.ready) >= self._window:
+                        self._space = space = asyncio.Event()
+                        if len(self.ready) < self._window:
+                            break
+                        await space.wait()
+                    self._space = None
+            finally:
+                aclose = getattr(iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except Exception as exc:  # the engine's error: raised to the handler after the items
+            self.ended = outcome.Error(exc)
+        else:
+            self.ended = outcome.Value(None)
 
-    async def aclose(self) -> None:
-        aclose = getattr(self._iterator, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    def _wake_trio(self) -> None:  # on the loop
+        waiting = self.trio_waiting
+        if waiting is not None and waiting is not self._notified:
+            self._notified = waiting
+            self._owner._wake_soon(waiting)
+
+    def take(self) -> list[T]:  # in trio
+        """Every item read so far (maybe none); makes room for the loop to read on."""
+        batch: list[T] = []
+        with suppress(IndexError):
+            while True:
+                batch.append(self.ready.popleft())
+        space = self._space
+        if space is not None and space is not self._space_notified:
+            self._space_notified = space
+            with suppress(RuntimeError):  # a closed loop reads nothing more
+                self._owner.loop.call_soon_threadsafe(space.set)
+        return batch
+
+    def wake(self) -> None:  # in trio
+        if self.trio_waiting is not None:
+            self.trio_waiting.set()
+
+    def wake_on_cancel(self, _: Context, _state: ContextState, _reason: CancelReason) -> None:
+        self.wake()
 
 
 @final
@@ -166,16 +220,31 @@ class AsyncioLoop:
     an engine is created and used there unchanged.
     """
 
-    __slots__ = ("_calls", "_token", "loop")
+    __slots__ = ("_calls", "_flush_scheduled", "_token", "_wakes", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken) -> None:
         self.loop = loop
         self._token = token
         self._calls: set[_Call[Any]] = set()
+        self._wakes: list[trio.Event] = []  # on the loop only
+        self._flush_scheduled = False  # on the loop only
 
     def _from_loop(self, fn: Callable[..., object], *args: Any) -> None:
         with suppress(trio.RunFinishedError):
             self._token.run_sync_soon(fn, *args)
+
+    def _wake_soon(self, event: trio.Event) -> None:  # on the loop
+        """Set ``event`` in trio at the end of this loop pass: the streams an engine
+        step fed all wake trio in one hop."""
+        self._wakes.append(event)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_wakes)
+
+    def _flush_wakes(self) -> None:  # on the loop
+        self._flush_scheduled = False
+        wakes, self._wakes = self._wakes, []
+        self._from_loop(_set_all, wakes)
 
     async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``await fn()`` on the loop and return its result (or raise its exception).
@@ -205,14 +274,15 @@ class AsyncioLoop:
             except Exception:
                 _log.exception("the engine's %s failed", what)
 
-    async def stream(
+    async def batches(
         self,
         generate: Callable[[], AsyncIterator[T]],
         *,
         abort: Callable[[], Awaitable[object]] | None = None,
         context: Context | None = None,
-    ) -> AsyncGenerator[T, None]:
-        """Stream what ``generate()`` (an asyncio async iterator) yields, on the loop.
+        window: int = 16,
+    ) -> AsyncGenerator[list[T], None]:
+        """Stream what ``generate()`` (an asyncio async iterator) yields, in batches.
 
         Args:
             generate: Called on the loop to start the engine's stream for this
@@ -221,47 +291,79 @@ class AsyncioLoop:
                 engine ended it (e.g. ``lambda: engine.abort(rid)``).
             context: The request's context: a stop ends the stream early (no
                 error), a kill cancels the handler and so this stream.
+            window: At most this many items are read from the engine and not
+                yet handed over (a slow client slows the engine).
 
-        Use it as ``items = loop.stream(...)`` and ``await items.aclose()`` in
-        a ``finally``, so that leaving the handler early closes it at once.
+        Each batch is every item read since the last one (never empty, in the
+        engine's order).  An exception the engine raises comes after the items
+        it yielded before; a loop that went away is
+        :class:`~dynamo_trio.EngineShutdown`.  Use it as ``batches =
+        loop.batches(...)`` and ``await batches.aclose()`` in a ``finally``, so
+        that leaving the handler early closes it at once.
         """
-        pump = _Pump(generate)
-        wake = trio.Event()
-        step: _Call[T | _End] | None = None
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        pipe = _Pipe(self, generate, window)
+        pump: _Call[None] | None = None
         completed = False
-
-        def on_cancel(_context: Context, _state: ContextState, _reason: CancelReason) -> None:
-            wake.set()
-
         if context is not None:
-            context.add_cancel_callback(on_cancel)
+            context.add_cancel_callback(pipe.wake_on_cancel)
         try:
             while context is None or not context.is_stopped():
-                wake = trio.Event()
-                step = _Call(self, pump.next, wake)
-                await wake.wait()
-                if not step.ended.is_set():
-                    break  # stopped while the engine was working on the next item
-                item = step.unwrap()
-                step = None
-                if isinstance(item, _End):
+                if pump is None:  # started once the handler asks, unless stopped before
+                    pump = _Call(self, pipe.pump, pipe.wake)
+                if pump.ended.is_set() and pipe.ended is None:
+                    pump.unwrap()  # the loop went away: what it read is dropped
+                batch = pipe.take()
+                if batch:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    yield batch
+                    continue
+                if pump.ended.is_set():
+                    assert pipe.ended is not None
+                    pipe.ended.unwrap()  # the engine's error
                     completed = True
                     return
-                yield item
-            if context is not None and context.is_killed():
+                pipe.trio_waiting = waiting = trio.Event()
+                if not pipe.ready and not pump.ended.is_set():
+                    await waiting.wait()
+                pipe.trio_waiting = None
+            if context.is_killed():
                 # kill() marks the context before its scope's cancellation is
                 # delivered: take the Cancelled here, rather than end as a stop.
                 await trio.lowlevel.checkpoint()
         finally:
             if context is not None:
-                context.remove_cancel_callback(on_cancel)
+                context.remove_cancel_callback(pipe.wake_on_cancel)
             with trio.CancelScope(shield=True):
                 if not completed and abort is not None:
                     await self._settle(abort, "abort")
-                if step is not None and not step.ended.is_set():
-                    step.cancel()
-                    await step.ended.wait()
-                await self._settle(pump.aclose, "stream's aclose")
+                if pump is not None and not pump.ended.is_set():
+                    pump.cancel()
+                    await pump.ended.wait()
+
+    async def stream(
+        self,
+        generate: Callable[[], AsyncIterator[T]],
+        *,
+        abort: Callable[[], Awaitable[object]] | None = None,
+        context: Context | None = None,
+        window: int = 16,
+    ) -> AsyncGenerator[T, None]:
+        """:meth:`batches`, item by item (the same arguments): a stop or a kill in
+        the middle of a batch drops the rest of it."""
+        batches = self.batches(generate, abort=abort, context=context, window=window)
+        try:
+            async for batch in batches:
+                for item in batch:
+                    if context is not None and context.is_stopped():
+                        if context.is_killed():
+                            await trio.lowlevel.checkpoint()  # the kill's Cancelled
+                        return
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    yield item
+        finally:
+            await batches.aclose()
 
 
 @asynccontextmanager
@@ -305,6 +407,11 @@ async def open_asyncio_loop(name: str = "dynamo-trio asyncio") -> AsyncIterator[
             await ended.wait()
             thread.join()
             loop.close()
+
+
+def _set_all(events: list[trio.Event]) -> None:  # in trio
+    for event in events:
+        event.set()
 
 
 async def _shutdown() -> None:

@@ -65,7 +65,10 @@ def transformers_main(argv: Sequence[str] | None = None) -> None:
     """``python -m dynamo_trio transformers --model DIR``."""
     parser = argparse.ArgumentParser(
         prog="dynamo-trio transformers",
-        description="A worker serving a Hugging Face transformers checkpoint (chat, completions).",
+        description=(
+            "A worker serving a Hugging Face transformers checkpoint "
+            "(chat, completions, embeddings)."
+        ),
     )
     _common_flags(parser, "transformers")
     parser.add_argument(

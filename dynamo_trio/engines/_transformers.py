@@ -16,7 +16,8 @@ engine protocol's (:mod:`dynamo_trio.llm`), exactly as the mock engine's.
 Continuations (request migration): the earlier attempt's tokens are appended
 to the prompt and count against ``max_tokens``; the text it held back as a
 possible stop sequence (never sent) comes first, so the two attempts read as
-one generation.  The model card says so (``accepts_continuation``).
+one generation.  The model card says so (``accepts_continuation``).  The same
+model serves embeddings too (``embed``: mean-pooled last hidden states).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
 
-from ..llm import StopMatcher, Usage, validate_generate_request
+from ..llm import (
+    ContextLengthExceeded,
+    StopMatcher,
+    Usage,
+    validate_embed_request,
+    validate_generate_request,
+)
 from ._detokenize import Detokenizer
 from ._metrics import EngineMetrics
 from ._prompt import output_budget, prompt_ids
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from .._context import Context
-    from ..llm import GenerateOutput, GenerateRequest
+    from ..llm import EmbedOutput, GenerateOutput, GenerateRequest
     from ..runtime import DistributedRuntime
     from ._thread import Emit, StopFlag
 
@@ -114,6 +121,55 @@ class TransformersEngine:
         )
         model.eval()
         return cls(model, tokenizer, **settings)
+
+    async def embed(self, request: object, context: Context) -> AsyncIterator[EmbedOutput]:
+        """Embed each input as the mean of the model's last hidden states over its
+        tokens, L2-normalised (``dimensions`` keeps the leading components,
+        renormalised).  The model runs in a thread, one input at a time: a kill
+        waits for the input under way at most, and a stop yields nothing.
+
+        Raises:
+            ValueError: if the request is invalid, an input is empty or longer than
+                the context (:class:`~dynamo_trio.llm.ContextLengthExceeded`), or
+                ``dimensions`` exceeds the model's hidden size.
+        """
+        valid = validate_embed_request(request)
+        full = int(self._model.config.hidden_size)
+        dimensions = valid.get("dimensions") or full
+        if dimensions > full:
+            raise ValueError(
+                f"invalid embedding request: dimensions ({dimensions}) exceeds this model's "
+                f"embedding size ({full})"
+            )
+        vectors: list[list[float]] = []
+        tokens = 0
+        async with self._slots:
+            for text in valid["input"]:
+                vector, count = await trio.to_thread.run_sync(self._embed_one, text, dimensions)
+                vectors.append(vector)
+                tokens += count
+        if context.is_stopped():
+            return  # an embedding has no partial result
+        yield {"embeddings": vectors, "usage": {"prompt_tokens": tokens}}
+
+    def _embed_one(self, text: str, dimensions: int) -> tuple[list[float], int]:  # in a thread
+        import torch
+
+        ids = list(self._tokenizer(text)["input_ids"])
+        if not ids:
+            raise ValueError("invalid embedding request: an input is empty")
+        if len(ids) > self.context_length:
+            raise ContextLengthExceeded(
+                context_length=self.context_length,
+                prompt_tokens=len(ids),
+                max_tokens=None,
+                prompt_kind="input",
+            )
+        with torch.inference_mode():
+            output = self._model(torch.tensor([ids], dtype=torch.long), output_hidden_states=True)
+            vector = output.hidden_states[-1][0].float().mean(dim=0)[:dimensions]
+            vector = vector / vector.norm().clamp_min(1e-12)
+        return vector.tolist(), len(ids)
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
         """The request's prompt as token ids: chat messages through the model's template."""
@@ -322,7 +378,8 @@ async def serve_transformers(
     **settings: Any,
 ) -> None:
     """Load the checkpoint (in a thread) and serve it as ``model_name`` (chat and
-    completions) until the runtime shuts down; its metrics go to the runtime's registry."""
+    completions on ``endpoint``, embeddings on ``embed`` beside it) until the runtime
+    shuts down; its metrics go to the runtime's registry."""
     metrics = EngineMetrics(runtime.registry, model_name)
     load = partial(TransformersEngine.load, model_dir, dtype=dtype, metrics=metrics, **settings)
     engine = await trio.to_thread.run_sync(load)
@@ -335,4 +392,12 @@ async def serve_transformers(
         }
         await served.register_model(model_name, "chat", **card)
         await served.register_model(model_name, "completions", **card)
-        _log.info("serving %s (chat, completions) at %s", model_name, served.path)
+        embed = runtime.endpoint(f"{endpoint.rsplit('.', 1)[0]}.embed")
+        await nursery.start(embed.serve_endpoint, engine.embed)
+        await embed.register_model(model_name, "embeddings", context_length=engine.context_length)
+        _log.info(
+            "serving %s (chat, completions) at %s, embeddings at %s",
+            model_name,
+            served.path,
+            embed.path,
+        )

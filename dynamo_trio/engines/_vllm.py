@@ -1,24 +1,17 @@
 """vLLM's ``AsyncLLM`` served by a trio worker, through the asyncio bridge.
 
-The engine lives on the bridge's asyncio loop (:func:`open_asyncio_loop`),
-created there when the worker starts and shut down when it stops, after the
-runtime has drained its requests: ``AsyncLLM.shutdown()`` ends the engine-core
-process it spawned, so the worker leaves no process behind.  Each request is
-one ``engine.generate(...)`` stream (``RequestOutputKind.DELTA``) read through
-:meth:`AsyncioLoop.stream` with ``engine.abort(request_id)`` as its abort
-hook: a hang-up, a deadline, a stop or the worker's shutdown aborts the
-request in the engine before its handler returns.  After a stop the handler
-yields a last ``finish_reason: "cancelled"`` item with the usage so far.
-
-The prompt is rendered and tokenized with the model's Hugging Face tokenizer
-(its chat template), as for the transformers worker, on the engine's loop
-when the request starts (a long prompt never holds up the trio thread); vLLM
-detokenizes and matches stop sequences.  vLLM's own Prometheus series
-(``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ...) are
-served on the worker's ``/metrics`` beside the runtime's.
-
-``AsyncLLM`` starts its engine core with ``multiprocessing`` *spawn*: the
-program that runs this worker must guard its entry point with
+The engine lives on the bridge's loop (:func:`open_asyncio_loop`) from the
+worker's start to its stop, after the drain (``AsyncLLM.shutdown()`` ends the
+engine-core process: none is left behind).  A request is one
+``engine.generate(...)`` stream (``RequestOutputKind.DELTA``, the prompt
+tokenized on the loop with the model's chat template) read through
+:meth:`AsyncioLoop.batches`, a batch's outputs sent as one item; a hang-up,
+deadline, stop or shutdown runs ``engine.abort(request_id)`` before the handler
+returns.  Continuations (migration): the earlier attempt's tokens follow the
+prompt and count against ``max_tokens``, its held-back text is sent first,
+and the handler matches the stop sequences across the boundary.  vLLM's
+``vllm:`` series are served on the worker's ``/metrics``.  ``AsyncLLM``
+spawns its engine core: the program must guard its entry point with
 ``if __name__ == "__main__":`` (``python -m dynamo_trio vllm`` does).
 """
 
@@ -31,9 +24,10 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from ..llm import validate_generate_request
+from ..llm import StopMatcher, validate_generate_request
 from ..runtime._runtime import dynamo_worker
 from ._asyncio import AsyncioLoop, open_asyncio_loop
+from ._detokenize import Detokenizer
 from ._prompt import output_budget, prompt_ids
 
 if TYPE_CHECKING:
@@ -42,7 +36,7 @@ if TYPE_CHECKING:
 
     from .._config import Config
     from .._context import Context
-    from ..llm import FinishReason, GenerateOutput, GenerateRequest
+    from ..llm import FinishReason, GenerateOutput, GenerateRequest, Usage
     from ..runtime import DistributedRuntime
 
 __all__ = ["VllmEngine", "run_vllm_worker"]
@@ -71,7 +65,8 @@ class VllmEngine:
         self.context_length = int(engine.model_config.max_model_len)
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
-        """Stream one generation: an item per engine output (see the module docstring).
+        """Stream one generation: an item per batch of engine outputs (see the module
+        docstring).
 
         Raises:
             ValueError: if the request is invalid or does not fit the context.
@@ -81,61 +76,110 @@ class VllmEngine:
         # user's, and a client may reuse it.
         request_id = f"{context.id()}-{uuid.uuid4().hex[:8]}"
         engine, tokenizer, context_length = self._engine, self._tokenizer, self.context_length
-        prompt: list[int] = []
+        continuation = valid.get("continuation")
+        done = list(continuation["token_ids"]) if continuation else []
+        plan: dict[str, Any] = {"prompt_tokens": 0, "new_tokens": 1, "held": ""}
 
         def start() -> AsyncIterator[Any]:
             # On the engine's loop: tokenizing a long prompt never holds up the trio thread.
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
 
-            prompt.extend(prompt_ids(tokenizer, valid))
-            max_tokens = output_budget(valid, len(prompt), context_length, None)
-            params = SamplingParams(
-                output_kind=RequestOutputKind.DELTA, **_sampling(valid, max_tokens)
-            )
+            prompt = prompt_ids(tokenizer, valid)
+            budget = output_budget(valid, len(prompt), context_length, None)
+            plan["prompt_tokens"], plan["new_tokens"] = len(prompt), budget - len(done)
+            if continuation:
+                plan["held"] = _held_text(tokenizer, prompt, done, continuation["text"])
+            if plan["new_tokens"] <= 0:
+                return _nothing()
+            options = _sampling(valid, plan["new_tokens"], done=len(done))
+            params = SamplingParams(output_kind=RequestOutputKind.DELTA, **options)
             outputs: AsyncIterator[Any] = engine.generate(
-                {"prompt_token_ids": prompt}, params, request_id
+                {"prompt_token_ids": prompt + done}, params, request_id
             )
             return outputs
 
-        outputs: AsyncGenerator[Any, None] = self._bridge.stream(
+        batches: AsyncGenerator[list[Any], None] = self._bridge.batches(
             start, abort=lambda: engine.abort(request_id), context=context
         )
-        generated = 0
+        # A continuation's stop sequences are matched here, across the boundary with
+        # the earlier attempt's text (vLLM sees only its own); others by vLLM.
+        stops = StopMatcher(valid.get("stop", ())) if continuation else None
+        min_tokens = valid.get("min_tokens") or 0
+        generated = len(done)
         try:
-            async for output in outputs:
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
+            async for batch in batches:
+                # The outputs read since the last batch: one item, so one frame.
+                last = batch[-1]
+                completion = last.outputs[0]
+                token_ids = [token for output in batch for token in output.outputs[0].token_ids]
+                text = "".join(output.outputs[0].text for output in batch)
                 generated += len(token_ids)
-                item: GenerateOutput = {"text": completion.text, "token_ids": token_ids}
-                if output.finished:
+                item: GenerateOutput = {"text": text, "token_ids": token_ids}
+                if stops is not None:
+                    text, plan["held"] = plan["held"] + text, ""
+                    item["text"], stop = stops.push(text, active=generated >= min_tokens)
+                    if stop is not None:
+                        item["finish_reason"], item["stop_sequence"] = "stop", stop
+                        item["usage"] = _usage(plan, generated)
+                        yield item
+                        return
+                    if last.finished:
+                        item["text"] += stops.flush()
+                if last.finished:
                     reason = _FINISH.get(completion.finish_reason or "stop", "stop")
                     item["finish_reason"] = reason
                     if reason == "stop" and isinstance(completion.stop_reason, str):
                         item["stop_sequence"] = completion.stop_reason
-                    item["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": generated}
+                    item["usage"] = _usage(plan, generated)
                 yield item
-                if output.finished:
+                if last.finished:
                     return
         finally:
-            await outputs.aclose()
+            await batches.aclose()
         if context.is_killed():
             await trio.lowlevel.checkpoint()  # the kill's Cancelled: no last item
-        yield {
-            "text": "",
-            "token_ids": [],
-            "finish_reason": "cancelled" if context.is_stopped() else "stop",
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": generated},
-        }
+        last_item: GenerateOutput = {"text": "", "token_ids": [], "finish_reason": "stop"}
+        if stops is not None:  # what was held back for a stop sequence
+            text, stop = stops.push(plan["held"], active=generated >= min_tokens)
+            last_item["text"] = text if stop is not None else text + stops.flush()
+            if stop is not None:
+                last_item["stop_sequence"] = stop
+        if context.is_stopped():
+            last_item["finish_reason"] = "cancelled"
+        elif plan["new_tokens"] <= 0 and "stop_sequence" not in last_item:
+            last_item["finish_reason"] = "length"  # a continuation with nothing left to make
+        last_item["usage"] = _usage(plan, generated)
+        yield last_item
 
 
-def _sampling(request: GenerateRequest, max_tokens: int) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for the request's sampling fields."""
+def _usage(plan: dict[str, Any], generated: int) -> Usage:
+    return {"prompt_tokens": plan["prompt_tokens"], "completion_tokens": generated}
+
+
+async def _nothing() -> AsyncIterator[Any]:
+    """An engine stream that ends at once (a continuation with no tokens left to make)."""
+    return
+    yield
+
+
+def _held_text(tokenizer: Any, prompt: list[int], done: list[int], sent: str) -> str:
+    """The text of the earlier attempt's tokens that its client was not sent (held back
+    as the possible start of a stop sequence)."""
+    detokenizer = Detokenizer(tokenizer, prompt)
+    text = "".join(detokenizer.push(token_id) for token_id in done)
+    return text[len(sent) :] if text.startswith(sent) else ""
+
+
+def _sampling(request: GenerateRequest, max_tokens: int, *, done: int = 0) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for the request's sampling fields, for
+    ``max_tokens`` more tokens after ``done`` already made (a continuation, whose stop
+    sequences the handler matches)."""
     options: dict[str, Any] = {
         "max_tokens": max_tokens,
-        "min_tokens": request.get("min_tokens") or 0,
+        "min_tokens": max(0, (request.get("min_tokens") or 0) - done),
         "ignore_eos": bool(request.get("ignore_eos")),
-        "stop": list(request.get("stop", ())),
+        "stop": [] if request.get("continuation") else list(request.get("stop", ())),
         "temperature": 1.0 if request.get("temperature") is None else request.get("temperature"),
     }
     for name in ("top_p", "top_k", "seed"):
@@ -211,7 +255,10 @@ async def _serve(
     served = runtime.endpoint(endpoint)
     async with trio.open_nursery() as nursery:
         await nursery.start(served.serve_endpoint, engine.generate)
-        card: dict[str, Any] = {"context_length": engine.context_length}
+        card: dict[str, Any] = {
+            "context_length": engine.context_length,
+            "accepts_continuation": True,
+        }
         await served.register_model(model_name, "chat", **card)
         await served.register_model(model_name, "completions", **card)
         _log.info("serving %s (chat, completions) at %s", model_name, served.path)

@@ -16,11 +16,12 @@ import trio
 
 from dynamo_trio import Context, EngineShutdown, Unknown
 from dynamo_trio.engines import AsyncioLoop, open_asyncio_loop
+from dynamo_trio.engines._asyncio import _set_all
 
 from ._fakes import EngineFailure, FakeAsyncEngine
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     from tests.runtime.conftest import Cluster
 
@@ -67,6 +68,12 @@ async def consume(
         finally:
             await generator.aclose()
     return got
+
+
+async def read_into(got: list[int], items: AsyncIterator[int]) -> None:
+    """Append each item to ``got`` until the stream ends or raises."""
+    async for item in items:
+        got.append(item)
 
 
 @pytest.fixture
@@ -237,16 +244,19 @@ async def test_run_cancels_the_coroutine_on_the_loop_and_waits_for_it() -> None:
 
 
 async def test_closing_the_loop_ends_a_stream_still_open() -> None:
-    """A stream left open when the loop closes ends with EngineShutdown, never hangs."""
+    """A stream left open when the loop closes ends with EngineShutdown, never hangs; only
+    the rest of a batch already handed over (at most a window) comes before."""
     before = set(threading.enumerate())
     engine = FakeAsyncEngine()
     async with open_asyncio_loop() as bridge:
-        items = bridge.stream(lambda: engine.generate("r", 1000))
+        items = bridge.stream(lambda: engine.generate("r", 1000), window=4)
         assert await items.__anext__() == 0
         other = bridge.stream(lambda: engine.generate("s", 1000))
         assert await other.__anext__() == 0
+    got: list[int] = []
     with pytest.raises(EngineShutdown):
-        await items.__anext__()
+        await read_into(got, items)
+    assert got == list(range(1, len(got) + 1)) and len(got) < 4
     await other.aclose()
     assert set(threading.enumerate()) == before
 
@@ -261,3 +271,156 @@ async def test_through_the_runtime_an_engine_error_is_a_typed_error(cluster: Clu
                 pass
         assert len(engine.aborted) == 1
         await idle(bridge, engine)
+
+
+class Burst:
+    """An engine whose generator yields ``count`` items at once (no await between them),
+    then waits until it is cancelled; it records how far it got and how it ended."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.produced = 0
+        self.events: list[str] = []  # shared with the test (list.append is atomic)
+
+    async def generate(self) -> AsyncIterator[int]:
+        try:
+            for item in range(self.count):
+                self.produced += 1
+                yield item
+            await asyncio.Event().wait()
+        finally:
+            self.events.append(f"closed after {self.produced}")
+
+    async def abort(self) -> None:
+        self.events.append("abort")
+
+
+async def test_a_burst_arrives_in_fewer_wake_ups_than_items_and_in_order(
+    bridge: AsyncioLoop,
+) -> None:
+    engine = Burst(10)
+    batches = bridge.batches(engine.generate, abort=engine.abort)
+    got: list[list[int]] = []
+    try:
+        while sum(map(len, got)) < 10:
+            got.append(await batches.__anext__())
+    finally:
+        await batches.aclose()
+    assert [item for batch in got for item in batch] == list(range(10))
+    assert all(got) and len(got) < 10
+    assert engine.events == ["abort", "closed after 10"]
+
+
+async def test_the_engine_is_read_at_most_a_window_ahead(bridge: AsyncioLoop) -> None:
+    engine = Burst(1000)
+    batches = bridge.batches(engine.generate, abort=engine.abort, window=4)
+    taken: list[int] = []
+    try:
+        for _ in range(5):
+            batch = await batches.__anext__()
+            assert 1 <= len(batch) <= 4
+            assert batch == list(range(len(taken), len(taken) + len(batch)))
+            taken += batch
+            await bridge.run(lambda: _loop_passes(20))  # the loop is free to read on
+            assert engine.produced == len(taken) + 4
+    finally:
+        await batches.aclose()
+    # Closed while the reading task waited for room: the engine's generator is closed too.
+    assert engine.events == ["abort", f"closed after {len(taken) + 4}"]
+
+
+async def _loop_passes(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_kill_in_the_middle_of_a_batch_drops_the_rest_and_aborts(
+    bridge: AsyncioLoop,
+) -> None:
+    engine = Burst(10)
+    context = Context()
+
+    async def generate(request: Any, context: Context) -> AsyncIterator[dict[str, int]]:
+        items = bridge.stream(engine.generate, abort=engine.abort, context=context)
+        try:
+            async for item in items:
+                yield {"token": item}
+        finally:
+            await items.aclose()
+            engine.events.append("handler done")
+
+    got = await consume(generate(None, context), context, kill_after=3)
+    assert got == [{"token": 0}, {"token": 1}, {"token": 2}]
+    assert context.is_killed()
+    # The reading task had read all ten (the engine yielded them without a pause, and the
+    # abort runs on the loop after it): seven were read and dropped.
+    assert engine.events == ["abort", "closed after 10", "handler done"]
+
+
+async def test_an_engine_error_comes_after_the_items_it_yielded(bridge: AsyncioLoop) -> None:
+    aborted: list[str] = []
+
+    async def failing() -> AsyncIterator[int]:
+        yield 0
+        yield 1
+        raise EngineFailure("mid-batch")
+
+    async def abort() -> None:
+        aborted.append("abort")
+
+    got: list[int] = []
+    items = bridge.stream(failing, abort=abort)
+    try:
+        with pytest.raises(EngineFailure, match="mid-batch"):
+            await read_into(got, items)
+    finally:
+        await items.aclose()
+    assert got == [0, 1]
+    assert aborted == ["abort"]
+
+
+async def test_a_window_below_one_is_refused(bridge: AsyncioLoop) -> None:
+    batches = bridge.batches(Burst(1).generate, window=0)
+    with pytest.raises(ValueError, match="window"):
+        await batches.__anext__()
+
+
+async def test_streams_fed_in_one_loop_pass_wake_trio_in_one_hop(
+    bridge: AsyncioLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[int] = []  # the wake-ups each hop carried
+    original = AsyncioLoop._from_loop
+
+    def counting(self: AsyncioLoop, fn: Callable[..., object], *args: Any) -> None:
+        if fn is _set_all:
+            hops.append(len(args[0]))
+        original(self, fn, *args)
+
+    monkeypatch.setattr(AsyncioLoop, "_from_loop", counting)
+    gate = asyncio.Event()
+
+    async def gated() -> AsyncIterator[int]:
+        await gate.wait()
+        yield 1
+        await asyncio.Event().wait()
+
+    async def open_gate() -> None:
+        gate.set()
+
+    streams = [bridge.batches(gated) for _ in range(8)]
+    got: list[list[int]] = []
+
+    async def first(batches: AsyncGenerator[list[int], None]) -> None:
+        got.append(await batches.__anext__())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for batches in streams:
+                nursery.start_soon(first, batches)
+            await trio.testing.wait_all_tasks_blocked()  # all eight wait for an item
+            await bridge.run(open_gate)
+    finally:
+        for batches in streams:
+            await batches.aclose()
+    assert got == [[1]] * 8
+    assert hops == [8]

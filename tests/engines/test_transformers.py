@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 import trio
 
@@ -167,6 +168,43 @@ async def test_a_stop_ends_with_a_cancelled_item_and_usage(engine: TransformersE
     assert len(items) - 1 in (3, 4)
 
 
+async def embed(engine: TransformersEngine, **fields: Any) -> list[Any]:
+    context = Context()
+    request = {"model": "tiny", "request_type": "embedding", **fields}
+    return await consume(engine.embed(request, context), context)
+
+
+async def test_embeddings_are_mean_pooled_last_hidden_states(engine: TransformersEngine) -> None:
+    import torch
+
+    texts = ["hello", "tell me a long story"]
+    [item] = await embed(engine, input=texts)
+    full = engine._model.config.hidden_size
+    ids = [engine._tokenizer(text)["input_ids"] for text in texts]
+    assert item["usage"] == {"prompt_tokens": sum(map(len, ids))}
+    for vector, one in zip(item["embeddings"], ids, strict=True):
+        with torch.inference_mode():
+            states = engine._model(torch.tensor([one]), output_hidden_states=True).hidden_states
+        mean = states[-1][0].mean(dim=0)
+        assert len(vector) == full
+        assert torch.allclose(torch.tensor(vector), mean / mean.norm(), atol=1e-5)
+    [short] = await embed(engine, input=texts, dimensions=8)
+    for vector, whole in zip(short["embeddings"], item["embeddings"], strict=True):
+        leading = torch.tensor(whole[:8])
+        assert torch.allclose(torch.tensor(vector), leading / leading.norm(), atol=1e-5)
+
+
+async def test_an_embeddings_request_the_model_cannot_serve_is_refused(
+    engine: TransformersEngine,
+) -> None:
+    with pytest.raises(ValueError, match="exceeds this model's embedding size"):
+        await embed(engine, input=["hello"], dimensions=10_000)
+    with pytest.raises(ContextLengthExceeded):
+        await embed(engine, input=["hello " * (engine.context_length + 1)])
+    with pytest.raises(ValueError, match="empty"):
+        await embed(engine, input=[""])
+
+
 # ---------------------------------------------------------------------------- processes
 
 
@@ -201,6 +239,10 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
     assert whole.usage.completion_tokens == 5
     assert len(whole.choices[0].message.content.split()) == 5  # a word per token
     assert len(texts) == hang_ups and all(texts)
+    async with httpx.AsyncClient(base_url=url) as http:  # the same model, as embeddings
+        body = {"model": "tiny", "input": ["hello", "tell me"], "dimensions": 8}
+        vectors = (await http.post("/v1/embeddings", json=body)).json()["data"]
+    assert [len(vector["embedding"]) for vector in vectors] == [8, 8]
 
     async def idle() -> tuple[float, float, float]:
         return (

