@@ -1,18 +1,12 @@
 """The asyncio bridge: an asyncio engine on its own event loop, streamed to trio handlers.
 
-An asyncio engine (vLLM's ``AsyncLLM``, SGLang) gives an async generator per
-request and an ``abort(request_id)`` coroutine.  :func:`open_asyncio_loop`
-runs an asyncio event loop in a thread of its own for the life of the worker
-(the block that opened it owns it: leaving the block, however it is left,
-cancels what still runs on the loop, stops it and joins its thread).
-:meth:`AsyncioLoop.batches` turns one engine call into a trio async generator
-of batches: a task on the loop reads the engine's stream at most ``window``
-items ahead of the handler, and each wake-up of trio hands over every item
-read so far (one hop per batch, not per item; none back while the window has
-room).  A kill, a stop or ``aclose`` aborts the request in the engine
-(shielded), then cancels the reading task and closes the engine's generator,
-before the stream ends; only a stream the engine ended on its own is not
-aborted.  :meth:`AsyncioLoop.stream` is the same, item by item."""
+:func:`open_asyncio_loop` runs an asyncio loop in a thread owned by the block
+that opened it.  :meth:`AsyncioLoop.batches` turns one engine call into a trio
+async generator of batches, read at most ``window`` items ahead of the handler,
+one wake-up of trio per batch.  A kill, stop or ``aclose`` aborts the request in
+the engine (shielded) and closes its generator before the stream ends; see
+docs/engines.md.
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """The thread bridge: a blocking engine stepping in a thread, streamed to a trio handler.
 
-A blocking engine (transformers' ``generate()``, llama.cpp bindings) cannot be
-cancelled from outside: it can only be asked, between two steps, to end.  So
-each request gets one thread of its own, started and always joined by the
-handler's async generator (never a thread left running after the handler
-returned, whatever ended it), and a :class:`StopFlag` the engine polls
-between steps.
-
-The engine pushes each item with ``emit(item)``; ``emit`` blocks the thread
-until the handler takes the item (backpressure: a slow client slows the
-engine, no item piles up), and raises :class:`Abandoned` once the handler is
-gone, so the engine's own call unwinds at once.  The flag reads true once the
-request's context is stopped or killed, or the handler left: a kill (or any
-trio cancellation of the handler) ends the generation at the engine's next
-step, and the trio thread never blocks on the engine.
+A blocking engine cannot be cancelled from outside, only asked between two steps
+to end.  Each request gets a thread of its own, always joined before the handler
+returns, and a :class:`StopFlag` the engine polls between steps (true once the
+request is stopped or killed, or the handler is gone).  ``emit(item)`` blocks
+until the handler takes the item, so a slow client slows the engine; see
+docs/engines.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """A Hugging Face transformers model served by a trio worker, through the thread bridge.
 
-``generate()`` is blocking code: each request runs it in a thread of its own
-(:func:`~dynamo_trio.engines.stream_from_thread`), with a streamer that hands
-each new token (its id and the text it completes) to the handler, and a
-stopping criterion that reads the request's stop flag after every token.  So
-a hang-up (a kill) ends the generation at the next token, a stop ends it
-there too with a last ``finish_reason: "cancelled"`` item carrying the usage,
-and the trio thread never waits on the model.
-
-Requests run one at a time by default (``max_concurrency``): ``generate()``
-does not batch separate calls, and a request's ``seed`` seeds torch's global
-generator, which only one generation at a time can own.  The items are the
-engine protocol's (:mod:`dynamo_trio.llm`), exactly as the mock engine's.
-
-Continuations (request migration): the earlier attempt's tokens are appended
-to the prompt and count against ``max_tokens``; the text it held back as a
-possible stop sequence (never sent) comes first, so the two attempts read as
-one generation.  The model card says so (``accepts_continuation``).  The same
-model serves embeddings too (``embed``: mean-pooled last hidden states).
+``generate()`` runs in a thread per request, with a streamer that hands each
+token to the handler and a stopping criterion that reads the request's stop
+flag after every token, so a hang-up ends the generation at the next token.
+Requests run one at a time by default (a ``seed`` seeds torch's global
+generator).  Continuations and embeddings (mean-pooled last hidden states) are
+described in docs/engines.md.
 """
 
 from __future__ import annotations

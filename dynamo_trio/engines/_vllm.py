@@ -1,18 +1,11 @@
 """vLLM's ``AsyncLLM`` served by a trio worker, through the asyncio bridge.
 
-The engine lives on the bridge's loop (:func:`open_asyncio_loop`) from the
-worker's start to its stop, after the drain (``AsyncLLM.shutdown()`` ends the
-engine-core process: none is left behind).  A request is one
-``engine.generate(...)`` stream (``RequestOutputKind.DELTA``, the prompt
-tokenized on the loop with the model's chat template) read through
-:meth:`AsyncioLoop.batches`, a batch's outputs sent as one item; a hang-up,
-deadline, stop or shutdown runs ``engine.abort(request_id)`` before the handler
-returns.  Continuations (migration): the earlier attempt's tokens follow the
-prompt and count against ``max_tokens``, its held-back text is sent first,
-and the handler matches the stop sequences across the boundary.  vLLM's
-``vllm:`` series are served on the worker's ``/metrics``.  ``AsyncLLM``
-spawns its engine core: the program must guard its entry point with
-``if __name__ == "__main__":`` (``python -m dynamo_trio vllm`` does).
+The engine lives on the bridge's loop from the worker's start to its stop
+(``AsyncLLM.shutdown()`` ends its engine-core process).  A request is one
+``engine.generate(...)`` stream read in batches, each batch sent as one item; an
+early end of any kind runs ``engine.abort(request_id)`` before the handler
+returns.  ``AsyncLLM`` spawns a process: guard the entry point with
+``if __name__ == "__main__":``.  See docs/engines.md.
 """
 
 from __future__ import annotations
