@@ -97,7 +97,7 @@ class ResponseStream:
 
     @property
     def outcome(self) -> str | None:
-        """``complete``, ``stopped`` or ``killed``; ``None`` while it runs or if nothing was sent."""
+        """``complete``, ``stopped`` or ``killed``; ``None`` while running or if none was sent."""
         if self._stream is None:
             return None
         if self._stream.outcome is None and self._context.is_killed():
