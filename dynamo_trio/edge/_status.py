@@ -49,12 +49,6 @@ def status_routes(
             return _INTERNAL
         return EdgeResponse(status, json_bytes(payload))
 
-    def health_route(request: EdgeRequest) -> EdgeResponse:
-        return answer(health)
-
-    def live_route(request: EdgeRequest) -> EdgeResponse:
-        return answer(live or health)
-
     async def metrics_route(request: EdgeRequest) -> EdgeResponse:
         accept = request.headers.get(b"accept", b"")
         if isinstance(metrics, CollectorRegistry):
@@ -75,8 +69,8 @@ def status_routes(
         return EdgeResponse(200, json_bytes(kept))
 
     return [
-        Route("/health", health_route),
-        Route("/live", live_route),
+        Route("/health", lambda request: answer(health)),
+        Route("/live", lambda request: answer(live or health)),
         Route("/metrics", metrics_route),
         Route("/debug/requests", debug_route),
     ]

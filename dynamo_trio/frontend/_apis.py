@@ -43,15 +43,6 @@ __all__ = [
 ]
 
 
-class ParsedRequest(Protocol):
-    @property
-    def model(self) -> str: ...
-    @property
-    def stream(self) -> bool: ...
-    def to_engine(self) -> Any: ...
-    def check_limits(self, limits: llm.TokenLimits) -> None: ...
-
-
 class ErrorBody(Protocol):
     """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""
 

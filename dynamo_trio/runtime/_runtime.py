@@ -421,9 +421,7 @@ class DistributedRuntime:
         client = self._clients.get(endpoint.path)
         if client is None:
             prefix = instance_prefix(endpoint.namespace, endpoint.component, endpoint.name)
-            view: PrefixView[Instance] = await self._require_nursery().start(
-                self._watch, prefix, decode_instance
-            )
+            view: PrefixView[Instance] = await self.watch_prefix(prefix, decode_instance)
             client = self._clients.setdefault(
                 endpoint.path, Client(endpoint.path, view, self.router, self._connect)
             )
