@@ -1,13 +1,8 @@
 """The HTTP edge: what every HTTP server of dynamo-trio stands on.
 
-:func:`serve_http` runs an ASGI app on hypercorn's protocol code under an
-accept loop whose shutdown always ends; :class:`Edge` is the outermost ASGI
-layer (refusals, fixed routes, the hand-off to the app); :func:`status_routes`
-are the ``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` routes
-both the frontend and a worker's status server answer.  Two short ways for
-the app's hot path: :func:`direct_chunks` writes a streamed body's chunks
-straight to the connection, and :class:`BodyPrefetch` hands the app a request
-body that has already arrived without a wait.
+:func:`serve_http` (hypercorn's protocols under an accept loop whose shutdown
+always ends), :class:`Edge` (the outermost ASGI layer), :func:`status_routes`,
+and two short ways for the hot path: :func:`direct_chunks` and :class:`BodyPrefetch`.
 """
 
 from ._chunks import direct_chunks as direct_chunks

@@ -1,14 +1,9 @@
 """A streamed HTTP/1.1 response body's chunks, written straight to the connection.
 
-An SSE stream is thousands of small body messages.  Through hypercorn, each
-walks its ``HTTPStream``, ``H11Protocol``, h11's chunked writer and the
-connection's send lock before reaching the socket: more CPU than the piece's
-own encoding.  :func:`direct_chunks` wraps the app's ``send`` so that, between
-a ``http.response.start`` h11 frames as chunked and the last body message,
-each body message is framed here as one chunk (``<size in hex>\\r\\n<data>\\r\\n``,
-as h11 does) and handed to the connection's writer (:mod:`._server`).  The
-head and the end (the zero-length chunk) still go through hypercorn and h11,
-which do not count a chunked body's bytes.  The app sees plain ASGI.
+Between a chunked ``http.response.start`` and the last body message, each body
+message is framed here as one chunk (as h11 does) and handed to the
+connection's writer (:mod:`._server`), not walked through hypercorn and h11;
+the head and the end still go through them.  The app sees plain ASGI.
 """
 
 from __future__ import annotations
@@ -32,13 +27,10 @@ _NO_BODY_STATUSES: Final = frozenset({204, 304})
 
 
 def direct_chunks(scope: HTTPScope, send: ASGISendCallable) -> ASGISendCallable:
-    """``send``, writing a chunked HTTP/1.1 body's messages straight to the connection
-    (``send`` itself for other protocols, or off a connection :mod:`._server` serves).
+    """``send``, writing a chunked HTTP/1.1 body's messages straight to the connection.
 
-    A direct write is the connection's: a cancellation point that lands before
-    the chunk's bytes, never in the middle; it yields only while the socket's
-    buffer is full.  A failed write closes the connection as hypercorn's own
-    failed writes do (the app gets ``http.disconnect``).
+    A write is cancelled before a chunk's bytes, never in the middle; a failed
+    one closes the connection as hypercorn's do (the app gets ``http.disconnect``).
     """
     if scope.get("http_version") != "1.1":
         return send

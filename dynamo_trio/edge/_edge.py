@@ -1,18 +1,11 @@
 """The edge: the one ASGI layer every HTTP server of dynamo-trio stands on.
 
-:class:`Edge`, the outermost ASGI app of the frontend and of a worker's status
-server, does what is the same everywhere: **refusals** in the server's API's
-JSON error shape, without a traceback (WebSocket handshakes; a request target
-or headers over ``max_header_size``, 414/431, which hypercorn's parser lets
-through when a head arrives whole); **fixed routes** from a table
-(:class:`Route`: ``/health``, ``/live``, ``/metrics``, ``/debug/requests``),
-answered here at about a bare ASGI app's cost, never behind the app;
-**everything else** to the wrapped app, its chunked bodies written straight to
-the connection (:mod:`._chunks`), a body that has already arrived offered
-ahead (:mod:`._prefetch`), and its last send shielded (:func:`_shielded_send`);
-and **containment**: whatever a request's code raises (a ``BaseException``, a
-stale ``trio.Cancelled``, which hypercorn would let end the server) ends that
-request only, logged at a bounded rate; a live cancellation goes on.
+:class:`Edge` refuses what no route should see (WebSocket handshakes, heads over
+``max_header_size``: 414/431) in the API's error shape, answers the fixed routes
+(:class:`Route`) itself, and hands everything else to the app, whose chunked
+bodies go straight to the connection (:mod:`._chunks`).  Whatever a request's
+code raises, a ``BaseException`` or a stale ``trio.Cancelled`` that hypercorn
+would let end the server, ends that request only.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from typing import TYPE_CHECKING, Final, final
 
 import trio
 
-from .._contain import split_live_cancellation
+from .._contain import contain
 from .._ratelimit import LogLimiter
 from ._chunks import direct_chunks
 from ._prefetch import BodyPrefetch
@@ -81,8 +74,7 @@ ErrorBody = Callable[[str, int, str, "str | None"], bytes]
 
 
 def error_json(path: str, status: int, message: str, code: str | None = None) -> bytes:
-    """A plain JSON error body: ``{"error": {"message", "code"}}`` (``code`` defaults to
-    the status)."""
+    """A plain JSON error body: ``{"error": {"message", "code"}}``."""
     return json_bytes({"error": {"message": message, "code": code or status}})
 
 
@@ -121,10 +113,8 @@ Handler = Callable[[EdgeRequest], EdgeResponse | Awaitable[EdgeResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A route answered at the edge: a path, its methods, and a handler.
+    """A route answered at the edge; its quick handler runs in the connection's task.
 
-    The handler is a plain function (or a coroutine function) of the
-    :class:`EdgeRequest`; it must be quick (it runs in the connection's task).
     ``HEAD`` is answered wherever ``GET`` is, without the body.
     """
 
@@ -137,22 +127,10 @@ class Route:
 class Edge:
     """The outermost ASGI app of an HTTP server (see the module docstring).
 
-    Args:
-        routes: The fixed routes answered here.
-        app: Where every other request goes; ``None`` answers them 404.
-        max_header_size: The most bytes a request's path and query, and
-            separately its headers (names and values), may take.
-        body_timeout: Seconds a fixed route waits for a request body to end
-            (a route takes none, but a keep-alive connection is reused only once
-            it is read): a body that does not end in time is a 408, and the
-            connection is closed.
-        max_body_size: The largest body offered to the app ahead of its own
-            reading (:class:`~._prefetch.BodyPrefetch`; the app's own limit
-            should be the same); ``None`` offers none.
-        request_exit: Called when a request's code raised ``KeyboardInterrupt``
-            or ``SystemExit`` (the request itself ends as a failed one).
-        error_body: The body of an error the edge answers itself, in the shape
-            of the server's API (default: :func:`error_json`).
+    ``app=None`` answers 404 to what no route takes; ``max_body_size`` is the
+    largest body offered ahead (:class:`~._prefetch.BodyPrefetch`);
+    ``request_exit`` is called when a request raised ``KeyboardInterrupt`` or
+    ``SystemExit``.
     """
 
     def __init__(
@@ -182,8 +160,9 @@ class Edge:
                 await self._http(scope, receive, send)
             except Exception:
                 raise  # hypercorn's to answer (a 500) and log
-            except BaseException as exc:
-                self._contain(scope, exc)
+            except BaseException:
+                with contain(lambda failure: self._escaped(scope, failure)):
+                    raise
         elif scope["type"] == "websocket":
             await self._refuse_websocket(scope, send)
         elif self.app is not None:
@@ -191,14 +170,7 @@ class Edge:
         else:
             await answer_lifespan(receive, send)
 
-    def _contain(self, scope: HTTPScope, exc: BaseException) -> None:
-        """End the request that raised ``exc`` (not an ``Exception``), and only it;
-        a live cancellation goes on (see the module docstring)."""
-        live, failure = split_live_cancellation(exc)
-        if live is not None:
-            raise live from None
-        if failure is None:
-            return
+    def _escaped(self, scope: HTTPScope, failure: BaseException) -> None:
         limited_log.error(
             "request-escape",
             "%s %s raised %s; ending that request only",
@@ -311,11 +283,9 @@ async def _until_disconnect(
     receive: ASGIReceiveCallable,
     send: ASGISendCallable,
 ) -> None:
-    """``answer``, cancelled if the client goes away first (HTTP/2 only).
+    """``answer``, cancelled if the client goes away first.
 
-    Over HTTP/2 the last send waits until hypercorn has drained the stream to
-    the socket, which never happens once the client has gone; over HTTP/1.x a
-    send only queues bytes, so the watcher (a task per request) is not needed.
+    For HTTP/2, whose last send waits for the stream to drain to the socket.
     """
     messages: trio.MemorySendChannel[ASGIReceiveEvent]
     messages, inbox = trio.open_memory_channel(1)
@@ -336,22 +306,16 @@ async def _until_disconnect(
 
 
 def body_timeout_message(seconds: float) -> str:
-    """The message of a 408: the body did not arrive within ``seconds`` (one wording for
-    the edge's routes and the app's)."""
+    """The message of a 408 (one wording for the edge's routes and the app's)."""
     return f"The request body did not arrive within {seconds:g} seconds."
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
-    """``send``, with the last send of a response shielded (for up to
-    :data:`LAST_SEND_SHIELD` seconds).
+    """``send``, with the last send of an HTTP/1.x response shielded.
 
-    hypercorn's h11 protocol restarts a keep-alive connection's idle timer from
-    inside the last send of a response, and quart-trio cancels its request
-    tasks as soon as the response is out; unshielded, the restart is cancelled
-    with them, and an idle keep-alive connection stays open for ever.  Over h11
-    the send only queues bytes, so shielding it delays nothing.  HTTP/2 is never
-    shielded (its last send waits for the stream to drain to a client that may
-    be gone); routes answered at the edge run outside quart-trio's nursery.
+    hypercorn restarts a keep-alive connection's idle timer inside that send, and
+    quart-trio cancels its request tasks once the response is out: unshielded,
+    an idle connection would stay open for ever.  Over h11 the send only queues.
     """
 
     async def send_last_shielded(message: ASGISendEvent) -> None:

@@ -1,25 +1,8 @@
 """Each HTTP connection's protocol, guarded: cleartext HTTP/2 as a choice, a bound
 on a client's stream resets, and no 5xx for what a client sends.
 
-hypercorn switches a plain connection to HTTP/2 when it opens with HTTP/2's
-preface ("prior knowledge") or asks for ``Upgrade: h2c``.  Here that is a
-setting, off unless asked: a prior-knowledge preface is answered ``505`` and
-the connection closed, and an ``Upgrade: h2c`` is ignored (a server may ignore
-an upgrade), the request served in HTTP/1.1.
-
-With HTTP/2 on, each request a client opens and at once resets (``RST_STREAM``)
-starts work the server must then cancel, at the price of a few bytes: the
-widely exploited "rapid reset" flood.  A connection whose client resets more than
-``max_resets`` streams in a burst (they come back at a tenth of that per
-second) gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and is closed, before the
-requests of the data that crossed the bound start.
-
-A request with a ``Transfer-Encoding`` other than one ``chunked`` is the
-client's doing, not the server's failure: h11 refuses it with ``501``, and it
-is answered ``400`` here (like h11's other refusals: empty, ``Connection: close``).
-
-:class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper``
-(whose switch to HTTP/2 it decides) on each connection.
+:class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper`` on
+each connection; ``docs/security.md`` says what each guard answers and why.
 """
 
 from __future__ import annotations
@@ -73,13 +56,9 @@ class ResetBudget:
 
 @final
 class GuardedProtocol:
-    """hypercorn's per-connection protocol, with the switch to HTTP/2 decided here.
+    """hypercorn's per-connection protocol (``wrapped``), with the switch to HTTP/2 decided here.
 
-    Args:
-        wrapped: hypercorn's ``ProtocolWrapper`` for the connection (HTTP/1.1, or
-            HTTP/2 when TLS negotiated it).
-        cleartext_http2: Switch a plain connection to HTTP/2 when its client asks.
-        max_resets: The bound on a client's stream resets (see the module docstring).
+    A client that resets more than ``max_resets`` streams in a burst gets ``GOAWAY``.
     """
 
     def __init__(self, wrapped: ProtocolWrapper, *, cleartext_http2: bool, max_resets: int) -> None:
@@ -168,8 +147,7 @@ class GuardedProtocol:
         connection.receive_data = receive_data  # type: ignore[method-assign]
 
     async def _refuse(self, protocol: Any) -> None:
-        """Answer a cleartext HTTP/2 preface 505 (in HTTP/1.1, which the client sent
-        its request line in) and close the connection."""
+        """Answer a cleartext HTTP/2 preface 505 (in HTTP/1.1) and close the connection."""
         limited_log.log(
             logging.INFO,
             "cleartext-http2-refused",
@@ -181,8 +159,7 @@ class GuardedProtocol:
 
 
 async def _http11_only(event: h11.Request) -> None:
-    """hypercorn's protocol check, keeping HTTP/1.1: a prior-knowledge preface is
-    refused (see :meth:`GuardedProtocol.handle`), an upgrade to h2c ignored."""
+    """hypercorn's protocol check, keeping HTTP/1.1 (a preface is refused, h2c ignored)."""
     await trio.lowlevel.checkpoint_if_cancelled()
     if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
         raise H2ProtocolAssumedError(b"")

@@ -1,39 +1,9 @@
 """A request body that has already arrived, handed to the app without a wait.
 
-Why
-===
-hypercorn queues a request's body for the app as ASGI messages (a trio
-memory channel per request), and quart-trio reads them in a task of its own,
-waking the view once the last one is in.  A memory channel's ``receive``
-always yields to the scheduler, even when a message is waiting, so a body
-costs the view three scheduler passes after it first asks for it.  A
-saturated frontend's pass lasts milliseconds, and a new stream waits about a
-dozen of them before its first chunk, so these three are a large share of
-its time to first chunk.
-
-What
-====
-:meth:`BodyPrefetch.offer` (the edge calls it before handing a request to
-the app) takes the body messages that are already queued, without waiting.
-If the body's ``Content-Length`` bytes are all there but hypercorn has not
-queued the body's end yet, it waits for that one message, which comes in
-hypercorn's next step (h11 already holds the whole body), under the body
-timeout.  It never waits for bytes still on the network.  A complete body
-within the size limit is *offered* in ``scope["extensions"]`` under
-:data:`PREFETCHED_BODY`; the view takes it with :meth:`BodyPrefetch.take`,
-at once.
-
-Nothing downstream sees a difference: the app's ``receive`` replays what was
-taken, in order, then reads hypercorn's queue again (an ``http.disconnect``
-reaches the hang-up guard as before).  A body that is incomplete, over the
-limit, or interrupted by a disconnect is not offered, only replayed, and the
-app reads it the usual way (quart-trio applies its own limit and timeout).
-Once the view took the body, the replay gives quart-trio an empty body in
-its place, so the bytes are not held twice for the request's lifetime.
-
-Only hypercorn's trio queue is read ahead (``receive`` is the bound
-``receive`` of a :class:`trio.MemoryReceiveChannel`); any other ``receive``
-is passed on untouched.
+The edge takes the body messages hypercorn has queued (waiting only for the
+end message once all ``Content-Length`` bytes are in) and offers a complete
+body within the limit to the view; the app's ``receive`` replays what was
+taken.  Why, and what is left to the app: ``docs/architecture.md`` ("The HTTP edge").
 """
 
 from __future__ import annotations
@@ -94,11 +64,9 @@ class BodyPrefetch:
         limit: int,
         end_timeout: float,
     ) -> ASGIReceiveCallable:
-        """Take what is queued of the body of ``scope``'s request; offer it if it is
-        complete and at most ``limit`` bytes.  Returns the ``receive`` to give the app.
+        """Take what is queued of the body; offer it if complete and within ``limit``.
 
-        Waits only for the body's end once all its declared bytes are queued, and
-        at most ``end_timeout`` seconds (then the body is not offered, only replayed).
+        Returns the ``receive`` to give the app.
         """
         channel = getattr(receive, "__self__", None)
         if not isinstance(channel, trio.MemoryReceiveChannel):
@@ -135,8 +103,7 @@ class BodyPrefetch:
 
     @staticmethod
     def take(scope: Mapping[str, Any]) -> bytes | None:
-        """The complete body of ``scope``'s request if the edge offered it (once: later
-        calls get ``None``); ``None`` means: read it from the app's request."""
+        """The body the edge offered, once; ``None``: read it from the app's request."""
         found = offered(scope, PREFETCHED_BODY)
         if not isinstance(found, BodyPrefetch) or found._body is None:
             return None

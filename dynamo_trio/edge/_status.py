@@ -1,20 +1,9 @@
 """The status routes both HTTP servers answer at the edge.
 
-``GET /metrics``
-    Prometheus text format, or OpenMetrics if the scraper's ``Accept`` header
-    asks for it (``prometheus_client.exposition.choose_encoder``).
-``GET /health``, ``GET /live``
-    Whatever the server's health (and liveness, if it has its own) callback
-    reports, with its status code (the frontend and a worker say different
-    things; see their modules).
-``GET /debug/requests``
-    The in-flight request trees (:meth:`dynamo_trio.Context.snapshot` shaped:
-    id, state, reason, age_s, attributes, children), oldest first.
-    ``?min_age=5`` keeps the ones older than five seconds: the stuck ones.
-
-The callbacks run in the connection's task for every request: they must be
-quick and must not block.  One that raises is answered as a 500 with the
-error logged once per request, never as a crashed connection.
+``/metrics`` (Prometheus, or OpenMetrics if ``Accept`` asks), ``/health`` and
+``/live`` (the server's callbacks, which must be quick), and ``/debug/requests``
+(the in-flight request trees, oldest first; ``?min_age=5`` keeps the stuck ones).
+A callback that raises is answered 500, never a crashed connection.
 """
 
 from __future__ import annotations
@@ -60,12 +49,6 @@ def status_routes(
             return _INTERNAL
         return EdgeResponse(status, json_bytes(payload))
 
-    def health_route(request: EdgeRequest) -> EdgeResponse:
-        return answer(health)
-
-    def live_route(request: EdgeRequest) -> EdgeResponse:
-        return answer(live or health)
-
     async def metrics_route(request: EdgeRequest) -> EdgeResponse:
         accept = request.headers.get(b"accept", b"")
         if isinstance(metrics, CollectorRegistry):
@@ -86,8 +69,8 @@ def status_routes(
         return EdgeResponse(200, json_bytes(kept))
 
     return [
-        Route("/health", health_route),
-        Route("/live", live_route),
+        Route("/health", lambda request: answer(health)),
+        Route("/live", lambda request: answer(live or health)),
         Route("/metrics", metrics_route),
         Route("/debug/requests", debug_route),
     ]

@@ -43,15 +43,6 @@ __all__ = [
 ]
 
 
-class ParsedRequest(Protocol):
-    @property
-    def model(self) -> str: ...
-    @property
-    def stream(self) -> bool: ...
-    def to_engine(self) -> Any: ...
-    def check_limits(self, limits: llm.TokenLimits) -> None: ...
-
-
 class ErrorBody(Protocol):
     """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""
 
@@ -141,18 +132,10 @@ def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
     return _typed_events(stream.fail(message, status=status))
 
 
-def _openai_error(status: int, message: str) -> dict[str, object]:
-    return llm.openai_error_body(status, message)
-
-
 def _openai_error_body(
     status: int, message: str, cause: BaseException | None = None
 ) -> dict[str, object]:
     return llm.openai_error_body(status, message)
-
-
-def _anthropic_error(status: int, message: str) -> dict[str, object]:
-    return llm.anthropic_error_body(status, message)
 
 
 CHAT: Final = TextApi(
@@ -165,7 +148,7 @@ CHAT: Final = TextApi(
     encode_items=_openai_items,
     fail_stream=_openai_failure,
     done=llm.DONE,
-    error_body=_refined(_openai_error, llm.RequestError.openai_body, "messages"),
+    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "messages"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -179,7 +162,7 @@ COMPLETIONS: Final = TextApi(
     encode_items=_openai_items,
     fail_stream=_openai_failure,
     done=llm.DONE,
-    error_body=_refined(_openai_error, llm.RequestError.openai_body, "prompt"),
+    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "prompt"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -193,7 +176,7 @@ RESPONSES: Final = TextApi(
     encode_items=_typed_items,
     fail_stream=_responses_failure,
     done=b"",
-    error_body=_refined(_openai_error, llm.RequestError.openai_body, "input"),
+    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "input"),
     request_error_body=llm.RequestError.openai_body,
 )
 
@@ -207,12 +190,12 @@ ANTHROPIC_MESSAGES: Final = TextApi(
     encode_items=_typed_items,
     fail_stream=_anthropic_failure,
     done=b"",
-    error_body=_refined(_anthropic_error, llm.RequestError.anthropic_body, "messages"),
+    error_body=_refined(llm.anthropic_error_body, llm.RequestError.anthropic_body, "messages"),
     request_error_body=llm.RequestError.anthropic_body,
 )
 
 
-_EMBEDDINGS_ERROR: Final = _refined(_openai_error, llm.RequestError.openai_body, "input")
+_EMBEDDINGS_ERROR: Final = _refined(llm.openai_error_body, llm.RequestError.openai_body, "input")
 
 
 @dataclass(frozen=True, kw_only=True)

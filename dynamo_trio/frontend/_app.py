@@ -1,16 +1,8 @@
 """The OpenAI-compatible HTTP frontend: a quart-trio app on the HTTP edge, over hypercorn.
 
-How a request reaches its view::
-
-    hypercorn (h11/h2) -> Edge (refusals; /health /live /metrics /debug/requests)
-        -> HangUpGuard (the one owner of hang-up detection) -> quart (the route table)
-
-Everything a client can send is answered with an API-shaped JSON error and the
-right status, never a traceback (bodies are decoded strictly, depth-limited, no
-repeated keys; WebSocket handshakes are refused with a 404).  Each response
-carries ``x-request-id`` and ``x-dynamo-request-id``: the request's id (from
-``x-dynamo-request-id``, else ``x-request-id``, else a fresh UUID; its context
-id end to end); a ``traceparent`` joins the client's trace.
+hypercorn (h11/h2) -> Edge (refusals, status routes) -> HangUpGuard (the one
+owner of hang-up detection) -> quart (the route table).  Whatever a client
+sends is answered with an API-shaped JSON error, never a traceback.
 """
 
 from __future__ import annotations
@@ -77,11 +69,7 @@ def build_edge(
     metrics: MetricsSource | None = None,
     inflight: Callable[[], Any] | None = None,
 ) -> Edge:
-    """The frontend's outermost ASGI app: the edge's routes over the guarded quart app.
-
-    ``metrics`` and ``inflight`` default to this process's registry and
-    requests (``--http-workers`` passes views merged across its processes).
-    """
+    """The frontend's outermost ASGI app: the edge's routes over the guarded quart app."""
     started = time.monotonic()
 
     def health() -> tuple[int, dict[str, Any]]:
@@ -112,16 +100,8 @@ def build_edge(
 
 @final
 class _ViewFirst(TrioASGIHTTPConnection):
-    """quart-trio's HTTP request handling, with the view run in the task that got the request.
-
-    quart-trio starts two tasks per request, one reading the ASGI messages and
-    one running the view, so the view begins a scheduler pass later; under load
-    a pass lasts milliseconds.  Here only the reader is a new task,
-    and the view runs in the caller's task, in the body of the same nursery: as
-    in quart-trio, the view's end cancels the reader, and the reader's
-    ``http.disconnect`` cancels the view.  A body the edge prefetched is there
-    at once (:class:`~dynamo_trio.edge.BodyPrefetch`); any other is read by the
-    reader as before.
+    """quart-trio's HTTP request handling, with the view run in the task that got the request
+    (one scheduler pass sooner; only the message reader is a task of its own).
     """
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
@@ -132,8 +112,7 @@ class _ViewFirst(TrioASGIHTTPConnection):
 
 
 def _view_first_fits(base: type[TrioASGIHTTPConnection]) -> bool:
-    """Whether quart-trio's HTTP connection class still has the methods, with the
-    parameters, that :class:`_ViewFirst` calls (those of quart-trio 0.12)."""
+    """Whether quart-trio still has the methods :class:`_ViewFirst` calls, as in 0.12."""
     expected = {  # name: (a coroutine function?, its parameters)
         "_create_request_from_scope": (False, ["self", "send"]),
         "handle_messages": (True, ["self", "nursery", "request", "receive"]),
@@ -153,9 +132,7 @@ def _view_first_fits(base: type[TrioASGIHTTPConnection]) -> bool:
 
 
 VIEW_FIRST: Final = _view_first_fits(TrioASGIHTTPConnection)
-"""Whether the app runs the view in the request's task (:class:`_ViewFirst`).  With a
-quart-trio whose request handling no longer fits it, the app keeps quart-trio's own
-(a scheduler pass slower per request, the same behaviour)."""
+"""Whether the app runs the view in the request's task (else quart-trio's own way)."""
 if not VIEW_FIRST:
     _log.warning(
         "this quart-trio's request handling differs from 0.12's: "
@@ -166,12 +143,9 @@ if not VIEW_FIRST:
 async def _keep_alive_safe(response: Response) -> Response:
     """Consume the rest of the request body before answering, or close the connection.
 
-    Hypercorn recycles a keep-alive connection only once the request body has
-    been read; otherwise it closes the connection from inside the response's
-    send, where quart-trio's end-of-request cancellation interrupts it, leaving
-    the socket open but dead: the client's next request on it would hang.  A
-    body that cannot be read (too slow: 408, too big: 413) gets
-    ``Connection: close`` instead, so the client does not reuse it.
+    hypercorn reuses a keep-alive connection only once the body is read, else it
+    closes it inside the response's send, where quart-trio's cancellation leaves
+    the socket open but dead.
     """
     if response.status_code in (408, 413):
         response.headers["Connection"] = "close"
@@ -221,24 +195,10 @@ async def serve_frontend(
 ) -> None:
     """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns, then drain.
 
-    Reports the bound URL (``http://host:port``) through ``task_status``.
-    With ``config.kserve_grpc_port`` it also serves KServe v2 gRPC
-    (:mod:`dynamo_trio.kserve`), whose ``host:port`` it tells
-    ``on_grpc_listening``; its calls are drained with the HTTP requests.
-
-    The drain, once ``shutdown_trigger`` returns (or a request asked the
-    process to exit): new API requests are refused with 503 and ``Connection:
-    close``, ``/health`` answers 503, and ``/metrics``, ``/live`` and
-    ``/debug/requests`` keep answering; the requests in flight may finish
-    for up to ``shutdown_grace`` seconds; those still running are then ended
-    with reason ``shutdown`` (503, or their stream's error event: never an
-    ending that reads as complete).  Connections get :data:`FLUSH_GRACE`
-    seconds more to deliver their last bytes before their sockets are closed.
-
-    ``sockets`` are bound listening sockets to serve on (default: one bound to
-    ``config.host:config.port``); ``metrics`` and ``inflight`` replace this
-    process's ``/metrics`` and ``/debug/requests`` (the ``--http-workers``
-    processes pass views merged across all of them).
+    Reports ``http://host:port`` through ``task_status``; with
+    ``config.kserve_grpc_port`` also serves KServe gRPC (its address to
+    ``on_grpc_listening``).  The drain is ``docs/operations.md``'s "Shutdown";
+    ``metrics``/``inflight`` replace this process's views (``--http-workers``).
     """
     turns: Turns | None = None
     try:

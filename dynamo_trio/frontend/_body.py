@@ -1,13 +1,9 @@
 """One response on its way from the request's producer to quart: :class:`Reply`.
 
-The producer (the request's work, in the frontend's nursery) sends; the view
-takes the first thing sent (an answer, a failure, or a stream's first bytes);
-for a stream, quart then iterates the rest as the response body.  When the
-client leaves mid-stream, quart-trio cancels that loop and ``__aexit__``
-closes the channel: the producer's later sends are discarded (what the
-hang-up does to the request is :mod:`._hangup`'s business).  Chunks already
-waiting are sent together (never delaying one); long silences get SSE
-keep-alive comments (never a body that is not SSE: ``keepalive`` 0).
+The producer sends; the view takes the first thing sent (an answer, a failure,
+or a stream's first bytes); quart iterates the rest as the body, gathering the
+chunks already waiting into one write.  Once the client leaves, the
+producer's sends are discarded.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Hang-up detection: one owner, one rule.
 
 **A request counts as cancelled by its client if, and only if, the client's
-connection ends before the request's work is complete** (the engine's stream
-has ended and the last of the response was produced:
-:meth:`RequestLifecycle.completed`, called *before* those last bytes are handed
-on).  So a client that reads ``data: [DONE]`` and closes before the chunked
-terminator (the official ``openai`` client does) cancels nothing, nor does one
-leaving after its request failed.  A cancelled request's context is killed (or,
-with ``--on-disconnect stop``, stopped) with reason ``client disconnect`` and
-counted once in ``dynamo_frontend_model_cancellation_total``.
-
+connection ends before the request's work is complete**
+(:meth:`RequestLifecycle.completed`, called *before* the last bytes are handed
+on): a client that closes after ``data: [DONE]`` cancels nothing.
 :class:`HangUpGuard`, around the app, is the only place that declares a client
-gone: when the app receives ``http.disconnect`` (before quart-trio cancels the
-view or the body), and in its ``finally`` whatever else ended the exchange.
+gone; a cancelled request's context is killed (``--on-disconnect stop``:
+stopped) with reason ``client disconnect`` and counted once.
 """
 
 from __future__ import annotations
@@ -84,11 +78,7 @@ class RequestLifecycle:
             self.completed()
 
     def client_gone(self) -> None:
-        """The client's connection ended; apply the rule (idempotent, synchronous).
-
-        Only :class:`HangUpGuard` calls it.  A no-op once the work was complete
-        or the request had ended (failed, or finished with nobody to tell).
-        """
+        """The client's connection ended; apply the rule (idempotent; only the guard calls it)."""
         if self._gone or self._completed or self.tracker.finished:
             return
         self._gone = True

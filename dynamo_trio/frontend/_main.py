@@ -1,10 +1,8 @@
 """``dynamo-trio frontend`` (``python -m dynamo_trio.frontend``): one frontend process,
 or ``--http-workers N`` of them under a supervisor.
 
-Everything it serves with is imported before it tunes the collector (so it is
-frozen with the rest); the KServe gRPC server only when ``--kserve-grpc-port``
-asks for it (by :func:`~dynamo_trio.frontend.serve_frontend`), the mocker and
-the engines never.
+What it serves with is imported before it tunes the collector; KServe only
+when asked for, the mocker and the engines never.
 """
 
 from __future__ import annotations
@@ -88,10 +86,7 @@ async def run_frontend(
 ) -> None:
     """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return.
 
-    ``view``: this process is one of ``--http-workers``' (see
-    :mod:`dynamo_trio.frontend._workers`): it shares the port, answers its own
-    requests on a private socket, and serves the view of all of them.
-    ``on_listening`` is called with the URL once it listens.
+    ``view``: this process is one of ``--http-workers``' (:mod:`._workers`).
     """
     if stop is None:
         stop = trio.Event()

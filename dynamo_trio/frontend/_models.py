@@ -1,14 +1,9 @@
 """The models the frontend serves, and which workers each request for them goes to.
 
-A worker announces a model with ``endpoint.register_model(name, type)``: a
-:class:`~dynamo_trio.discovery.ModelCard` tied to its lease, naming the endpoint
-and the instance that serve it.  The registry watches its namespace's cards
-(a model lives while one of its cards does) and opens the instance watch of
-each endpoint a card names as soon as it is seen, so no request waits for
-discovery.  A request for model *M* as type *T* goes only to the *(endpoint,
-instance)* targets of *(M, T)*'s cards, as the runtime's router chooses; a
-:class:`ModelStream` moves it to another when its worker fails (before its
-first item always, after it as :class:`StreamFaults` allow: migration).
+The registry watches its namespace's model cards and opens each named
+endpoint's instance watch as soon as a card is seen, so no request waits for
+discovery.  A request for model *M* as type *T* goes only to *(M, T)*'s
+targets; a :class:`ModelStream` moves it when its worker fails.
 ``docs/architecture.md`` ("Models and migration") has the rules.
 """
 
@@ -92,11 +87,7 @@ def _path(card: ModelCard) -> str:
 
 @final
 class ModelRoute:
-    """Requests for one model as one type: which cards serve it, and sending to them.
-
-    Made by :meth:`ModelRegistry.route` for each request; the candidates are
-    read when the request is sent, so they are always current.
-    """
+    """Requests for one model as one type (made per request by :meth:`ModelRegistry.route`)."""
 
     def __init__(
         self, registry: ModelRegistry, name: str, model_type: ModelType, card: ModelCard
@@ -115,15 +106,8 @@ class ModelRoute:
     async def call(
         self, request: Any, context: Context, faults: StreamFaults = _NO_FAULT_HANDLING
     ) -> ModelStream:
-        """Send ``request`` to one of the model's instances, linked under ``context``.
-
-        ``faults`` says what a failure of the instance does once the request
-        is under way (migration, an inactivity bound; see the module docstring).
-
-        Raises:
-            NoInstances: no instance of the model is live (503).
-            CannotConnect: no live instance could be reached (503).
-        """
+        """Send ``request`` to one of the model's instances, linked under ``context``;
+        ``NoInstances``/``CannotConnect`` (503) if none is live and reachable."""
         tried: set[Target] = set()
         target, stream = await self._registry._send(self, request, context, tried, faults=faults)
         return ModelStream(self, request, context, tried, target, stream, faults)
@@ -131,14 +115,8 @@ class ModelRoute:
 
 @final
 class ModelStream:
-    """The items of one model request, in batches (:meth:`receive_batch`), from the
-    :class:`~dynamo_trio.runtime.ResponseStream` it wraps.
-
-    A failure of the instance serving it sends the request to another
-    instance instead, as the module docstring says: before the first item
-    always, after it as :class:`StreamFaults` allows (migration).  Leaving
-    ``async with`` or :meth:`aclose` closes the current stream (and kills the
-    remote work if it has not finished).
+    """The items of one model request, in batches, moved to another instance when
+    its worker fails: before the first item always, after it as :class:`StreamFaults` allows.
     """
 
     def __init__(
@@ -178,9 +156,7 @@ class ModelStream:
         return self._stream.context
 
     async def receive_batch(self) -> list[Any]:
-        """The data of every item that has arrived, at least one (waiting for it); ``[]``
-        at the end (see :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`).
-        Moves the request when its instance fails."""
+        """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
@@ -210,15 +186,12 @@ class ModelStream:
             return items
 
     async def _ended(self) -> None:
-        """At the end of a stream: if it ended because the request was killed (its
-        deadline may have reached the call first), let that cancellation land now,
-        so that the end is never taken for a complete generation."""
+        """If the request was killed (perhaps by its deadline), let that land now."""
         if self._context.is_killed():  # reading the state enforces the deadline
             await trio.lowlevel.checkpoint()
 
     def _stopped_unasked(self) -> bool:
-        """The worker ended the stream ``stopped`` though nobody on this side asked it
-        to, before the generation was complete: its output must not read as whole."""
+        """The worker ended an incomplete generation ``stopped`` though nobody asked."""
         return (
             self._stream.outcome == "stopped"
             and not self._finished
@@ -226,9 +199,7 @@ class ModelStream:
         )
 
     def _note(self, items: list[Any]) -> None:
-        """Note what a text generation's items carry, and hold back a last item that
-        says the worker ended the generation early on its own
-        (:meth:`_worker_ended_early` decides what it means)."""
+        """Note a text generation's output; hold back a worker's own ``cancelled`` last item."""
         last = items[-1]  # a finish reason is only ever on a stream's last item
         if type(last) is dict:
             finish = last.get("finish_reason")
@@ -248,13 +219,8 @@ class ModelStream:
                     self._token_ids.extend(token_ids)
 
     async def _worker_ended_early(self) -> Any:
-        """The worker stopped the generation on its own: read its end and see why.
-
-        A worker that stopped it to shut down (or whose connection was lost right
-        after) left it incomplete: the request moves to another instance
-        (``None``) or fails with :class:`~dynamo_trio.StreamIncomplete`.  Any
-        other reason is the worker's own clean end: its last item is given out.
-        """
+        """The worker stopped the generation on its own: a clean end (its held item),
+        unless it was shutting down: then the request moves (``None``) or fails."""
         held, self._held = self._held, None
         stream = self._stream
         try:
@@ -349,8 +315,7 @@ class ModelRegistry:
         self._runtime.start_soon(self._prepare_clients, name="model endpoints' watches")
 
     async def _prepare_clients(self) -> None:
-        """Open the client (the instance watch) of every endpoint a card names, as the
-        cards appear, retrying while discovery is unavailable (see the module docstring)."""
+        """Open the instance watch of every endpoint a card names, as the cards appear."""
         view = self._view()
         version = view.version
         delay = _PREPARE_RETRY[0]
@@ -413,12 +378,7 @@ class ModelRegistry:
         return list(self._index.get((name, model_type), ()))
 
     def route(self, name: str, model_type: ModelType) -> ModelRoute:
-        """The route for ``name`` as a ``model_type`` model.
-
-        Raises:
-            RequestError: 404 if no worker serves the model, or serves it as
-                another type (say, a chat request for an embeddings model).
-        """
+        """The route for ``name`` as a ``model_type`` model (404 if not served as that)."""
         self._refresh()
         served = self._types.get(name)
         if not served:
@@ -465,16 +425,10 @@ class ModelRegistry:
         moved: Moved | None = None,
         continuing: bool = False,
     ) -> tuple[Target | None, ResponseStream]:
-        """Send to an instance of the model the router chooses, moving on from any that
-        fails (``tried`` grows with each).
+        """Send to an instance the router chooses, moving on from any that fails.
 
-        ``moved``: this send moves the request away from an instance that failed
-        it; counted (``faults.on_migration``) once the request reaches another.
-        ``continuing``: only to instances that accept continuations.
-
-        Raises:
-            ``last_error`` (or the last connection error, or :class:`NoInstances`)
-            when no candidate is left.
+        ``moved`` is counted once the request reaches an instance; ``continuing``
+        sends only to instances that accept continuations.
         """
         router = self._runtime.router
         wait_until = trio.current_time() + _INSTANCE_WAIT
@@ -512,9 +466,7 @@ class ModelRegistry:
     async def _candidates(
         self, route: ModelRoute, tried: set[Target], continuing: bool
     ) -> tuple[dict[Target, str], list[tuple[int, Client]]]:
-        """The model's targets (only those whose card accepts continuations, if
-        ``continuing``) whose instance is listed, with its address; and the untried
-        instances not listed yet."""
+        """The model's listed targets with their addresses, and the untried unlisted ones."""
         listed: dict[Target, str] = {}
         unlisted: list[tuple[int, Client]] = []
         for card in self.cards(route.name, route.model_type):

@@ -1,14 +1,10 @@
 """A request's walk through the frontend: the view answers, a producer does the work.
 
-The view validates the body, finds the model, makes the request's
-:class:`~dynamo_trio.Context` and starts a *producer* in the frontend's nursery
-under ``context.scope()``: it calls the model's worker (the call linked under
-the request's context), shapes the items and sends them through the request's
-:class:`~._body.Reply`; the view only waits for the first, and quart sends
-the rest.  A hang-up, a fault, a deadline or the shutdown each end the request
-as ``docs/architecture.md`` ("A request in the frontend") says; which status,
-error event or error type a failure becomes is decided in one place,
-:meth:`Pipeline._failed`.
+The view validates the body, finds the model and starts a *producer* in the
+frontend's nursery under ``context.scope()``; the producer calls the worker,
+shapes the items and sends them through the request's :class:`~._body.Reply`.
+How each ending is answered: ``docs/architecture.md`` ("A request in the
+frontend"), decided in one place, :meth:`Pipeline._failed`.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
-from .._contain import is_cancellation, split_live_cancellation
+from .._contain import contain, is_cancellation
 from .._context import CancelReason, Context
 from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
@@ -35,7 +31,7 @@ from ..llm import (
     parse_embedding_request,
     status_for_error,
 )
-from ..metrics import FrontendMetrics
+from ..metrics import FrontendMetrics, RequestType
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, StreamFaults
@@ -121,8 +117,6 @@ class Pipeline:
         self._embed_faults: Final = StreamFaults(
             idle_timeout=idle_timeout, on_migration=self.metrics.migrated
         )
-        """Embeddings and media: a lost worker's request moves only before its first item
-        (media has no continuation)."""
         self._nursery = nursery
         self.turns: Final = Turns(config.stream_writes_per_pass, nursery)
         """Which running streams write in a scheduler pass (see :mod:`._turns`)."""
@@ -131,8 +125,7 @@ class Pipeline:
         self.shutting_down = False
         """Set by :meth:`begin_drain`: new requests are refused, ``/health`` is 503."""
         self.exit_requested: Final = trio.Event()
-        """Set when request code raised ``KeyboardInterrupt``/``SystemExit``: the
-        frontend then shuts down gracefully, as on SIGTERM."""
+        """Set when request code raised ``KeyboardInterrupt``/``SystemExit``."""
 
     @property
     def in_flight(self) -> int:
@@ -156,8 +149,7 @@ class Pipeline:
             await self._drained.wait()
 
     def end_all(self) -> None:
-        """End every request still in flight: killed with reason ``shutdown``, each
-        client gets an ending it can recognise (503, or its stream's error event)."""
+        """Kill every request still in flight (reason ``shutdown``)."""
         for context in tuple(self._contexts):
             context.kill(CancelReason.SHUTDOWN)
 
@@ -172,19 +164,13 @@ class Pipeline:
         *,
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds.
-
-        Raises:
-            RequestError: bad input (400), an unknown model (404), or the
-                frontend is shutting down (503).
-        """
+        """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds."""
         self._check_open()
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
         request.check_limits(route.card)
-        request_type = "stream" if request.stream else "unary"
         lifecycle = self._lifecycle(
-            request.model, api.label, request_type, request_id, trace, deadline
+            request.model, api.label, request.stream, request_id, trace, deadline
         )
         produce = self._stream_text if request.stream else self._unary_text
         return await self._run(lifecycle, api.error_body, produce, api, request, route)
@@ -202,7 +188,7 @@ class Pipeline:
         self._check_open()
         request = parse_embedding_request(payload)
         route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, "unary", request_id, trace, deadline)
+        lifecycle = self._lifecycle(request.model, api.label, False, request_id, trace, deadline)
         return await self._run(lifecycle, api.error_body, self._embed, request, route)
 
     async def media(
@@ -215,20 +201,15 @@ class Pipeline:
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
         """Serve one image, video or speech request: unary, or streamed in the body
-        its API opens for it.  A failure after that body has started ends it as the
-        body says (:meth:`~._apis.MediaStream.fail`: an SSE error event, an MJPEG error
-        part, nothing more for audio).  A lost worker's request moves to another
-        instance only before its first item: media has no continuation."""
+        its API opens (which says how a failure ends it: :meth:`~._apis.MediaStream.fail`)."""
         self._check_open()
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
-        request_type = "stream" if request.stream else "unary"
         lifecycle = self._lifecycle(
-            request.model, api.label, request_type, request_id, trace, deadline
+            request.model, api.label, request.stream, request_id, trace, deadline
         )
         if request.stream and api.open_stream is not None:
             body = api.open_stream(request, request_id)
-            keepalive = body.keepalive
             return await self._run(
                 lifecycle,
                 api.error_body,
@@ -237,7 +218,7 @@ class Pipeline:
                 request,
                 route,
                 content_type=body.content_type,
-                keepalive=keepalive,
+                keepalive=body.keepalive,
             )
         return await self._run(lifecycle, api.error_body, self._unary_media, api, request, route)
 
@@ -253,11 +234,12 @@ class Pipeline:
         self,
         model: str,
         label: Any,
-        request_type: Any,
+        stream: bool,
         request_id: str,
         trace: TraceContext | None = None,
         deadline: float | None = None,
     ) -> RequestLifecycle:
+        request_type: RequestType = "stream" if stream else "unary"
         context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
         if deadline is not None:
             context.set_deadline(deadline)
@@ -328,8 +310,7 @@ class Pipeline:
 
     @contextmanager
     def in_flight_request(self, context: Context) -> Iterator[None]:
-        """Count ``context`` among the requests a drain waits for and :meth:`end_all`
-        ends, for the block (every request of every protocol the frontend serves)."""
+        """Count ``context`` among the requests a drain waits for, for the block."""
         self._contexts.add(context)
         try:
             yield
@@ -346,33 +327,19 @@ class Pipeline:
         grace: float | None,
         *args: Any,
     ) -> tuple[Any, str | None]:
-        """Run ``produce`` in the request's scope; turn failures into the API's errors.
-
-        Whatever ``produce`` raises, BaseException included, ends this request
-        only; a live cancellation of the producer task (the frontend closing)
-        is never swallowed.
-        """
-        failure: BaseException | None = None
-        try:
+        """Run ``produce`` in the request's scope; whatever it raises ends this request only."""
+        failures: list[BaseException] = []
+        with contain(failures.append):
             async with lifecycle.context.scope(drain_grace=grace):
                 await produce(reply, lifecycle, *args)
-        except BaseException as exc:
-            live, failure = split_live_cancellation(exc)
-            if live is not None:
-                raise live from None
-        return await self._failed(failure, reply, lifecycle)
+        return await self._failed(failures[0] if failures else None, reply, lifecycle)
 
     async def _failed(
         self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle
     ) -> tuple[Any, str | None]:
         """How the request ended (``exc``: what its work raised), told to the client:
         the one place a failure becomes an HTTP status, a stream's error event, a
-        metric's error type.
-
-        An HTTP error if nothing was sent yet, else the stream's error event; a
-        request the server ended (its deadline, the shutdown) fails as that says;
-        one its client cancelled ends quietly.
-        """
+        metric's error type."""
         context = lifecycle.context
         if (exc is None or is_cancellation(exc)) and context.is_killed():
             ending = None if lifecycle.client_is_gone else _server_ending(context)
@@ -453,10 +420,7 @@ class Pipeline:
         async with await route.call(
             request.to_engine(), lifecycle.context, self._text_faults
         ) as stream:
-            # Everything that arrived while we were busy is one batch: one encode and
-            # one write for all of it (under load, dozens of tokens per write).  The
-            # first batch goes at once; later ones take turns with the other running
-            # streams, so that a busy frontend's passes stay short for newcomers.
+            # One encode and write per batch; batches after the first take turns.
             first = True
             while batch := await stream.receive_batch():
                 if not first:

@@ -1,15 +1,9 @@
 """The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them.
 
-``/health``, ``/live``, ``/metrics`` and ``/debug/requests`` are answered at the
-edge, below quart.  Views are module-level functions of the
-:class:`~._pipeline.Pipeline` (bound when the app is built) and the API they
-serve; quart does the routing, the body limits and the error pages.  A view
-reads the whole body before anything can refuse the request, so that
-hypercorn can reuse the keep-alive connection.  ``x-request-timeout: SECONDS``
-sets the request's deadline (from when its body has arrived, capped by
-``DYN_HTTP_MAX_REQUEST_TIMEOUT_SECS``, which is also the deadline of a request
-that names none); it travels to every worker as time remaining.  While the
-frontend shuts down, every API response carries ``Connection: close``.
+Views are module-level functions of the :class:`~._pipeline.Pipeline` and the
+API they serve; quart does the routing, the body limits and the error pages.
+A view reads the whole body before anything can refuse the request (so the
+keep-alive connection can be reused); ``x-request-timeout`` sets its deadline.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from quart import Response, current_app, request
@@ -102,12 +97,8 @@ def _identity() -> tuple[RequestIds, TraceContext]:
 
 
 def request_deadline(raw: str | None, max_timeout: float, now: float) -> float | None:
-    """The deadline (``now`` plus seconds) of a request whose ``x-request-timeout`` header
-    is ``raw`` (``None`` if absent), under the server's maximum (0: none).
-
-    Raises:
-        RequestError: 400 if the header is not a positive, finite number of seconds.
-    """
+    """The deadline (``now`` plus seconds) an ``x-request-timeout`` of ``raw`` asks for,
+    capped by ``max_timeout`` (0: none); 400 unless a positive, finite number."""
     timeout = max_timeout or None
     if raw is not None:
         try:
@@ -206,11 +197,6 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | Media
     return response
 
 
-async def embeddings_view(pipeline: Pipeline) -> Response:
-    """``POST /v1/embeddings``."""
-    return await generate_view(pipeline, EMBEDDINGS)
-
-
 async def models_view(pipeline: Pipeline) -> Response:
     """``GET /v1/models``: every model with a live instance."""
     models = pipeline.models.models()
@@ -223,47 +209,30 @@ async def models_view(pipeline: Pipeline) -> Response:
 
 @dataclass(frozen=True, slots=True)
 class ApiRoute:
-    """One row of the route table: how to make its view for a pipeline."""
+    """One row of the route table: a generating API's route, or (``api=None``) the model list."""
 
     method: str
     path: str
     name: str
-    view: Callable[[Pipeline], Callable[[], Awaitable[Response]]]
+    api: TextApi | EmbeddingsApi | MediaApi | None = None
 
-
-def _generate(api: TextApi | MediaApi) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
-    def bind(pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
-        async def view() -> Response:
-            return await generate_view(pipeline, api)
-
-        return view
-
-    return bind
-
-
-def _bound(
-    view: Callable[[Pipeline], Awaitable[Response]],
-) -> Callable[[Pipeline], Callable[[], Awaitable[Response]]]:
-    def bind(pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
-        async def bound() -> Response:
-            return await view(pipeline)
-
-        return bound
-
-    return bind
+    def view(self, pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
+        if self.api is None:
+            return partial(models_view, pipeline)
+        return partial(generate_view, pipeline, self.api)
 
 
 ROUTES: Final = (
-    ApiRoute("POST", "/v1/chat/completions", "chat_completions", _generate(CHAT)),
-    ApiRoute("POST", "/v1/completions", "completions", _generate(COMPLETIONS)),
-    ApiRoute("POST", "/v1/responses", "responses", _generate(RESPONSES)),
-    ApiRoute("POST", "/v1/messages", "anthropic_messages", _generate(ANTHROPIC_MESSAGES)),
-    ApiRoute("POST", "/v1/embeddings", "embeddings", _bound(embeddings_view)),
-    ApiRoute("POST", "/v1/images/generations", "images_generations", _generate(IMAGE_GENERATIONS)),
-    ApiRoute("POST", "/v1/images/edits", "images_edits", _generate(IMAGE_EDITS)),
-    ApiRoute("POST", "/v1/audio/speech", "audio_speech", _generate(SPEECH)),
-    ApiRoute("POST", "/v1/videos", "videos", _generate(VIDEOS)),
-    ApiRoute("POST", "/v1/videos/stream", "videos_stream", _generate(VIDEOS_MJPEG)),
-    ApiRoute("GET", "/v1/models", "models", _bound(models_view)),
+    ApiRoute("POST", "/v1/chat/completions", "chat_completions", CHAT),
+    ApiRoute("POST", "/v1/completions", "completions", COMPLETIONS),
+    ApiRoute("POST", "/v1/responses", "responses", RESPONSES),
+    ApiRoute("POST", "/v1/messages", "anthropic_messages", ANTHROPIC_MESSAGES),
+    ApiRoute("POST", "/v1/embeddings", "embeddings", EMBEDDINGS),
+    ApiRoute("POST", "/v1/images/generations", "images_generations", IMAGE_GENERATIONS),
+    ApiRoute("POST", "/v1/images/edits", "images_edits", IMAGE_EDITS),
+    ApiRoute("POST", "/v1/audio/speech", "audio_speech", SPEECH),
+    ApiRoute("POST", "/v1/videos", "videos", VIDEOS),
+    ApiRoute("POST", "/v1/videos/stream", "videos_stream", VIDEOS_MJPEG),
+    ApiRoute("GET", "/v1/models", "models"),
 )
 """The API routes, registered on the app in this order."""

@@ -1,15 +1,8 @@
 """Turns: under load, a new stream's first tokens go before the running streams' next ones.
 
-trio runs every runnable task once per scheduler pass, so a saturated
-frontend's passes grow with its running streams, and a new request, which
-needs about a dozen passes before its first chunk, waits a dozen long ones.
-So a running stream's producer takes a *turn* (:meth:`Turns.take`) before it
-writes each batch after its first: at most ``per_pass`` per pass, the others
-waiting in order for a later pass (a *ticker* task hands those out, only while
-someone waits).  A stream's first batch never waits, nor does any other task,
-so passes stay short; the waiting streams lose nothing (their tokens gather in
-their request-plane queues, bounded by the stream window, and go out in one
-larger write).  0 turns the limit off.
+A running stream's producer takes a turn before each batch after its first: at
+most ``per_pass`` per scheduler pass, the others waiting in order, their tokens
+gathering for one larger write; why: ``docs/architecture.md`` ("The HTTP edge").
 """
 
 from __future__ import annotations
@@ -23,12 +16,10 @@ __all__ = ["Turns"]
 
 @final
 class Turns(trio.abc.Instrument):
-    """At most ``per_pass`` turns per scheduler pass, first come first served.
+    """At most ``per_pass`` turns (0: no limit) per scheduler pass, first come first served.
 
-    ``per_pass`` 0: no limit (every :meth:`take` is only a cancellation point).
-    Between :meth:`install` and :meth:`uninstall` it is a trio instrument, told
-    where passes begin (``after_io_wait``, called once per pass); the ticker
-    runs in ``nursery`` (the frontend's), only while someone waits.
+    Installed, it is a trio instrument told where passes begin; the ticker that
+    hands out waiting turns runs in ``nursery`` only while someone waits.
     """
 
     __slots__ = ("_installed", "_lot", "_nursery", "_ticking", "_used", "per_pass")
@@ -66,11 +57,7 @@ class Turns(trio.abc.Instrument):
 
     async def take(self) -> None:
         """Return when it is this task's turn: at once if this pass has one left and
-        nobody waits, else in a later pass, after those that waited first.
-
-        A cancellation point whichever way (cancelled while waiting: no turn is
-        used).
-        """
+        nobody waits, else in a later pass, after those that waited first."""
         if self.per_pass == 0 or (self._used < self.per_pass and not self._lot):
             self._used += 1
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -81,11 +68,8 @@ class Turns(trio.abc.Instrument):
         await self._lot.park()
 
     async def _tick(self) -> None:
-        """Once per pass while anyone waits: hand out that pass's turns, oldest first.
-
-        Being runnable, it also keeps trio from sleeping in its I/O wait while
-        streams wait for turns that only a new pass brings.
-        """
+        """Once per pass while anyone waits: hand out that pass's turns, oldest first
+        (being runnable, it keeps trio from sleeping in its I/O wait)."""
         try:
             while self._lot:
                 self._used += len(self._lot.unpark(count=max(0, self.per_pass - self._used)))

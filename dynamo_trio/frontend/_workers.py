@@ -1,17 +1,10 @@
 """``--http-workers N``: one port, N frontend processes, one truthful view of them.
 
-One trio process drives about one core.  The process started with
-``--http-workers N`` is a *supervisor* that serves no HTTP: it binds the port
-with ``SO_REUSEPORT`` (so the kernel spreads connections) and starts N frontend
-processes binding it the same way, each with its own runtime; prints the
-listening line once all N are; restarts one that dies, after a pause that
-doubles while it keeps dying; and passes SIGINT/SIGTERM on (each drains as a
-single frontend would; one whose supervisor vanished drains on its own).
-``/metrics`` on any process is the sum over all of them (prometheus-client's
-multiprocess mode, in a directory of the supervisor's), so counters stay exact
-and a restarted process's counts are kept; ``/debug/requests`` gathers every
-process's list over private abstract Unix sockets.  Raise N only up to the
-core count, when the frontend, not the engine, is the bottleneck.
+The supervisor serves no HTTP: it binds the port with ``SO_REUSEPORT``, starts
+N frontend processes binding it the same way, restarts one that dies (after a
+doubling pause) and passes signals on.  ``/metrics`` sums over all of them
+(prometheus-client's multiprocess mode); ``/debug/requests`` gathers every
+process's list over abstract Unix sockets.
 """
 
 from __future__ import annotations
@@ -75,15 +68,8 @@ async def run_frontend_workers(
     stop: trio.Event | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``config.frontend.http_workers`` frontend processes on one port until stopped.
-
-    Args:
-        config: The settings (the port, the worker count, the graces).
-        argv: The frontend's command-line arguments, passed on to each
-            process (with the resolved port).
-        stop: Set to stop (SIGINT/SIGTERM do it too).
-        task_status: Receives the URL once every process listens.
-    """
+    """Run ``config.frontend.http_workers`` frontend processes (each given ``argv``) on
+    one port until ``stop`` is set or a signal comes; the URL once every one listens."""
     frontend = config.frontend
     count = frontend.http_workers
     host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
@@ -96,8 +82,7 @@ async def run_frontend_workers(
     stop = stop or trio.Event()
     children = [_Child(index, count, argv, port, shared) for index in range(count)]
     try:
-        # Held while we live, so that our processes leave the directory to us; we
-        # remove it ourselves (below), whichever way we end.
+        # Held while we live; we remove the directory ourselves (below).
         with (
             holding_shared(shared, remove=False),
             killed_on_forced_exit(children),
@@ -127,15 +112,8 @@ async def run_frontend_workers(
 
 @contextlib.contextmanager
 def holding_shared(shared: Path, *, remove: bool = True) -> Iterator[None]:
-    """Hold the supervisor's directory (a shared ``flock`` on it) in this block, and
-    (``remove``) remove it on the way out if nobody else holds it any more.
-
-    The supervisor holds it for its whole life (``remove=False``: it removes the
-    directory itself when it exits, whether its processes are gone yet or not).  When
-    it cannot (killed with SIGKILL), its processes drain and exit on their own, and
-    the last of them to let go removes the directory: nothing is left in the
-    temporary directory whichever way the supervisor ended.  The kernel drops a
-    dead process's lock, so a crashed process never keeps the directory alive.
+    """Hold the supervisor's directory (a shared ``flock``) in this block; ``remove`` it
+    on the way out if nobody else holds it (the last process of a SIGKILLed supervisor).
     """
     fd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -266,13 +244,7 @@ def _mark_dead(pid: int, metrics: Path) -> None:
 
 
 class WorkerView:
-    """In one of the supervisor's processes: ``/metrics`` and ``/debug/requests`` for all.
-
-    Args:
-        index: This process's index.
-        count: How many processes the supervisor runs.
-        shared: The supervisor's directory (its name also names the private sockets).
-    """
+    """In one of the supervisor's processes: ``/metrics`` and ``/debug/requests`` for all."""
 
     def __init__(self, index: int, count: int, shared: Path, supervisor: int | None = None) -> None:
         self.index: Final = index
@@ -283,9 +255,7 @@ class WorkerView:
         self.socket_path: Final = self.socket_of(index)
 
     async def stop_when_orphaned(self, stop: trio.Event) -> None:
-        """Set ``stop`` (a graceful drain) once the supervisor is gone: killed with
-        SIGKILL, say, so that it could not pass a signal on.  Without this, the
-        process would serve the port on its own for ever."""
+        """Set ``stop`` (a graceful drain) once the supervisor is gone (SIGKILLed, say)."""
         fd = take_lifeline()
         if fd is not None:
             await parent_gone(fd)

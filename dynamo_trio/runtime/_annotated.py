@@ -9,16 +9,9 @@ __all__ = ["Annotated"]
 
 @final
 class Annotated:
-    """One item of a response stream.
+    """One item of a response stream: JSON-like ``data`` and SSE ``id``/``event``/``comment``.
 
-    Handlers may yield plain JSON-like values (they become ``data``) or an
-    ``Annotated`` to set the annotations too.  Callers receive ``Annotated``.
-
-    Args:
-        data: The item's value (JSON-like: dict, list, str, int, float, bool, None).
-        id: An optional item id (SSE ``id``).
-        event: An optional event name (SSE ``event``).
-        comment: Optional comment lines (SSE ``:`` lines).
+    Handlers may yield plain values (they become ``data``) or an ``Annotated``.
     """
 
     __slots__ = ("_data", "comment", "event", "id")
@@ -45,8 +38,7 @@ class Annotated:
         return self.comment
 
     def is_error(self) -> bool:
-        """Always false: an error ends a stream by raising, never as an item (as in Dynamo,
-        whose ``__anext__`` raises on an error item rather than returning it)."""
+        """Always false: an error ends a stream by raising, as in Dynamo."""
         return False
 
     def __repr__(self) -> str:

@@ -1,12 +1,8 @@
 """Calling an endpoint: linked contexts and response streams.
 
-A call ``client.round_robin(request, context=ctx)`` sends nothing (and returns
-an ended stream) if ``ctx`` is stopped or killed; else it links a child context
-with the same id under ``ctx`` (so ``ctx``'s deadline, stop and kill reach it),
-sends the request to the instance the runtime's router chooses, and returns a
-:class:`ResponseStream` wired to the child: ``stop`` on it sends a ``stop``
-frame and the stream drains to its terminal frame, ``kill`` sends ``kill`` and
-ends it at once.
+A call links a child context with the caller's id under ``ctx`` (so its
+deadline, stop and kill reach the worker as ``stop``/``kill`` frames), sends
+the request where the router chooses, and returns a :class:`ResponseStream`.
 """
 
 from __future__ import annotations
@@ -58,29 +54,10 @@ _CONNECT_ATTEMPTS: Final = 3
 
 
 class ResponseStream:
-    """The items of one call, as an async iterator of :class:`Annotated`.
+    """The items of one call, as an async iterator of :class:`Annotated`; closing kills the call.
 
-    Also an async context manager: leaving the block closes the stream (and
-    kills the remote work if it has not finished).
-
-    Iteration ends cleanly only when the stream ended as this caller wanted: the
-    worker completed it, finished the drain this caller asked for with a stop, or
-    this caller killed it.  A truncated stream raises once its items are read:
-    :class:`~dynamo_trio.StreamIncomplete` when the worker cut a drain short (its
-    drain grace ran out) or stopped the work to shut down,
-    :class:`~dynamo_trio.EngineShutdown` or :class:`~dynamo_trio.Cancelled` when
-    it killed the work unasked.  A handler that stops its own work ends cleanly:
-    :attr:`outcome` is then ``"stopped"``.
-
-    The stream belongs to the scope of the context it was opened with: leaving
-    ``ctx.scope()`` while it is unfinished kills the child (reason ``parent
-    finished``, or the scope's ``scope timeout``/``scope cancelled``).  Leaving it
-    early (:meth:`aclose`, ``async with``) kills it with ``stream closed``; a
-    consumer cancelled while it waits, with its scope's reason; dropping it
-    unclosed, from the finaliser (unless its owner asked it to stop: the drain,
-    bounded by the worker's grace, is left to finish).  The worker is told at
-    once.  A worker that vanishes raises :class:`~dynamo_trio.Disconnected` (and
-    leaves rotation), unless the caller had cancelled: then the stream just ends.
+    Iteration ends cleanly only when the stream ended as this caller wanted;
+    ``docs/cancellation.md`` tabulates the endings and what leaving early does.
     """
 
     def __init__(
@@ -100,10 +77,7 @@ class ResponseStream:
         if stream is None:
             context.finish()
             return
-        # The callback holds the wire stream, not this object: the context must not
-        # keep this object alive, so that dropping it finalises it (and kills its work)
-        # at once; and a finaliser run by the cycle collector, which clears weak
-        # references first, still reaches the wire.
+        # The callback holds the wire stream, not self, so that dropping self finalises it.
         self._cancel_callback = _wire_callback(stream)
         context.add_cancel_callback(self._cancel_callback)
         if context.is_stopped():  # cancelled while we were connecting
@@ -118,14 +92,12 @@ class ResponseStream:
 
     @property
     def end_reason(self) -> str | None:
-        """The reason the worker gave in its ``stopped``/``killed`` terminal frame
-        (``"shutdown"``...), if the stream ended with one."""
+        """The reason in the worker's ``stopped``/``killed`` terminal frame, if any."""
         return None if self._stream is None else self._stream.end_reason
 
     @property
     def outcome(self) -> str | None:
-        """How the stream ended: ``complete``, ``stopped`` or ``killed`` (``None`` while
-        it runs, or if nothing was sent).  A stream this caller killed is ``killed``."""
+        """``complete``, ``stopped`` or ``killed``; ``None`` while running or if none was sent."""
         if self._stream is None:
             return None
         if self._stream.outcome is None and self._context.is_killed():
@@ -142,11 +114,10 @@ class ResponseStream:
         return item
 
     async def receive(self, *, idle_timeout: float | None = None) -> Annotated | None:
-        """The next item, or ``None`` once the stream has ended (what iterating gives).
+        """The next item, or ``None`` once the stream has ended.
 
-        ``idle_timeout``: if no item (nor the end) arrives within that many
-        seconds, the call is killed with reason ``inactivity`` (its worker is
-        told at once) and :class:`~dynamo_trio.ResponseTimeout` is raised.
+        Nothing for ``idle_timeout`` seconds kills the call (``inactivity``) and
+        raises :class:`~dynamo_trio.ResponseTimeout`.
         """
         frame = await self._next(ClientStream.receive, idle_timeout)
         if frame is None:
@@ -154,13 +125,9 @@ class ResponseStream:
         return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
 
     async def receive_batch(self, *, idle_timeout: float | None = None) -> list[Any]:
-        """The data of every item that has arrived, at least one (waiting for it), in
-        order; ``[]`` once the stream has ended.
+        """The data of every item that has arrived (at least one); ``[]`` once ended.
 
-        The same stream as iterating (same errors, same cancellation rules), taken
-        in batches: a consumer that turns items into one write per batch (an SSE
-        body under load) pays its per-wakeup costs once per batch.  Annotations
-        are dropped: iterate to see them.  ``idle_timeout`` as in :meth:`receive`.
+        As iterating, in batches (one wakeup per batch); annotations are dropped.
         """
         frames = await self._next(ClientStream.receive_many, idle_timeout)
         return [] if frames is None else [frame.data for frame in frames]
@@ -210,9 +177,7 @@ class ResponseStream:
             wake_at = min(wake_at, now + idle_timeout)
         with trio.move_on_at(wake_at):
             return await receive(stream)
-        # Reading the state enforces the deadline; if it has not passed, the worker
-        # was silent for too long.  Either way the call is killed before its stream
-        # is read again (which then ends at once).
+        # Past the deadline (reading the state kills), or silent too long: kill.
         if not context.is_killed():
             context.kill(CancelReason.INACTIVITY)
         return await receive(stream)
@@ -266,14 +231,10 @@ class ResponseStream:
         self._abandon(CancelReason.STREAM_CLOSED if exc is None else _abandon_reason(exc))
 
     def __del__(self) -> None:
-        # Dropped without being closed: kill the remote work rather than leak it.
-        # kill() is synchronous and thread-safe, so this is safe from a finaliser.
-        # A stream its owner already asked to stop (Dynamo's `stop_generating();
-        # break`) is left to finish its drain: the worker's drain grace bounds it,
-        # and its frames are dropped as they arrive.
+        # Dropped unclosed: kill the work (kill() is thread-safe), unless its owner
+        # stopped it: then the drain finishes, its frames dropped, in the owning run.
         if not self._done and self._stream is not None and not self._stream.done:
             if self._context.is_stopped():
-                # (In the run that owns the stream: the finaliser may run in any thread.)
                 self._context._run_in_trio(self._stream.discard)
             else:
                 self._context.kill(CancelReason.STREAM_CLOSED)
@@ -281,12 +242,8 @@ class ResponseStream:
 
 @final
 class DataStream(ResponseStream):
-    """The items of one call made with ``annotated=False``: each item's data alone.
-
-    As in Dynamo, items that carry only annotations (an ``event``, an ``id``
-    or comments, and no data) are skipped.  Everything else (closing,
-    cancellation, errors) is as for :class:`ResponseStream`.
-    """
+    """A :class:`ResponseStream` of each item's data (``annotated=False``); as in Dynamo,
+    annotation-only items are skipped."""
 
     async def __anext__(self) -> Any:
         while True:
@@ -298,8 +255,7 @@ class DataStream(ResponseStream):
 
 
 def _wire_callback(stream: ClientStream) -> Callable[[Context, ContextState, CancelReason], None]:
-    """The call context's cancel callback: ``stop``/``kill`` on the wire (no-ops once the
-    stream has ended)."""
+    """The call context's cancel callback: ``stop``/``kill`` on the wire."""
 
     def on_cancel(context: Context, state: ContextState, reason: CancelReason) -> None:
         if state is ContextState.KILLED:
@@ -318,8 +274,7 @@ def _abandon_reason(exc: BaseException) -> CancelReason:
 
 @final
 class Client:
-    """Calls one endpoint's instances, as Dynamo's ``Client``; the runtime's router
-    chooses which."""
+    """Calls one endpoint's instances, as Dynamo's ``Client``; the router chooses which."""
 
     def __init__(
         self,
@@ -337,8 +292,7 @@ class Client:
         return {instance.instance_id: instance for instance in self._view.items().values()}
 
     def targets(self) -> dict[Target, str]:
-        """``{(path, instance id): address}`` of the listed instances, by id (the
-        router forgets the ones discovery no longer lists)."""
+        """``{(path, instance id): address}`` of the listed instances, by id."""
         instances = self._instances()
         self._router.forget(self._path, instances)
         return {(self._path, i): instances[i].address for i in sorted(instances)}
@@ -353,8 +307,7 @@ class Client:
         return self.instance_ids()
 
     def live_instance_ids(self) -> list[int]:
-        """Ids of the instances in rotation (listed, and not taken out by a recent
-        failure), sorted: the ones :meth:`round_robin` and :meth:`random` choose from."""
+        """Ids of the instances in rotation (not out after a recent failure), sorted."""
         return [target[1] for target in self._router.live(self.targets())]
 
     async def wait_for_instance(self, instance_id: int) -> None:
@@ -363,9 +316,7 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    # The calls take Dynamo 1.6.1's arguments, in its order: (request, [instance_id,]
-    # annotated=True, context=None).  With annotated=False (or None, as in Dynamo)
-    # the stream yields each item's data instead of an Annotated.
+    # Dynamo's arguments, in its order; annotated=False/None gives a DataStream.
 
     @overload
     async def generate(
@@ -432,14 +383,7 @@ class Client:
         annotated: bool | None = True,
         context: Context | None = None,
     ) -> ResponseStream | DataStream:
-        """Send ``request`` to one instance.
-
-        Raises:
-            NoInstances: discovery lists no instance with that id.
-            CannotConnect: the instance cannot be reached.
-            InvalidArgument: the context's metadata cannot travel (too many or
-                too long entries); nothing is sent.
-        """
+        """Send ``request`` to one instance (``NoInstances`` if it is not listed)."""
         annotated = _annotated(annotated)
         child = self._child_context(context)
         if child is None:
@@ -484,9 +428,7 @@ class Client:
     def _child_context(self, parent: Context | None) -> Context | None:
         """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled.
 
-        It carries ``parent``'s id, metadata and trace.  A call made without a
-        context, or with one that has no trace, inside a request's handler
-        continues that request's trace (as an implicit current span does).
+        Without a trace of its own it continues the current request's trace.
         """
         if parent is None:
             return Context(trace=_current_trace())
@@ -512,8 +454,7 @@ class Client:
         *,
         keep: bool = False,
     ) -> ResponseStream | DataStream:
-        """Open the call's stream on ``target``; ``child`` is finished on an error
-        unless ``keep`` (the router may try another instance)."""
+        """Open the call's stream on ``target``; an error finishes ``child`` unless ``keep``."""
         stream_type = ResponseStream if annotated else DataStream
         instance_id = target[1]
         try:

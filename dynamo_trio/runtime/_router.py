@@ -56,10 +56,7 @@ class _Resting:
 class Router:
     """Chooses targets and keeps the rotation, for every caller of one runtime.
 
-    Args:
-        connect: Opens (or reuses) a connection to an address; raises
-            :class:`~dynamo_trio.CannotConnect`.  Probes use it.
-        nursery: The nursery probes run in (raises ``RuntimeError`` once closing).
+    Probes ``connect`` to resting targets in ``nursery()``.
     """
 
     def __init__(
@@ -135,14 +132,8 @@ class Router:
         last_error: DynamoError | None = None,
         nobody: str,
     ) -> _R:
-        """``send`` to a chosen target, and to the next while it raises
-        :class:`~dynamo_trio.CannotConnect`, at most ``attempts`` times.
-
-        Raises:
-            CannotConnect: the last one ``send`` raised (or ``last_error``), once no
-                candidate is left; :class:`~dynamo_trio.NoInstances` (``nobody``) if
-                there was none.
-        """
+        """``send`` to a chosen target, and to the next while it raises ``CannotConnect``
+        (at most ``attempts`` times); then re-raise the last, or ``NoInstances(nobody)``."""
         for _ in itertools.repeat(None) if attempts is None else range(attempts):
             target = self.choose(await candidates(), tried, mode=mode, turn=turn)
             if target is None:

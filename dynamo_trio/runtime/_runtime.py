@@ -73,12 +73,8 @@ _KILL_SETTLE_TIMEOUT: Final = 5.0
 class DistributedRuntime:
     """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``.
 
-    Args:
-        config: All settings; defaults to ``Config.from_env()``.
-        registry: The Prometheus registry to count into (one per process);
-            a new one by default.
-        memory_store: For the ``mem`` discovery backend: the store to share
-            between runtimes in this process (the process default if omitted).
+    ``config`` defaults to ``Config.from_env()``; ``memory_store`` is the ``mem``
+    discovery store to share within the process.
     """
 
     def __init__(
@@ -194,17 +190,15 @@ class DistributedRuntime:
         return Namespace(self, name)
 
     def endpoint(self, path: str) -> Endpoint:
-        """Dynamo 1.6.1's way to name an endpoint: ``runtime.endpoint("dynamo.backend.generate")``.
-
-        ``path`` is ``namespace.component.endpoint``, optionally prefixed with
-        ``dyn://``; the same endpoint as the ``namespace().component().endpoint()``
-        chain.
-
-        Raises:
-            ValueError: ``path`` is not three non-empty names separated by dots.
-        """
-        namespace, component, endpoint = _split_endpoint_path(path)
-        return self.namespace(namespace).component(component).endpoint(endpoint)
+        """Dynamo's ``runtime.endpoint("[dyn://]namespace.component.endpoint")``."""
+        if not isinstance(path, str):
+            raise TypeError(f"an endpoint path is a str, not {type(path).__name__}")
+        parts = path.removeprefix("dyn://").split(".")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(
+                f"invalid endpoint path {path!r}: expected '[dyn://]namespace.component.endpoint'"
+            )
+        return self.namespace(parts[0]).component(parts[1]).endpoint(parts[2])
 
     # ------------------------------------------------------------------ serving
 
@@ -306,15 +300,9 @@ class DistributedRuntime:
     ) -> None:
         """Announce that ``endpoint`` (served by this process) serves model ``name``.
 
-        ``context_length`` and ``max_output_tokens`` are the model's token
-        limits; the frontend refuses requests over them before calling a worker.
-        ``accepts_continuation``: the handler honours a generate request's
-        ``continuation``, so the frontend may migrate interrupted requests to it.
-        ``tensor_model_config`` (a ``tensor`` model's, required for one):
-        ``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``.
-
-        Raises:
-            ValueError: a tensor model without a valid ``tensor_model_config``.
+        The frontend enforces the token limits and migrates only to handlers that
+        ``accepts_continuation``; a ``tensor`` model needs ``tensor_model_config``
+        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``).
         """
         tensor_config = None
         if model_type == "tensor" or tensor_model_config is not None:
@@ -388,14 +376,7 @@ class DistributedRuntime:
         self._status_stop.set()
 
     async def _finish_calls(self) -> None:
-        """Before the connections close: let calls their callers stopped finish draining.
-
-        A caller that stops a call and leaves (Dynamo's ``stop_generating();
-        break``, then the end of the program) asked for a graceful end: closing
-        the connection would turn it into a kill (``transport lost``).  Calls
-        still live are killed with reason ``shutdown``; stopped ones get up to
-        the drain grace to end.
-        """
+        """Kill live calls; give stopped ones the drain grace (closing would kill them)."""
         pool = self._connection_pool
         if pool is None:
             return
@@ -440,9 +421,7 @@ class DistributedRuntime:
         client = self._clients.get(endpoint.path)
         if client is None:
             prefix = instance_prefix(endpoint.namespace, endpoint.component, endpoint.name)
-            view: PrefixView[Instance] = await self._require_nursery().start(
-                self._watch, prefix, decode_instance
-            )
+            view: PrefixView[Instance] = await self.watch_prefix(prefix, decode_instance)
             client = self._clients.setdefault(
                 endpoint.path, Client(endpoint.path, view, self.router, self._connect)
             )
@@ -460,11 +439,7 @@ class DistributedRuntime:
             await trio.sleep_forever()
 
     def start_soon(self, task: Callable[[], Awaitable[object]], *, name: str) -> None:
-        """Run ``task`` in the runtime's nursery: it lasts at most as long as the runtime.
-
-        Raises:
-            RuntimeError: the runtime is not open, or is closing.
-        """
+        """Run ``task`` in the runtime's nursery: it lasts at most as long as the runtime."""
         self._require_nursery().start_soon(task, name=name)
 
     async def watch_prefix(self, prefix: str, decode: Callable[[bytes], Any]) -> PrefixView[Any]:
@@ -548,28 +523,11 @@ class Endpoint:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve ``handler`` here until the runtime shuts down.
+        """Serve ``handler(request[, context])`` here until the runtime shuts down.
 
-        ``handler(request)`` or ``handler(request, context)`` (decided by
-        whether it has a parameter named ``context``) must return an async
-        iterator of JSON-like items (or :class:`Annotated`).  With
-        ``await nursery.start(endpoint.serve_endpoint, handler)`` the call
-        returns once the instance is registered in discovery.
-
-        Args:
-            graceful_shutdown: As in Dynamo, whether a graceful shutdown waits
-                for this endpoint's requests in flight: if true (the default)
-                they are stopped and drain within the shutdown grace; if
-                false they are killed at once (their callers get
-                ``EngineShutdown``).
-            metrics_labels: Extra ``(name, value)`` labels on every
-                ``dynamo_component_*`` series of this endpoint, beside
-                ``dynamo_namespace``, ``dynamo_component``, ``dynamo_endpoint``
-                and ``worker_id``, as in Dynamo (which refuses those four
-                names here; so does this).
-
-        Raises:
-            ValueError: ``metrics_labels`` holds an invalid or reserved label.
+        ``nursery.start`` returns once registered.  ``graceful_shutdown=False``:
+        a shutdown kills this endpoint's requests instead of draining them.
+        ``metrics_labels`` are extra labels on its ``dynamo_component_*`` series.
         """
         await self.runtime._serve(
             self,
@@ -597,11 +555,7 @@ class Endpoint:
         accepts_continuation: bool = False,
         tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
-        """Announce that this endpoint serves model ``name`` (chat, completions, embeddings,
-        tensor, or the media types images, videos, audios), with its token limits if known
-        (the frontend enforces them), whether its handler honours continuations (the
-        frontend migrates requests only to those), and a tensor model's inputs and outputs (see
-        :meth:`DistributedRuntime.register_model`)."""
+        """See :meth:`DistributedRuntime.register_model`."""
         await self.runtime.register_model(
             self,
             name,
@@ -618,22 +572,6 @@ def _check_name(what: str, name: str) -> None:
         raise ValueError(f"invalid {what} name {name!r}: non-empty, no '/' or surrounding spaces")
 
 
-_DYN_SCHEME: Final = "dyn://"
-
-
-def _split_endpoint_path(path: str) -> tuple[str, str, str]:
-    """``namespace.component.endpoint`` (or ``dyn://namespace.component.endpoint``)."""
-    if not isinstance(path, str):
-        raise TypeError(f"an endpoint path is a str, not {type(path).__name__}")
-    parts = path.removeprefix(_DYN_SCHEME).split(".")
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(
-            f"invalid endpoint path {path!r}: expected 'namespace.component.endpoint' "
-            "or 'dyn://namespace.component.endpoint'"
-        )
-    return parts[0], parts[1], parts[2]
-
-
 def dynamo_worker(
     config: Config | None = None,
     *,
@@ -642,13 +580,8 @@ def dynamo_worker(
 ) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
     """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
 
-    This is how a Dynamo program's entry point maps to trio: Dynamo's
-    ``asyncio.run(main())`` / ``uvloop.run(main())`` becomes ``trio.run(main)``.
-
-    With ``handle_signals`` (the default), SIGINT and SIGTERM start a graceful
-    shutdown; a second signal ends the process at once, whatever its handlers do.
-    ``enable_nats`` is accepted, and ignored with a ``DeprecationWarning``, as
-    Dynamo 1.6.1 does (there is no NATS here).
+    SIGINT/SIGTERM start a graceful shutdown (a second one ends the process);
+    ``enable_nats`` is ignored with a ``DeprecationWarning``, as in Dynamo.
     """
     if enable_nats is not None:
         warnings.warn(
@@ -678,39 +611,28 @@ def dynamo_worker(
 
 
 def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up.
+    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up."""
+    if not logging.getLogger().handlers:
+        _log_to_stderr(level, LOG_FORMAT)
 
-    Each line logged while a request is being served names it:
-    ``... dynamo_trio.runtime [request_id=<id> trace_id=<trace>]: ...``
-    (see :class:`~dynamo_trio.RequestLogFilter`).
-    """
+
+def _log_to_stderr(level: str, text: str) -> None:
+    """One stderr handler whose lines name the request being served."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestLogFilter())
+    handler.setFormatter(logging.Formatter(text))
     root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.addFilter(RequestLogFilter())
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(handler)
-        root.setLevel(level.upper())
-        _quiet_httpx(level)
-
-
-def _quiet_httpx(level: str) -> None:
+    root.addHandler(handler)
+    root.setLevel(level.upper())
     if level != "debug":
         # httpx logs every request at INFO: with etcd, a line per lease keepalive.
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def configure_dynamo_logging(service_name: str | None = None, worker_id: int | None = None) -> None:
-    """Dynamo's ``dynamo.runtime.logging.configure_dynamo_logging``: one place to set logging up.
+    """Dynamo's ``configure_dynamo_logging``: replace the root handlers with one to stderr.
 
-    Replaces the root logger's handlers with one to stderr at the ``DYN_LOG``
-    level, whose lines name the request and trace they are about (see
-    :class:`~dynamo_trio.RequestLogFilter`), prefixed with
-    ``[service_name:worker_id]`` when given, as Dynamo's are.  Call it before
-    ``trio.run`` (``@dynamo_worker()`` then leaves logging as it is).
-
-    Raises:
-        ValueError: ``DYN_LOG`` is not a log level.
+    Lines are prefixed ``[service_name:worker_id]`` when given; call it before ``trio.run``.
     """
     level = Config.from_env().log_level
     prefix = "" if service_name is None else service_name
@@ -722,12 +644,7 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
-    handler = logging.StreamHandler()
-    handler.addFilter(RequestLogFilter())
-    handler.setFormatter(logging.Formatter(text))
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-    _quiet_httpx(level)
+    _log_to_stderr(level, text)
 
 
 async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> None:

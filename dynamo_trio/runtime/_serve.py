@@ -1,14 +1,8 @@
 """Serving one request: the handler runs inside its context, and the outcome goes on the wire.
 
-:func:`serve_stream` gives the request plane's stream's context the caller's
-metadata and a span of its trace, enters ``context.scope(drain_grace=...)``
-and drives the handler's async generator inside it, one item per yielded
-value (each after a flow-control credit).  However the scope ends, exactly one
-terminal frame follows, and the request is counted once.  Whatever a handler
-raises, BaseException included, ends that one stream, never its worker; a
-live ``trio.Cancelled`` is never swallowed; the generator is always closed
-deterministically.  ``docs/architecture.md`` ("Serving a request") has the
-table of endings.
+However the scope ends, exactly one terminal frame follows and the request is
+counted once; whatever a handler raises ends that one stream, never its worker.
+``docs/architecture.md`` ("Serving a request") has the table of endings.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import collapse, is_cancellation, split_live_cancellation
+from .._contain import collapse, contain, is_cancellation
 from .._context import CancelReason
 from .._errors import (
     Cancelled,
@@ -101,11 +95,8 @@ async def serve_stream(
 ) -> None:
     """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once.
 
-    Never raises for anything the handler does (see the module docstring);
-    only a live cancellation of the calling task propagates, after the stream
-    is finished.  ``on_exit_request`` is called when a handler raises
-    ``KeyboardInterrupt`` or ``SystemExit`` (the runtime starts its graceful
-    shutdown).
+    Only a live cancellation propagates; ``on_exit_request`` is called when the
+    handler raises ``KeyboardInterrupt`` or ``SystemExit``.
     """
     context = stream.context
     trace, metadata = read_request_headers(stream.headers)
@@ -119,20 +110,18 @@ async def serve_stream(
         tracker.cancelled(stream.cancel_signal.value)
     stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
     inflight.add(context)
-    error: DynamoError | None = None
-    live_cancellation: BaseException | None = None
+    errors: list[DynamoError | None] = [None]
+
+    def escaped(exc: BaseException) -> None:
+        errors[0] = _outcome_of(exc, context, endpoint.path, on_exit_request)
+
     with bind_request(context):  # every log line about this request names it and its trace
         try:
-            await _drive(stream, endpoint, context, drain_grace)
-        except BaseException as exc:
-            live_cancellation, failure = split_live_cancellation(exc)
-            if failure is not None:
-                error = _outcome_of(failure, context, endpoint.path, on_exit_request)
+            with contain(escaped):
+                await _drive(stream, endpoint, context, drain_grace)
         finally:
             inflight.discard(context)
-            _finish(stream, context, tracker, error)
-    if live_cancellation is not None:
-        raise live_cancellation
+            _finish(stream, context, tracker, errors[0])
 
 
 def _outcome_of(
@@ -231,12 +220,9 @@ def _finish(
 
 
 class _StaleCancelled(Exception):
-    """The handler raised a :class:`trio.Cancelled` that nothing is delivering.
+    """A stale :class:`trio.Cancelled` from the handler, carried out of the context's nursery
 
-    Left as it is, the context's nursery would absorb it (trio absorbs a
-    Cancelled raised by a nursery's own body), and the stream would end as if
-    the handler had completed.  Carried out as this error instead, it is the
-    handler's way of saying "cancelled".
+    (which would absorb it as its own) as the handler's way of saying "cancelled".
     """
 
 
