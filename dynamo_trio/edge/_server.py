@@ -49,7 +49,8 @@ response's ``send_all`` met the EOF in trio's conflict detector and raised
 ``BusyResourceError`` into the app: an "Error in ASGI Framework" traceback.
 The same wrapper writes at once, without a trip through the scheduler, when no
 other send is under way and the socket has room (a response's head, a small
-body): hypercorn's own send lock is then the write's only checkpoint.
+body); writes stay whole and in order, so hypercorn's writes skip its send lock
+(whose acquire was a trip through the scheduler for each).
 
 Whatever a connection's code raises ends that connection only (logged, at a
 bounded rate): hypercorn
@@ -322,12 +323,23 @@ class _Connection(TCPServer):
             # An HTTP/2 connection's first send (its SETTINGS), before any stream:
             # its streams are sent in turn (see ._h2), not by hypercorn's priority tree.
             protocol.priority = RoundRobin()  # type: ignore[assignment]  # the tree's interface
-        if isinstance(event, RawData) and not event.data:
-            # h11's end of a body whose length was declared: nothing to write, and
-            # no reason to take the locks (three passes of the scheduler).
+        if isinstance(event, RawData):
+            # The ordered stream's send_all keeps writes whole and in order without
+            # hypercorn's send lock, whose acquire is a trip through the scheduler for
+            # every write.  (h11's end of a body whose length was declared is empty:
+            # nothing to write.)
             await trio.lowlevel.checkpoint_if_cancelled()
+            if event.data:
+                await self._write(event.data)
             return
         await super().protocol_send(event)
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            async with self.send_lock:
+                await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
         try:
@@ -458,9 +470,8 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         one non-blocking write, no cancel scope and no trip through the
         scheduler; otherwise the rest waits its turn behind the other sends,
         shielded: never half a write on the wire (hypercorn shields its writes
-        too; closing the socket, as the shutdown does, ends the wait).  (A
-        caller through hypercorn took hypercorn's send lock first: that is its
-        checkpoint.  The two trips saved here are two of the dozen scheduler
+        too; closing the socket, as the shutdown does, ends the wait).  (The
+        two trips saved here are two of the dozen scheduler
         passes between a request's bytes and its first SSE chunk, and two of a
         response's end: on a busy frontend each pass runs every stream's
         waiting tokens.)
