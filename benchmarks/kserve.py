@@ -208,7 +208,8 @@ async def start_trio(nursery: trio.Nursery, workdir: Path, repo: Path = REPO) ->
     frontend = await spawn(
         nursery,
         [
-            *(sys.executable, "-m", "dynamo_trio", "frontend"),
+            # -P: the checkout on PYTHONPATH, not the working directory, is dynamo_trio.
+            *(sys.executable, "-P", "-m", "dynamo_trio", "frontend"),
             *("--http-port", str(http), "--kserve-grpc-port", str(grpc)),
         ],
         env,
