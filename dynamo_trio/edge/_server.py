@@ -380,10 +380,11 @@ class _IdleTimer:
             self._sleep.cancel()  # terminated while busy: close now that it is idle
 
     async def stop(self) -> None:
-        """The connection is serving a request."""
+        """The connection is serving a request (HTTP/2: each new stream says so again)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._idle = False
-        self._move(math.inf)
+        if self._idle:  # (busy already: the deadline is infinite)
+            self._idle = False
+            self._move(math.inf)
 
     def finish(self) -> None:
         """The connection stopped reading: the watch ends (hypercorn closes the rest)."""
