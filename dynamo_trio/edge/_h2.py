@@ -9,8 +9,8 @@ ends the connection with ``GOAWAY``.  :class:`RoundRobin`, in its place, serves 
 active streams first come first served (priority signals, which RFC 9113
 deprecates, are ignored): an ended stream leaves at its next turn.
 
-:func:`send_whole_response` sends a response whose head, one DATA frame and
-trailers are known at once (a unary gRPC call's) from the app's task in one write,
+:func:`send_whole_response` sends a response whose head, body and trailers are
+known at once (a unary gRPC call's) from the app's task in one write,
 past the stream's buffer and that sending task, which take three writes and
 several trips through the scheduler.
 """
@@ -45,8 +45,8 @@ async def send_whole_response(
     stream whose ASGI ``send`` this is, in one write; the stream is then closed.
 
     ``False`` (nothing sent) when it cannot go that way: not hypercorn's HTTP/2 stream,
-    a response already started, a request without ``te: trailers``, a body its flow
-    control window or one frame does not take.  The caller then sends it as ASGI.
+    a response already started, a request without ``te: trailers``, a body larger than
+    the stream's flow control window.  The caller then sends it as ASGI.
     """
     stream = getattr(send, "__self__", None)
     if type(stream) is not HTTPStream or stream.closed or stream.state != ASGIHTTPState.REQUEST:
@@ -62,12 +62,9 @@ async def send_whole_response(
     if buffer is None or buffer.buffer:
         return False
     try:
-        room = min(
-            connection.local_flow_control_window(stream_id), connection.max_outbound_frame_size
-        )
+        if len(body) > connection.local_flow_control_window(stream_id):
+            return False
     except h2.exceptions.ProtocolError:  # the client reset the stream
-        return False
-    if len(body) > room:
         return False
     head = build_and_validate_headers(headers)
     stream.response = {"type": "http.response.start", "status": 200, "headers": head}
@@ -80,8 +77,9 @@ async def send_whole_response(
         connection.send_headers(
             stream_id, [(b":status", b"200"), *head, *stream.config.response_headers("h2")]
         )
-        if body:
-            connection.send_data(stream_id, body)
+        size = connection.max_outbound_frame_size
+        for start in range(0, len(body), size):
+            connection.send_data(stream_id, body[start : start + size])
         connection.send_headers(stream_id, build_and_validate_headers(trailers), end_stream=True)
     except h2.exceptions.ProtocolError:  # headers h2 refuses: the stream ends, reset
         with suppress(h2.exceptions.ProtocolError):

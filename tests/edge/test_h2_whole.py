@@ -12,7 +12,7 @@ import h2.events
 import h2.settings
 import pytest
 import trio
-from hyperframe.frame import DataFrame, Frame, HeadersFrame
+from hyperframe.frame import DataFrame, Frame, HeadersFrame, WindowUpdateFrame
 
 from dynamo_trio.edge import _server
 from dynamo_trio.edge._h2 import send_whole_response
@@ -91,7 +91,10 @@ async def calls(
         if trailers:
             headers.append(("te", "trailers"))
         connection.send_headers(stream_id, headers)
-        connection.send_data(stream_id, body, end_stream=True)
+        size = connection.max_outbound_frame_size
+        chunks = [body[start : start + size] for start in range(0, len(body), size)] or [b""]
+        for index, chunk in enumerate(chunks):
+            connection.send_data(stream_id, chunk, end_stream=index == len(chunks) - 1)
         replies[stream_id] = Reply()
     try:
         with trio.fail_after(10):
@@ -140,10 +143,15 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[list[Frame]]:
 
 
 def response_frames(writes: list[list[Frame]], stream_id: int) -> list[list[str]]:
-    """For each write carrying frames of ``stream_id``: their kinds, in order."""
+    """For each write carrying response frames of ``stream_id`` (not the server's
+    acknowledgements of its request's DATA): their kinds, in order."""
     kinds = []
     for frames in writes:
-        mine = [frame for frame in frames if frame.stream_id == stream_id]
+        mine = [
+            frame
+            for frame in frames
+            if frame.stream_id == stream_id and not isinstance(frame, WindowUpdateFrame)
+        ]
         if mine:
             kinds.append(
                 [
@@ -170,6 +178,18 @@ async def test_a_response_goes_whole_in_one_write(
     assert (b"content-type", b"application/grpc") in reply.headers
     assert app.sent_whole == [True]
     assert response_frames(writes, 1) == [["HeadersFrame", DataFrame.__name__, "end"]]
+
+
+async def test_a_body_larger_than_a_frame_goes_whole_in_frames(
+    nursery: trio.Nursery, writes: list[list[Frame]]
+) -> None:
+    app = Whole()
+    url = await served_bare(nursery, app, cleartext_http2=True)
+    body = bytes(range(256)) * 160  # 40,960 bytes: three frames of at most 16 KiB
+    [reply] = await calls(url, [body])
+    assert (reply.data, reply.trailers, app.sent_whole) == (body, TRAILERS, [True])
+    data = DataFrame.__name__
+    assert response_frames(writes, 1) == [["HeadersFrame", data, data, data, "end"]]
 
 
 async def test_the_connection_goes_on_serving_streams_sent_whole(nursery: trio.Nursery) -> None:
