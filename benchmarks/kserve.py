@@ -1,6 +1,7 @@
 """KServe gRPC frontends under the official Triton client: dynamo-trio beside Dynamo 1.6.1.
 
 Run: ``python benchmarks/kserve.py [--rounds 2] [--unary 2000] [--stream 5000] [--cancels 50]``
+``[--versus CHECKOUT]``
 
 Each system is a frontend serving KServe gRPC and a ``mock-tensor`` worker on loopback:
 dynamo-trio's (``--kserve-grpc-port``, ``_tensor_worker.py``), and, when
@@ -17,6 +18,10 @@ systems take turns (A B A B, ``--rounds``), each started afresh, under the same
   on both sides: one clock for every process on Linux);
 - the CPU time the frontend and the worker processes spent per infer in the 32-in-flight
   run (``/proc``): a measure the other work on a shared machine moves less than rates.
+
+``--versus CHECKOUT``: dynamo-trio beside the dynamo-trio of another checkout of the
+repository (an older commit: ``git archive <commit> | tar -x -C <dir>``) instead of
+Dynamo, taking turns the same way.
 """
 
 from __future__ import annotations
@@ -183,18 +188,19 @@ class Deployment:
         return [self.frontend, self.worker]
 
 
-async def start_trio(nursery: trio.Nursery, workdir: Path) -> Deployment:
+async def start_trio(nursery: trio.Nursery, workdir: Path, repo: Path = REPO) -> Deployment:
+    """dynamo-trio's frontend and worker, from the checkout ``repo``."""
     env = python_env()
     env.update(
         DYN_DISCOVERY_BACKEND="file",
         DYN_FILE_KV=str(workdir / "kv"),
         DYN_LOG="warning",
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=str(repo),
     )
     http, grpc = free_port(), free_port()
     worker = await spawn(
         nursery,
-        [sys.executable, str(HERE / "_tensor_worker.py")],
+        [sys.executable, str(repo / "benchmarks" / "_tensor_worker.py")],
         env,
         name="trio-worker",
         logdir=workdir,
@@ -202,7 +208,8 @@ async def start_trio(nursery: trio.Nursery, workdir: Path) -> Deployment:
     frontend = await spawn(
         nursery,
         [
-            *(sys.executable, "-m", "dynamo_trio", "frontend"),
+            # -P: the checkout on PYTHONPATH, not the working directory, is dynamo_trio.
+            *(sys.executable, "-P", "-m", "dynamo_trio", "frontend"),
             *("--http-port", str(http), "--kserve-grpc-port", str(grpc)),
         ],
         env,
@@ -282,19 +289,23 @@ async def measure(deployment: Deployment, args: argparse.Namespace) -> dict[str,
 
 
 async def main(args: argparse.Namespace) -> None:
-    python = dynamo_python(args.dynamo_venv)
-    systems = [TRIO] if python is None else [TRIO, DYNAMO]
-    if python is None:
+    versus: Path | None = args.versus
+    python = None if versus is not None else dynamo_python(args.dynamo_venv)
+    other = f"{TRIO} ({versus})" if versus is not None else DYNAMO
+    systems = [TRIO] if python is None and versus is None else [TRIO, other]
+    if python is None and versus is None:
         print(f"(no Dynamo {DYNAMO_VERSION} in {args.dynamo_venv}: run setup_dynamo.sh)")
     runs: Runs = {system: [] for system in systems}
     print(f"{now_stamp()}  {git_describe()}")
     print(f"load average before: {load_average()}")
     for round_ in range(args.rounds):
         for system in systems:
-            workdir = Path(tempfile.mkdtemp(prefix=f"kserve-bench-{system}-"))
+            workdir = Path(tempfile.mkdtemp(prefix=f"kserve-bench-{systems.index(system)}-"))
             async with trio.open_nursery() as nursery:
                 if system == TRIO:
                     deployment = await start_trio(nursery, workdir)
+                elif versus is not None:
+                    deployment = await start_trio(nursery, workdir, versus)
                 else:
                     assert python is not None
                     deployment = await start_dynamo(nursery, workdir, python)
@@ -311,7 +322,7 @@ async def main(args: argparse.Namespace) -> None:
         FIGURES,
         runs,
         systems,
-        baseline=DYNAMO if python is not None else None,
+        baseline=other if len(systems) > 1 else None,
     )
     print(f"load average after: {load_average()}")
 
@@ -322,6 +333,11 @@ if __name__ == "__main__":
     parser.add_argument("--unary", type=int, default=2000)
     parser.add_argument("--stream", type=int, default=5000)
     parser.add_argument("--cancels", type=int, default=50)
+    parser.add_argument(
+        "--versus",
+        type=Path,
+        help="another checkout of dynamo-trio to measure beside this one, instead of Dynamo",
+    )
     parser.add_argument(
         "--dynamo-venv",
         type=Path,

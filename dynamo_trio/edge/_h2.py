@@ -1,31 +1,93 @@
-"""A fair scheduler for hypercorn's HTTP/2 sending task, in place of its priority tree.
+"""hypercorn's HTTP/2 sending, fair and with fewer trips: its streams in turn, and a
+response known whole sent in one write.
 
-hypercorn sends each HTTP/2 connection's DATA from one task that asks a
-``priority.PriorityTree`` which stream goes next, and a stream leaves the tree
-only when that task next picks it after it ended.  The tree's weighted queue
-puts a newly opened stream at the current level, ahead of a stream that was
-passed over while it waited for its app (every pass raises its level).  Under
-a steady flow of new streams (a gRPC channel making calls, several in flight)
-an ended stream is then passed over for as long as new ones keep coming: the
-tree only grows, and at 1000 streams it refuses the next one, which ends the
-whole connection with a ``GOAWAY``.  A response with trailers ends its stream
-from the app's own task, so every gRPC call leaves such an entry.
+hypercorn sends a connection's DATA from one task that asks a priority tree which
+stream goes next.  The tree puts a new stream ahead of one passed over while it
+waited for its app, so under a steady flow of calls (a gRPC channel) an ended
+stream is never reached: the tree grows to its limit of 1000, and the next stream
+ends the connection with ``GOAWAY``.  :class:`RoundRobin`, in its place, serves the
+active streams first come first served (priority signals, which RFC 9113
+deprecates, are ignored): an ended stream leaves at its next turn.
 
-:class:`RoundRobin` has the tree's interface (what hypercorn calls of it) and
-serves the active streams in turn, first come first served: a stream waits at
-most one turn of the others, so an ended one leaves at once, and there is no
-limit to reach.  HTTP/2 priority signals are ignored (RFC 9113 deprecates
-them); every stream is equal.
+:func:`send_whole_response` sends a response whose head, body and trailers are
+known at once (a unary gRPC call's) from the app's task in one write,
+past the stream's buffer and that sending task, which take three writes and
+several trips through the scheduler.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from typing import Final, final
+from contextlib import suppress
+from typing import TYPE_CHECKING, Final, final
 
+import h2.errors
+import h2.exceptions
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
+from hypercorn.utils import build_and_validate_headers
 from priority.priority import DeadlockError, DuplicateStreamError, MissingStreamError
 
-__all__ = ["RoundRobin"]
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGISendCallable
+
+__all__ = ["RoundRobin", "send_whole_response"]
+
+Headers = list[tuple[bytes, bytes]]
+
+
+async def send_whole_response(
+    send: ASGISendCallable, headers: Headers, body: bytes, trailers: Headers
+) -> bool:
+    """Send a ``200`` response with ``headers``, ``body`` and ``trailers`` on the HTTP/2
+    stream whose ASGI ``send`` this is, in one write; the stream is then closed.
+
+    ``False`` (nothing sent) when it cannot go that way: not hypercorn's HTTP/2 stream,
+    a response already started, a request without ``te: trailers``, a body larger than
+    the stream's flow control window.  The caller then sends it as ASGI.
+    """
+    stream = getattr(send, "__self__", None)
+    if type(stream) is not HTTPStream or stream.closed or stream.state != ASGIHTTPState.REQUEST:
+        return False
+    protocol = getattr(stream.send, "__self__", None)
+    if type(protocol) is not H2Protocol:
+        return False
+    if (b"te", b"trailers") not in stream.scope["headers"]:
+        return False
+    connection = protocol.connection
+    stream_id = stream.stream_id
+    buffer = protocol.stream_buffers.get(stream_id)
+    if buffer is None or buffer.buffer:
+        return False
+    try:
+        if len(body) > connection.local_flow_control_window(stream_id):
+            return False
+    except h2.exceptions.ProtocolError:  # the client reset the stream
+        return False
+    head = build_and_validate_headers(headers)
+    stream.response = {"type": "http.response.start", "status": 200, "headers": head}
+    stream.state = ASGIHTTPState.CLOSED  # what the app sends from now on is an error
+    # The stream leaves the sending task's care before anything can yield (as when
+    # that task ends it), so it never finds the stream half gone.
+    del protocol.stream_buffers[stream_id]
+    protocol.priority.remove_stream(stream_id)
+    try:
+        connection.send_headers(
+            stream_id, [(b":status", b"200"), *head, *stream.config.response_headers("h2")]
+        )
+        size = connection.max_outbound_frame_size
+        for start in range(0, len(body), size):
+            connection.send_data(stream_id, body[start : start + size])
+        connection.send_headers(stream_id, build_and_validate_headers(trailers), end_stream=True)
+    except h2.exceptions.ProtocolError:  # headers h2 refuses: the stream ends, reset
+        with suppress(h2.exceptions.ProtocolError):
+            connection.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+    await protocol._flush()
+    await stream.config.log.access(stream.scope, stream.response, time.time() - stream.start_time)
+    await protocol.stream_send(StreamClosed(stream_id=stream_id))
+    return True
 
 
 @final

@@ -283,12 +283,23 @@ class _Connection(TCPServer):
             # An HTTP/2 connection's first send (its SETTINGS), before any stream:
             # its streams are sent in turn (see ._h2), not by hypercorn's priority tree.
             protocol.priority = RoundRobin()  # type: ignore[assignment]  # the tree's interface
-        if isinstance(event, RawData) and not event.data:
-            # h11's end of a body whose length was declared: nothing to write, and
-            # no reason to take the locks (three passes of the scheduler).
+        if isinstance(event, RawData):
+            # The ordered stream's send_all keeps writes whole and in order without
+            # hypercorn's send lock, whose acquire is a trip through the scheduler for
+            # every write.  (h11's end of a body whose length was declared is empty:
+            # nothing to write.)
             await trio.lowlevel.checkpoint_if_cancelled()
+            if event.data:
+                await self._write(event.data)
             return
         await super().protocol_send(event)
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            async with self.send_lock:
+                await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
         try:
@@ -329,10 +340,11 @@ class _IdleTimer:
             self._sleep.cancel()  # terminated while busy: close now that it is idle
 
     async def stop(self) -> None:
-        """The connection is serving a request."""
+        """The connection is serving a request (HTTP/2: each new stream says so again)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._idle = False
-        self._move(math.inf)
+        if self._idle:  # (busy already: the deadline is infinite)
+            self._idle = False
+            self._move(math.inf)
 
     def finish(self) -> None:
         """The connection stopped reading: the watch ends (hypercorn closes the rest)."""
@@ -426,9 +438,8 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         one non-blocking write, no cancel scope and no trip through the
         scheduler; otherwise the rest waits its turn behind the other sends,
         shielded: never half a write on the wire (hypercorn shields its writes
-        too; closing the socket, as the shutdown does, ends the wait).  (A
-        caller through hypercorn took hypercorn's send lock first: that is its
-        checkpoint.  The two trips saved here are two of the dozen scheduler
+        too; closing the socket, as the shutdown does, ends the wait).  (The
+        two trips saved here are two of the dozen scheduler
         passes between a request's bytes and its first SSE chunk, and two of a
         response's end: on a busy frontend each pass runs every stream's
         waiting tokens.)

@@ -52,6 +52,7 @@ from .._tracing import (
     request_ids,
 )
 from ..edge import answer_lifespan
+from ..edge._h2 import send_whole_response
 from ..frontend._hangup import RequestLifecycle
 from ._messages import DATA_TYPES, SERVICE, message_class
 from ._status import GrpcError, Status, status_for
@@ -79,6 +80,7 @@ _GRPC_HEADERS: Final = [
     (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", ACCEPT_ENCODING.encode()),
 ]
+_OK_TRAILERS: Final = [(b"grpc-status", b"0")]
 
 MAX_STREAM_INFERENCES: Final = 1024
 """Inferences one ``ModelStreamInfer`` call may have running; a request beyond that is
@@ -137,6 +139,7 @@ class _Call:
         self._deframer = Deframer(max_size, encoding=encoding, admit=self._admit)
         self._sending = trio.Lock()
         self._started = False
+        self._ended = False
         self.gone = False
         """The client ended the call (``RST_STREAM``, a dropped connection)."""
         self.live: set[RequestLifecycle] = set()
@@ -150,8 +153,9 @@ class _Call:
         """When (``time.monotonic()``) the call's ``grpc-timeout`` ends it, if it has one."""
         self.request_id: str | None = None
         """The id the client gave the call (``x-dynamo-request-id``, ``x-request-id``)."""
-        self.trace = TraceContext.new()
-        """The call's trace: a span under the client's ``traceparent``, or a new trace."""
+        self.trace: TraceContext | None = None
+        """The call's trace (from :meth:`identify`): a span under the client's
+        ``traceparent``, or a new trace."""
 
     def _admit(self, size: int) -> None:
         if size <= 0:  # a message that inflated to less than it took
@@ -229,15 +233,36 @@ class _Call:
 
     async def respond(self, message: Any) -> None:
         """Send one response message."""
-        data = frame(message.SerializeToString())
+        await self._respond(frame(message.SerializeToString()))
+
+    async def _respond(self, data: bytes) -> None:
         async with self._sending:
             await self._start()
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def finish(self, status: Status, text: str = "") -> None:
-        """End the call with ``status`` (a no-op once the client left)."""
+    async def answer(self, message: Any) -> None:
+        """Send a unary call's one response message, then end the call ``OK``.
+
+        In the usual case (nothing sent yet, a response one HTTP/2 frame takes) the
+        edge sends it whole, in one write; otherwise as :meth:`respond` then
+        :meth:`finish` send it.
+        """
         if self.gone:
             return
+        data = frame(message.SerializeToString())
+        if not self._started and await send_whole_response(
+            self._send, _GRPC_HEADERS, data, _OK_TRAILERS
+        ):
+            self._started = self._ended = True
+            return
+        await self._respond(data)
+        await self.finish(Status.OK)
+
+    async def finish(self, status: Status, text: str = "") -> None:
+        """End the call with ``status`` (a no-op once the client left, or it ended)."""
+        if self.gone or self._ended:
+            return
+        self._ended = True
         trailers = [(b"grpc-status", str(int(status)).encode())]
         if text:
             trailers.append((b"grpc-message", encode_grpc_message(text).encode("ascii")))
@@ -363,9 +388,7 @@ class KServeApp:
         if method is None:
             raise GrpcError(Status.UNIMPLEMENTED, f"no method {path[:100]!r} is served")
         request = _decode(message_class(method.request), await _one_message(call))
-        response = await method.respond(self, call, request)
-        await call.respond(response)
-        await call.finish(Status.OK)
+        await call.answer(await method.respond(self, call, request))
 
     # ------------------------------------------------------------------ metadata
 
