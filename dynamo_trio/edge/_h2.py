@@ -1,18 +1,9 @@
-"""hypercorn's HTTP/2 sending, fair and with fewer trips: its streams in turn, and a
-response known whole sent in one write.
+"""hypercorn's HTTP/2 sending, fair and with fewer trips.
 
-hypercorn sends a connection's DATA from one task that asks a priority tree which
-stream goes next.  The tree puts a new stream ahead of one passed over while it
-waited for its app, so under a steady flow of calls (a gRPC channel) an ended
-stream is never reached: the tree grows to its limit of 1000, and the next stream
-ends the connection with ``GOAWAY``.  :class:`RoundRobin`, in its place, serves the
-active streams first come first served (priority signals, which RFC 9113
-deprecates, are ignored): an ended stream leaves at its next turn.
-
-:func:`send_whole_response` sends a response whose head, body and trailers are
-known at once (a unary gRPC call's) from the app's task in one write,
-past the stream's buffer and that sending task, which take three writes and
-several trips through the scheduler.
+:class:`RoundRobin` replaces hypercorn's priority tree, under which a stream that
+ended while new ones kept coming was never reached: the active streams are served
+in turn.  :func:`send_whole_response` sends a response whose head, body and
+trailers are known at once (a unary gRPC call's) from the app's task in one write.
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """The KServe v2 gRPC server of the frontend: ``inference.GRPCInferenceService`` as ASGI.
 
-It runs on the HTTP edge's hypercorn (:func:`~dynamo_trio.edge.serve_http`),
-which speaks HTTP/2 with prior knowledge on cleartext, gives a stream's DATA
-to the app as it arrives while the app sends (full duplex), and sends the
-ASGI ``http.response.trailers`` that carry ``grpc-status``.
-
-One call, one :class:`_Call`, owned by the task hypercorn runs the call's ASGI
-app in.  In the call's own nursery a reader takes the request's DATA apart
-into messages (:class:`~._wire.Deframer`) and watches for the end of the call
-from the client's side (``http.disconnect``: a ``RST_STREAM``, a connection
-dropped, the client killed); the method's handler runs beside it.  Each
-inference (the one of ``ModelInfer``, each of ``ModelStreamInfer``) has its own
-:class:`~dynamo_trio.Context`, the root of its tree, in flight on
-``/debug/requests`` and in the frontend's drain, with the call's
-``grpc-timeout`` as its deadline (it travels to the worker); the call's
-metadata gives it its id and trace as an HTTP request's headers do.
-
-Cancellation, counted once in ``dynamo_frontend_model_cancellation_total
-{endpoint="tensor"}``: the client's end of a call applies the frontend's
-hang-up rule (:class:`~dynamo_trio.frontend._hangup.RequestLifecycle`) to every
-inference of the call still running, which kills (or stops) its context with
-reason ``client disconnect`` (with the ``stop`` policy the call then waits for
-its inferences to drain; with ``kill``, the call's nursery is cancelled at
-once); a deadline that passes kills it with reason
-``deadline`` and counts too, since a gRPC deadline is the client's (its
-client cancels at the same moment).  An inference whose response is complete
-is never counted, whatever happens after.
-
-Failures end a call with a status through one mapping (:func:`~._status.status_for`);
-within a stream, an inference that fails answers with an ``error_message`` and the
-stream goes on.
+It runs on the HTTP edge's hypercorn (HTTP/2, full duplex, trailers).  One call is
+one :class:`_Call`: in the call's own nursery a reader deframes the request's DATA
+and watches for the client's end of the call while the method's handler runs.
+Each inference has its own :class:`~dynamo_trio.Context` with the call's
+``grpc-timeout`` as its deadline, and a client's cancel applies the frontend's
+hang-up rule to it, counted once under ``endpoint="tensor"``.  Failures end a
+call with a status through one mapping (:func:`~._status.status_for`); see
+docs/kserve.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Tensors between KServe's messages and a worker's requests (Dynamo's tensor shape).
 
-A worker serving a ``tensor`` model receives, and yields, JSON-like dicts::
-
-    {"id": "...", "model": "...",
-     "tensors": [{"metadata": {"name": "INPUT0", "data_type": "Int32", "shape": [1, 16]},
-                  "data": {"data_type": "Int32", "values": [...]}}],
-     "parameters": {"delay_ms": 10}, "outputs": ["OUTPUT0"]}
-
-(Dynamo's ``NvCreateTensorRequest``; its response has ``model``, ``id``, ``tensors`` and
-``parameters``).  ``values`` are flat, in row-major order, as Dynamo serializes them:
-numbers (``Float16``/``BFloat16`` as floats), bools, and for ``Bytes`` a list of byte
-values per element.  A request sent in the raw form (``raw_input_contents``,
-little-endian; ``BYTES`` items each after a 4-byte length) is answered in it, and so is
-one whose outputs include ``FP16``/``BF16``, which only the raw form carries.  What a
-client can get wrong is an ``INVALID_ARGUMENT`` here, before any worker is called.
+A worker serving a ``tensor`` model receives and yields dicts with ``id``, ``model``,
+``tensors`` (each ``{"metadata": {name, data_type, shape}, "data": {data_type,
+values}}``, values flat and row-major), ``parameters`` and ``outputs``, as Dynamo's
+``NvCreateTensorRequest``.  A request in the raw form (``raw_input_contents``) is
+answered in it, and so is one with ``FP16``/``BF16`` outputs.  What a client can get
+wrong is an ``INVALID_ARGUMENT`` here, before any worker is called; docs/kserve.md
+shows the shapes.
 """
 
 from __future__ import annotations
