@@ -37,19 +37,23 @@ async def client_for(runtime: DistributedRuntime) -> Any:
 async def test_a_killed_caller_process_kills_the_work(
     spawn: Callable[..., Any], env: dict[str, str], mode: str
 ) -> None:
-    worker, ready = await start_worker(spawn, env)
+    # Heartbeats would find the dead caller out only after 30 s: a loss seen within the
+    # wait below was seen from the connection's EOF, not at a heartbeat or the next item.
+    worker, ready = await start_worker(spawn, {**env, "DYN_HEARTBEAT_TIMEOUT_SECS": "30"})
     caller = await spawn(str(PROCS), "caller", mode, env=env, name="caller")
     sent = await caller.wait_for("sent")
     await worker.wait_for("start", id=sent["id"])
     if mode == "count":
         await caller.wait_for("item")
     caller.signal(signal.SIGKILL)
-    killed_at = trio.current_time()
     exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
     assert exit_event["state"] == "KILLED"
     assert exit_event["reason"] == "transport lost"
-    assert exit_event["how"] == "Cancelled"  # the handler's scope was cancelled
-    assert trio.current_time() - killed_at < 1.0  # EOF is seen at once, not at the next item
+    # Ended at once: its scope cancelled at an await, or (counting) closed at a yield
+    # whose item was waiting to be sent.
+    assert exit_event["how"] in (
+        ("Cancelled", "GeneratorExit") if mode == "count" else ("Cancelled",)
+    )
     status = ready["status_url"]
     assert await scrape(status, "dynamo_component_cancellation_total") == 1
     assert await scrape(status, "dynamo_component_inflight_requests") == 0
