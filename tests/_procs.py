@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tests._metrics import scrape
-from tests._serving import MODELS, wait_for_models
+from tests._serving import MODELS, first_event, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -72,11 +72,9 @@ class Proc:
         """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
         with trio.fail_after(within):
             while True:
-                for candidate in self.events:
-                    if candidate.get("event") == event and all(
-                        candidate.get(k) == v for k, v in fields.items()
-                    ):
-                        return candidate
+                found = first_event(self.events, event, fields)
+                if found is not None:
+                    return found
                 if self.stdout_closed:
                     raise AssertionError(
                         f"{self.name} exited ({self.process.returncode}) before {event!r}:\n"

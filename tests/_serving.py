@@ -36,6 +36,18 @@ if TYPE_CHECKING:
     import socket
 
 
+def first_event(
+    events: list[dict[str, Any]], event: str, fields: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The first of ``events`` named ``event`` whose ``fields`` match, if any."""
+    for candidate in events:
+        if candidate.get("event") == event and all(
+            candidate.get(k) == v for k, v in fields.items()
+        ):
+            return candidate
+    return None
+
+
 @final
 class Events:
     """A worker's reported events, read as a process's JSON lines are (``Proc``)."""
@@ -57,11 +69,9 @@ class Events:
         """The first event named ``event`` whose fields match, waiting up to ``within`` s."""
         with trio.fail_after(within):
             while True:
-                for candidate in self.events:
-                    if candidate.get("event") == event and all(
-                        candidate.get(k) == v for k, v in fields.items()
-                    ):
-                        return candidate
+                found = first_event(self.events, event, fields)
+                if found is not None:
+                    return found
                 await self._changed.wait()
 
 
