@@ -838,6 +838,27 @@ def ttfc_label(n: int) -> str:
     return f"TTFC p50, {n} stream{'s' if n > 1 else ''}"
 
 
+def ttfc99_label(n: int) -> str:
+    return f"TTFC p99, {n} stream{'s' if n > 1 else ''}"
+
+
+def paced_label(n: int) -> str:
+    return f"paced SSE chunks/s, {n} streams"
+
+
+def paced_ttfc_label(n: int, q: int) -> str:
+    """``q`` 0: the label of the level's TTFC samples."""
+    return f"paced TTFC p{q}, {n} streams" if q else f"paced TTFC, {n} streams"
+
+
+def paced_chunk_label(n: int) -> str:
+    return f"frontend CPU per SSE chunk, paced, {n} streams"
+
+
+def paced_worker_label(n: int) -> str:
+    return f"worker CPU per SSE chunk, paced, {n} streams"
+
+
 def client_label(n: int) -> str:
     return f"load generator CPU, {n} stream{'s' if n > 1 else ''}"
 
@@ -858,17 +879,19 @@ HEALTH = "GET /health p50, keep-alive"
 BARE = "bare hypercorn, same bytes, p50"
 BARE_QUART = "bare quart-trio app, same unary answer, 32 concurrent"
 HEALTH_RATIO = "GET /health / bare hypercorn"
-PACED_RATE = "paced SSE chunks/s (10 ms per token)"
-PACED_TTFC = "paced TTFC p50"
-PACED_CHUNK = "frontend CPU per SSE chunk, paced"
 HANG50 = "hang-up -> worker observes, p50"
 HANG99 = "hang-up -> worker observes, p99"
 
 
 async def measure(
-    system: System, args: argparse.Namespace, workdir: Path, log: Callable[[str], None]
+    system: System,
+    args: argparse.Namespace,
+    workdir: Path,
+    log: Callable[[str], None],
+    samples: dict[str, list[float]],
 ) -> dict[str, float]:
-    """Start ``system``, measure every figure once, stop it."""
+    """Start ``system``, measure every figure once, stop it; every time to first chunk
+    (seconds) is added to ``samples`` under its level's label."""
     results: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
         deployment = await system.start(nursery, workdir)
@@ -918,7 +941,9 @@ async def measure(
                 rate = window.tokens / window.seconds
                 results[sse_label(n)] = rate
                 if window.ttfc:
-                    results[ttfc_label(n)] = statistics.median(window.ttfc) * 1000
+                    results[ttfc_label(n)] = percentile(window.ttfc, 0.5) * 1000
+                    results[ttfc99_label(n)] = percentile(window.ttfc, 0.99) * 1000
+                    samples.setdefault(ttfc_label(n), []).extend(window.ttfc)
                 results[client_label(n)] = window.cpu["client"] / window.seconds * 100
                 if not window.tokens:
                     window.errors.append(f"no chunk arrived in the {n}-stream window")
@@ -970,8 +995,7 @@ async def measure(
                     results[BARE_QUART] = bare_rate
                     log(f"    bare quart-trio app, unary {n}: {bare_rate:,.0f} req/s")
                     await settle(everyone)
-            if args.paced_streams:
-                n = args.paced_streams
+            for n in args.paced_levels:
                 paced_shape = await learn_shape(port, args.paced_tokens, model="slow")
                 window = await sse_level(
                     port,
@@ -985,19 +1009,27 @@ async def measure(
                     model="slow",
                 )
                 if window.tokens:
-                    results[PACED_RATE] = window.tokens / window.seconds
-                    results[PACED_CHUNK] = window.cpu["frontend"] / window.tokens * 1e6
+                    results[paced_label(n)] = window.tokens / window.seconds
+                    results[paced_chunk_label(n)] = window.cpu["frontend"] / window.tokens * 1e6
+                    results[paced_worker_label(n)] = window.cpu["slow"] / window.tokens * 1e6
                 else:
                     window.errors.append(f"no chunk arrived in the {n}-stream paced window")
                 if window.ttfc:
-                    results[PACED_TTFC] = statistics.median(window.ttfc) * 1000
+                    results[paced_ttfc_label(n, 50)] = percentile(window.ttfc, 0.5) * 1000
+                    results[paced_ttfc_label(n, 99)] = percentile(window.ttfc, 0.99) * 1000
+                    samples.setdefault(paced_ttfc_label(n, 0), []).extend(window.ttfc)
                 errors += window.errors
                 others += window.cpu["others"]
                 seconds += window.seconds
                 log(
-                    f"    paced {n:>3}: {results.get(PACED_RATE, 0.0):,.0f} chunks/s, frontend "
-                    f"{results.get(PACED_CHUNK, math.nan):.1f} us per chunk, "
-                    f"{window.cpu['frontend'] / window.seconds:.0%} of a core"
+                    f"    paced {n:>3}: {results.get(paced_label(n), 0.0):,.0f} chunks/s, TTFC "
+                    f"p50/p99 {results.get(paced_ttfc_label(n, 50), math.nan):.1f}/"
+                    f"{results.get(paced_ttfc_label(n, 99), math.nan):.1f} ms, frontend "
+                    f"{results.get(paced_chunk_label(n), math.nan):.1f} us per chunk, "
+                    f"{window.cpu['frontend'] / window.seconds:.0%} of a core, worker "
+                    f"{window.cpu['slow'] / window.seconds:.0%}, client "
+                    f"{window.cpu['client'] / window.seconds:.0%}, other processes "
+                    f"{window.cpu['others'] / window.seconds:.0%}"
                 )
                 await settle(everyone)
             results[OTHERS_ALL] = others / seconds * 100 if seconds else 0.0
@@ -1048,7 +1080,8 @@ def at_most_value(x: float, unit: str) -> Callable[[float | None, float | None],
 def figures(args: argparse.Namespace) -> list[Figure]:
     rows = [Figure(sse_label(n), target=at_least(2) if n >= 32 else None) for n in args.levels]
     rows += [
-        Figure(ttfc_label(n), "ms", higher_is_better=False, digits=1, target=at_most_ratio(1))
+        Figure(label(n), "ms", higher_is_better=False, digits=1, target=at_most_ratio(1))
+        for label in (ttfc_label, ttfc99_label)
         for n in args.levels
     ]
     rows += [Figure(unary_label(n), target=at_least(1.5)) for n in args.unary_levels]
@@ -1061,11 +1094,13 @@ def figures(args: argparse.Namespace) -> list[Figure]:
             Figure(WORKER_CHUNK, "us", False, 1),
             Figure(WORKER_CORE, "% of a core", False),
         ]
-    if args.paced_streams:
+    for n in args.paced_levels:
         rows += [
-            Figure(PACED_RATE),
-            Figure(PACED_TTFC, "ms", False, 1),
-            Figure(PACED_CHUNK, "us", False, 1),
+            Figure(paced_label(n)),
+            Figure(paced_ttfc_label(n, 50), "ms", False, 1, target=at_most_ratio(1)),
+            Figure(paced_ttfc_label(n, 99), "ms", False, 1, target=at_most_ratio(1)),
+            Figure(paced_chunk_label(n), "us", False, 1, target=at_most_ratio(1)),
+            Figure(paced_worker_label(n), "us", False, 1),
         ]
     rows += [Figure(HEALTH, "ms", False, 2)]
     if not args.no_bare:
@@ -1120,6 +1155,7 @@ async def main(args: argparse.Namespace) -> None:
     log(f"frontend benchmark, {started}; {os.cpu_count()} cores; checkout: {git_describe()}")
     runs: Runs = {s.name: [] for s in systems}
     loads: dict[str, list[str]] = {s.name: [] for s in systems}
+    samples: dict[str, dict[str, list[float]]] = {s.name: {} for s in systems}
     with tempfile.TemporaryDirectory(prefix="dynamo-trio-bench-") as tmp:
         for run in range(args.runs):
             for system in systems:
@@ -1133,7 +1169,8 @@ async def main(args: argparse.Namespace) -> None:
                         f"other processes {idle:.0%} of a core before it"
                     )
                     t = time.monotonic()
-                    figures_ = await measure_or_exit(system, args, workdir, log, run)
+                    kept: dict[str, list[float]] = {}
+                    figures_ = await measure_or_exit(system, args, workdir, log, run, kept)
                     figures_[IDLE_OTHERS] = idle * 100
                     after = load_average()
                     log(f"    done in {time.monotonic() - t:.0f} s; load average {after}")
@@ -1150,6 +1187,8 @@ async def main(args: argparse.Namespace) -> None:
                         continue
                     loads[system.name].append(f"{before.split()[0]}-{after.split()[0]}")
                     runs[system.name].append(figures_)
+                    for label, values in kept.items():
+                        samples[system.name].setdefault(label, []).extend(values)
                     break
 
     names = [s.name for s in systems]
@@ -1175,15 +1214,24 @@ async def main(args: argparse.Namespace) -> None:
         + ("; client TCP_QUICKACK on)" if args.quickack else ")")
     )
     if args.json:
-        write_json(Path(args.json), args, started, loads, runs)
+        write_json(Path(args.json), args, started, loads, runs, samples)
+    if args.ttfc_plot and args.paced_levels:
+        label = paced_ttfc_label(max(args.paced_levels), 0)
+        plot_ttfc(Path(args.ttfc_plot), label, {n: s.get(label, []) for n, s in samples.items()})
+        print(f"({label}: distributions written to {args.ttfc_plot})")
 
 
 async def measure_or_exit(
-    system: System, args: argparse.Namespace, workdir: Path, log: Callable[[str], None], run: int
+    system: System,
+    args: argparse.Namespace,
+    workdir: Path,
+    log: Callable[[str], None],
+    run: int,
+    samples: dict[str, list[float]],
 ) -> dict[str, float]:
     """``measure``; a run that fails ends the benchmark, keeping the processes' logs."""
     try:
-        return await measure(system, args, workdir, log)
+        return await measure(system, args, workdir, log, samples)
     except* (RuntimeError, OSError, trio.TooSlowError) as failure:
         kept = Path(tempfile.mkdtemp(prefix="dynamo-trio-bench-failed-"))
         copy_logs(workdir, kept)
@@ -1240,6 +1288,7 @@ def write_json(
     started: str,
     loads: dict[str, list[str]],
     runs: Runs,
+    samples: dict[str, dict[str, list[float]]],
 ) -> None:
     record = {
         "date": started,
@@ -1247,8 +1296,50 @@ def write_json(
         "args": vars(args) | {"dynamo_venv": str(args.dynamo_venv)},
         "load_average": loads,
         "runs": runs,
+        "ttfc_seconds": samples,
     }
     path.write_text(json.dumps(record, indent=2))
+
+
+def plot_ttfc(path: Path, label: str, samples: dict[str, list[float]]) -> None:
+    """``label``'s times to first chunk of each system, all runs pooled: a histogram
+    (log time axis) above the cumulative distribution, with p50 and p99 marked."""
+    try:
+        import matplotlib  # only this figure needs it
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"(no plot: `pip install matplotlib` into {sys.executable})", file=sys.stderr)
+        return
+    shown = {name: sorted(v * 1000 for v in values) for name, values in samples.items() if values}
+    if not shown:
+        return
+    low = max(0.1, min(v[0] for v in shown.values()))
+    high = max(v[-1] for v in shown.values())
+    bins = [low * (high / low) ** (i / 60) for i in range(61)]
+    fig, (hist, cdf) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
+    for name, values in shown.items():
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        text = f"{name}: p50 {p50:.1f} ms, p99 {p99:.1f} ms, n={len(values)}"
+        hist.hist(values, bins=bins, histtype="step", linewidth=1.5, label=text)
+        line = cdf.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+        cdf.axvline(p99, color=line[0].get_color(), linestyle=":", linewidth=1)
+    hist.set_xscale("log")
+    hist.set_ylabel("streams")
+    hist.set_title(f"{label}: time to first chunk (all runs pooled)")
+    hist.legend(fontsize=8)
+    cdf.set_xlabel("time to first chunk, ms (log); dotted: p99")
+    cdf.set_ylabel("fraction of streams")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _levels(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -1313,23 +1404,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--levels",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=_levels,
         default=[1, 32, 128],
-        help="concurrent SSE streams (default 1,32,128)",
+        help="concurrent SSE streams (default 1,32,128; '' skips)",
     )
     parser.add_argument(
         "--unary-levels",
-        type=lambda s: [int(x) for x in s.split(",") if x],
+        type=_levels,
         default=[1, 32],
         help="concurrent unary chats (default 1,32)",
     )
     parser.add_argument("--stream-tokens", type=int, default=256, help="tokens per stream (256)")
     parser.add_argument("--unary-tokens", type=int, default=16, help="tokens per unary chat (16)")
     parser.add_argument(
-        "--paced-streams",
-        type=int,
-        default=64,
-        help="concurrent streams of the 10 ms-per-token model (64; 0 skips)",
+        "--paced-levels",
+        type=_levels,
+        default=[64, 256],
+        help="concurrent streams of the 10 ms-per-token model (64,256; '' skips)",
     )
     parser.add_argument(
         "--paced-tokens", type=int, default=100, help="tokens per paced stream (100)"
@@ -1385,6 +1476,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="most times one run is measured again for --discard-above (3); the last is kept",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every run's figures as JSON")
+    parser.add_argument(
+        "--ttfc-plot",
+        metavar="PNG",
+        help="plot both systems' TTFC distributions at the largest paced level (matplotlib)",
+    )
     parser.add_argument(
         "--keep-logs", metavar="DIR", help="copy every process's stderr log into DIR"
     )
