@@ -2,12 +2,15 @@
 
 The producer sends; the view takes the first thing sent (an answer, a failure,
 or a stream's first bytes); quart iterates the rest as the body, gathering the
-chunks already waiting into one write.  Once the client leaves, the
-producer's sends are discarded.
+chunks already waiting into one write.  A stream's producer lends its source to
+the body (:meth:`Reply.lend`), which then pulls each piece in its own task: one
+task per token between the request plane and the socket.  Once the client
+leaves, the producer reads on alone and its sends are discarded.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import trio
@@ -16,7 +19,7 @@ from quart.wrappers.response import ResponseBody
 from ..llm import keepalive_comment
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
 __all__ = ["Reply"]
@@ -34,14 +37,20 @@ class Reply(ResponseBody):
     that end it with ``(status, message)`` (its API's error event).
     """
 
-    def __init__(self, depth: int = 16) -> None:
+    def __init__(self, *, keepalive: float = 0.0, depth: int = 16) -> None:
         self._send, self._chunks = trio.open_memory_channel[Any](depth)
         self.sent_any = False
         self.broken = False
         self.stream_failure: Callable[[int, str], bytes] | None = None
+        self.keepalive: Final = keepalive
+        """Seconds of a stream's silence before a keep-alive comment (0: never)."""
+        self._last_piece = 0.0  # trio.current_time() of the body's last lent piece
         self._first: bytes | None = None
-        self._keepalive = 0.0
         self._ended = False  # the channel ran dry while gathering: end at the next call
+        self._pull: Callable[[], Awaitable[bytes | None]] | None = None  # lent, see lend()
+        self._returned: trio.Event | None = None  # set when the body gives the pull back
+        self._pull_error: BaseException | None = None
+        self._body_done = False
 
     # -- the producer's side
 
@@ -66,6 +75,43 @@ class Reply(ResponseBody):
         """The producer is done (synchronous: the end, without a checkpoint)."""
         self._send.close()
 
+    async def lend(
+        self, pull: Callable[[], Awaitable[bytes | None]], nudge: Callable[[], None]
+    ) -> None:
+        """Let the body pull its next pieces itself, in its own task, until ``pull``
+        returns ``None``; then return, the producer going on from there.
+
+        ``pull`` returns the next bytes to write, or ``None`` at the end of what it
+        can give; ``nudge`` makes a pull waiting for its source return a keep-alive
+        comment (called after :attr:`keepalive` seconds without a piece).  What
+        ``pull`` raises is raised here, in the producer.  If the body stops
+        iterating first (the client left), return at once: the producer reads on
+        alone.  Cancelled here, the producer takes the source back (a piece the
+        body pulls meanwhile is dropped).
+        """
+        if self._body_done or self.broken:
+            await trio.lowlevel.checkpoint()
+            return
+        self._pull = pull
+        self._returned = returned = trio.Event()
+        self._last_piece = trio.current_time()
+        with suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._send.send_nowait(b"")  # a body waiting for a send: look again
+        try:
+            if self.keepalive <= 0:
+                await returned.wait()
+            while not returned.is_set():
+                with trio.move_on_at(self._last_piece + self.keepalive):
+                    await returned.wait()
+                if trio.current_time() >= self._last_piece + self.keepalive:
+                    self._last_piece = trio.current_time()
+                    nudge()
+        finally:
+            self._pull = None
+        error, self._pull_error = self._pull_error, None
+        if error is not None:
+            raise error
+
     # -- the view's side
 
     async def first(self) -> object:
@@ -84,10 +130,8 @@ class Reply(ResponseBody):
             self._chunks.close()
         return first
 
-    def stream(self, *, keepalive: float) -> Self:
-        """From now on, the body quart sends (keep-alive comments after ``keepalive``
-        seconds of silence, 0 for never)."""
-        self._keepalive = keepalive
+    def stream(self) -> Self:
+        """From now on, the body quart sends."""
         return self
 
     # -- quart's side
@@ -102,35 +146,76 @@ class Reply(ResponseBody):
         tb: TracebackType | None,
     ) -> None:
         # Synchronous on purpose: this may run under quart-trio's cancellation.
+        self._body_done = True
+        self._give_back()
         self._chunks.close()
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> bytes:
-        piece = await self._next(self._keepalive)
+        piece = await self._next(self.keepalive)
         if piece is None:
             raise StopAsyncIteration
         return piece
 
+    def _give_back(self, error: BaseException | None = None) -> None:
+        """The body is done with the lent source (``error``: what pulling raised)."""
+        if self._pull is not None:
+            self._pull = None
+            self._pull_error = error
+            if self._returned is not None:
+                self._returned.set()
+
+    async def _pulled(self, pull: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+        """The next piece from the lent source; ``None`` once it is given back."""
+        try:
+            piece = await pull()
+        except trio.Cancelled:
+            self._give_back()  # the body is leaving: the producer reads on
+            raise
+        except BaseException as exc:
+            if self._pull is pull:
+                self._give_back(exc)
+            return None
+        if self._pull is not pull:
+            return None  # taken back meanwhile: the producer ends the stream
+        if piece is None:
+            self._give_back()
+        else:
+            self._last_piece = trio.current_time()
+        return piece
+
     async def _next(self, keepalive: float) -> bytes | None:
-        """The next piece to send (the chunks waiting, gathered; or a keep-alive
-        comment after ``keepalive`` seconds of silence, if not 0); ``None`` once
-        the stream is over."""
+        """The next piece to send (the chunks waiting, gathered; a piece pulled from a
+        lent source; or a keep-alive comment after ``keepalive`` seconds of silence,
+        if not 0); ``None`` once the stream is over."""
         if self._first is not None:
             first, self._first = self._first, None
             return self._gather(first)
-        if self._ended:
-            return None
-        try:
-            # A chunk already waiting (the usual case under load) needs no timer and
-            # no extra trip through the scheduler: the send right after this is the
-            # checkpoint.
-            return self._gather(self._chunks.receive_nowait())
-        except trio.WouldBlock:
-            pass
-        except trio.EndOfChannel:
-            return None
+        while not self._ended:
+            try:
+                # A chunk already waiting needs no timer and no extra trip through the
+                # scheduler: the send right after this is the checkpoint.
+                piece: bytes | None = self._gather(self._chunks.receive_nowait())
+            except trio.WouldBlock:
+                pull = self._pull
+                if pull is None:
+                    piece = await self._wait(keepalive)
+                else:
+                    piece = await self._pulled(pull)
+                    if piece is None:
+                        continue  # given back: the producer sends the rest
+            except trio.EndOfChannel:
+                return None
+            if piece is None or piece:
+                return piece
+            # (empty: lend()'s nudge)
+        return None
+
+    async def _wait(self, keepalive: float) -> bytes | None:
+        """The chunks the producer sends next, gathered (a keep-alive comment after
+        ``keepalive`` seconds of silence, if not 0); ``None`` at the end."""
         try:
             if keepalive <= 0:
                 return self._gather(await self._chunks.receive())

@@ -155,8 +155,10 @@ class ModelStream:
         """The current call's own context (a child of the request's)."""
         return self._stream.context
 
-    async def receive_batch(self) -> list[Any]:
-        """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures."""
+    async def receive_batch(self) -> list[Any] | None:
+        """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures;
+        ``None`` when :meth:`nudge` woke the wait.  A cancellation while waiting leaves
+        the stream as it was (closing it is what abandons the call)."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
@@ -164,12 +166,16 @@ class ModelStream:
                     continue  # moved to another instance
                 return [held]
             try:
-                items = await self._stream.receive_batch(idle_timeout=self._faults.idle_timeout)
+                items = await self._stream.receive_batch(
+                    idle_timeout=self._faults.idle_timeout, keep_if_cancelled=True
+                )
             except _RETRYABLE as exc:
                 if self._finished:
                     return []  # the generation was complete; only its end was lost
                 await self._recover(exc)
                 continue
+            if not items and not self._stream.done:
+                return None  # nudged
             if not items:
                 await self._ended()
                 if self._stopped_unasked():
@@ -184,6 +190,10 @@ class ModelStream:
                 if not items:
                     continue  # only the held item: decided on the next round
             return items
+
+    def nudge(self) -> None:
+        """Make :meth:`receive_batch` waiting for items (now or next) return ``None``."""
+        self._stream.nudge()
 
     async def _ended(self) -> None:
         """If the request was killed (perhaps by its deadline), let that land now."""

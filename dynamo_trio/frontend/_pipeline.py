@@ -28,17 +28,18 @@ from ..llm import (
     RequestError,
     bounded_message,
     embedding_response,
+    keepalive_comment,
     parse_embedding_request,
     status_for_error,
 )
 from ..metrics import FrontendMetrics, RequestType
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
-from ._models import ModelRegistry, StreamFaults
+from ._models import ModelRegistry, ModelStream, StreamFaults
 from ._turns import Turns
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
@@ -266,7 +267,7 @@ class Pipeline:
         content_type: str = "text/event-stream",
         keepalive: bool = True,
     ) -> JsonReply | BytesReply | StreamReply:
-        reply = Reply()
+        reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
         # Cancelled here: the client left before the first byte (the HangUpGuard has
         # already applied the hang-up rule), and the producer learns nobody listens.
@@ -274,8 +275,7 @@ class Pipeline:
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes):
-            interval = self.config.keepalive_interval if keepalive else 0.0
-            return StreamReply(reply.stream(keepalive=interval), content_type)
+            return StreamReply(reply.stream(), content_type)
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
@@ -417,25 +417,54 @@ class Pipeline:
         reply.stream_failure = lambda status, message: api.fail_stream(events, status, message)
         tracker = lifecycle.tracker
         generation = events.generation
+
+        def encode(batch: list[Any]) -> bytes:
+            counted = generation.output_tokens
+            try:
+                return api.encode_items(events, batch)
+            finally:  # (the tokens folded before an engine error count too)
+                tracker.tokens(generation.output_tokens - counted)
+
         async with await route.call(
             request.to_engine(), lifecycle.context, self._text_faults
         ) as stream:
-            # One encode and write per batch; batches after the first take turns.
-            first = True
-            while batch := await stream.receive_batch():
-                if not first:
-                    await self.turns.take()
-                first = False
-                counted = generation.output_tokens
-                try:
-                    sse = api.encode_items(events, batch)
-                finally:  # (the tokens folded before an engine error count too)
-                    tracker.tokens(generation.output_tokens - counted)
-                if sse:
-                    await reply.send(sse)
+            await self._send_batches(reply, stream, encode)
         last = api.encode(events.finish()) + api.done
         lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
         await reply.send(last)
+
+    async def _send_batches(
+        self, reply: Reply, stream: ModelStream, encode: Callable[[list[Any]], bytes]
+    ) -> None:
+        """Send ``stream``'s batches, each encoded once, to ``reply`` until it ends:
+        from here until the client reads the stream, then pulled by the body itself
+        (:meth:`Reply.lend`), and from here again whatever a departed body left.
+        Batches after the first take turns (:mod:`._turns`)."""
+        turns = self.turns
+
+        async def pull() -> bytes | None:
+            while True:
+                batch = await stream.receive_batch()
+                if batch is None:
+                    return keepalive_comment()
+                if not batch:
+                    return None
+                await turns.take()
+                data = encode(batch)
+                if data:
+                    return data
+
+        first = True
+        while (batch := await stream.receive_batch()) is None or batch:
+            if batch is None:
+                continue  # a nudge left over from the body: no keep-alive from here
+            if not first:
+                await turns.take()
+            first = False
+            data = encode(batch)
+            if data:
+                await reply.send(data)
+                await reply.lend(pull, stream.nudge)
 
     async def _embed(
         self,
@@ -488,14 +517,9 @@ class Pipeline:
         async with await route.call(
             request.to_engine(), lifecycle.context, self._embed_faults
         ) as stream:
-            first = True
-            while batch := await stream.receive_batch():
-                if not first:
-                    await self.turns.take()
-                first = False
-                data = b"".join(body.feed(item) for item in batch)
-                if data:
-                    await reply.send(data)
+            await self._send_batches(
+                reply, stream, lambda batch: b"".join(body.feed(item) for item in batch)
+            )
         last = body.finish()
         lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
         await reply.send(last)

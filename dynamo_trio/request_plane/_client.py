@@ -87,6 +87,7 @@ class ClientStream:
         self._discarding = False
         self._lost: str | None = None
         self._done = False
+        self._nudged = False
 
     @property
     def done(self) -> bool:
@@ -119,6 +120,11 @@ class ClientStream:
         self._lost = reason
         self._wake()
 
+    def nudge(self) -> None:
+        """Make :meth:`receive_many` waiting for items (now or next) return ``[]``."""
+        self._nudged = True
+        self._wake()
+
     def _wake(self) -> None:
         wakeup, self._wakeup = self._wakeup, None
         if wakeup is not None:
@@ -146,6 +152,7 @@ class ClientStream:
         """Every item queued (waiting for at least one), or ``None`` once ended; as :meth:`receive`.
 
         Batches pay the per-wakeup costs once per batch instead of once per item.
+        ``[]`` if :meth:`nudge` came first.
         """
         queue = self._queue
         while True:
@@ -157,8 +164,13 @@ class ClientStream:
                 while queue and isinstance(queue[0], Item):
                     items.append(queue.popleft())  # type: ignore[arg-type]
                 self._took_items(len(items))
+                self._nudged = False
                 await self._fair_checkpoint()
                 return items
+            if self._nudged and not self._killed and not self._done and self._lost is None:
+                self._nudged = False
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return []
             if await self._ended_or_wait():
                 return None
 

@@ -124,18 +124,34 @@ class ResponseStream:
             return None
         return Annotated(frame.data, id=frame.id, event=frame.event, comment=frame.comment)
 
-    async def receive_batch(self, *, idle_timeout: float | None = None) -> list[Any]:
-        """The data of every item that has arrived (at least one); ``[]`` once ended.
+    async def receive_batch(
+        self, *, idle_timeout: float | None = None, keep_if_cancelled: bool = False
+    ) -> list[Any]:
+        """The data of every item that has arrived (at least one); ``[]`` once ended,
+        or when :meth:`nudge` woke the wait (then :attr:`done` is false).
 
         As iterating, in batches (one wakeup per batch); annotations are dropped.
+        ``keep_if_cancelled``: a cancellation while waiting leaves the stream open,
+        for its owner to go on reading or to close.
         """
-        frames = await self._next(ClientStream.receive_many, idle_timeout)
+        frames = await self._next(ClientStream.receive_many, idle_timeout, keep_if_cancelled)
         return [] if frames is None else [frame.data for frame in frames]
+
+    def nudge(self) -> None:
+        """Make a :meth:`receive_batch` waiting for items (now or next) return ``[]``."""
+        if self._stream is not None and not self._done:
+            self._stream.nudge()
+
+    @property
+    def done(self) -> bool:
+        """The stream has ended (or was abandoned): nothing more will be received."""
+        return self._done
 
     async def _next(
         self,
         receive: Callable[[ClientStream], Awaitable[_R | None]],
         idle_timeout: float | None = None,
+        keep_if_cancelled: bool = False,
     ) -> _R | None:
         stream = self._stream
         if stream is None or self._done:
@@ -153,7 +169,8 @@ class ResponseStream:
             raise
         except BaseException as exc:
             # The consumer was cancelled (or failed) while waiting: abandon the stream.
-            self._abandon(_abandon_reason(exc))
+            if not (keep_if_cancelled and isinstance(exc, trio.Cancelled)):
+                self._abandon(_abandon_reason(exc))
             raise
         if got is None:
             self._ended(stream)
