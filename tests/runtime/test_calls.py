@@ -397,6 +397,50 @@ async def test_leaving_a_stream_early_kills_the_remote_work(cluster: Cluster, ho
     assert (state, reason) == ("KILLED", expected)
 
 
+async def test_a_batch_wait_cancelled_with_keep_if_cancelled_leaves_the_call_running(
+    cluster: Cluster,
+) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(counting_handler(recorder, 0.02))
+    async with await client.generate({"n": 6}) as stream:
+        with trio.move_on_after(0.005):  # before the first item: only the wait ends
+            await stream.receive_batch(keep_if_cancelled=True)
+        assert not stream.done
+        items = []
+        while batch := await stream.receive_batch():
+            items.extend(batch)
+    assert items == [{"i": i} for i in range(6)]
+    assert stream.outcome == "complete"
+    assert recorder.exits == [("LIVE", None, "returned")]  # never killed
+
+
+async def test_a_nudge_ends_a_batch_wait_with_nothing_and_the_stream_goes_on(
+    cluster: Cluster,
+) -> None:
+    recorder = Recorder()
+    client = await cluster.serve(counting_handler(recorder, 0.05))
+    async with await client.generate({"n": 3}) as stream:
+        stream.nudge()  # before the wait: the next wait ends at once
+        assert await stream.receive_batch() == []
+        assert not stream.done
+        async with trio.open_nursery() as nursery:
+            nudged = trio.Event()
+
+            async def nudge_soon() -> None:
+                await trio.sleep(0.01)
+                stream.nudge()
+                nudged.set()
+
+            nursery.start_soon(nudge_soon)
+            assert await stream.receive_batch() == []
+            assert nudged.is_set()
+        items = []
+        while (batch := await stream.receive_batch()) or not stream.done:
+            items.extend(batch)
+    assert items == [{"i": i} for i in range(3)]
+    assert stream.outcome == "complete"
+
+
 # ---------------------------------------------------------------------------- chains
 
 
