@@ -212,28 +212,31 @@ async def test_a_body_that_leaves_mid_pull_gives_the_source_back_untouched(
 
 async def test_a_producer_cancelled_while_lending_takes_the_source_back() -> None:
     reply, source = Reply(), Source()
+    killed = trio.CancelScope()
 
     async def producer() -> None:
         try:
             await reply.send(b"first ")
-            with trio.CancelScope() as killed:
-                producer_scope.append(killed)
+            with killed:
                 await reply.lend(source.pull, source.nudge)
+            # As the call dies with its request: a piece the body pulls now is dropped.
+            source.send.send_nowait(b"dropped ")
             await reply.send(b"error event")
         finally:
             reply.close()
 
-    producer_scope: list[trio.CancelScope] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(producer)
         assert await reply.first() == b"first "
-        pieces = []
+
+        async def kill_while_the_body_pulls() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            assert source.pulled_by  # the body waits in the lent source
+            killed.cancel()
+
+        nursery.start_soon(kill_while_the_body_pulls)
         async with reply.stream() as body:
-            async for piece in body:
-                pieces.append(piece)
-                if not producer_scope[0].cancel_called:
-                    producer_scope[0].cancel()  # killed while the body pulls
-                    source.send.send_nowait(b"dropped ")
+            pieces = [piece async for piece in body]
     assert b"".join(pieces) == b"first error event"
 
 
