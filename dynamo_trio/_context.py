@@ -522,13 +522,19 @@ class Context:
         return True
 
     @asynccontextmanager
-    async def scope(self, *, drain_grace: float | None = None) -> AsyncIterator[trio.Nursery]:
+    async def scope(
+        self, *, drain_grace: float | None = None, watchers: trio.Nursery | None = None
+    ) -> AsyncIterator[trio.Nursery]:
         """Run the request's work under the context's cancel scope; yield its nursery (once).
 
         ``kill()`` cancels the scope (the block exits normally); work still running
         ``drain_grace`` seconds after ``stop()`` is killed; the deadline is enforced;
         a cancellation from outside kills the context, then propagates; on exit the
         context is finished (docs/cancellation.md).
+
+        ``watchers``: a nursery around this call, with no cancel scope in between, to
+        run the watcher task in (when one is needed) instead of a nursery of its own:
+        one nursery fewer per scope for a caller that already has one at hand.
         """
         self._bind_token()
         if self._scope_used:
@@ -538,7 +544,9 @@ class Context:
         self._scope_task = trio.lowlevel.current_task()
         body_failed = False
         try:
-            async with trio.open_nursery() as self._watchers:
+            async with (
+                trio.open_nursery() if watchers is None else _Given(watchers)
+            ) as self._watchers:
                 if self._wants_watcher or self._deadline is not None or self._reason is not None:
                     self._start_watcher()
                 try:
@@ -822,6 +830,21 @@ def _apply_effects(changed: list[Context]) -> None:
                 callback(ctx, state, reason)
             except Exception:
                 _log.exception("cancel callback %r of context %s failed", callback, ctx._id)
+
+
+class _Given:
+    """A nursery someone else owns, as an async context manager that enters and leaves nothing."""
+
+    __slots__ = ("_nursery",)
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    async def __aenter__(self) -> trio.Nursery:
+        return self._nursery
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import collapse, contain, is_cancellation
+from .._contain import collapse, is_cancellation, split_live_cancellation
 from .._context import CancelReason
 from .._errors import (
     Cancelled,
@@ -110,18 +110,20 @@ async def serve_stream(
         tracker.cancelled(stream.cancel_signal.value)
     stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
     inflight.add(context)
-    errors: list[DynamoError | None] = [None]
-
-    def escaped(exc: BaseException) -> None:
-        errors[0] = _outcome_of(exc, context, endpoint.path, on_exit_request)
-
+    error: DynamoError | None = None
     with bind_request(context):  # every log line about this request names it and its trace
+        # contain(), written out: this runs once per request.
         try:
-            with contain(escaped):
-                await _drive(stream, endpoint, context, drain_grace)
+            await _drive(stream, endpoint, context, drain_grace)
+        except BaseException as exc:
+            cancelled, escaped = split_live_cancellation(exc)
+            if escaped is not None:
+                error = _outcome_of(escaped, context, endpoint.path, on_exit_request)
+            if cancelled is not None:
+                raise cancelled from None
         finally:
             inflight.discard(context)
-            _finish(stream, context, tracker, errors[0])
+            _finish(stream, context, tracker, error)
 
 
 def _outcome_of(
@@ -229,7 +231,8 @@ class _StaleCancelled(Exception):
 async def _drive(
     stream: ServerStream, endpoint: ServedEndpoint, context: Context, drain_grace: float
 ) -> None:
-    async with context.scope(drain_grace=drain_grace):
+    # The stream's task nursery hosts the context's watcher: one nursery fewer per request.
+    async with context.scope(drain_grace=drain_grace, watchers=stream.task_nursery):
         generator = endpoint.open(stream.payload, context)
         try:
             async for item in generator:
