@@ -562,10 +562,10 @@ class Context:
                         except BaseException as exc:
                             body_failed = _is_failure(exc)
                             raise
-                    if trio.current_effective_deadline() == -math.inf:
-                        # The work swallowed a cancellation from outside: it is still in
-                        # effect, and ends the context as if the work had let it through.
-                        await trio.lowlevel.checkpoint_if_cancelled()
+                    # If the work swallowed a cancellation from outside, it is still in
+                    # effect, and ends the context as if the work had let it through.
+                    # (Without one this is a no-op: no trip through the scheduler.)
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 except BaseException as exc:
                     # The nursery absorbs the cancellation of its own scope (a kill), so
                     # a live Cancelled that leaves it comes from an enclosing scope.  (A

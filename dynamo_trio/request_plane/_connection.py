@@ -267,6 +267,11 @@ class FrameConnection:
                     return
                 self._writer_wakeup = wakeup = trio.Event()
                 await wakeup.wait()
+                if self.protocol.open_streams > 1:
+                    # Other streams' tasks woke in the same turn as the one that woke us:
+                    # one more turn lets their frames (a reply's end behind its item,
+                    # other requests) join this write instead of trailing in more.
+                    await trio.lowlevel.checkpoint()
                 continue
             try:
                 await self._stream.send_all(data)

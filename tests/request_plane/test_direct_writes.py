@@ -146,6 +146,32 @@ async def test_while_several_streams_are_open_the_writer_sends() -> None:
         assert received(peer) == [Item(1, "a")]
 
 
+async def test_while_several_streams_are_open_the_writer_takes_what_their_next_turn_adds() -> None:
+    # A 1-item reply: its item wakes the writer, its end comes a turn later (the
+    # handler's scope is left in between).  Both go in one write, whichever of the
+    # two tasks trio runs first in that turn (it varies the order: hence the rounds).
+    async with connection_over_tcp() as (connection, peer):
+        writes: list[bytes] = []
+        send_all = connection._stream.send_all
+
+        async def recording_send_all(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            await send_all(data)
+
+        connection._stream.send_all = recording_send_all  # type: ignore[method-assign]
+        connection.protocol.receive_data(wire(Request(2, "generate", 1, "r2", None, 4)))
+        rounds = 8
+        for n in range(rounds):
+            assert connection.send(Item(1, n))
+            await trio.lowlevel.checkpoint()
+            assert connection.send(Item(1, -n))
+            await trio.testing.wait_all_tasks_blocked()
+        assert [list(FrameDecoder(LIMIT).feed(data)) for data in writes] == [
+            [Item(1, n), Item(1, -n)] for n in range(rounds)
+        ]
+        assert received(peer) == [Item(1, m) for n in range(rounds) for m in (n, -n)]
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_what_a_full_socket_does_not_take_goes_first_and_whole(
     seed: int, monkeypatch: pytest.MonkeyPatch
