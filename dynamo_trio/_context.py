@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
@@ -86,6 +86,31 @@ CancelCallback = Callable[["Context", ContextState, CancelReason], None]
 """Called in the trio thread on each effective transition: ``(context, new_state, reason)``."""
 
 
+_ID_BATCH: Final = 256
+_VARIANT: Final = {f"{n:x}": f"{n & 0x3 | 0x8:x}" for n in range(16)}
+_ids: list[str] = []  # ready ids, taken from the end (list.pop is atomic)
+
+
+def _new_id() -> str:
+    """A fresh random UUIDv4, as text; the random bytes are drawn a batch at a time, so an id
+    costs no system call of its own (one per batch)."""
+    try:
+        return _ids.pop()
+    except IndexError:
+        pass
+    digits = os.urandom(16 * _ID_BATCH).hex()
+    # uuid.uuid4()'s bits: version 4, RFC 4122 variant (0b10xx in the 17th digit).
+    _ids.extend(
+        f"{d[:8]}-{d[8:12]}-4{d[13:16]}-{_VARIANT[d[16]]}{d[17:20]}-{d[20:32]}"
+        for d in (digits[i : i + 32] for i in range(0, len(digits), 32))
+    )
+    return _ids.pop()
+
+
+# A forked child must not hand out the ids its parent holds ready.
+os.register_at_fork(after_in_child=_ids.clear)
+
+
 def _current_token() -> trio.lowlevel.TrioToken | None:
     try:
         return trio.lowlevel.current_trio_token()
@@ -140,7 +165,7 @@ class Context:
         timeout: float | None = None,
         trace: TraceContext | None = None,
     ) -> None:
-        self._id: Final = str(uuid.uuid4()) if id is None else id
+        self._id: Final = _new_id() if id is None else id
         self._metadata: dict[str, str] = _checked_metadata(metadata) if metadata else {}
         self._trace = trace
         self._state = ContextState.LIVE

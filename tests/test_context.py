@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,6 +29,39 @@ def test_default_id_is_a_fresh_uuid4() -> None:
     assert uuid.UUID(first.id()).version == 4
     assert first.id() != second.id()
     assert Context("req-1").id() == "req-1"
+    # Across several batches of ready ids: each a canonical RFC 4122 version 4 UUID.
+    ids = [Context().id() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+_FORK_CHECK = """
+import os
+from dynamo_trio import Context
+Context()  # the parent now holds ready ids
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, " ".join(Context().id() for _ in range(3)).encode())
+    os._exit(0)
+os.close(write)
+with os.fdopen(read) as pipe:
+    child = pipe.read().split()
+os.waitpid(pid, 0)
+parent = [Context().id() for _ in range(3)]
+print(len(child), len(set(child) & set(parent)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_reuse_its_parents_ready_ids() -> None:
+    # In a fresh interpreter: forking this (threaded) test process is unsafe.
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["3", "0"]
 
 
 def test_new_context_is_live() -> None:
