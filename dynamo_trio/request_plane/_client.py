@@ -474,8 +474,11 @@ class ClientConnection:
         # the loss must reach this stream like every other one.
         self._streams[sid] = stream
         try:
+            # At once, not coalesced with other callers' requests: the worker starts on
+            # it while this process goes on with its other work.
             sent = connection.send(
-                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
+                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers),
+                at_once=True,
             )
         except BaseException:
             self._streams.pop(sid, None)

@@ -97,9 +97,11 @@ class FrameConnection:
     def closed(self) -> bool:
         return self.close_reason is not None
 
-    def send(self, frame: Frame) -> bool:
+    def send(self, frame: Frame, *, at_once: bool = False) -> bool:
         """Queue ``frame`` for the writer; never blocks.  Whether it was queued.
 
+        ``at_once``: an idle writer's socket takes it from this task now, however many
+        streams are open (for a frame that starts the peer's work: a request).
         A closed connection drops it (the peer's doing, not an error);
         InvalidArgument for a frame that cannot be encoded (the connection stays usable).
         """
@@ -116,7 +118,7 @@ class FrameConnection:
             )
             self.close("write buffer overflow: the peer stopped reading")
             return True
-        self._wake_writer()
+        self._wake_writer(at_once)
         return True
 
     def close(self, reason: str) -> None:
@@ -212,14 +214,21 @@ class FrameConnection:
             if protocol.outbox_size:
                 self._wake_writer()
 
-    def _wake_writer(self) -> None:
+    def _wake_writer(self, at_once: bool = False) -> None:
         wakeup = self._writer_wakeup
         if wakeup is None:
             return  # the writer is busy (or already woken): it sends what is queued
-        if self._socket is not None and self._may_write_directly() and self._write_directly():
+        if (
+            self._socket is not None
+            and (self._may_write_at_once() if at_once else self._may_write_directly())
+            and self._write_directly()
+        ):
             return
         self._writer_wakeup = None
         wakeup.set()
+
+    def _may_write_at_once(self) -> bool:
+        return not self._draining and self.close_reason is None
 
     def _may_write_directly(self) -> bool:
         if self._draining or self.close_reason is not None or self.protocol.open_streams > 1:

@@ -3,7 +3,8 @@
 The rules (``_connection.py``'s module docstring): the writer task is woken
 only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
 while more than one stream is open (many streams' frames are the writer's to
-coalesce), for what the socket did not take, and on TLS; the bytes on the wire are in the
+coalesce; a request still goes straight out), for what the socket did not take, and on
+TLS; the bytes on the wire are in the
 order the frames were sent, whole, whatever the socket takes at a time; a
 socket that fails under a direct write ends the connection, never the sender,
 and a request whose direct write fails is a ``Disconnected`` at once.  Real TCP
@@ -24,7 +25,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from dynamo_trio import Disconnected, RequestPlaneConfig
+from dynamo_trio import CancelReason, Disconnected, RequestPlaneConfig
 from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer, _connection
 from dynamo_trio.request_plane._connection import FrameConnection
 from dynamo_trio.request_plane._frames import (
@@ -231,6 +232,33 @@ async def test_nothing_is_written_once_the_connection_is_over() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert not connection.send(Ping())
         assert received(peer) == []
+
+
+async def test_a_request_goes_straight_out_however_many_streams_are_open(
+    nursery: trio.Nursery,
+) -> None:
+    # A request starts the worker's work: it is not held back to share a write with
+    # other callers' requests, nor limited to a burst per quiet moment.
+    server = RequestPlaneServer(CONFIG, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(CONFIG, nursery, name="caller")
+    connection = await pool.connect(f"{host}:{port}")
+    frames = connection._connection
+    assert frames is not None
+    await trio.testing.wait_all_tasks_blocked()  # the writer is idle
+    streams = []
+    for n in range(2 * _connection._DIRECT_BURST + 2):
+        streams.append(
+            connection.open_stream(endpoint="e", instance_id=1, request_id=f"r{n}", payload=None)
+        )
+        assert frames.protocol.outbox_size == 0  # on the wire: nothing left for the writer
+    assert frames.protocol.open_streams == len(streams)
+    # Other frames of a busy connection still go to the writer, to be coalesced.
+    streams[0].stop(CancelReason.STOP_REQUESTED)
+    assert frames.protocol.outbox_size > 0
+    with trio.fail_after(5):
+        for stream in streams:
+            assert await stream.receive() is not None
 
 
 async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned(
