@@ -561,27 +561,19 @@ class Context:
         run the watcher task in (when one is needed) instead of a nursery of its own:
         one nursery fewer per scope for a caller that already has one at hand.
         """
-        self._bind_token()
-        if self._scope_used:
-            raise RuntimeError(f"the scope of context {self._id} was already entered")
-        self._scope_used = True
-        self._drain_grace = drain_grace
-        self._scope_task = trio.lowlevel.current_task()
+        # The steps are run()'s, around a yield (the two must stay alike).
+        self._enter_scope(drain_grace)
         body_failed = False
         try:
             async with (
                 trio.open_nursery() if watchers is None else _Given(watchers)
             ) as self._watchers:
-                if self._wants_watcher or self._deadline is not None or self._reason is not None:
-                    self._start_watcher()
+                self._watch_if_needed()
                 try:
                     # The work nursery's own cancel scope is the context's scope: one
                     # scope fewer per level keeps deep running trees within trio's limits.
                     async with trio.open_nursery() as nursery:
-                        self._scope = nursery.cancel_scope
-                        if self.is_killed():
-                            nursery.cancel_scope.cancel(reason=self._cancel_message())
-                        self._nursery = nursery
+                        self._work_started(nursery)
                         try:
                             yield nursery
                         except BaseException as exc:
@@ -592,39 +584,92 @@ class Context:
                     # (Without one this is a no-op: no trip through the scheduler.)
                     await trio.lowlevel.checkpoint_if_cancelled()
                 except BaseException as exc:
-                    # The nursery absorbs the cancellation of its own scope (a kill), so
-                    # a live Cancelled that leaves it comes from an enclosing scope.  (A
-                    # stale one, re-raised by the work itself, cancels nothing.)
-                    if trio.current_effective_deadline() == -math.inf:
-                        self._killed_by_enclosing(find_cancelled(exc))
-                    elif (
-                        not body_failed
-                        and _is_failure(exc)
-                        and self._state is not ContextState.KILLED
-                    ):
-                        # A task in the context's own nursery failed, and trio cancelled
-                        # the scope for it: the same as a failed sibling around the scope.
-                        self.kill(CancelReason.SCOPE_CANCELLED)
+                    self._work_failed(exc, body_failed)
                     raise
                 finally:
-                    self._nursery = None
-                    self._watchers = None
-                    self._scope_task = None
-                    self._exiting = True
-                    if self._watcher is not None:
-                        self._watcher.cancel()
+                    self._work_over()
         except BaseExceptionGroup as group:
             raise _collapse(group) from None
         finally:
             self.finish()
 
     async def run(
-        self, fn: Callable[..., Awaitable[_T]], *args: Any, drain_grace: float | None = None
+        self,
+        fn: Callable[..., Awaitable[_T]],
+        *args: Any,
+        drain_grace: float | None = None,
+        watchers: trio.Nursery | None = None,
     ) -> _T | None:
-        """``await fn(*args)`` inside :meth:`scope`; ``None`` if the context was killed first."""
-        async with self.scope(drain_grace=drain_grace):
-            return await fn(*args)
-        return None  # killed: the scope absorbed the cancellation
+        """``await fn(*args)`` inside :meth:`scope` (``drain_grace`` and ``watchers`` as
+        there); ``None`` if the context was killed first.
+
+        The same steps as ``async with scope(): return await fn(*args)``, without the
+        context manager's own machinery (a request's work pays for it once per request).
+        """
+        self._enter_scope(drain_grace)
+        body_failed = False
+        result: _T | None = None
+        try:
+            async with (
+                trio.open_nursery() if watchers is None else _Given(watchers)
+            ) as self._watchers:
+                self._watch_if_needed()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self._work_started(nursery)
+                        try:
+                            result = await fn(*args)
+                        except BaseException as exc:
+                            body_failed = _is_failure(exc)
+                            raise
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except BaseException as exc:
+                    self._work_failed(exc, body_failed)
+                    raise
+                finally:
+                    self._work_over()
+        except BaseExceptionGroup as group:
+            raise _collapse(group) from None
+        finally:
+            self.finish()
+        return result  # None if killed: the scope absorbed the cancellation
+
+    def _enter_scope(self, drain_grace: float | None) -> None:
+        self._bind_token()
+        if self._scope_used:
+            raise RuntimeError(f"the scope of context {self._id} was already entered")
+        self._scope_used = True
+        self._drain_grace = drain_grace
+        self._scope_task = trio.lowlevel.current_task()
+
+    def _watch_if_needed(self) -> None:
+        if self._wants_watcher or self._deadline is not None or self._reason is not None:
+            self._start_watcher()
+
+    def _work_started(self, nursery: trio.Nursery) -> None:
+        self._scope = nursery.cancel_scope
+        if self.is_killed():
+            nursery.cancel_scope.cancel(reason=self._cancel_message())
+        self._nursery = nursery
+
+    def _work_failed(self, exc: BaseException, body_failed: bool) -> None:
+        # The nursery absorbs the cancellation of its own scope (a kill), so a live
+        # Cancelled that leaves it comes from an enclosing scope.  (A stale one,
+        # re-raised by the work itself, cancels nothing.)
+        if trio.current_effective_deadline() == -math.inf:
+            self._killed_by_enclosing(find_cancelled(exc))
+        elif not body_failed and _is_failure(exc) and self._state is not ContextState.KILLED:
+            # A task in the context's own nursery failed, and trio cancelled the scope
+            # for it: the same as a failed sibling around the scope.
+            self.kill(CancelReason.SCOPE_CANCELLED)
+
+    def _work_over(self) -> None:
+        self._nursery = None
+        self._watchers = None
+        self._scope_task = None
+        self._exiting = True
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """Start a task in this context's nursery (only while :meth:`scope` is open)."""

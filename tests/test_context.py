@@ -1013,12 +1013,18 @@ class _Steps(trio.abc.Instrument):
 async def test_a_given_nursery_hosts_the_watcher_and_saves_a_trip_through_the_scheduler(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def steps_in(watchers: trio.Nursery | None) -> int:
+    async def nothing() -> str:
+        return "done"
+
+    async def steps_in(watchers: trio.Nursery | None, *, run: bool = False) -> int:
         steps = _Steps()
         trio.lowlevel.add_instrument(steps)
         try:
-            async with Context().scope(watchers=watchers):
-                pass
+            if run:
+                assert await Context().run(nothing, watchers=watchers) == "done"
+            else:
+                async with Context().scope(watchers=watchers):
+                    pass
         finally:
             trio.lowlevel.remove_instrument(steps)
         return steps.count
@@ -1027,6 +1033,8 @@ async def test_a_given_nursery_hosts_the_watcher_and_saves_a_trip_through_the_sc
         # Leaving a nursery is a schedule point: one nursery fewer, one step fewer.
         assert await steps_in(None) == 2
         assert await steps_in(host) == 1
+        assert await steps_in(None, run=True) == 2
+        assert await steps_in(host, run=True) == 1
         ctx = Context(timeout=0.05)
         async with ctx.scope(watchers=host):
             assert len(host.child_tasks) == 1  # the watcher, for the deadline

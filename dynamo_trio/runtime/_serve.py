@@ -232,21 +232,27 @@ async def _drive(
     stream: ServerStream, endpoint: ServedEndpoint, context: Context, drain_grace: float
 ) -> None:
     # The stream's task nursery hosts the context's watcher: one nursery fewer per request.
-    async with context.scope(drain_grace=drain_grace, watchers=stream.task_nursery):
-        generator = endpoint.open(stream.payload, context)
-        try:
-            async for item in generator:
-                if isinstance(item, Annotated):
-                    await stream.send_item(
-                        item.data(), id=item.id, event=item.event, comment=item.comment
-                    )
-                else:
-                    await stream.send_item(item)
-        except trio.Cancelled as exc:
-            if trio.current_effective_deadline() == -math.inf:
-                raise  # a live cancellation: the context's kill, or a scope around it
-            raise _StaleCancelled(str(exc)) from exc
-        finally:
-            aclose = getattr(generator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    await context.run(
+        _relay, stream, endpoint, context, drain_grace=drain_grace, watchers=stream.task_nursery
+    )
+
+
+async def _relay(stream: ServerStream, endpoint: ServedEndpoint, context: Context) -> None:
+    """The handler's items onto the stream (inside the context's scope)."""
+    generator = endpoint.open(stream.payload, context)
+    try:
+        async for item in generator:
+            if isinstance(item, Annotated):
+                await stream.send_item(
+                    item.data(), id=item.id, event=item.event, comment=item.comment
+                )
+            else:
+                await stream.send_item(item)
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() == -math.inf:
+            raise  # a live cancellation: the context's kill, or a scope around it
+        raise _StaleCancelled(str(exc)) from exc
+    finally:
+        aclose = getattr(generator, "aclose", None)
+        if aclose is not None:
+            await aclose()
