@@ -101,7 +101,8 @@ class FrameConnection:
         """Queue ``frame`` for the writer; never blocks.  Whether it was queued.
 
         ``at_once``: an idle writer's socket takes it from this task now, however many
-        streams are open (for a frame that starts the peer's work: a request).
+        streams are open (for a frame that starts or ends the peer's work: a request, a
+        stop, a kill).
         A closed connection drops it (the peer's doing, not an error);
         InvalidArgument for a frame that cannot be encoded (the connection stays usable).
         """

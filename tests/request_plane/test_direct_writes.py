@@ -3,11 +3,11 @@
 The rules (``_connection.py``'s module docstring): the writer task is woken
 only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
 while more than one stream is open (many streams' frames are the writer's to
-coalesce; a request still goes straight out), for what the socket did not take, and on
-TLS; the bytes on the wire are in the
-order the frames were sent, whole, whatever the socket takes at a time; a
-socket that fails under a direct write ends the connection, never the sender,
-and a request whose direct write fails is a ``Disconnected`` at once.  Real TCP
+coalesce; a request, a stop or a kill still goes straight out), for what the
+socket did not take, and on TLS; the bytes on the wire are in the order the
+frames were sent, whole, whatever the socket takes at a time; a socket that
+fails under a direct write ends the connection, never the sender, and a
+request whose direct write fails is a ``Disconnected`` at once.  Real TCP
 sockets on 127.0.0.1 throughout.
 """
 
@@ -32,6 +32,7 @@ from dynamo_trio.request_plane._frames import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
     Auth,
+    Credit,
     FrameDecoder,
     Hello,
     Item,
@@ -237,8 +238,8 @@ async def test_nothing_is_written_once_the_connection_is_over() -> None:
 async def test_a_request_goes_straight_out_however_many_streams_are_open(
     nursery: trio.Nursery,
 ) -> None:
-    # A request starts the worker's work: it is not held back to share a write with
-    # other callers' requests, nor limited to a burst per quiet moment.
+    # A request starts the worker's work (a stop or kill ends it): it is not held back
+    # to share a write with other callers' frames, nor limited to a burst per quiet moment.
     server = RequestPlaneServer(CONFIG, streaming_handler)
     host, port = await nursery.start(server.serve)
     pool = ConnectionPool(CONFIG, nursery, name="caller")
@@ -253,12 +254,18 @@ async def test_a_request_goes_straight_out_however_many_streams_are_open(
         )
         assert frames.protocol.outbox_size == 0  # on the wire: nothing left for the writer
     assert frames.protocol.open_streams == len(streams)
-    # Other frames of a busy connection still go to the writer, to be coalesced.
+    # So do a stop and a kill: the worker hears of them without waiting for the writer.
     streams[0].stop(CancelReason.STOP_REQUESTED)
-    assert frames.protocol.outbox_size > 0
+    assert frames.protocol.outbox_size == 0
+    streams[1].kill(CancelReason.KILL_REQUESTED)
+    assert frames.protocol.outbox_size == 0
     with trio.fail_after(5):
-        for stream in streams:
+        for stream in streams[2:]:
             assert await stream.receive() is not None
+    # Other frames of a busy connection (a credit) still go to the writer, to be coalesced.
+    await trio.testing.wait_all_tasks_blocked()
+    assert frames.send(Credit(streams[2].sid, 1))
+    assert frames.protocol.outbox_size > 0
 
 
 async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned(
