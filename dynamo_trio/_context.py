@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
@@ -86,6 +86,31 @@ CancelCallback = Callable[["Context", ContextState, CancelReason], None]
 """Called in the trio thread on each effective transition: ``(context, new_state, reason)``."""
 
 
+_ID_BATCH: Final = 256
+_VARIANT: Final = {f"{n:x}": f"{n & 0x3 | 0x8:x}" for n in range(16)}
+_ids: list[str] = []  # ready ids, taken from the end (list.pop is atomic)
+
+
+def _new_id() -> str:
+    """A fresh random UUIDv4, as text; the random bytes are drawn a batch at a time, so an id
+    costs no system call of its own (one per batch)."""
+    try:
+        return _ids.pop()
+    except IndexError:
+        pass
+    digits = os.urandom(16 * _ID_BATCH).hex()
+    # uuid.uuid4()'s bits: version 4, RFC 4122 variant (0b10xx in the 17th digit).
+    _ids.extend(
+        f"{d[:8]}-{d[8:12]}-4{d[13:16]}-{_VARIANT[d[16]]}{d[17:20]}-{d[20:32]}"
+        for d in (digits[i : i + 32] for i in range(0, len(digits), 32))
+    )
+    return _ids.pop()
+
+
+# A forked child must not hand out the ids its parent holds ready.
+os.register_at_fork(after_in_child=_ids.clear)
+
+
 def _current_token() -> trio.lowlevel.TrioToken | None:
     try:
         return trio.lowlevel.current_trio_token()
@@ -140,7 +165,7 @@ class Context:
         timeout: float | None = None,
         trace: TraceContext | None = None,
     ) -> None:
-        self._id: Final = str(uuid.uuid4()) if id is None else id
+        self._id: Final = _new_id() if id is None else id
         self._metadata: dict[str, str] = _checked_metadata(metadata) if metadata else {}
         self._trace = trace
         self._state = ContextState.LIVE
@@ -522,76 +547,129 @@ class Context:
         return True
 
     @asynccontextmanager
-    async def scope(self, *, drain_grace: float | None = None) -> AsyncIterator[trio.Nursery]:
+    async def scope(
+        self, *, drain_grace: float | None = None, watchers: trio.Nursery | None = None
+    ) -> AsyncIterator[trio.Nursery]:
         """Run the request's work under the context's cancel scope; yield its nursery (once).
 
         ``kill()`` cancels the scope (the block exits normally); work still running
         ``drain_grace`` seconds after ``stop()`` is killed; the deadline is enforced;
         a cancellation from outside kills the context, then propagates; on exit the
         context is finished (docs/cancellation.md).
+
+        ``watchers``: a nursery around this call, with no cancel scope in between, to
+        run the watcher task in (when one is needed) instead of a nursery of its own:
+        one nursery fewer per scope for a caller that already has one at hand.
         """
-        self._bind_token()
-        if self._scope_used:
-            raise RuntimeError(f"the scope of context {self._id} was already entered")
-        self._scope_used = True
-        self._drain_grace = drain_grace
-        self._scope_task = trio.lowlevel.current_task()
+        # The steps are run()'s, around a yield (the two must stay alike).
+        self._enter_scope(drain_grace)
         body_failed = False
         try:
-            async with trio.open_nursery() as self._watchers:
-                if self._wants_watcher or self._deadline is not None or self._reason is not None:
-                    self._start_watcher()
+            async with (
+                trio.open_nursery() if watchers is None else _Given(watchers)
+            ) as self._watchers:
+                self._watch_if_needed()
                 try:
                     # The work nursery's own cancel scope is the context's scope: one
                     # scope fewer per level keeps deep running trees within trio's limits.
                     async with trio.open_nursery() as nursery:
-                        self._scope = nursery.cancel_scope
-                        if self.is_killed():
-                            nursery.cancel_scope.cancel(reason=self._cancel_message())
-                        self._nursery = nursery
+                        self._work_started(nursery)
                         try:
                             yield nursery
                         except BaseException as exc:
                             body_failed = _is_failure(exc)
                             raise
-                    if trio.current_effective_deadline() == -math.inf:
-                        # The work swallowed a cancellation from outside: it is still in
-                        # effect, and ends the context as if the work had let it through.
-                        await trio.lowlevel.checkpoint_if_cancelled()
+                    # If the work swallowed a cancellation from outside, it is still in
+                    # effect, and ends the context as if the work had let it through.
+                    # (Without one this is a no-op: no trip through the scheduler.)
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 except BaseException as exc:
-                    # The nursery absorbs the cancellation of its own scope (a kill), so
-                    # a live Cancelled that leaves it comes from an enclosing scope.  (A
-                    # stale one, re-raised by the work itself, cancels nothing.)
-                    if trio.current_effective_deadline() == -math.inf:
-                        self._killed_by_enclosing(find_cancelled(exc))
-                    elif (
-                        not body_failed
-                        and _is_failure(exc)
-                        and self._state is not ContextState.KILLED
-                    ):
-                        # A task in the context's own nursery failed, and trio cancelled
-                        # the scope for it: the same as a failed sibling around the scope.
-                        self.kill(CancelReason.SCOPE_CANCELLED)
+                    self._work_failed(exc, body_failed)
                     raise
                 finally:
-                    self._nursery = None
-                    self._watchers = None
-                    self._scope_task = None
-                    self._exiting = True
-                    if self._watcher is not None:
-                        self._watcher.cancel()
+                    self._work_over()
         except BaseExceptionGroup as group:
             raise _collapse(group) from None
         finally:
             self.finish()
 
     async def run(
-        self, fn: Callable[..., Awaitable[_T]], *args: Any, drain_grace: float | None = None
+        self,
+        fn: Callable[..., Awaitable[_T]],
+        *args: Any,
+        drain_grace: float | None = None,
+        watchers: trio.Nursery | None = None,
     ) -> _T | None:
-        """``await fn(*args)`` inside :meth:`scope`; ``None`` if the context was killed first."""
-        async with self.scope(drain_grace=drain_grace):
-            return await fn(*args)
-        return None  # killed: the scope absorbed the cancellation
+        """``await fn(*args)`` inside :meth:`scope` (``drain_grace`` and ``watchers`` as
+        there); ``None`` if the context was killed first.
+
+        The same steps as ``async with scope(): return await fn(*args)``, without the
+        context manager's own machinery (a request's work pays for it once per request).
+        """
+        self._enter_scope(drain_grace)
+        body_failed = False
+        result: _T | None = None
+        try:
+            async with (
+                trio.open_nursery() if watchers is None else _Given(watchers)
+            ) as self._watchers:
+                self._watch_if_needed()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self._work_started(nursery)
+                        try:
+                            result = await fn(*args)
+                        except BaseException as exc:
+                            body_failed = _is_failure(exc)
+                            raise
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except BaseException as exc:
+                    self._work_failed(exc, body_failed)
+                    raise
+                finally:
+                    self._work_over()
+        except BaseExceptionGroup as group:
+            raise _collapse(group) from None
+        finally:
+            self.finish()
+        return result  # None if killed: the scope absorbed the cancellation
+
+    def _enter_scope(self, drain_grace: float | None) -> None:
+        self._bind_token()
+        if self._scope_used:
+            raise RuntimeError(f"the scope of context {self._id} was already entered")
+        self._scope_used = True
+        self._drain_grace = drain_grace
+        self._scope_task = trio.lowlevel.current_task()
+
+    def _watch_if_needed(self) -> None:
+        if self._wants_watcher or self._deadline is not None or self._reason is not None:
+            self._start_watcher()
+
+    def _work_started(self, nursery: trio.Nursery) -> None:
+        self._scope = nursery.cancel_scope
+        if self.is_killed():
+            nursery.cancel_scope.cancel(reason=self._cancel_message())
+        self._nursery = nursery
+
+    def _work_failed(self, exc: BaseException, body_failed: bool) -> None:
+        # The nursery absorbs the cancellation of its own scope (a kill), so a live
+        # Cancelled that leaves it comes from an enclosing scope.  (A stale one,
+        # re-raised by the work itself, cancels nothing.)
+        if trio.current_effective_deadline() == -math.inf:
+            self._killed_by_enclosing(find_cancelled(exc))
+        elif not body_failed and _is_failure(exc) and self._state is not ContextState.KILLED:
+            # A task in the context's own nursery failed, and trio cancelled the scope
+            # for it: the same as a failed sibling around the scope.
+            self.kill(CancelReason.SCOPE_CANCELLED)
+
+    def _work_over(self) -> None:
+        self._nursery = None
+        self._watchers = None
+        self._scope_task = None
+        self._exiting = True
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """Start a task in this context's nursery (only while :meth:`scope` is open)."""
@@ -822,6 +900,21 @@ def _apply_effects(changed: list[Context]) -> None:
                 callback(ctx, state, reason)
             except Exception:
                 _log.exception("cancel callback %r of context %s failed", callback, ctx._id)
+
+
+class _Given:
+    """A nursery someone else owns, as an async context manager that enters and leaves nothing."""
+
+    __slots__ = ("_nursery",)
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    async def __aenter__(self) -> trio.Nursery:
+        return self._nursery
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,6 +29,39 @@ def test_default_id_is_a_fresh_uuid4() -> None:
     assert uuid.UUID(first.id()).version == 4
     assert first.id() != second.id()
     assert Context("req-1").id() == "req-1"
+    # Across several batches of ready ids: each a canonical RFC 4122 version 4 UUID.
+    ids = [Context().id() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+_FORK_CHECK = """
+import os
+from dynamo_trio import Context
+Context()  # the parent now holds ready ids
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, " ".join(Context().id() for _ in range(3)).encode())
+    os._exit(0)
+os.close(write)
+with os.fdopen(read) as pipe:
+    child = pipe.read().split()
+os.waitpid(pid, 0)
+parent = [Context().id() for _ in range(3)]
+print(len(child), len(set(child) & set(parent)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_reuse_its_parents_ready_ids() -> None:
+    # In a fresh interpreter: forking this (threaded) test process is unsafe.
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["3", "0"]
 
 
 def test_new_context_is_live() -> None:
@@ -964,6 +1000,96 @@ async def test_a_scope_with_nothing_to_watch_starts_no_task() -> None:
     linked.link_child(Context())
     assert await _spawns_in(linked) == 1
     assert await _spawns_in(Context(timeout=60)) == 1
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def test_a_given_nursery_hosts_the_watcher_and_saves_a_trip_through_the_scheduler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def nothing() -> str:
+        return "done"
+
+    async def steps_in(watchers: trio.Nursery | None, *, run: bool = False) -> int:
+        steps = _Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            if run:
+                assert await Context().run(nothing, watchers=watchers) == "done"
+            else:
+                async with Context().scope(watchers=watchers):
+                    pass
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        return steps.count
+
+    async with trio.open_nursery() as host:
+        # Leaving a nursery is a schedule point: one nursery fewer, one step fewer.
+        assert await steps_in(None) == 2
+        assert await steps_in(host) == 1
+        assert await steps_in(None, run=True) == 2
+        assert await steps_in(host, run=True) == 1
+        ctx = Context(timeout=0.05)
+        async with ctx.scope(watchers=host):
+            assert len(host.child_tasks) == 1  # the watcher, for the deadline
+            await trio.sleep_forever()
+        assert ctx.reason is CancelReason.DEADLINE
+        await trio.testing.wait_all_tasks_blocked()
+        assert not host.child_tasks  # ended with its scope
+
+        ctx = Context()
+
+        async def drain_slowly() -> None:
+            async with ctx.scope(drain_grace=1.0, watchers=host):
+                await trio.sleep(100)
+
+        host.start_soon(drain_slowly)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(host.child_tasks) == 1  # the work; nothing to watch yet
+        ctx.stop_generating()  # starts the watcher in the host, which enforces the grace
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(host.child_tasks) == 2
+        await trio.sleep(2)
+        assert ctx.reason is CancelReason.DRAIN_TIMEOUT
+
+
+async def test_a_watcher_in_a_given_nursery_hears_an_enclosing_cancellation_at_once() -> None:
+    ctx = Context()
+    heard: list[str] = []
+    during_cleanup: list[bool] = []
+    work_runs = trio.Event()
+
+    async def work(host: trio.Nursery) -> None:
+        async with ctx.scope(watchers=host):
+            work_runs.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.05)
+                    during_cleanup.append(bool(heard))
+
+    async def waiter() -> None:
+        await ctx.killed()
+        heard.append("woke")
+
+    async with trio.open_nursery() as outside:
+        with trio.CancelScope() as around_the_work:
+            async with trio.open_nursery() as host:
+                host.start_soon(work, host)
+                await work_runs.wait()
+                outside.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                around_the_work.cancel()
+        outside.cancel_scope.cancel()
+    assert during_cleanup == [True]
+    assert ctx.reason is CancelReason.SCOPE_CANCELLED
 
 
 async def test_an_enclosing_cancellation_the_work_swallows_still_kills_the_context() -> None:

@@ -226,7 +226,7 @@ class ClientStream:
         """Ask the worker to drain and finish (items keep coming until ``end``)."""
         if not self._done and not self._killed:
             self._stopping = True
-            self._connection._send_quietly(Control(self.sid, "stop", reason.value))
+            self._connection._send_quietly(Control(self.sid, "stop", reason.value), at_once=True)
 
     def kill(self, reason: CancelReason) -> None:
         """Abandon the stream now: tell the worker, drop what is queued, end ``receive``."""
@@ -235,7 +235,7 @@ class ClientStream:
         self._killed = True
         self._queue.clear()
         self._connection._forget(self.sid)
-        self._connection._send_quietly(Control(self.sid, "kill", reason.value))
+        self._connection._send_quietly(Control(self.sid, "kill", reason.value), at_once=True)
         self._connection._retire_if_drained()
         self._wake()
 
@@ -486,8 +486,11 @@ class ClientConnection:
         # the loss must reach this stream like every other one.
         self._streams[sid] = stream
         try:
+            # At once, not coalesced with other callers' requests: the worker starts on
+            # it while this process goes on with its other work.
             sent = connection.send(
-                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
+                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers),
+                at_once=True,
             )
         except BaseException:
             self._streams.pop(sid, None)
@@ -505,11 +508,15 @@ class ClientConnection:
     def _forget(self, sid: int) -> None:
         self._streams.pop(sid, None)
 
-    def _send_quietly(self, frame: Frame) -> None:
-        """Send a control-path frame; a closed connection makes it moot, not an error."""
+    def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
+        """Send a control-path frame; a closed connection makes it moot, not an error.
+
+        ``at_once`` as in :meth:`FrameConnection.send` (a stop or kill: the worker
+        hears of it without waiting for the writer's turn).
+        """
         connection = self._connection
         if connection is not None:
-            connection.send(frame)
+            connection.send(frame, at_once=at_once)
 
     def close(self, reason: str) -> None:
         if self._connection is not None:

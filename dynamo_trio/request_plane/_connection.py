@@ -97,9 +97,12 @@ class FrameConnection:
     def closed(self) -> bool:
         return self.close_reason is not None
 
-    def send(self, frame: Frame) -> bool:
+    def send(self, frame: Frame, *, at_once: bool = False) -> bool:
         """Queue ``frame`` for the writer; never blocks.  Whether it was queued.
 
+        ``at_once``: an idle writer's socket takes it from this task now, however many
+        streams are open (for a frame that starts or ends the peer's work: a request, a
+        stop, a kill).
         A closed connection drops it (the peer's doing, not an error);
         InvalidArgument for a frame that cannot be encoded (the connection stays usable).
         """
@@ -116,7 +119,7 @@ class FrameConnection:
             )
             self.close("write buffer overflow: the peer stopped reading")
             return True
-        self._wake_writer()
+        self._wake_writer(at_once)
         return True
 
     def close(self, reason: str) -> None:
@@ -212,14 +215,21 @@ class FrameConnection:
             if protocol.outbox_size:
                 self._wake_writer()
 
-    def _wake_writer(self) -> None:
+    def _wake_writer(self, at_once: bool = False) -> None:
         wakeup = self._writer_wakeup
         if wakeup is None:
             return  # the writer is busy (or already woken): it sends what is queued
-        if self._socket is not None and self._may_write_directly() and self._write_directly():
+        if (
+            self._socket is not None
+            and (self._may_write_at_once() if at_once else self._may_write_directly())
+            and self._write_directly()
+        ):
             return
         self._writer_wakeup = None
         wakeup.set()
+
+    def _may_write_at_once(self) -> bool:
+        return not self._draining and self.close_reason is None
 
     def _may_write_directly(self) -> bool:
         if self._draining or self.close_reason is not None or self.protocol.open_streams > 1:
@@ -267,6 +277,11 @@ class FrameConnection:
                     return
                 self._writer_wakeup = wakeup = trio.Event()
                 await wakeup.wait()
+                if self.protocol.open_streams > 1:
+                    # Other streams' tasks woke in the same turn as the one that woke us:
+                    # one more turn lets their frames (a reply's end behind its item,
+                    # other requests) join this write instead of trailing in more.
+                    await trio.lowlevel.checkpoint()
                 continue
             try:
                 await self._stream.send_all(data)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import contain
+from .._contain import contain, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from ._connection import FrameConnection, limited_log, linger, printable
@@ -101,6 +101,14 @@ class ServerStream:
     @property
     def peer(self) -> str:
         return self._connection.name
+
+    @property
+    def task_nursery(self) -> trio.Nursery:
+        """The nursery this stream's task runs in: it encloses the handler with no cancel
+        scope in between, so it can host the request's helper tasks."""
+        nursery = self._session._nursery
+        assert nursery is not None
+        return nursery
 
     @property
     def finished(self) -> bool:
@@ -384,21 +392,23 @@ class _Session:
 
     async def _serve_stream(self, stream: ServerStream) -> None:
         """Run the handler for one stream; whatever escapes it ends that stream only."""
-
-        def escaped(exc: BaseException) -> None:
-            limited_log.error(
-                "stream-escape",
-                "connection %s: stream %d ended by an exception that escaped its handler: %s",
-                self.peer,
-                stream.sid,
-                _describe(exc),
-                exc_info=exc,
-            )
-            stream.fail(Unknown("the worker failed while serving the request"))
-
+        # contain(), written out: this runs once per request.
         try:
-            with contain(escaped):
-                await self.server.handler(stream)
+            await self.server.handler(stream)
+        except BaseException as exc:
+            cancelled, escaped = split_live_cancellation(exc)
+            if escaped is not None:
+                limited_log.error(
+                    "stream-escape",
+                    "connection %s: stream %d ended by an exception that escaped its handler: %s",
+                    self.peer,
+                    stream.sid,
+                    _describe(escaped),
+                    exc_info=escaped,
+                )
+                stream.fail(Unknown("the worker failed while serving the request"))
+            if cancelled is not None:
+                raise cancelled from None
         finally:
             if not stream.finished:
                 stream.fail(Unknown("the worker ended the request without an answer"))

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
+from .._gc import tune_gc
 from .._lifeline import parent_gone, take_lifeline
 from .._logcontext import LOG_FORMAT, RequestLogFilter
 from .._signals import shut_down_on_signals
@@ -596,6 +597,9 @@ def dynamo_worker(
         async def wrapper(*args: Any, **kwargs: Any) -> None:
             settings = config if config is not None else Config.from_env()
             configure_logging(settings.log_level)
+            # A long-running serving process, as the frontend and the mocker are: most of
+            # a request's objects are freed by reference counting before a collection.
+            tune_gc(settings.gc_threshold)
             async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(shut_down_on_signals, runtime.shutdown)

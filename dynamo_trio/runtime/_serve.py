@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import collapse, contain, is_cancellation
+from .._contain import collapse, is_cancellation, split_live_cancellation
 from .._context import CancelReason
 from .._errors import (
     Cancelled,
@@ -110,18 +110,20 @@ async def serve_stream(
         tracker.cancelled(stream.cancel_signal.value)
     stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
     inflight.add(context)
-    errors: list[DynamoError | None] = [None]
-
-    def escaped(exc: BaseException) -> None:
-        errors[0] = _outcome_of(exc, context, endpoint.path, on_exit_request)
-
+    error: DynamoError | None = None
     with bind_request(context):  # every log line about this request names it and its trace
+        # contain(), written out: this runs once per request.
         try:
-            with contain(escaped):
-                await _drive(stream, endpoint, context, drain_grace)
+            await _drive(stream, endpoint, context, drain_grace)
+        except BaseException as exc:
+            cancelled, escaped = split_live_cancellation(exc)
+            if escaped is not None:
+                error = _outcome_of(escaped, context, endpoint.path, on_exit_request)
+            if cancelled is not None:
+                raise cancelled from None
         finally:
             inflight.discard(context)
-            _finish(stream, context, tracker, errors[0])
+            _finish(stream, context, tracker, error)
 
 
 def _outcome_of(
@@ -229,21 +231,28 @@ class _StaleCancelled(Exception):
 async def _drive(
     stream: ServerStream, endpoint: ServedEndpoint, context: Context, drain_grace: float
 ) -> None:
-    async with context.scope(drain_grace=drain_grace):
-        generator = endpoint.open(stream.payload, context)
-        try:
-            async for item in generator:
-                if isinstance(item, Annotated):
-                    await stream.send_item(
-                        item.data(), id=item.id, event=item.event, comment=item.comment
-                    )
-                else:
-                    await stream.send_item(item)
-        except trio.Cancelled as exc:
-            if trio.current_effective_deadline() == -math.inf:
-                raise  # a live cancellation: the context's kill, or a scope around it
-            raise _StaleCancelled(str(exc)) from exc
-        finally:
-            aclose = getattr(generator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    # The stream's task nursery hosts the context's watcher: one nursery fewer per request.
+    await context.run(
+        _relay, stream, endpoint, context, drain_grace=drain_grace, watchers=stream.task_nursery
+    )
+
+
+async def _relay(stream: ServerStream, endpoint: ServedEndpoint, context: Context) -> None:
+    """The handler's items onto the stream (inside the context's scope)."""
+    generator = endpoint.open(stream.payload, context)
+    try:
+        async for item in generator:
+            if isinstance(item, Annotated):
+                await stream.send_item(
+                    item.data(), id=item.id, event=item.event, comment=item.comment
+                )
+            else:
+                await stream.send_item(item)
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() == -math.inf:
+            raise  # a live cancellation: the context's kill, or a scope around it
+        raise _StaleCancelled(str(exc)) from exc
+    finally:
+        aclose = getattr(generator, "aclose", None)
+        if aclose is not None:
+            await aclose()

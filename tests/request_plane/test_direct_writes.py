@@ -3,10 +3,11 @@
 The rules (``_connection.py``'s module docstring): the writer task is woken
 only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
 while more than one stream is open (many streams' frames are the writer's to
-coalesce), for what the socket did not take, and on TLS; the bytes on the wire are in the
-order the frames were sent, whole, whatever the socket takes at a time; a
-socket that fails under a direct write ends the connection, never the sender,
-and a request whose direct write fails is a ``Disconnected`` at once.  Real TCP
+coalesce; a request, a stop or a kill still goes straight out), for what the
+socket did not take, and on TLS; the bytes on the wire are in the order the
+frames were sent, whole, whatever the socket takes at a time; a socket that
+fails under a direct write ends the connection, never the sender, and a
+request whose direct write fails is a ``Disconnected`` at once.  Real TCP
 sockets on 127.0.0.1 throughout.
 """
 
@@ -24,13 +25,14 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from dynamo_trio import Disconnected, RequestPlaneConfig
+from dynamo_trio import CancelReason, Disconnected, RequestPlaneConfig
 from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer, _connection
 from dynamo_trio.request_plane._connection import FrameConnection
 from dynamo_trio.request_plane._frames import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
     Auth,
+    Credit,
     FrameDecoder,
     Hello,
     Item,
@@ -146,6 +148,32 @@ async def test_while_several_streams_are_open_the_writer_sends() -> None:
         assert received(peer) == [Item(1, "a")]
 
 
+async def test_while_several_streams_are_open_the_writer_takes_what_their_next_turn_adds() -> None:
+    # A 1-item reply: its item wakes the writer, its end comes a turn later (the
+    # handler's scope is left in between).  Both go in one write, whichever of the
+    # two tasks trio runs first in that turn (it varies the order: hence the rounds).
+    async with connection_over_tcp() as (connection, peer):
+        writes: list[bytes] = []
+        send_all = connection._stream.send_all
+
+        async def recording_send_all(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            await send_all(data)
+
+        connection._stream.send_all = recording_send_all  # type: ignore[method-assign]
+        connection.protocol.receive_data(wire(Request(2, "generate", 1, "r2", None, 4)))
+        rounds = 8
+        for n in range(rounds):
+            assert connection.send(Item(1, n))
+            await trio.lowlevel.checkpoint()
+            assert connection.send(Item(1, -n))
+            await trio.testing.wait_all_tasks_blocked()
+        assert [list(FrameDecoder(LIMIT).feed(data)) for data in writes] == [
+            [Item(1, n), Item(1, -n)] for n in range(rounds)
+        ]
+        assert received(peer) == [Item(1, m) for n in range(rounds) for m in (n, -n)]
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_what_a_full_socket_does_not_take_goes_first_and_whole(
     seed: int, monkeypatch: pytest.MonkeyPatch
@@ -205,6 +233,39 @@ async def test_nothing_is_written_once_the_connection_is_over() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert not connection.send(Ping())
         assert received(peer) == []
+
+
+async def test_a_request_goes_straight_out_however_many_streams_are_open(
+    nursery: trio.Nursery,
+) -> None:
+    # A request starts the worker's work (a stop or kill ends it): it is not held back
+    # to share a write with other callers' frames, nor limited to a burst per quiet moment.
+    server = RequestPlaneServer(CONFIG, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(CONFIG, nursery, name="caller")
+    connection = await pool.connect(f"{host}:{port}")
+    frames = connection._connection
+    assert frames is not None
+    await trio.testing.wait_all_tasks_blocked()  # the writer is idle
+    streams = []
+    for n in range(2 * _connection._DIRECT_BURST + 2):
+        streams.append(
+            connection.open_stream(endpoint="e", instance_id=1, request_id=f"r{n}", payload=None)
+        )
+        assert frames.protocol.outbox_size == 0  # on the wire: nothing left for the writer
+    assert frames.protocol.open_streams == len(streams)
+    # So do a stop and a kill: the worker hears of them without waiting for the writer.
+    streams[0].stop(CancelReason.STOP_REQUESTED)
+    assert frames.protocol.outbox_size == 0
+    streams[1].kill(CancelReason.KILL_REQUESTED)
+    assert frames.protocol.outbox_size == 0
+    with trio.fail_after(5):
+        for stream in streams[2:]:
+            assert await stream.receive() is not None
+    # Other frames of a busy connection (a credit) still go to the writer, to be coalesced.
+    await trio.testing.wait_all_tasks_blocked()
+    assert frames.send(Credit(streams[2].sid, 1))
+    assert frames.protocol.outbox_size > 0
 
 
 async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned(
