@@ -142,9 +142,9 @@ async def test_a_flood_of_handshakes_logs_a_few_lines_not_a_flood(nursery, caplo
 
 
 async def test_tricklers_are_held_only_until_the_handshake_deadline(nursery):
-    """Many connections trickling a byte now and then, a frame that would take far longer than the test:
-    at most the handshake cap is held at once, and every one is cut off (the last ones,
-    which nobody came after to evict, by the deadline alone)."""
+    """Many connections trickling a byte now and then of a frame that would take far
+    longer than the test: at most the handshake cap is held at once, and every one is
+    cut off (the last ones, which nobody came after to evict, by the deadline alone)."""
     server, _, host, port = await start(nursery, max_handshakes=8, handshake_timeout=0.5)
     held = []
     cut = 0
