@@ -262,7 +262,7 @@ async def test_stop_drains_and_ends_with_a_terminal_frame(cluster: Cluster) -> N
     ctx = Context()
     stream = await client.generate({}, context=ctx)
     received = []
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         async for item in stream:
             received.append(item.data())
             if len(received) == 3:
@@ -471,7 +471,7 @@ async def test_a_chain_forwards_stop_and_kill_with_one_id(cluster: Cluster) -> N
     ctx = Context("chain-1")
     stream = await middle_client.generate({}, context=ctx)
     received = []
-    with trio.fail_after(3):
+    with trio.fail_after(30):  # a hang guard only
         async for item in stream:
             received.append(item.data())
             if len(received) == 3:
@@ -512,7 +512,7 @@ async def test_the_deadline_travels_to_the_worker(cluster: Cluster) -> None:
     remaining = recorder.contexts[0].time_remaining()
     assert remaining is not None
     assert 0 < remaining <= 0.3
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         assert [i async for i in stream] == []
     assert ctx.reason is CancelReason.DEADLINE
     state, reason, _ = await recorder.wait_exit()
@@ -534,7 +534,7 @@ async def test_a_slow_consumer_slows_only_its_own_handler(cluster: Cluster) -> N
     await trio.sleep(0.2)  # the slow consumer sits on its stream
     window = cluster.caller.config.request_plane.stream_window
     assert produced["slow"] <= window + 2  # bounded by credits, not by the worker's memory
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         fast = await client.generate({"name": "fast", "n": 5000})
         assert len([i async for i in fast]) == 5000  # same connection, not stalled
     await slow.aclose()
@@ -568,7 +568,7 @@ async def test_cancellations_are_counted_exactly_once(cluster: Cluster) -> None:
             ctx.kill()
         else:
             await stream.aclose()
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker._inflight.wait_empty()
     assert metric_value(registry, "dynamo_component_inflight_requests", **labels) == 0
     assert metric_value(registry, "dynamo_component_cancellation_total", **labels) == 4

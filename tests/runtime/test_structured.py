@@ -51,7 +51,7 @@ def silent_handler(recorder: Recorder):
 
 async def _settled(cluster: Cluster) -> None:
     """Every request on the worker has finished (its terminal frame and metrics are done)."""
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker._inflight.wait_empty()
 
 
@@ -253,7 +253,7 @@ class Bespoke(BaseException):
 async def _raising_after_stop(client: Client, exception: BaseException) -> list[Any]:
     ctx = Context()
     received = []
-    with trio.fail_after(3):
+    with trio.fail_after(30):  # a hang guard only
         async for item in await client.generate({}, context=ctx):
             received.append(item.data())
             if len(received) == 2:
@@ -280,7 +280,7 @@ def _seed_handler(recorder: Recorder):
 
 async def _still_serving(cluster: Cluster, client: Client, other: Any) -> None:
     """The worker kept serving: another stream flows, the instance is still registered."""
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
         await other.__anext__()
     assert cluster.worker.instance_id in client.instance_ids()
@@ -382,7 +382,7 @@ async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
     # The other request drains as in any graceful shutdown, and the worker deregisters.
     items = await drain_cut_by_shutdown(other)
     assert items[-1] == "drained" and other.outcome == "stopped"
-    with trio.fail_after(3):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker.wait_shut_down()
 
 
