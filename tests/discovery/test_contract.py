@@ -284,13 +284,13 @@ async def test_leaving_a_watch_releases_it(
             for i in range(80):
                 await d.put(f"{prefix}flood/{i:02d}", b"x")
             await trio.sleep(0.1)
-        await trio.sleep(0.05)
         # etcd's client may keep one or two idle pooled connections; ten
         # leaked watch streams would be ten more descriptors.
         slack = 2 if backend == "etcd" else 0
-        assert fd_count() <= before + slack
-        if backend == "mem":
-            assert memory_store.watch_count == 0
+        with trio.fail_after(30):  # a hang guard only: a leak never gets there
+            # Sockets and watches are released in their own time: wait for it.
+            while fd_count() > before + slack or memory_store.watch_count:  # noqa: ASYNC110
+                await trio.sleep(0.01)
 
 
 async def test_prefix_view_decodes_and_skips_bad_records(
