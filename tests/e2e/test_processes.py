@@ -101,8 +101,8 @@ async def test_a_killed_worker_raises_disconnected_and_leaves_rotation(
         assert "heartbeat" not in reason
         assert "the peer closed the connection" in reason or "connection lost" in reason
         assert ready["instance_id"] not in client.live_instance_ids()
-        # Its discovery entry outlives it by at most the lease TTL.
-        with trio.fail_after(float(env["DYN_LEASE_TTL_SECS"]) + 3):
+        # Its discovery entry goes when its lease expires (a killed worker deletes nothing).
+        with trio.fail_after(60):  # a hang guard only
             await client._view.wait_until(lambda instances: not instances)
 
 
