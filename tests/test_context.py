@@ -161,17 +161,14 @@ async def test_any_number_of_waiters_wake_on_stop() -> None:
 
 async def test_killed_waiter_is_not_woken_by_stop() -> None:
     ctx = Context()
-    with trio.move_on_after(0.05) as scope:
+    with trio.fail_after(30):  # a hang guard only
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ctx.killed)
             await trio.testing.wait_all_tasks_blocked()
             ctx.stop()
-    assert scope.cancelled_caught
-    with trio.fail_after(1):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ctx.killed)
-            await trio.testing.wait_all_tasks_blocked()
-            ctx.kill()
+            await trio.testing.wait_all_tasks_blocked()  # all it does about the stop, done
+            assert nursery.child_tasks, "a stop woke the killed() waiter"
+            ctx.kill()  # and a kill does wake it: the nursery closes
 
 
 async def test_async_killed_or_stopped_returns_true_on_stop() -> None:
@@ -686,11 +683,15 @@ async def test_without_grace_a_stop_never_escalates(
 
 
 async def test_deadline_kills_running_work() -> None:
+    # Deadlines are time.monotonic() seconds (they travel between processes): real time.
     ctx = Context(timeout=0.05)
     start = trio.current_time()
+    slept = False
     async with ctx.scope():
-        await trio.sleep(10)
-    assert 0.04 <= trio.current_time() - start < 5
+        await trio.sleep(60)
+        slept = True
+    assert not slept, "the deadline did not cut the work"
+    assert trio.current_time() - start >= 0.04  # not before it (a busy machine only delays)
     assert ctx.is_killed()
     assert ctx.reason is CancelReason.DEADLINE
 

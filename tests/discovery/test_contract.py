@@ -150,14 +150,14 @@ async def test_closing_an_instance_deletes_its_keys_for_watchers(
     open_instance: OpenInstance, prefix: str
 ) -> None:
     async with open_instance() as reader, reader.watch_prefix(prefix) as watch:
-        async with open_instance() as owner:
+        # The owner's lease outlives the hang guard below: deletes seen within it were
+        # made by the closing owner, not by the store expiring its lease.
+        async with open_instance(lease_ttl=120.0) as owner:
             await owner.put(prefix + "a", b"1")
             await owner.put(prefix + "b", b"2")
             got = await events(watch, 2)
             assert sorted(e.key for e in got) == [prefix + "a", prefix + "b"]
-        left = trio.current_time()
-        got = await events(watch, 2)
-        assert trio.current_time() - left < 1.0, "deletes should be prompt"
+        got = await events(watch, 2, within=60)  # a hang guard only
         assert sorted(got, key=lambda e: e.key) == [delete(prefix + "a"), delete(prefix + "b")]
         assert await reader.get_prefix(prefix) == {}
 
@@ -166,9 +166,12 @@ async def test_a_cancelled_instance_still_revokes_its_lease(
     open_instance: OpenInstance, prefix: str
 ) -> None:
     async with open_instance() as reader:
-        with trio.move_on_after(0.3) as scope:
-            async with open_instance() as owner:
+        # Cancelled once its key is in; its lease would expire only long after the check.
+        with trio.CancelScope() as scope:
+            async with open_instance(lease_ttl=120.0) as owner:
                 await owner.put(prefix + "k", b"v")
+                assert await reader.get_prefix(prefix) == {prefix + "k": b"v"}
+                scope.cancel()
                 await trio.sleep_forever()
         assert scope.cancelled_caught
         assert await reader.get_prefix(prefix) == {}
@@ -281,13 +284,13 @@ async def test_leaving_a_watch_releases_it(
             for i in range(80):
                 await d.put(f"{prefix}flood/{i:02d}", b"x")
             await trio.sleep(0.1)
-        await trio.sleep(0.05)
         # etcd's client may keep one or two idle pooled connections; ten
         # leaked watch streams would be ten more descriptors.
         slack = 2 if backend == "etcd" else 0
-        assert fd_count() <= before + slack
-        if backend == "mem":
-            assert memory_store.watch_count == 0
+        with trio.fail_after(30):  # a hang guard only: a leak never gets there
+            # Sockets and watches are released in their own time: wait for it.
+            while fd_count() > before + slack or memory_store.watch_count:  # noqa: ASYNC110
+                await trio.sleep(0.01)
 
 
 async def test_prefix_view_decodes_and_skips_bad_records(

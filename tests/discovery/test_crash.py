@@ -1,4 +1,4 @@
-"""A SIGKILLed worker's keys vanish within its lease TTL (real processes, file and etcd)."""
+"""A SIGKILLed worker's keys vanish when its lease expires (real processes, file and etcd)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from trio.abc import ReceiveStream
 
 CHILD = Path(__file__).with_name("_crash_child.py")
-SLACK = 1.5
-"""Seconds allowed past the TTL: poll latency, etcd's expiry sweep, a loaded machine."""
+HANG_GUARD = 60.0
+"""Seconds past the TTL after which a test is stopped as hung (not a bound on speed)."""
 
 
 async def _read_line(stream: ReceiveStream) -> bytes:
@@ -34,8 +34,9 @@ async def _read_line(stream: ReceiveStream) -> bytes:
     return data
 
 
-async def _crash_and_measure(config: DiscoveryConfig, key: str) -> float:
-    """Start a child that registers ``key``, SIGKILL it, return seconds until the delete."""
+async def _crash_and_watch(config: DiscoveryConfig, key: str) -> None:
+    """Start a child that registers ``key``, SIGKILL it, and see its key deleted: by the
+    lease's expiry, since a killed child deletes nothing."""
     args = [
         sys.executable,
         str(CHILD),
@@ -49,18 +50,16 @@ async def _crash_and_measure(config: DiscoveryConfig, key: str) -> float:
         process = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE)
         try:
             assert process.stdout is not None
-            with trio.fail_after(15):
+            with trio.fail_after(HANG_GUARD):
                 assert await _read_line(process.stdout) == b"ready\n"
                 if key not in watch.initial:
                     event = await watch.__anext__()
                     assert (event.kind, event.key) == ("put", key)
             process.send_signal(signal.SIGKILL)
             await process.wait()
-            killed = trio.current_time()
-            event = await next_event(watch, within=config.lease_ttl + 10)
+            event = await next_event(watch, within=config.lease_ttl + HANG_GUARD)
             assert event == WatchEvent("delete", key, None)
             assert await reader.get_prefix(key) == {}
-            return trio.current_time() - killed
         finally:
             process.kill()
             with trio.CancelScope(shield=True):
@@ -73,8 +72,7 @@ async def test_file_worker_killed_loses_its_keys(tmp_path: Path) -> None:
     config = DiscoveryConfig(
         backend="file", file_kv=tmp_path / "kv", lease_ttl=1.0, poll_interval=0.05
     )
-    elapsed = await _crash_and_measure(config, "crash/file/worker")
-    assert elapsed < config.lease_ttl + SLACK
+    await _crash_and_watch(config, "crash/file/worker")
     assert list((tmp_path / "kv" / "kv").iterdir()) == [], "the dead entry was not collected"
 
 
@@ -84,5 +82,4 @@ async def test_etcd_worker_killed_loses_its_keys(
 ) -> None:
     # 2 s is etcd's minimum TTL with default election settings.
     config = DiscoveryConfig(backend="etcd", etcd_endpoints=etcd_endpoints, lease_ttl=2.0)
-    elapsed = await _crash_and_measure(config, prefix + "worker")
-    assert elapsed < config.lease_ttl + SLACK
+    await _crash_and_watch(config, prefix + "worker")

@@ -12,6 +12,7 @@ import httpx
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
@@ -94,13 +95,13 @@ async def test_a_lost_lease_is_regranted_and_its_keys_put_back(
             await raw_call(endpoint, "/v3/lease/revoke", {"ID": str(lease_id)})
             gone = await events(watch, 2)
             assert {e.kind for e in gone} == {"delete"}
-            revoked = trio.current_time()
-            back = await events(watch, 2, within=config.lease_ttl / 3 + STEP)
+            # Put back by the owner's keepalive, which finds the lease gone (nothing is
+            # written meanwhile that could notice it instead).
+            back = await events(watch, 2, within=60)  # a hang guard only
             assert sorted((e.key, e.value) for e in back) == [
                 (prefix + "a", b"1"),
                 (prefix + "b", b"2"),
             ]
-            assert trio.current_time() - revoked < config.lease_ttl / 3 + 1.0
         assert owner.lease_id == lease_id, "the instance id must not change"
         assert await lease_of(endpoint, prefix + "a") == lease_id
     async with open_discovery(config) as check:
@@ -136,15 +137,12 @@ async def test_etcd_replaced_by_an_empty_cluster(etcd_binary_path: str, tmp_path
             async with reader.watch_prefix("svc/") as watch:
                 await trio.to_thread.run_sync(first.stop)
                 await trio.to_thread.run_sync(second.start)
-                up = trio.current_time()
-                with trio.fail_after(10):
+                with trio.fail_after(60):  # a hang guard only
                     while await reader.get_prefix("svc/") != {"svc/a": b"1"}:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
-                took = trio.current_time() - up
-                assert took < config.lease_ttl, f"re-registered {took:.2f}s after etcd came back"
+                        await trio.sleep(0.05)  # polls another process
                 # The watch follows the new cluster (whose revisions restarted).
                 await owner.put("svc/b", b"2")
-                while (event := await next_event(watch, within=10)).key != "svc/b":
+                while (event := await next_event(watch, within=60)).key != "svc/b":
                     assert event.key == "svc/a"
                 assert event == WatchEvent("put", "svc/b", b"2")
     finally:
@@ -416,14 +414,19 @@ async def test_a_consumer_far_behind_gets_coalesced_changes(
     async with mock_gateway(handler) as gateway, trio.open_nursery() as nursery, receive_channel:
         pump = WatchPump(gateway, "p/", {"p/old": b"x"}, 11, send_channel)
         nursery.start_soon(pump.run)
-        await trio.sleep(0.1)  # the reader takes everything while nobody reads
         state = {"p/old": b"x"}
-        with trio.move_on_after(0.2):
-            async for event in receive_channel:
-                if event.value is None:
-                    del state[event.key]
-                else:
-                    state[event.key] = event.value
+        while True:
+            # Everything blocked: the reader took what it could while nobody read, and the
+            # pump offers its next event, if it has one.
+            await trio.testing.wait_all_tasks_blocked()
+            try:
+                event = receive_channel.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if event.value is None:
+                del state[event.key]
+            else:
+                state[event.key] = event.value
         nursery.cancel_scope.cancel()
     assert state == {"p/old": b"x", **{f"p/{i}": b"v" for i in range(1, 10)}}
     assert "coalescing" in caplog.text

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio.discovery import (
     Discovery,
@@ -47,7 +48,10 @@ async def test_version_counts_changes_and_items_is_a_copy() -> None:
             assert view.items() == {"p/a": 1, "p/b": 2, "p/c": 3}
 
 
-async def test_wait_changed_returns_at_once_for_an_old_version() -> None:
+async def test_wait_changed_returns_at_once_for_an_old_version(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Virtual time: a wait that blocked at all would reach its fail_after.
     async with MemoryDiscovery(MemoryStore()) as d, view_prefix(d, "p/", decode_int) as view:
         await d.put("p/a", b"1")
         with trio.fail_after(1):
@@ -56,7 +60,10 @@ async def test_wait_changed_returns_at_once_for_an_old_version() -> None:
             assert await view.wait_changed(0) == view.version  # no wait this time
 
 
-async def test_wait_until_checks_the_current_state_first_and_is_cancellable() -> None:
+async def test_wait_until_checks_the_current_state_first_and_is_cancellable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Virtual time: a wait that blocked at all would reach its fail_after.
     async with MemoryDiscovery(MemoryStore()) as d:
         await d.put("p/a", b"1")
         async with view_prefix(d, "p/", decode_int) as view:
@@ -78,7 +85,7 @@ async def test_wait_until_checks_the_current_state_first_and_is_cancellable() ->
 
 
 async def test_a_decoder_that_raises_anything_only_skips_the_record(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     def picky(data: bytes) -> int:
         if data == b"boom":
@@ -106,7 +113,9 @@ class _EndingDiscovery:
         yield Watch({}, receive_channel)
 
 
-async def test_waiting_on_a_view_whose_watch_ended_raises() -> None:
+async def test_waiting_on_a_view_whose_watch_ended_raises(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     fake = cast("Discovery", _EndingDiscovery())
     async with view_prefix(fake, "p/", decode_int) as view:
         with trio.fail_after(1), pytest.raises(DiscoveryError, match="ended"):

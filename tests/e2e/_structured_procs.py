@@ -115,7 +115,7 @@ async def caller(runtime: DistributedRuntime, pattern: str, component: str) -> N
     await client.wait_for_instances()
     parent = Context()
     keep: list[Any] = []
-    with trio.move_on_after(1.0 if pattern == "enclosing_timeout" else float("inf")):
+    with trio.CancelScope() as enclosing:  # a timeout, once the remote work has begun
         async with parent.scope():
             stream = await client.generate({"mode": "silent"}, context=parent)
             keep.append(stream)
@@ -123,6 +123,7 @@ async def caller(runtime: DistributedRuntime, pattern: str, component: str) -> N
             await stream.__anext__()
             report("first item", id=parent.id())
             if pattern == "enclosing_timeout":
+                enclosing.deadline = trio.current_time()
                 await trio.sleep_forever()  # something else: the deadline strikes here
     report(
         "left scope",

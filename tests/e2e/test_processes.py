@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from dynamo_trio import CannotConnect, Context, Disconnected
+from dynamo_trio import CannotConnect, Config, Context, Disconnected
 from dynamo_trio.request_plane import parse_address
 from dynamo_trio.runtime import DistributedRuntime
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from dynamo_trio import Config
 
 pytestmark = pytest.mark.slow
 
@@ -70,31 +69,40 @@ async def test_a_half_open_caller_is_caught_by_heartbeats(
     await worker.wait_for("start", id=sent["id"])
     caller.signal(signal.SIGSTOP)  # its kernel still ACKs; its process says nothing
     stopped_at = trio.current_time()
-    exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
+    # No EOF ever comes from a stopped process: only the heartbeat timeout can end it.
+    exit_event = await worker.wait_for("exit", id=sent["id"], within=30)  # a hang guard only
     elapsed = trio.current_time() - stopped_at
     assert exit_event["reason"] == "transport lost"
     timeout = float(env["DYN_HEARTBEAT_TIMEOUT_SECS"])
     interval = float(env["DYN_HEARTBEAT_INTERVAL_SECS"])
-    assert timeout - interval <= elapsed <= timeout + 2 * interval + 0.5
+    # Not before the peer had been silent for the timeout (a busy machine only delays it).
+    assert elapsed >= timeout - interval
 
 
 async def test_a_killed_worker_raises_disconnected_and_leaves_rotation(
-    spawn: Callable[..., Any], env: dict[str, str], config: Config
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     worker, ready = await start_worker(spawn, env)
-    async with DistributedRuntime(config) as runtime:
+    # This caller's heartbeats would find the dead worker out only after 60 s, longer than
+    # the hang guard below: a loss seen at all was seen from the connection's EOF.
+    patient = Config.from_env({**env, "DYN_HEARTBEAT_TIMEOUT_SECS": "60"})
+    async with DistributedRuntime(patient) as runtime:
         client = await client_for(runtime)
         stream = await client.generate({"mode": "count"})
         await stream.__anext__()
         worker.signal(signal.SIGKILL)
-        died_at = trio.current_time()
-        with pytest.raises(Disconnected, match="before generation completed"):
+        with (
+            trio.fail_after(30),  # a hang guard only
+            pytest.raises(Disconnected, match="before generation completed") as lost,
+        ):
             async for _ in stream:
                 pass
-        assert trio.current_time() - died_at < 1.0
+        reason = str(lost.value)
+        assert "heartbeat" not in reason
+        assert "the peer closed the connection" in reason or "connection lost" in reason
         assert ready["instance_id"] not in client.live_instance_ids()
-        # Its discovery entry outlives it by at most the lease TTL.
-        with trio.fail_after(float(env["DYN_LEASE_TTL_SECS"]) + 3):
+        # Its discovery entry goes when its lease expires (a killed worker deletes nothing).
+        with trio.fail_after(60):  # a hang guard only
             await client._view.wait_until(lambda instances: not instances)
 
 
@@ -109,14 +117,16 @@ async def test_a_worker_dying_after_the_caller_cancelled_ends_quietly(
         await worker.wait_for("start", id=ctx.id())
         ctx.stop()  # the silent handler ignores it
         worker.signal(signal.SIGKILL)
-        with trio.fail_after(2):
+        with trio.fail_after(30):  # a hang guard only
             assert [item async for item in stream] == []
 
 
 async def test_sigterm_drains_deregisters_and_exits_zero(
     spawn: Callable[..., Any], env: dict[str, str], config: Config
 ) -> None:
-    worker, _ = await start_worker(spawn, env)
+    # Its lease would expire only after 60 s, longer than the hang guard below: an entry
+    # gone within it was deleted by the worker on its way out.
+    worker, _ = await start_worker(spawn, {**env, "DYN_LEASE_TTL_SECS": "60"})
     async with DistributedRuntime(config) as runtime:
         client = await client_for(runtime)
         ctx = Context()
@@ -131,7 +141,7 @@ async def test_sigterm_drains_deregisters_and_exits_zero(
         assert await worker.wait_exit() == 0
         await worker.wait_for("shut down")
         # Deregistered on the way out, not left to expire.
-        with trio.fail_after(1):
+        with trio.fail_after(30):  # a hang guard only
             await client._view.wait_until(lambda instances: not instances)
 
 
@@ -147,13 +157,13 @@ async def test_garbage_closes_one_connection_and_the_worker_serves_on(
     ):
         stream = await trio.open_tcp_stream(host, port)
         await stream.send_all(garbage)
-        with trio.fail_after(2):
+        with trio.fail_after(30):  # a hang guard only
             while await stream.receive_some(65536):
                 pass  # read the worker's close frame, then EOF
         await stream.aclose()
-    with trio.fail_after(2):
-        while worker.stderr.count(b"protocol error") < 3:  # noqa: ASYNC110 - polling a log
-            await trio.sleep(0.05)
+    with trio.fail_after(30):  # a hang guard only
+        while worker.stderr.count(b"protocol error") < 3:
+            await worker.changed()
     async with DistributedRuntime(config) as runtime:
         client = await client_for(runtime)
         assert [i.data() async for i in await client.generate({"mode": "echo"})] == [
@@ -164,8 +174,6 @@ async def test_garbage_closes_one_connection_and_the_worker_serves_on(
 async def test_a_shared_token_authenticates_connections(
     spawn: Callable[..., Any], tmp_path: Path
 ) -> None:
-    from dynamo_trio import Config
-
     env = e2e_environment(tmp_path, DYN_REQUEST_PLANE_TOKEN="s3cret")
     await start_worker(spawn, env)
     wrong = Config.from_env({**env, "DYN_REQUEST_PLANE_TOKEN": "guess"})

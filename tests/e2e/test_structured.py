@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from dynamo_trio import Context, EngineShutdown
+from dynamo_trio.discovery._file_store import FileLayout
 from dynamo_trio.runtime import DistributedRuntime
 
 from .conftest import scrape as metric
@@ -35,15 +36,10 @@ pytestmark = pytest.mark.slow
 
 PROCS = Path(__file__).with_name("_structured_procs.py")
 
-# A cancellation reaches the remote handler in about a millisecond; this bound
-# only separates "at once" from "when the garbage collector gets to it" (never,
-# here: the callers keep their stream objects referenced).
-AT_ONCE = 0.5
-
 
 async def settled(status_url: str) -> None:
     """The worker has finished every request (polled: it is another process)."""
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         while await metric(status_url, "dynamo_component_inflight_requests") != 0:  # noqa: ASYNC110
             await trio.sleep(0.02)
 
@@ -62,16 +58,29 @@ async def backend_client(runtime: DistributedRuntime) -> Any:
     return client
 
 
+async def lease_renewals(file_kv: Path, lease_id: int, count: int) -> None:
+    """Wait until the owner of ``lease_id`` (file discovery) has renewed it ``count`` more
+    times: its keepalive touches the lease file every third of a TTL."""
+    path = FileLayout(file_kv).lease_path(lease_id)
+    last, seen = path.stat().st_mtime_ns, 0
+    with trio.fail_after(60):  # a hang guard only
+        while seen < count:
+            await trio.sleep(0.05)  # polls another process's file
+            now = path.stat().st_mtime_ns
+            seen, last = seen + (now != last), now
+
+
 async def assert_still_serving(
-    worker: Proc, ready: dict[str, Any], client: Any, other: Any, lease_ttl: float
+    worker: Proc, ready: dict[str, Any], client: Any, other: Any, file_kv: Path
 ) -> None:
     """The worker lives, streams other than the failed one flow, and it stays registered."""
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
-    await trio.sleep(lease_ttl + 0.5)  # longer than a lease: a dead worker would be gone
+    # Renewed a lease's worth of times since: its keepalive outlived the failure.
+    await lease_renewals(file_kv, ready["instance_id"], 4)
     assert worker.process.returncode is None
     assert ready["instance_id"] in client.instance_ids()
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
 
 
@@ -90,7 +99,7 @@ async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
         ctx = Context("seed")
         stream = await client.generate({"mode": "seed"}, context=ctx)
         received = []
-        with trio.fail_after(5):
+        with trio.fail_after(30):  # a hang guard only
             async for item in stream:
                 received.append(item.data())
                 if len(received) == 3:
@@ -99,7 +108,7 @@ async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
         exit_event = await worker.wait_for("exit", id="seed")
         assert (exit_event["state"], exit_event["how"]) == ("STOPPED", "CancelledError")
 
-        await assert_still_serving(worker, ready, client, other, config.discovery.lease_ttl)
+        await assert_still_serving(worker, ready, client, other, config.discovery.file_kv)
         await other.aclose()
         await worker.wait_for("exit", id="other")
     status = ready["status_url"]
@@ -132,7 +141,7 @@ async def test_a_handler_raising_ends_only_its_request(
         assert getattr(raised.value, "caused_by", None) == exception
         exit_event = await worker.wait_for("exit", id="raiser")
         assert exit_event["how"] == exception
-        await assert_still_serving(worker, ready, client, other, config.discovery.lease_ttl)
+        await assert_still_serving(worker, ready, client, other, config.discovery.file_kv)
         await other.aclose()
 
 
@@ -150,17 +159,19 @@ async def test_a_callers_scope_ends_the_remote_work_at_once(
     caller = await spawn(str(PROCS), "caller", pattern, "backend", env=env, name="caller")
     sent = await caller.wait_for("sent", within=15)
     await worker.wait_for("start", id=sent["id"])
-    left = await caller.wait_for("left scope", within=5)
+    left = await caller.wait_for("left scope", within=30)
     # The caller's context says why, and the caller still holds the stream object.
     assert left["stream_alive"]
     if pattern == "enclosing_timeout":
         assert (left["state"], left["reason"]) == ("KILLED", "scope timeout")
     else:
         assert (left["state"], left["reason"]) == ("LIVE", None)
-    exit_event = await worker.wait_for("exit", id=sent["id"], within=5)
+    exit_event = await worker.wait_for("exit", id=sent["id"], within=30)
     assert (exit_event["state"], exit_event["reason"]) == ("KILLED", reason)
     assert exit_event["how"] == "Cancelled"  # the handler's scope was cancelled mid-await
-    assert exit_event["t"] - left["t"] < AT_ONCE
+    # At once, by the kill frame: its reason is the scope's, while the caller still holds
+    # the stream object (the garbage collector never closes it: "stream closed") and its
+    # connection lives (heartbeats flow: no "transport lost").
     assert caller.process.returncode is None  # not a dying process's doing either
     status = ready["status_url"]
     await settled(status)
@@ -182,13 +193,13 @@ async def test_a_callers_scope_reaches_the_end_of_a_chain(
     middle, _ = await start(spawn, env, "middle")
     caller = await spawn(str(PROCS), "caller", pattern, "middle", env=env, name="caller")
     sent = await caller.wait_for("sent", within=15)
-    left = await caller.wait_for("left scope", within=5)
-    middle_exit = await middle.wait_for("exit", id=sent["id"], within=5)
-    backend_exit = await backend.wait_for("exit", id=sent["id"], within=5)
+    left = await caller.wait_for("left scope", within=30)
+    assert left["stream_alive"]  # so ended by the kill frame, as its reason says
+    middle_exit = await middle.wait_for("exit", id=sent["id"], within=30)
+    backend_exit = await backend.wait_for("exit", id=sent["id"], within=30)
     # One id end to end; the reason travels with the kill, hop by hop.
     assert (middle_exit["state"], middle_exit["reason"]) == ("KILLED", reason)
     assert (backend_exit["state"], backend_exit["reason"]) == ("KILLED", reason)
-    assert backend_exit["t"] - left["t"] < AT_ONCE
     status = backend_ready["status_url"]
     await settled(status)
     assert await metric(status, "dynamo_component_cancellation_total") == 1

@@ -22,7 +22,11 @@ import h2.events
 import httpx
 import pytest
 import trio
+import trio.testing
 
+from dynamo_trio._config import FrontendConfig
+
+from ._inprocess import CHAT, frontend_with_worker
 from .conftest import (
     CHAT_BODY,
     RawConnection,
@@ -34,6 +38,8 @@ from .conftest import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from tests._serving import Cluster
 
     from .conftest import StartProcStack, StartStack
@@ -59,7 +65,7 @@ def reset(stream: trio.SocketStream) -> None:
 
 async def receive_some_bytes(stream: trio.SocketStream, *, at_least: int) -> bytes:
     received = b""
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         while len(received) < at_least:
             chunk = await stream.receive_some(65536)
             assert chunk, received
@@ -142,7 +148,7 @@ async def test_an_http2_client_that_vanishes_does_not_stop_sigterm(
     await trio.sleep(0.3)
     await still_serving(running.url)
     running.frontend.signal(signal.SIGTERM)
-    assert await running.frontend.wait_exit(within=5) == 0
+    assert await running.frontend.wait_exit(within=20) == 0  # under the grace
     assert_clean_log(running.frontend.stderr.decode(errors="replace"))
 
 
@@ -151,7 +157,7 @@ async def test_http2_with_prior_knowledge_is_served_when_asked(stack: StartStack
     stream = await open_raw(running.url)
     connection, request = h2_request("/health")
     await stream.send_all(request)
-    body = await h2_response_body(stream, connection, within=5)
+    body = await h2_response_body(stream, connection, within=30)
     assert json.loads(body)["status"] == "healthy"
     await stream.aclose()
 
@@ -321,10 +327,11 @@ async def test_a_body_that_never_finishes_is_408_after_the_body_timeout_once(
             + start
         )
         began = trio.current_time()
-        response = await connection.response(within=timeout * 4)
+        response = await connection.response(within=30)  # a hang guard only
         elapsed = trio.current_time() - began
-    # Once: not twice the timeout (the view's read, then a second read to drain).
-    assert timeout * 0.9 <= elapsed < timeout * 1.9, elapsed
+    # Not before the timeout (a busy machine only delays it); that it waits once, not
+    # twice, is shown in virtual time below.
+    assert elapsed >= timeout * 0.9, elapsed
     assert response.status == 408, response.raw
     assert response.headers[b"connection"] == b"close"
     body = json.loads(response.body)
@@ -335,6 +342,29 @@ async def test_a_body_that_never_finishes_is_408_after_the_body_timeout_once(
         assert body["error"]["message"] == "The request body did not arrive within 1 seconds."
     await still_serving(running.url)
     assert_clean_log(running.log())
+
+
+async def _one_token(request: Any, context: Any) -> AsyncIterator[dict[str, Any]]:
+    yield {"token_ids": [1]}
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/messages"])
+async def test_an_unfinished_body_waits_the_body_timeout_once(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, path: str
+) -> None:
+    """In virtual time (the app in process, its worker on a memory store): the 408 comes
+    after exactly one body timeout, not after the view's read and then a second read to
+    drain the body for keep-alive."""
+    app = await frontend_with_worker(nursery, _one_token, config=FrontendConfig(body_timeout=1.0))
+    headers = {"content-type": "application/json", "content-length": "1000"}
+    async with app.test_client().request(path, method="POST", headers=headers) as connection:
+        await connection.send(b'{"model": "m",')
+        began = trio.current_time()
+        response = await connection.as_response()
+        elapsed = trio.current_time() - began
+    assert response.status_code == 408
+    assert response.headers["connection"] == "close"
+    assert elapsed == pytest.approx(1.0)
 
 
 def test_the_body_timeout_is_configured_from_the_environment() -> None:
@@ -388,7 +418,7 @@ async def test_huge_request_lines_and_header_floods_get_414_or_431(stack: StartS
     stream = await open_raw(running.url)
     await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
     answer = b""
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         for _ in range(100):
             try:
                 await stream.send_all(b"X-Flood: " + b"f" * 1000 + b"\r\n")
@@ -419,7 +449,7 @@ async def test_an_early_answer_to_a_client_that_keeps_sending_is_clean(
     for _ in range(30):
         stream = await open_raw(running.url)
         answer = b""
-        with trio.fail_after(5):
+        with trio.fail_after(30):  # a hang guard only
             try:
                 await stream.send_all(request)
                 while chunk := await stream.receive_some(65536):

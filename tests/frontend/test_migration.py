@@ -22,6 +22,7 @@ import httpx
 import pytest
 import trio
 
+from tests._serving import first_event
 from tests.e2e.conftest import scrape
 
 from ._faults import (
@@ -125,7 +126,7 @@ async def _play(plan: _Round, http: httpx.AsyncClient, workers: list[Proc], vict
         current = [await serving(workers, request_id) for request_id in ids]
         victim.signal(signal.SIGKILL)
     await victim.wait_exit()
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         while not victim.stdout_closed:  # every event it wrote before it died
             await victim._changed.wait()
     finished = {e["id"] for e in victim.events if e["event"] == "exit"}
@@ -320,17 +321,20 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
             await live.wait_tokens(5)
             # Only now a second worker, whose every request takes 30 s to its first token.
             slow, slow_ready = await start_worker(spawn, env, name="slow worker", ttft_ms=30_000)
-            await _let_the_frontend_see_the_new_worker()
+            await _let_the_frontend_see_the_new_worker(http, slow)
             fast.signal(signal.SIGKILL)
             started = await slow.wait_for("start", id="h", within=10)
             assert started["continued"] >= 5
             nursery.cancel_scope.cancel()  # the client hangs up while the new worker "prefills"
-        exit_event = await slow.wait_for("exit", id="h", within=5)
+        exit_event = await slow.wait_for("exit", id="h", within=30)
     assert (exit_event["state"], exit_event["reason"]) == ("KILLED", "client disconnect")
-    assert await scrape(slow_ready["status_url"], "dynamo_component_cancellation_total") == 1
-    assert await scrape(url, "dynamo_frontend_model_cancellation_total") == 1
+    # Two hang-ups reached the slow worker: the probe that found it, then this request.
+    [probe] = [e for e in slow.events if e["event"] == "exit" and e["id"] != "h"]
+    assert (probe["state"], probe["reason"]) == ("KILLED", "client disconnect")
+    assert await scrape(slow_ready["status_url"], "dynamo_component_cancellation_total") == 2
+    assert await scrape(url, "dynamo_frontend_model_cancellation_total") == 2
     assert await migrations(url, migration_type="ongoing_request") == 1
-    with trio.fail_after(5):
+    with trio.fail_after(30):  # a hang guard only
         while await scrape(url, "dynamo_frontend_inflight_requests"):  # noqa: ASYNC110
             await trio.sleep(0.05)
 
@@ -357,14 +361,14 @@ async def test_a_cancelled_request_is_never_migrated(
             nursery.start_soon(post)
             holder = await serving([first, second], "c")
             nursery.cancel_scope.cancel()  # the client hangs up: the request is stopped
-        with trio.fail_after(5):
+        with trio.fail_after(30):  # a hang guard only
             while not await scrape(url, "dynamo_frontend_model_cancellation_total"):  # noqa: ASYNC110
                 await trio.sleep(0.02)
         holder.signal(signal.SIGKILL)
         other = second if holder is first else first
     # The request has ended: a migration or failover (decided while it is in flight)
     # would have kept it going on the other worker, where "prefill" never answers.
-    with trio.fail_after(10):
+    with trio.fail_after(30):  # a hang guard only
         while await scrape(url, "dynamo_frontend_inflight_requests"):  # noqa: ASYNC110
             await trio.sleep(0.05)
     assert not [e for e in other.events if e.get("id") == "c"]
@@ -395,7 +399,7 @@ async def test_a_worker_shutting_down_mid_stream(
         nursery.start_soon(live.run, http)
         await live.wait_tokens(5)
         second, _ = await start_worker(spawn, env, name="second worker")
-        await _let_the_frontend_see_the_new_worker()
+        await _let_the_frontend_see_the_new_worker(http, second)
         first.signal(signal.SIGTERM)
     exit_event = await first.wait_for("exit", id="t")
     assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "shutdown")
@@ -418,8 +422,33 @@ async def test_a_worker_shutting_down_mid_stream(
     assert await first.wait_exit() == 0
 
 
-async def _let_the_frontend_see_the_new_worker() -> None:
-    """A worker that just registered is seen by the frontend within a poll of the tests'
-    file discovery (50 ms); wait twenty of them, so that the migration that follows
-    has a live instance to go to."""
-    await trio.sleep(1.0)
+async def _let_the_frontend_see_the_new_worker(http: httpx.AsyncClient, worker: Proc) -> None:
+    """Wait until the frontend has routed a request to ``worker``, so that the migration
+    that follows has a live instance to go to: one-token probes, sent one at a time
+    (round-robin over the instances the frontend lists), until one starts there.  That
+    probe is hung up if still running (a worker slow to its first token), and its end
+    awaited; the others ran elsewhere, or there before their start was read."""
+    body = {**CHAT_BODY, "max_tokens": 1}
+    sent: list[str] = []
+
+    def started_there() -> str | None:
+        return next(
+            (probe for probe in sent if first_event(worker.events, "start", {"id": probe})), None
+        )
+
+    with trio.fail_after(60):  # a hang guard only
+        while (found := started_there()) is None:
+            probe = f"probe-{len(sent)}"
+            sent.append(probe)
+            async with trio.open_nursery() as nursery:
+
+                async def send(probe: str = probe) -> None:
+                    headers = {"x-request-id": probe}
+                    await http.post("/v1/chat/completions", json=body, headers=headers)
+
+                nursery.start_soon(send)
+                while nursery.child_tasks and started_there() is None:
+                    with trio.move_on_after(0.05):  # a checkpoint between looks
+                        await worker.changed()
+                nursery.cancel_scope.cancel()
+        await worker.wait_for("exit", id=found, within=60)

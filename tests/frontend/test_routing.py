@@ -9,7 +9,6 @@ answers are identical by design, their counters are not.
 from __future__ import annotations
 
 import signal
-import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -129,6 +128,14 @@ async def test_each_model_is_answered_only_by_its_own_workers(cluster: Cluster) 
         assert "serves chat, completions" in response.json()["error"]["message"]
 
 
+LOOPS = 4
+"""Clients sending one request after another during the failover test."""
+BEFORE_KILL = 3
+"""Answers each loop has had when the worker is killed."""
+AFTER_KILL = 5
+"""Requests each loop sends after the kill."""
+
+
 async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
@@ -138,7 +145,11 @@ async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
     second = await start_mocker(spawn, env, "--model-name", "omega", "--component", "c2", name="c2")
     url = await start_frontend(spawn, env)
     await wait_for_models(url, {"omega"}, within=15)
-    results: list[tuple[float, float, int, str]] = []
+    # Each request: sent after the kill?, answered after it?, its status and text.
+    results: list[tuple[bool, bool, int, str]] = []
+    killed = False
+    answered_before_kill: dict[int, int] = {}
+    every_loop_served = trio.Event()
     body = chat("omega")
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         await until_served(http, "/v1/chat/completions", body)
@@ -146,32 +157,38 @@ async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
             while not (await first.requests() and await second.requests()):
                 await http.post("/v1/chat/completions", json=body)
 
-        async def loop(stop_at: float) -> None:
+        async def loop(index: int) -> None:
+            sent_after_kill = 0
             async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-                while time.monotonic() < stop_at:
-                    started = time.monotonic()
+                while sent_after_kill < AFTER_KILL:
+                    sent_after = killed
+                    sent_after_kill += sent_after
                     response = await client.post("/v1/chat/completions", json=body)
-                    results.append((started, time.monotonic(), response.status_code, response.text))
+                    results.append((sent_after, killed, response.status_code, response.text))
+                    if not killed:
+                        answered_before_kill[index] = answered_before_kill.get(index, 0) + 1
+                        if len(answered_before_kill) == LOOPS and all(
+                            count >= BEFORE_KILL for count in answered_before_kill.values()
+                        ):
+                            every_loop_served.set()
 
-        async with trio.open_nursery() as nursery:
-            stop_at = time.monotonic() + 3.0
-            for _ in range(4):
-                nursery.start_soon(loop, stop_at)
-            await trio.sleep(1.0)
-            first.proc.signal(signal.SIGKILL)
-            killed = time.monotonic()
+        with trio.fail_after(60):  # a hang guard only
+            async with trio.open_nursery() as nursery:
+                for index in range(LOOPS):
+                    nursery.start_soon(loop, index)
+                # Killed mid-run: once every loop has had answers, its next requests in flight.
+                await every_loop_served.wait()
+                first.proc.signal(signal.SIGKILL)
+                killed = True
         assert await first.proc.wait_exit() == -signal.SIGKILL
         survivor = await second.requests()
 
-    failed = [
-        (s - killed, e - killed, status, text) for s, e, status, text in results if status != 200
-    ]
+    failed = [(after, end, status, text) for after, end, status, text in results if status != 200]
     # Only a request already streaming from the killed worker may fail (its worker died
     # mid-generation: a retryable 503, since migration is off by default); everything
     # sent after the kill is answered by the other component (never "no instance").
-    assert all(start < 0 < end for start, end, _, _ in failed), failed
+    assert all(not sent_after and ended_after for sent_after, ended_after, _, _ in failed), failed
     assert all(status == 503 for _, _, status, _ in failed), failed
     assert all("stream ended before generation completed" in text for *_, text in failed), failed
-    after_kill = [r for r in results if r[0] > killed]
-    assert len(after_kill) > 20, len(after_kill)
+    assert sum(sent_after for sent_after, *_ in results) == LOOPS * AFTER_KILL
     assert survivor > 0

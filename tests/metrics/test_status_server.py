@@ -219,10 +219,15 @@ async def test_access_log_is_silent(
     assert not [record for record in server_records if record.name == "hypercorn.access"]
 
 
-async def test_shutdown_trigger_stops_the_server_promptly(worker: Worker) -> None:
+async def test_shutdown_trigger_stops_the_server_promptly(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shutdown grace longer than the hang guard: a server that stops within the guard
+    # did not wait for the idle connection until the grace closed it.
+    monkeypatch.setattr("dynamo_trio.metrics._status._GRACEFUL_TIMEOUT", 120.0)
     shutdown = trio.Event()
     async with httpx.AsyncClient() as client:
-        with trio.fail_after(5):
+        with trio.fail_after(60):  # a hang guard only
             async with trio.open_nursery() as nursery:
                 url: str = await nursery.start(
                     partial(
@@ -238,15 +243,13 @@ async def test_shutdown_trigger_stops_the_server_promptly(worker: Worker) -> Non
                 response = await client.get(f"{url}/live")
                 assert response.headers.get("connection") != "close"
                 assert (await client.get(f"{url}/live")).status_code == 503  # reused
-                started = trio.current_time()
                 shutdown.set()
-        assert trio.current_time() - started < 1.0
         with pytest.raises(httpx.ConnectError):
             await client.get(f"{url}/live")
 
 
 async def test_cancelling_instead_of_triggering_still_exits_cleanly(worker: Worker) -> None:
-    with trio.fail_after(5):
+    with trio.fail_after(60):  # a hang guard only
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 partial(

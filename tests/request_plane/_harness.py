@@ -162,7 +162,7 @@ class HealthyStream:
     async def assert_flowing(self, at_least: int = 5) -> None:
         """More items arrive (and the stream is still open)."""
         start = self.items
-        with trio.fail_after(2):
+        with trio.fail_after(30):  # a hang guard only
             while self.items < start + at_least:
                 assert not self.ended, f"the healthy stream ended: {self.error!r}"
                 await trio.sleep(0.01)
@@ -240,8 +240,9 @@ def shadow(role: Any, state: Any, *, stream: bool = True, token: str | None = No
     return conn
 
 
-async def wait_until(predicate: Callable[[], object], seconds: float = 2.0) -> None:
-    """Poll ``predicate`` every 10 ms until it holds; fail after ``seconds``."""
+async def wait_until(predicate: Callable[[], object], seconds: float = 30.0) -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail after ``seconds`` (by default
+    a hang guard only)."""
     with trio.fail_after(seconds):
         while True:
             if predicate():

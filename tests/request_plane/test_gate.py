@@ -55,9 +55,9 @@ async def guess(host, port, token):
     peer = RawPeer(await trio.open_tcp_stream(host, port))
     try:
         await peer.send(Hello(PROTOCOL_VERSION, NONCE))
-        challenge = await peer.expect(Challenge, seconds=5)
+        challenge = await peer.expect(Challenge, seconds=30)  # a hang guard only
         await peer.send(Auth(client_proof(token, challenge.nonce, NONCE)))
-        with trio.fail_after(5):
+        with trio.fail_after(30):  # a hang guard only
             while True:
                 for frame in peer.received:
                     if isinstance(frame, Welcome):
@@ -142,19 +142,23 @@ async def test_a_flood_of_handshakes_logs_a_few_lines_not_a_flood(nursery, caplo
 
 
 async def test_tricklers_are_held_only_until_the_handshake_deadline(nursery):
-    """Many connections trickling a byte now and then: at most the handshake cap
-    is held at once, each for at most the deadline."""
+    """Many connections trickling a byte now and then of a frame that would take far
+    longer than the test: at most the handshake cap is held at once, and every one is
+    cut off (the last ones, which nobody came after to evict, by the deadline alone)."""
     server, _, host, port = await start(nursery, max_handshakes=8, handshake_timeout=0.5)
     held = []
+    cut = 0
 
     async def trickle():
+        nonlocal cut
         stream = await trio.open_tcp_stream(host, port)
         try:
-            for byte in b"\x00\x00\x00\x30" + b"x" * 40:
-                await stream.send_all(bytes([byte]))
+            await stream.send_all(b"\x00\x00\xff\xff")  # a 64 KiB frame, a byte at a time
+            while True:
                 await trio.sleep(0.05)
+                await stream.send_all(b"x")
         except (trio.BrokenResourceError, OSError):
-            pass
+            cut += 1
         finally:
             await stream.aclose()
 
@@ -163,12 +167,14 @@ async def test_tricklers_are_held_only_until_the_handshake_deadline(nursery):
             held.append(server.handshaking)
             await trio.sleep(0.02)
 
-    async with trio.open_nursery() as tricklers:
-        tricklers.start_soon(watch)
-        for _ in range(30):
-            tricklers.start_soon(trickle)
-        await trio.sleep(1.5)
-        tricklers.cancel_scope.cancel()
+    with trio.fail_after(60):  # a hang guard only
+        async with trio.open_nursery() as watching:
+            watching.start_soon(watch)
+            async with trio.open_nursery() as tricklers:
+                for _ in range(30):
+                    tricklers.start_soon(trickle)
+            watching.cancel_scope.cancel()
+    assert cut == 30
     assert max(held) <= 8
     await wait_until(lambda: server.sessions == 0)
 

@@ -63,7 +63,7 @@ class Cluster:
         client = (
             await self.caller.namespace(namespace).component(component).endpoint(endpoint).client()
         )
-        with trio.fail_after(5):
+        with trio.fail_after(30):  # a hang guard only
             await client._view.wait_until(
                 lambda items: any(i.instance_id == runtime.instance_id for i in items.values())
             )

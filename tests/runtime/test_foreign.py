@@ -48,7 +48,7 @@ async def _others_still_flow(streams: list[ResponseStream], items: int = 5) -> N
     """Every stream in ``streams`` keeps delivering items."""
     for stream in streams:
         for _ in range(items):
-            with trio.fail_after(2):
+            with trio.fail_after(30):  # a hang guard only
                 await stream.__anext__()
 
 
@@ -61,7 +61,7 @@ async def test_a_context_made_in_a_plain_thread_and_killed_from_one_kills_the_ca
     parent: Context = _in_plain_thread(Context)
     stream = await _open(client, parent)
     await trio.to_thread.run_sync(parent.kill)
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         rest = [item async for item in stream]
     assert rest == []
     assert stream.outcome == "killed"
@@ -74,7 +74,7 @@ async def test_a_context_made_in_a_plain_thread_and_killed_from_one_kills_the_ca
     await _others_still_flow(others)
     for other in others:
         await other.aclose()
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker._inflight.wait_empty()
     assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 4
 
@@ -85,7 +85,7 @@ async def test_a_plain_thread_stop_drains_the_call(cluster: Cluster) -> None:
     parent: Context = _in_plain_thread(Context)
     stream = await _open(client, parent)
     await trio.to_thread.run_sync(parent.stop_generating)
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         rest = [item.data() async for item in stream]
     assert rest[-1]["final"] is True
     assert stream.outcome == "stopped"
@@ -106,7 +106,7 @@ async def test_a_context_bound_by_linking_wakes_its_waiters_in_its_run() -> None
         nursery.start_soon(wait)
         await trio.testing.wait_all_tasks_blocked()
         await trio.to_thread.run_sync(parent.kill)
-        with trio.fail_after(2):
+        with trio.fail_after(30):  # a hang guard only
             await woke.wait()
     assert child.is_killed() and child.reason is CancelReason.KILL_REQUESTED
 
@@ -135,14 +135,14 @@ def test_a_context_from_an_earlier_run_kills_a_call_in_this_run() -> None:
             client = await cluster.serve(counting_handler(recorder))
             stream = await _open(client, parent)
             parent.kill()
-            with trio.fail_after(2):
+            with trio.fail_after(30):  # a hang guard only
                 assert [item async for item in stream] == []
-            with trio.fail_after(2):
+            with trio.fail_after(30):  # a hang guard only
                 state, reason, how = await recorder.wait_exit()
             assert (state, reason) == ("KILLED", "kill requested")
             assert how in _KILLED
             # And the earlier run's context now belongs to this one: it can be awaited.
-            with trio.fail_after(1):
+            with trio.fail_after(30):  # a hang guard only
                 await parent.killed()
             nursery.cancel_scope.cancel()
 

@@ -51,7 +51,7 @@ def silent_handler(recorder: Recorder):
 
 async def _settled(cluster: Cluster) -> None:
     """Every request on the worker has finished (its terminal frame and metrics are done)."""
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker._inflight.wait_empty()
 
 
@@ -70,15 +70,16 @@ async def test_an_enclosing_timeout_kills_the_parent_and_the_remote_work(
     recorder = Recorder()
     client = await cluster.serve(silent_handler(recorder))
     parent, keep = Context(), list[Any]()
-    with trio.move_on_after(0.3) as timeout:
+    with trio.CancelScope() as timeout:
         async with parent.scope():
             await _first_item(client, parent, keep)
+            timeout.deadline = trio.current_time()
             await trio.sleep_forever()  # something_else(): the deadline strikes here
     assert timeout.cancelled_caught
     assert parent.is_killed() and parent.reason is CancelReason.SCOPE_TIMEOUT
     # Though the stream object is still alive and its connection healthy (heartbeats
     # flow): the kill frame is the only way the worker can learn, and its reason says so.
-    state, reason, _ = await recorder.wait_exit(within=5)
+    state, reason, _ = await recorder.wait_exit()
     assert (state, reason) == ("KILLED", "scope timeout")
     assert keep[0].outcome == "killed"
     await _settled(cluster)
@@ -106,7 +107,7 @@ async def test_an_enclosing_cancel_scope_kills_the_remote_work(cluster: Cluster)
             await recorder.started.wait()
             await trio.testing.wait_all_tasks_blocked()
             outer.cancel()
-    state, reason, _ = await recorder.wait_exit(within=1)
+    state, reason, _ = await recorder.wait_exit()
     assert (state, reason) == ("KILLED", "scope cancelled")
     assert parent.reason is CancelReason.SCOPE_CANCELLED
 
@@ -130,7 +131,7 @@ async def test_a_failed_sibling_kills_the_remote_work_of_its_nursery(cluster: Cl
         async with trio.open_nursery() as nursery:
             nursery.start_soon(work)
             nursery.start_soon(fail_once_started)
-    state, reason, _ = await recorder.wait_exit(within=1)
+    state, reason, _ = await recorder.wait_exit()
     assert (state, reason) == ("KILLED", "scope cancelled")
 
 
@@ -142,7 +143,7 @@ async def test_the_contexts_own_deadline_kills_the_remote_work(cluster: Cluster)
         await _first_item(client, parent, keep)
         await trio.sleep_forever()
     assert parent.reason is CancelReason.DEADLINE
-    state, reason, _ = await recorder.wait_exit(within=1)
+    state, reason, _ = await recorder.wait_exit()
     assert (state, reason) == ("KILLED", "deadline")
 
 
@@ -158,11 +159,12 @@ async def test_a_middle_hop_forwards_an_enclosing_timeout_down_the_chain(
         sub = Context(context.id())
         context.link_child(sub)
         first = []
-        with trio.move_on_after(0.3):
+        with trio.CancelScope() as timeout:
             async with sub.scope():  # never yield inside a scope: collect, then yield
                 stream = await backend.generate(request, context=sub)
                 first.append((await stream.__anext__()).data())
-                await trio.sleep_forever()
+                timeout.deadline = trio.current_time()
+                await trio.sleep_forever()  # the deadline strikes here
         yield first[0]
         yield f"sub-work {sub.reason}"
 
@@ -170,7 +172,7 @@ async def test_a_middle_hop_forwards_an_enclosing_timeout_down_the_chain(
     ctx = Context("chain-1")
     items = [i.data() async for i in await middle_client.generate({}, context=ctx)]
     assert items == ["first", "sub-work scope timeout"]
-    state, reason, _ = await backend_recorder.wait_exit(within=1)
+    state, reason, _ = await backend_recorder.wait_exit()
     assert (state, reason) == ("KILLED", "scope timeout")
     assert backend_recorder.contexts[0].id() == "chain-1"
 
@@ -185,7 +187,7 @@ async def test_leaving_the_scope_kills_the_remote_work_still_open(cluster: Clust
     async with parent.scope():
         await _first_item(client, parent, keep)
     assert not parent.is_stopped()  # a normal exit is not a cancellation of the parent
-    state, reason, _ = await recorder.wait_exit(within=5)  # by its kill frame (see rule 1)
+    state, reason, _ = await recorder.wait_exit()  # by its kill frame (see rule 1)
     assert (state, reason) == ("KILLED", "parent finished")
     assert keep[0].outcome == "killed"
     await _settled(cluster)
@@ -223,7 +225,7 @@ async def test_a_handler_that_returns_early_ends_its_sub_calls(
 
     middle_client = await cluster.serve(middle, "dynamo/middle/generate")
     assert [i.data() async for i in await middle_client.generate({})] == ["first"]
-    state, got, _ = await backend_recorder.wait_exit(within=1)
+    state, got, _ = await backend_recorder.wait_exit()
     assert (state, got) == ("KILLED", reason)
 
 
@@ -235,8 +237,10 @@ async def test_a_call_with_a_finished_context_sends_nothing(cluster: Cluster) ->
         pass
     stream = await client.generate({}, context=parent)
     assert [i async for i in stream] == []
-    await trio.sleep(0.05)
-    assert recorder.contexts == []
+    # A call after it, answered: had the first sent anything, it would have come first.
+    after = Context()
+    assert len([i async for i in await client.generate({"n": 1}, context=after)]) == 1
+    assert [context.id() for context in recorder.contexts] == [after.id()]
 
 
 # ---------------------------------------------------------------------------- rule 3
@@ -249,7 +253,7 @@ class Bespoke(BaseException):
 async def _raising_after_stop(client: Client, exception: BaseException) -> list[Any]:
     ctx = Context()
     received = []
-    with trio.fail_after(3):
+    with trio.fail_after(30):  # a hang guard only
         async for item in await client.generate({}, context=ctx):
             received.append(item.data())
             if len(received) == 2:
@@ -276,7 +280,7 @@ def _seed_handler(recorder: Recorder):
 
 async def _still_serving(cluster: Cluster, client: Client, other: Any) -> None:
     """The worker kept serving: another stream flows, the instance is still registered."""
-    with trio.fail_after(2):
+    with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
         await other.__anext__()
     assert cluster.worker.instance_id in client.instance_ids()
@@ -378,7 +382,7 @@ async def test_keyboard_interrupt_or_system_exit_start_a_graceful_shutdown(
     # The other request drains as in any graceful shutdown, and the worker deregisters.
     items = await drain_cut_by_shutdown(other)
     assert items[-1] == "drained" and other.outcome == "stopped"
-    with trio.fail_after(3):
+    with trio.fail_after(30):  # a hang guard only
         await cluster.worker.wait_shut_down()
 
 
