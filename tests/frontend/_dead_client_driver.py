@@ -49,11 +49,16 @@ def sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
-def blackhole(port: int) -> None:
-    """Drop every packet from or to local TCP port ``port`` (on loopback, every packet
-    passes INPUT once, whichever way it goes)."""
-    for direction in ("--sport", "--dport"):
-        sh("iptables", "-I", "INPUT", "-p", "tcp", direction, str(port), "-j", "DROP")
+def blackhole(client_port: int, server_port: int) -> None:
+    """Drop every packet between local TCP ports ``client_port`` and ``server_port``, both
+    ways (on loopback, every packet passes INPUT once, whichever way it goes).  Both ports
+    are named: connect() may give the same ephemeral port to connections to different
+    servers (the frontend's own connection to the worker among them)."""
+    for source, destination in ((client_port, server_port), (server_port, client_port)):
+        sh(
+            *("iptables", "-I", "INPUT", "-p", "tcp"),
+            *("--sport", str(source), "--dport", str(destination), "-j", "DROP"),
+        )
 
 
 class Process:
@@ -141,7 +146,9 @@ async def main(out: Path, seconds: float, control_wait: float) -> None:
     sh("ip", "link", "set", "lo", "up")
     tmp = out.parent / "dead-clients"  # beside the results: in the test's tmp_path
     tmp.mkdir(exist_ok=True)
-    env = e2e_environment(tmp)
+    # The frontends' connections to the worker must outlive any stall of a busy machine:
+    # a request's end is then only ever the frontend's verdict on its client.
+    env = e2e_environment(tmp, DYN_HEARTBEAT_TIMEOUT_SECS="60")
     results: dict[str, Any] = {"seconds": seconds, "bounded": {}, "control": {}}
     async with trio.open_nursery() as nursery:
         worker = await start(nursery, env, str(MODEL_WORKER), "--inter-token-latency-ms", "20")
@@ -180,7 +187,7 @@ async def main(out: Path, seconds: float, control_wait: float) -> None:
                     got += await stream.receive_some(65536)
         # From here on, no client reads or answers anything.
         for _, _, stream in streams:
-            blackhole(stream.socket.getsockname()[1])
+            blackhole(stream.socket.getsockname()[1], stream.socket.getpeername()[1])
         cut = time.monotonic()
 
         async def detect(group: str, name: str, within: float) -> None:
