@@ -20,6 +20,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from .._hostport import host_port
 from ..edge import Edge, body_timeout_message, listen_sockets, serve_http, shown, status_routes
 from ..llm import reason_phrase
 from ._apis import api_for_path, edge_error_body
@@ -227,8 +228,7 @@ async def serve_frontend(
 
             edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
             if sockets is None:
-                host = f"[{config.host}]" if ":" in config.host else config.host
-                sockets = listen_sockets([f"{host}:{config.port}"])
+                sockets = listen_sockets([host_port(config.host, config.port)])
             binds: list[str] = await nursery.start(
                 partial(
                     serve_http,
@@ -292,9 +292,8 @@ async def _drain(pipeline: Pipeline, grace: float) -> None:
 
 
 def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:
-    host = f"[{config.host}]" if ":" in config.host else config.host
     hypercorn = HypercornConfig()
-    hypercorn.bind = [f"{host}:{config.port}"]
+    hypercorn.bind = [host_port(config.host, config.port)]
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout

@@ -21,6 +21,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from .._config import Config, add_flags, config_from_args
 from .._gc import tune_gc
+from .._hostport import host_port
 from .._malloc import give_back_large_buffers
 from .._signals import shut_down_on_signals
 from ..edge import Edge, listen_sockets, serve_http, status_routes
@@ -94,8 +95,9 @@ async def run_frontend(
         nursery.start_soon(shut_down_on_signals, stop.set)
         async with trio.open_nursery() as serving:
             frontend = config.frontend
-            host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
-            sockets = listen_sockets([f"{host}:{frontend.port}"], reuse_port=view is not None)
+            sockets = listen_sockets(
+                [host_port(frontend.host, frontend.port)], reuse_port=view is not None
+            )
             shared: dict[str, Any] = {}
             # The private socket outlives the drain: siblings list this process's
             # requests in their /debug/requests until its last one has ended.

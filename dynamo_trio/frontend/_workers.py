@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from .._hostport import host_port
 from .._lifeline import lifeline, parent_gone, take_lifeline
 from .._signals import killed_on_forced_exit, shut_down_on_signals
 from ..edge import listen_sockets
@@ -72,11 +73,10 @@ async def run_frontend_workers(
     one port until ``stop`` is set or a signal comes; the URL once every one listens."""
     frontend = config.frontend
     count = frontend.http_workers
-    host = f"[{frontend.host}]" if ":" in frontend.host else frontend.host
     # Held (bound, not listening) for our whole life: the port stays ours between restarts.
-    [holder] = listen_sockets([f"{host}:{frontend.port}"], reuse_port=True)
+    [holder] = listen_sockets([host_port(frontend.host, frontend.port)], reuse_port=True)
     port = holder.getsockname()[1]
-    url = f"http://{host}:{port}"
+    url = f"http://{host_port(frontend.host, port)}"
     shared = Path(tempfile.mkdtemp(prefix="dynamo-trio-frontend-"))
     (shared / "metrics").mkdir()
     stop = stop or trio.Event()

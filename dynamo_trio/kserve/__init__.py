@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 from hypercorn.config import Config as HypercornConfig
 
+from .._hostport import host_port
 from ..edge import listen_sockets, serve_http
 from ._server import KServeApp
 
@@ -43,8 +44,7 @@ async def serve_kserve(
     config = pipeline.config
     if config.kserve_grpc_port is None:
         raise ValueError("the frontend's config has no kserve_grpc_port")
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    sockets = listen_sockets([f"{host}:{config.kserve_grpc_port}"])
+    sockets = listen_sockets([host_port(config.host, config.kserve_grpc_port)])
     hypercorn = HypercornConfig()
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("dynamo_trio.kserve.http")

@@ -72,6 +72,7 @@ async def serve_status(
     # Imported here: hypercorn's start-up cost is paid only with the status server on.
     from hypercorn.config import Config as HypercornConfig
 
+    from .._hostport import host_port
     from ..edge import Edge, listen_sockets, serve_http, status_routes
 
     started_at = time.monotonic()
@@ -89,13 +90,12 @@ async def serve_status(
         }
         return (200 if status.ready else 503), payload
 
-    host = f"[{config.host}]" if ":" in config.host else config.host
     hc = HypercornConfig()
     hc.accesslog = None
     hc.errorlog = _log
     hc.graceful_timeout = _GRACEFUL_TIMEOUT
     hc.read_timeout = _READ_TIMEOUT
-    sockets = listen_sockets([f"{host}:{config.port}"])
+    sockets = listen_sockets([host_port(config.host, config.port)])
     edge = Edge(status_routes(health=report, metrics=registry, inflight=inflight))
     trigger = shutdown_trigger or trio.sleep_forever
     await serve_http(edge, hc, trigger, sockets=sockets, task_status=_FirstBind(task_status))

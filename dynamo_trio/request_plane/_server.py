@@ -20,6 +20,7 @@ import trio
 from .._contain import contain, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
+from .._hostport import host_port
 from ._connection import FrameConnection, limited_log, linger, printable
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -509,7 +510,7 @@ class RequestPlaneServer:
     async def _accepted(self, stream: trio.SocketStream) -> None:
         try:
             host, port = stream.socket.getpeername()[:2]
-            peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            peer = host_port(host, port)
         except OSError:
             peer = "unknown peer"
         await self.handle_connection(stream, peer=peer)

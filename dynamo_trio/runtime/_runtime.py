@@ -27,6 +27,7 @@ from .._config import Config
 from .._context import CancelReason, Context
 from .._errors import CannotConnect
 from .._gc import tune_gc
+from .._hostport import host_port
 from .._lifeline import parent_gone, take_lifeline
 from .._logcontext import LOG_FORMAT, RequestLogFilter
 from .._signals import shut_down_on_signals
@@ -210,10 +211,7 @@ class DistributedRuntime:
                 server = RequestPlaneServer(config, self._handle_stream, name=self.name)
                 host, port = await self._require_nursery().start(server.serve)
                 self._server = server
-                advertised = config.advertise_host or host
-                if ":" in advertised:
-                    advertised = f"[{advertised}]"
-                self._server_address = f"{advertised}:{port}"
+                self._server_address = host_port(config.advertise_host or host, port)
                 _log.info("request plane listening on %s:%d", host, port)
             return self._server_address
 
