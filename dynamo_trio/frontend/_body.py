@@ -175,8 +175,7 @@ class Reply(ResponseBody):
             self._give_back()  # the body is leaving: the producer reads on
             raise
         except BaseException as exc:
-            if self._pull is pull:
-                self._give_back(exc)
+            self._give_back(exc)  # (a no-op once taken back)
             return None
         if self._pull is not pull:
             return None  # taken back meanwhile: the producer ends the stream

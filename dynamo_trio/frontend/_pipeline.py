@@ -454,17 +454,16 @@ class Pipeline:
                 if data:
                     return data
 
-        first = True
-        while (batch := await stream.receive_batch()) is None or batch:
-            if batch is None:
-                continue  # a nudge left over from the body: no keep-alive from here
-            if not first:
-                await turns.take()
-            first = False
-            data = encode(batch)
-            if data:
-                await reply.send(data)
-                await reply.lend(pull, stream.nudge)
+        batch = await stream.receive_batch()  # (nothing nudges before the lending)
+        if not batch:
+            return
+        data = encode(batch) or await pull()  # the first batch takes no turn
+        if data is None:
+            return
+        await reply.send(data)
+        await reply.lend(pull, stream.nudge)
+        while (data := await pull()) is not None:  # what a departed body left
+            await reply.send(data)
 
     async def _embed(
         self,
