@@ -201,9 +201,6 @@ class _Pipe(Generic[T]):
         if self.trio_waiting is not None:
             self.trio_waiting.set()
 
-    def wake_on_cancel(self, _: Context, _state: ContextState, _reason: CancelReason) -> None:
-        self.wake()
-
 
 @final
 class AsyncioLoop:
@@ -256,10 +253,9 @@ class AsyncioLoop:
                     await call.ended.wait()
         return call.unwrap()
 
-    async def _settle(self, fn: Callable[[], Awaitable[object]], what: str) -> None:
-        """Run ``fn`` on the loop to its end, shielded; a failure is logged, not raised."""
+    async def _settle(self, call: _Call[object], what: str) -> None:
+        """Wait, shielded, for ``call`` to end on the loop; a failure is logged, not raised."""
         with trio.CancelScope(shield=True):
-            call = _Call(self, fn)
             await call.ended.wait()
             try:
                 call.unwrap()
@@ -299,9 +295,20 @@ class AsyncioLoop:
             raise ValueError("window must be at least 1")
         pipe = _Pipe(self, generate, window)
         pump: _Call[None] | None = None
+        aborting: _Call[object] | None = None
         completed = False
+
+        def on_cancel(context: Context, _state: ContextState, _reason: CancelReason) -> None:
+            # A kill reaches the engine now, not after the handler has unwound; the
+            # stream still ends only once the abort has.
+            nonlocal aborting
+            started = pump is not None and pipe.ended is None
+            if started and context.is_killed() and abort is not None and aborting is None:
+                aborting = _Call(self, abort)
+            pipe.wake()
+
         if context is not None:
-            context.add_cancel_callback(pipe.wake_on_cancel)
+            context.add_cancel_callback(on_cancel)
         try:
             while context is None or not context.is_stopped():
                 if pump is None:  # started once the handler asks, unless stopped before
@@ -328,10 +335,12 @@ class AsyncioLoop:
                 await trio.lowlevel.checkpoint()
         finally:
             if context is not None:
-                context.remove_cancel_callback(pipe.wake_on_cancel)
+                context.remove_cancel_callback(on_cancel)
             with trio.CancelScope(shield=True):
-                if not completed and abort is not None:
-                    await self._settle(abort, "abort")
+                if aborting is None and not completed and abort is not None:
+                    aborting = _Call(self, abort)
+                if aborting is not None:
+                    await self._settle(aborting, "abort")
                 if pump is not None and not pump.ended.is_set():
                     pump.cancel()
                     await pump.ended.wait()

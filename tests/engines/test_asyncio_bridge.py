@@ -120,6 +120,38 @@ async def test_a_kill_aborts_the_request_before_the_handler_is_done(bridge: Asyn
     await idle(bridge, engine)
 
 
+async def test_a_kill_reaches_the_engine_before_the_handler_resumes(bridge: AsyncioLoop) -> None:
+    """The abort goes to the engine when the kill lands, even while the handler waits at
+    a ``yield`` (its caller busy sending an item); the stream still ends only after the
+    abort, and the abort runs once."""
+    engine = FakeAsyncEngine()
+    context = Context()
+    rid = context.id()
+    generator = handler(bridge, engine)(None, context)
+    async with context.scope():
+        try:
+            assert await generator.__anext__() == {"token": 0}
+            context.kill()
+            with trio.CancelScope(shield=True):  # the caller still busy with the item
+                heard = await bridge.run(lambda: _aborted_within(engine, rid, 100))
+        finally:
+            await generator.aclose()
+    assert heard
+    assert engine.aborted == [rid]
+    assert engine.events == [f"abort {rid}", f"handler done {rid}"]
+    await idle(bridge, engine)
+
+
+async def _aborted_within(engine: FakeAsyncEngine, request_id: str, passes: int) -> bool:
+    """On the loop: whether the engine has been told to abort ``request_id`` within
+    ``passes`` loop passes."""
+    for _ in range(passes):
+        if request_id in engine.aborted:
+            return True
+        await asyncio.sleep(0)
+    return False
+
+
 async def test_a_stop_aborts_and_lets_the_handler_say_goodbye(bridge: AsyncioLoop) -> None:
     engine = FakeAsyncEngine()
     context = Context()
