@@ -12,6 +12,8 @@ runs alternate between them.  Per run and system:
 - **tokens/s, N streams**: N streamed chats of ``--tokens`` tokens each
   (``ignore_eos``) at once, all their tokens over the time from the first
   chunk of any to the last chunk of all (for each N of ``--streams``);
+- **CPU per token** at the largest N, each process of each system (user +
+  system time from ``/proc``, the engine's own processes included);
 - **hang-up to idle**: a stream read for 5 chunks, then the socket closed;
   the time from the close until the system's ``/metrics`` (the worker's status
   server for dynamo-trio) shows ``vllm:num_requests_running`` at 0, polled as
@@ -118,6 +120,29 @@ async def throughput(url: str, tokens: int, streams: int = 1) -> float:
     return tokens * streams / (max(lasts) - min(firsts))
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of a process and its descendants, by command name
+    (the engine's own processes name themselves, e.g. ``VLLM::EngineCore``)."""
+    seconds: dict[str, float] = {}
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            used = (int(fields[11]) + int(fields[12])) / TICK
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+        seconds[comm] = seconds.get(comm, 0.0) + used
+    return seconds
+
+
 async def hang_up_to_idle(http: httpx.AsyncClient, url: str, metrics_url: str) -> float:
     stream = await open_stream(url, 1500)
     received = b""
@@ -167,6 +192,11 @@ async def main(args: argparse.Namespace) -> None:
             "dynamo-trio": (f"http://127.0.0.1:{frontend_port}", f"http://127.0.0.1:{status_port}"),
             "vLLM server": (f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{vllm_port}"),
         }
+        roots = {
+            "dynamo-trio": {"frontend": processes[1].pid, "worker": processes[0].pid},
+            "vLLM server": {"server": processes[2].pid},
+        }
+        cpu: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
         measures = [f"tokens/s, {n} stream{'s' if n > 1 else ''}" for n in args.streams]
         measures.append("hang-up to idle (ms)")
         results: dict[str, dict[str, list[float]]] = {
@@ -182,7 +212,14 @@ async def main(args: argparse.Namespace) -> None:
                 for name, (url, metrics) in systems.items():
                     figures = results[name]
                     for streams, what in zip(args.streams, measures[:-1], strict=True):
+                        before = {r: tree_cpu(pid) for r, pid in roots[name].items()}
                         figures[what].append(await throughput(url, args.tokens, streams))
+                        if streams == max(args.streams):
+                            for role, pid in roots[name].items():
+                                for comm, used in tree_cpu(pid).items():
+                                    spent = used - before[role].get(comm, 0.0)
+                                    per_token = spent * 1e6 / (args.tokens * streams)
+                                    cpu[name].setdefault(f"{role} {comm}", []).append(per_token)
                     idle = await hang_up_to_idle(http, url, f"{metrics}/metrics")
                     figures["hang-up to idle (ms)"].append(idle * 1000)
         for name, figures in results.items():
@@ -191,6 +228,17 @@ async def main(args: argparse.Namespace) -> None:
                     f"{name:12} {what:22} median {statistics.median(values):8.1f}  "
                     f"max {max(values):8.1f}  ({len(values)} runs)"
                 )
+        for name, roles in cpu.items():
+            for role, values in roles.items():
+                print(
+                    f"{name:12} CPU us/token, {max(args.streams)} streams, {role:28} "
+                    f"median {statistics.median(values):8.1f}"
+                )
+            total = [sum(run) for run in zip(*roles.values(), strict=True)]
+            print(
+                f"{name:12} CPU us/token, {max(args.streams)} streams, {'all':28} "
+                f"median {statistics.median(total):8.1f}"
+            )
         ours, theirs = results["dynamo-trio"], results["vLLM server"]
         for what in measures:
             ratios = [a / b for a, b in zip(ours[what], theirs[what], strict=True)]
