@@ -34,25 +34,7 @@ __all__ = [
 
 
 class DynamoError(Exception):
-    """Base of every error this package raises for a request::
-
-        DynamoError
-        ├── InvalidArgument        the request was malformed, or the handler raised ValueError
-        │   └── InvalidRequestId   a request-id header is not an id
-        ├── Cancelled              the work was cancelled on the remote side (not by this caller)
-        ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
-        ├── ResourceExhausted      a limit was hit (too many streams, queue full)
-        ├── ConnectionTimeout      the handler raised TimeoutError
-        ├── ResponseTimeout        no response within a configured bound (an inactivity
-        │                          timeout, a request's deadline)
-        ├── StreamIncomplete       the worker ended the stream before the work was complete,
-        │                          for a reason it gave (its shutdown)
-        ├── Unknown                anything else the handler raised
-        └── TransportError         the request plane failed
-            ├── CannotConnect      no connection could be made to the worker
-            │   └── NoInstances    no live instance serves the endpoint
-            ├── Disconnected       the connection was lost mid-stream
-            └── ProtocolError      a peer sent bytes that are not a valid frame sequence
+    """Base of every error this package raises for a request (docs/api.md has the tree).
 
     Args:
         message: What went wrong, for a human.
