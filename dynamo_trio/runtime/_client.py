@@ -336,20 +336,6 @@ class Client:
     # Dynamo's arguments, in its order; annotated=False/None gives a DataStream.
 
     @overload
-    async def generate(
-        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
-    ) -> ResponseStream: ...
-    @overload
-    async def generate(
-        self, request: Any, annotated: bool | None, context: Context | None = None
-    ) -> ResponseStream | DataStream: ...
-    async def generate(
-        self, request: Any, annotated: bool | None = True, context: Context | None = None
-    ) -> ResponseStream | DataStream:
-        """Same as :meth:`random` (Dynamo's default)."""
-        return await self.random(request, annotated, context)
-
-    @overload
     async def random(
         self, request: Any, annotated: Literal[True] = True, context: Context | None = None
     ) -> ResponseStream: ...
@@ -362,6 +348,9 @@ class Client:
     ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
         return await self._routed(request, _annotated(annotated), context, "random")
+
+    generate = random
+    """Same as :meth:`random` (Dynamo's default)."""
 
     @overload
     async def round_robin(
