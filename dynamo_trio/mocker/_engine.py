@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._context import Context
-    from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput, Usage
+    from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput
 
 __all__ = ["MockEngine"]
 
@@ -195,10 +195,6 @@ def _replay(
     return len(token_ids)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-
-
 def _last(
     text: str,
     token_ids: list[int],
@@ -211,7 +207,7 @@ def _last(
     item: GenerateOutput = {"text": text, "token_ids": token_ids, "finish_reason": reason}
     if stop is not None:
         item["stop_sequence"] = stop
-    item["usage"] = _usage(prompt_tokens, generated)
+    item["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
     return item
 
 

@@ -1,11 +1,8 @@
 """The mock tensor model: ``OUTPUT0`` is ``INPUT0``, for the KServe gRPC frontend.
 
-Its requests and responses have Dynamo's tensor shape (see
-:mod:`dynamo_trio.kserve._tensors`).  ``INPUT0`` may be of any datatype served
-(it registers as ``Int32``), of any shape.  Request parameters: ``delay_ms``
-waits that long before each response (a kill cancels the wait; a stop ends it, and the request
-with it, without another response), ``repeat`` is how many responses one request gets (on a
-``ModelStreamInfer`` call; a unary infer takes exactly one).
+``INPUT0`` may be of any datatype served (it registers as ``Int32``) and any shape; the
+parameters ``delay_ms`` and ``repeat`` are docs/kserve.md's.  A stop ends the request
+without another response; a kill cancels the wait.
 """
 
 from __future__ import annotations
