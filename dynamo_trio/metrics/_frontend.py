@@ -343,13 +343,11 @@ def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """
     try:
         bounds: list[float] = histogram._upper_bounds
-        buckets = histogram._buckets
-        total = histogram._sum
+        buckets, total = histogram._buckets, histogram._sum
     except AttributeError:
-        for _ in range(count):
-            histogram.observe(amount)
-        return
-    if not amount <= bounds[-1]:  # NaN (the last bound is +Inf): observe counts it nowhere
+        bounds = []
+    # NaN is not under the last bound (+Inf): observe counts it nowhere.
+    if not bounds or not amount <= bounds[-1]:
         for _ in range(count):
             histogram.observe(amount)
         return
