@@ -394,13 +394,16 @@ class Client:
         child = self._child_context(context)
         if child is None:
             return self._empty(context, annotated)
-        instance = self._instances().get(instance_id)
-        if instance is None:
+        try:
+            instance = self._instances().get(instance_id)
+            if instance is None:
+                raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
+            return await self._send(
+                request, annotated, child, (self._path, instance_id), instance.address
+            )
+        except BaseException:
             child.finish()
-            raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
-        return await self._send(
-            request, annotated, child, (self._path, instance_id), instance.address
-        )
+            raise
 
     async def _routed(
         self, request: Any, annotated: bool, context: Context | None, mode: RouterMode
@@ -415,7 +418,7 @@ class Client:
             return addresses
 
         async def send(target: Target) -> ResponseStream | DataStream:
-            return await self._send(request, annotated, child, target, addresses[target], keep=True)
+            return await self._send(request, annotated, child, target, addresses[target])
 
         try:
             return await self._router.send(
@@ -457,19 +460,14 @@ class Client:
         child: Context,
         target: Target,
         address: str,
-        *,
-        keep: bool = False,
     ) -> ResponseStream | DataStream:
-        """Open the call's stream on ``target``; an error finishes ``child`` unless ``keep``."""
+        """Open the call's stream on ``target`` (the caller finishes ``child`` on an error)."""
         stream_type = ResponseStream if annotated else DataStream
         instance_id = target[1]
         try:
             connection = await self._connect(address)
-        except BaseException as exc:
-            if isinstance(exc, CannotConnect):
-                self._router.failed(target, str(exc))
-            if not keep:
-                child.finish()
+        except CannotConnect as exc:
+            self._router.failed(target, str(exc))
             raise
         self._router.connected(target)
         if child.is_stopped():
@@ -488,12 +486,7 @@ class Client:
             )
         except (Disconnected, EngineShutdown) as exc:
             self._router.failed(target, str(exc))
-            if not keep:
-                child.finish()
             raise CannotConnect(str(exc)) from None
-        except BaseException:
-            child.finish()
-            raise
 
         def on_lost(reason: str) -> None:
             self._router.failed(target, reason)
