@@ -62,13 +62,8 @@ class InvalidArgument(DynamoError):
 
 
 class InvalidRequestId(InvalidArgument):
-    """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id.
-
-    Args:
-        header: The header's name, lower case (the HTTP layer reports it as the
-            offending parameter).
-        message: What is wrong, naming the header.
-    """
+    """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id;
+    ``header`` is its name, lower case (the HTTP layer reports it as the offending parameter)."""
 
     def __init__(self, header: str, message: str) -> None:
         super().__init__(message)
@@ -171,12 +166,8 @@ _BY_CODE: Final[dict[str, type[DynamoError]]] = {
 
 
 def error_from_wire(code: str, message: str, caused_by: str | None = None) -> DynamoError:
-    """Rebuild an error from its wire code.
-
-    A code the wire format does not define (empty, misspelt, invented) is not a
-    typed error but a peer breaking the protocol: :class:`ProtocolError`, which
-    says what it sent.
-    """
+    """Rebuild an error from its wire code; a code the wire format does not define is a
+    peer breaking the protocol: :class:`ProtocolError`, which says what it sent."""
     known = _BY_CODE.get(code)
     if known is not None:
         return known(message, caused_by=caused_by)
@@ -185,14 +176,8 @@ def error_from_wire(code: str, message: str, caused_by: str | None = None) -> Dy
 
 
 def error_from_exception(exc: BaseException) -> DynamoError:
-    """Map an exception raised by a handler to the error its caller will see.
-
-    The mapping follows Dynamo's Python bindings: ``ValueError``/``TypeError``
-    are invalid arguments, ``TimeoutError`` a connection timeout, connection
-    errors a disconnect, ``GeneratorExit`` an engine shutdown.  A
-    :class:`DynamoError` raised by the handler (for example a sub-request's
-    error) passes through with its own type.
-    """
+    """The error a handler's exception is for its caller, mapped as Dynamo's Python bindings
+    map them; a :class:`DynamoError` (a sub-request's, say) passes through as it is."""
     if isinstance(exc, DynamoError):
         return exc
     name = type(exc).__name__
