@@ -60,6 +60,8 @@ _RESERVED_LABELS: Final = frozenset(
     {*_LABELS, LABEL_WORKER_ID, LABEL_ERROR_TYPE, LABEL_REASON, "le", "quantile"}
 )
 
+_EndpointKey = tuple[str, str, str, str | None, tuple[tuple[str, str], ...]]
+"""``(namespace, component, endpoint, worker_id, extra labels)``."""
 _Kind = Literal["counter", "gauge", "histogram"]
 # (name, type, help, the family's own label after the endpoint's, histogram buckets)
 _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
@@ -123,9 +125,7 @@ class WorkerMetrics:
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-        self._endpoints: dict[
-            tuple[str, str, str, str | None, tuple[tuple[str, str], ...]], EndpointMetrics
-        ] = {}
+        self._endpoints: dict[_EndpointKey, EndpointMetrics] = {}
         registry.register(self)
 
     def endpoint(
@@ -178,11 +178,7 @@ def _spec(index: int, labelnames: list[str]) -> tuple[str, str, tuple[str, ...]]
 class EndpointMetrics:
     """Label-bound metrics of one served endpoint (from :meth:`WorkerMetrics.endpoint`)."""
 
-    def __init__(
-        self,
-        families: WorkerMetrics,
-        key: tuple[str, str, str, str | None, tuple[tuple[str, str], ...]],
-    ) -> None:
+    def __init__(self, families: WorkerMetrics, key: _EndpointKey) -> None:
         namespace, component, endpoint, worker_id, extra = key
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
