@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..discovery import TENSOR_DATA_TYPES
+from ._engine import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -65,12 +66,7 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
         "data": tensor["data"],
     }
     for _ in range(repeat):
-        if delay_ms:
-            with trio.move_on_after(delay_ms / 1000):
-                await context.stopped()  # a stop ends the wait (a kill cancels it)
-        if context.is_killed():
-            await trio.lowlevel.checkpoint()  # the kill's cancellation, if the wake came first
-        if context.is_stopped():
+        if await wait_until(trio.current_time() + delay_ms / 1000, context, burst=True):
             return
         yield {
             "model": request["model"],
