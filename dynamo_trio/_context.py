@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import trio
@@ -217,7 +217,7 @@ class Context:
 
     @metadata.setter
     def metadata(self, metadata: Mapping[str, str]) -> None:
-        checked = _checked_metadata(metadata)
+        checked = _checked_metadata(metadata)  # before clearing: a bad mapping changes nothing
         self._metadata.clear()
         self._metadata.update(checked)
 
@@ -344,9 +344,7 @@ class Context:
         """Graceful cancel: ask the work to finish early.  Idempotent and thread-safe."""
         self._transition(ContextState.STOPPED, reason)
 
-    def stop(self, reason: CancelReason = CancelReason.STOP_REQUESTED) -> None:
-        """Alias of :meth:`stop_generating`."""
-        self._transition(ContextState.STOPPED, reason)
+    stop = stop_generating
 
     def kill(self, reason: CancelReason = CancelReason.KILL_REQUESTED) -> None:
         """Hard cancel: abandon the remaining output now.  Idempotent and thread-safe.
@@ -566,7 +564,7 @@ class Context:
         body_failed = False
         try:
             async with (
-                trio.open_nursery() if watchers is None else _Given(watchers)
+                trio.open_nursery() if watchers is None else nullcontext(watchers)
             ) as self._watchers:
                 self._watch_if_needed()
                 try:
@@ -611,7 +609,7 @@ class Context:
         result: _T | None = None
         try:
             async with (
-                trio.open_nursery() if watchers is None else _Given(watchers)
+                trio.open_nursery() if watchers is None else nullcontext(watchers)
             ) as self._watchers:
                 self._watch_if_needed()
                 try:
@@ -835,8 +833,7 @@ class ContextMetadata:
         return list(self._items.items())
 
     def update(self, other: Mapping[str, str]) -> None:
-        checked = _checked_metadata(other)
-        self._items.update(checked)
+        self._items.update(_checked_metadata(other))
 
     def clear(self) -> None:
         self._items.clear()
@@ -900,21 +897,6 @@ def _apply_effects(changed: list[Context]) -> None:
                 callback(ctx, state, reason)
             except Exception:
                 _log.exception("cancel callback %r of context %s failed", callback, ctx._id)
-
-
-class _Given:
-    """A nursery someone else owns, as an async context manager that enters and leaves nothing."""
-
-    __slots__ = ("_nursery",)
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
-
-    async def __aenter__(self) -> trio.Nursery:
-        return self._nursery
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        return None
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:

@@ -34,25 +34,7 @@ __all__ = [
 
 
 class DynamoError(Exception):
-    """Base of every error this package raises for a request::
-
-        DynamoError
-        ├── InvalidArgument        the request was malformed, or the handler raised ValueError
-        │   └── InvalidRequestId   a request-id header is not an id
-        ├── Cancelled              the work was cancelled on the remote side (not by this caller)
-        ├── EngineShutdown         the worker is shutting down and refused or abandoned the request
-        ├── ResourceExhausted      a limit was hit (too many streams, queue full)
-        ├── ConnectionTimeout      the handler raised TimeoutError
-        ├── ResponseTimeout        no response within a configured bound (an inactivity
-        │                          timeout, a request's deadline)
-        ├── StreamIncomplete       the worker ended the stream before the work was complete,
-        │                          for a reason it gave (its shutdown)
-        ├── Unknown                anything else the handler raised
-        └── TransportError         the request plane failed
-            ├── CannotConnect      no connection could be made to the worker
-            │   └── NoInstances    no live instance serves the endpoint
-            ├── Disconnected       the connection was lost mid-stream
-            └── ProtocolError      a peer sent bytes that are not a valid frame sequence
+    """Base of every error this package raises for a request (docs/api.md has the tree).
 
     Args:
         message: What went wrong, for a human.
@@ -80,13 +62,8 @@ class InvalidArgument(DynamoError):
 
 
 class InvalidRequestId(InvalidArgument):
-    """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id.
-
-    Args:
-        header: The header's name, lower case (the HTTP layer reports it as the
-            offending parameter).
-        message: What is wrong, naming the header.
-    """
+    """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id;
+    ``header`` is its name, lower case (the HTTP layer reports it as the offending parameter)."""
 
     def __init__(self, header: str, message: str) -> None:
         super().__init__(message)
@@ -189,12 +166,8 @@ _BY_CODE: Final[dict[str, type[DynamoError]]] = {
 
 
 def error_from_wire(code: str, message: str, caused_by: str | None = None) -> DynamoError:
-    """Rebuild an error from its wire code.
-
-    A code the wire format does not define (empty, misspelt, invented) is not a
-    typed error but a peer breaking the protocol: :class:`ProtocolError`, which
-    says what it sent.
-    """
+    """Rebuild an error from its wire code; a code the wire format does not define is a
+    peer breaking the protocol: :class:`ProtocolError`, which says what it sent."""
     known = _BY_CODE.get(code)
     if known is not None:
         return known(message, caused_by=caused_by)
@@ -203,14 +176,8 @@ def error_from_wire(code: str, message: str, caused_by: str | None = None) -> Dy
 
 
 def error_from_exception(exc: BaseException) -> DynamoError:
-    """Map an exception raised by a handler to the error its caller will see.
-
-    The mapping follows Dynamo's Python bindings: ``ValueError``/``TypeError``
-    are invalid arguments, ``TimeoutError`` a connection timeout, connection
-    errors a disconnect, ``GeneratorExit`` an engine shutdown.  A
-    :class:`DynamoError` raised by the handler (for example a sub-request's
-    error) passes through with its own type.
-    """
+    """The error a handler's exception is for its caller, mapped as Dynamo's Python bindings
+    map them; a :class:`DynamoError` (a sub-request's, say) passes through as it is."""
     if isinstance(exc, DynamoError):
         return exc
     name = type(exc).__name__

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Final, Self, final, get_args
+from typing import TYPE_CHECKING, Final, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -234,34 +234,25 @@ class _Route:
 
 
 @final
-class FrontendRequestTracker:
+class FrontendRequestTracker(_Lifecycle):
     """One HTTP request: cancelled at most once, finished exactly once.
 
     :meth:`cancelled` and :meth:`finish` are idempotent and thread-safe; the
     token methods belong to the streaming task; all is ignored after the finish.
     """
 
-    __slots__ = ("_first_token_at", "_last_token_at", "_life", "_route", "_started")
+    __slots__ = ("_first_token_at", "_last_token_at", "_route", "_started")
 
     def __init__(self, route: _Route, started: float) -> None:
+        super().__init__()
         self._route = route
         self._started = started
-        self._life = _Lifecycle()
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
 
-    @property
-    def cancel_reason(self) -> str | None:
-        signal = self._life.cancel
-        return None if signal is None else signal.reason
-
-    @property
-    def finished(self) -> bool:
-        return self._life.finished
-
     def first_token(self) -> None:
         """Observe the time to first token, once (for callers that do not count tokens)."""
-        if self._first_token_at is None and not self._life.finished:
+        if self._first_token_at is None and not self._finished:
             now = self._route.metrics._clock()
             self._first_token_at = self._last_token_at = now
             self._route.ttft.observe(now - self._started)
@@ -272,7 +263,7 @@ class FrontendRequestTracker:
         The first call observes the time to first token; later ones observe
         ``count`` inter-token gaps of (time since the previous call) / ``count``.
         """
-        if count <= 0 or self._life.finished:
+        if count <= 0 or self._finished:
             return
         self._route.output_tokens.inc(count)
         if self._first_token_at is None:
@@ -292,7 +283,7 @@ class FrontendRequestTracker:
         Starts the latency clock; ignored after :meth:`finish`.  Sync and checkpoint-free.
         """
         route = self._route
-        signal = self._life.mark_cancelled(str(reason), route.metrics._clock())
+        signal = self._mark_cancelled(str(reason), route.metrics._clock())
         if signal is None:
             return
         route.cancellations.inc()
@@ -312,7 +303,7 @@ class FrontendRequestTracker:
             raise ValueError(f"error_type {error_type!r} given with status 'success'")
         if error_type == ERROR_TYPE_CANCELLED:
             self.cancelled(UNKNOWN_REASON)
-        ended, signal = self._life.mark_finished()
+        ended, signal = self._mark_finished()
         if not ended:
             return
         route = self._route
@@ -327,9 +318,6 @@ class FrontendRequestTracker:
         route.requests(status, error_type).inc()
         route.inflight.dec()
         route.duration.observe(now - self._started)
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(
         self,
@@ -355,13 +343,11 @@ def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """
     try:
         bounds: list[float] = histogram._upper_bounds
-        buckets = histogram._buckets
-        total = histogram._sum
+        buckets, total = histogram._buckets, histogram._sum
     except AttributeError:
-        for _ in range(count):
-            histogram.observe(amount)
-        return
-    if not amount <= bounds[-1]:  # NaN (the last bound is +Inf): observe counts it nowhere
+        bounds = []
+    # NaN is not under the last bound (+Inf): observe counts it nowhere.
+    if not bounds or not amount <= bounds[-1]:
         for _ in range(count):
             histogram.observe(amount)
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Self
 
 from ._names import UNKNOWN_REASON
 
@@ -26,7 +27,7 @@ class CancelSignal:
 
 
 class _Lifecycle:
-    """First-cancel-wins and finish-once, decided under one lock."""
+    """A tracker's first-cancel-wins and finish-once, decided under one lock."""
 
     __slots__ = ("_cancel", "_finished", "_lock")
 
@@ -36,14 +37,14 @@ class _Lifecycle:
         self._finished = False
 
     @property
-    def cancel(self) -> CancelSignal | None:
-        return self._cancel
+    def cancel_reason(self) -> str | None:
+        return None if self._cancel is None else self._cancel.reason
 
     @property
     def finished(self) -> bool:
         return self._finished
 
-    def mark_cancelled(self, reason: str, at: float) -> CancelSignal | None:
+    def _mark_cancelled(self, reason: str, at: float) -> CancelSignal | None:
         """Record the signal if it is the first and the request runs; it if recorded, else None."""
         with self._lock:
             if self._finished or self._cancel is not None:
@@ -51,10 +52,13 @@ class _Lifecycle:
             self._cancel = CancelSignal(reason or UNKNOWN_REASON, at)
             return self._cancel
 
-    def mark_finished(self) -> tuple[bool, CancelSignal | None]:
+    def _mark_finished(self) -> tuple[bool, CancelSignal | None]:
         """Record the end: ``(True, signal or None)`` the first time, then ``(False, None)``."""
         with self._lock:
             if self._finished:
                 return False, None
             self._finished = True
             return True, self._cancel
+
+    def __enter__(self) -> Self:
+        return self

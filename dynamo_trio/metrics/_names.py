@@ -17,7 +17,6 @@ __all__ = [
     "COMPONENT_CANCELLING_REQUESTS",
     "COMPONENT_ERRORS_TOTAL",
     "COMPONENT_INFLIGHT_REQUESTS",
-    "COMPONENT_PREFIX",
     "COMPONENT_REQUESTS_TOTAL",
     "COMPONENT_REQUEST_DURATION_SECONDS",
     "ERROR_TYPE_CANCELLED",
@@ -33,7 +32,6 @@ __all__ = [
     "FRONTEND_MODEL_CANCELLATION_TOTAL",
     "FRONTEND_MODEL_MIGRATION_TOTAL",
     "FRONTEND_OUTPUT_TOKENS_TOTAL",
-    "FRONTEND_PREFIX",
     "FRONTEND_REQUESTS_TOTAL",
     "FRONTEND_REQUEST_DURATION_SECONDS",
     "FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS",
@@ -58,11 +56,6 @@ __all__ = [
     "MigrationType",
     "RequestType",
 ]
-
-# --- prefixes (prometheus_names.rs ``name_prefix``) -------------------------------------------
-
-COMPONENT_PREFIX: Final = "dynamo_component"
-FRONTEND_PREFIX: Final = "dynamo_frontend"
 
 # --- label names (``labels``; the frontend ones are literals in http/service/metrics.rs) ------
 

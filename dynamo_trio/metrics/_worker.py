@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Final, Literal, Self, final, get_args
+from typing import TYPE_CHECKING, Final, Literal, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -60,6 +60,8 @@ _RESERVED_LABELS: Final = frozenset(
     {*_LABELS, LABEL_WORKER_ID, LABEL_ERROR_TYPE, LABEL_REASON, "le", "quantile"}
 )
 
+_EndpointKey = tuple[str, str, str, str | None, tuple[tuple[str, str], ...]]
+"""``(namespace, component, endpoint, worker_id, extra labels)``."""
 _Kind = Literal["counter", "gauge", "histogram"]
 # (name, type, help, the family's own label after the endpoint's, histogram buckets)
 _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
@@ -123,9 +125,7 @@ class WorkerMetrics:
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-        self._endpoints: dict[
-            tuple[str, str, str, str | None, tuple[tuple[str, str], ...]], EndpointMetrics
-        ] = {}
+        self._endpoints: dict[_EndpointKey, EndpointMetrics] = {}
         registry.register(self)
 
     def endpoint(
@@ -178,11 +178,7 @@ def _spec(index: int, labelnames: list[str]) -> tuple[str, str, tuple[str, ...]]
 class EndpointMetrics:
     """Label-bound metrics of one served endpoint (from :meth:`WorkerMetrics.endpoint`)."""
 
-    def __init__(
-        self,
-        families: WorkerMetrics,
-        key: tuple[str, str, str, str | None, tuple[tuple[str, str], ...]],
-    ) -> None:
+    def __init__(self, families: WorkerMetrics, key: _EndpointKey) -> None:
         namespace, component, endpoint, worker_id, extra = key
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
@@ -269,27 +265,18 @@ class EndpointMetrics:
 
 
 @final
-class RequestTracker:
+class RequestTracker(_Lifecycle):
     """One request on a worker: told to cancel at most once, finished exactly once.
 
     Thread-safe: the first signal counts, :meth:`finish` acts once, later signals are ignored.
     """
 
-    __slots__ = ("_endpoint", "_life", "_started")
+    __slots__ = ("_endpoint", "_started")
 
     def __init__(self, endpoint: EndpointMetrics, started: float) -> None:
+        super().__init__()
         self._endpoint = endpoint
         self._started = started
-        self._life = _Lifecycle()
-
-    @property
-    def cancel_reason(self) -> str | None:
-        signal = self._life.cancel
-        return None if signal is None else signal.reason
-
-    @property
-    def finished(self) -> bool:
-        return self._life.finished
 
     def cancelled(self, reason: str) -> None:
         """A cancel signal (a low-cardinality ``reason``) reached the worker; the first wins.
@@ -297,7 +284,7 @@ class RequestTracker:
         Starts the latency clock and the cancelling gauge; :meth:`finish`
         counts it if it cut the work short.  Sync and checkpoint-free.
         """
-        if self._life.mark_cancelled(str(reason), self._endpoint._clock()) is not None:
+        if self._mark_cancelled(str(reason), self._endpoint._clock()) is not None:
             self._endpoint._cancelling.inc()
 
     def finish(self, outcome: WorkerOutcome = "complete", error_type: str | None = None) -> None:
@@ -310,12 +297,9 @@ class RequestTracker:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {sorted(_OUTCOMES)}")
         if error_type is not None and outcome != "error":
             raise ValueError(f"error_type {error_type!r} given with outcome {outcome!r}")
-        ended, signal = self._life.mark_finished()
+        ended, signal = self._mark_finished()
         if ended:
             self._endpoint._record_end(self._started, outcome, error_type, signal)
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(
         self,
@@ -326,7 +310,7 @@ class RequestTracker:
         """Finish if the block did not: ``complete`` (``stopped`` after a signal), an
         :class:`Exception` ``error``, anything else (``trio.Cancelled``) ``killed``."""
         if exc is None:
-            self.finish("complete" if self._life.cancel is None else "stopped")
+            self.finish("complete" if self._cancel is None else "stopped")
         elif isinstance(exc, Exception):
             self.finish("error")
         else:

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._context import Context
-    from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput, Usage
+    from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput
 
-__all__ = ["MockEngine"]
+__all__ = ["MockEngine", "wait_until"]
 
 
 class MockEngine:
@@ -73,11 +73,11 @@ class MockEngine:
             generated = _replay(continuation, tokens, stops, min_tokens)
         deadline = trio.current_time() + self._first_delay
         if generated >= max_tokens:  # the earlier attempt produced every token but not the end
-            await _wait_until(deadline, context)  # a kill lands here
+            await wait_until(deadline, context)  # a kill lands here
             yield _last(stops.flush(), [], "length", prompt_tokens, generated)
             return
         while True:
-            if await _wait_until(deadline, context, burst=generated % BURST != 0):
+            if await wait_until(deadline, context, burst=generated % BURST != 0):
                 yield _last(stops.flush(), [], "cancelled", prompt_tokens, generated)
                 return
             token_id, token = tokens.next()
@@ -136,7 +136,7 @@ class MockEngine:
                     max_tokens=None,
                     prompt_kind="input",
                 )
-        if await _wait_until(trio.current_time() + self._first_delay, context):
+        if await wait_until(trio.current_time() + self._first_delay, context):
             return
         inputs = valid["input"]
         yield {
@@ -148,7 +148,7 @@ class MockEngine:
 BURST: Final = 16  # due tokens generated between two trips through the scheduler
 
 
-async def _wait_until(deadline: float, context: Context, *, burst: bool = False) -> bool:
+async def wait_until(deadline: float, context: Context, *, burst: bool = False) -> bool:
     """Sleep until ``deadline`` unless stopped first; whether the context is stopped.
 
     A kill always lands here as :class:`trio.Cancelled`; with ``burst``, a
@@ -195,10 +195,6 @@ def _replay(
     return len(token_ids)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-
-
 def _last(
     text: str,
     token_ids: list[int],
@@ -211,7 +207,7 @@ def _last(
     item: GenerateOutput = {"text": text, "token_ids": token_ids, "finish_reason": reason}
     if stop is not None:
         item["stop_sequence"] = stop
-    item["usage"] = _usage(prompt_tokens, generated)
+    item["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
     return item
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import trio
 
 from ._codecs import SAMPLE_RATE, jpeg, pcm_tone, png, wav_header
+from ._engine import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -63,14 +64,6 @@ class MediaEngine:
         self._step: Final = settings.media_step_ms / 1000
         self._denoising_steps: Final = settings.denoising_steps
 
-    async def _step_done(self, context: Context) -> bool:
-        """Wait one step; ``False`` once the context is stopped (a kill cancels the wait)."""
-        with trio.move_on_after(self._step):
-            await context.stopped()
-        if context.is_killed():
-            await trio.lowlevel.checkpoint()  # the kill's cancellation, if the wake came first
-        return not context.is_stopped()
-
     async def images(self, request: dict[str, Any], context: Context) -> AsyncIterator[Any]:
         """``n`` pictures of the asked size after the denoising steps, in one item."""
         output_format = request.get("output_format", "png")
@@ -80,7 +73,7 @@ class MediaEngine:
         steps = nvext.get("num_inference_steps") or self._denoising_steps
         seed = nvext.get("seed") or 0
         for _ in range(steps):
-            if not await self._step_done(context):
+            if await wait_until(trio.current_time() + self._step, context):
                 return
         width, height = _size(request.get("size"), _AUTO_SIZE)
         data = []
@@ -114,7 +107,7 @@ class MediaEngine:
         steps = nvext.get("num_inference_steps") or 1
         for index in range(frames):
             for _ in range(steps):
-                if not await self._step_done(context):
+                if await wait_until(trio.current_time() + self._step, context):
                     return
             filled = (index + 1) * blocks // frames
 
@@ -137,7 +130,7 @@ class MediaEngine:
         total = max(_CHUNK_SAMPLES, round(seconds * SAMPLE_RATE))
         head = wav_header(total) if response_format == "wav" else b""
         for start in range(0, total, _CHUNK_SAMPLES):
-            if not await self._step_done(context):
+            if await wait_until(trio.current_time() + self._step, context):
                 return
             chunk = pcm_tone(start, min(_CHUNK_SAMPLES, total - start), frequency)
             yield {"audio": _b64(head + chunk)}

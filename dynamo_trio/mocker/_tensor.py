@@ -1,11 +1,8 @@
 """The mock tensor model: ``OUTPUT0`` is ``INPUT0``, for the KServe gRPC frontend.
 
-Its requests and responses have Dynamo's tensor shape (see
-:mod:`dynamo_trio.kserve._tensors`).  ``INPUT0`` may be of any datatype served
-(it registers as ``Int32``), of any shape.  Request parameters: ``delay_ms``
-waits that long before each response (a kill cancels the wait; a stop ends it, and the request
-with it, without another response), ``repeat`` is how many responses one request gets (on a
-``ModelStreamInfer`` call; a unary infer takes exactly one).
+``INPUT0`` may be of any datatype served (it registers as ``Int32``) and any shape; the
+parameters ``delay_ms`` and ``repeat`` are docs/kserve.md's.  A stop ends the request
+without another response; a kill cancels the wait.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..discovery import TENSOR_DATA_TYPES
+from ._engine import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -68,12 +66,7 @@ async def echo_tensor(request: dict[str, Any], context: Context) -> AsyncIterato
         "data": tensor["data"],
     }
     for _ in range(repeat):
-        if delay_ms:
-            with trio.move_on_after(delay_ms / 1000):
-                await context.stopped()  # a stop ends the wait (a kill cancels it)
-        if context.is_killed():
-            await trio.lowlevel.checkpoint()  # the kill's cancellation, if the wake came first
-        if context.is_stopped():
+        if await wait_until(trio.current_time() + delay_ms / 1000, context, burst=True):
             return
         yield {
             "model": request["model"],

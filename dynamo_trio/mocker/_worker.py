@@ -34,14 +34,8 @@ async def serve_mocker(
     namespace: str = "dynamo",
     component: str = "mocker",
 ) -> None:
-    """Serve the mock engine until the runtime shuts down.
-
-    Each named model is served on its own endpoint of ``{namespace}/{component}``
-    (``generate`` for chat and completions, ``embed``, ``infer`` for the tensor
-    echo, ``images``, ``videos``, ``speech``).  Text and embedding cards carry the
-    settings' limits, so the frontend refuses requests over them; text cards
-    accept continuations (request migration).
-    """
+    """Serve each named model on its own endpoint of ``{namespace}/{component}`` until the
+    runtime shuts down; the cards carry the settings' limits, so the frontend enforces them."""
     limits: dict[str, Any] = {"context_length": settings.context_length}
     text_card = {**limits, "max_output_tokens": settings.max_output_tokens}
     tensor_card: dict[str, Any] = {}

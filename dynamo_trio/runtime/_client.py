@@ -336,20 +336,6 @@ class Client:
     # Dynamo's arguments, in its order; annotated=False/None gives a DataStream.
 
     @overload
-    async def generate(
-        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
-    ) -> ResponseStream: ...
-    @overload
-    async def generate(
-        self, request: Any, annotated: bool | None, context: Context | None = None
-    ) -> ResponseStream | DataStream: ...
-    async def generate(
-        self, request: Any, annotated: bool | None = True, context: Context | None = None
-    ) -> ResponseStream | DataStream:
-        """Same as :meth:`random` (Dynamo's default)."""
-        return await self.random(request, annotated, context)
-
-    @overload
     async def random(
         self, request: Any, annotated: Literal[True] = True, context: Context | None = None
     ) -> ResponseStream: ...
@@ -362,6 +348,9 @@ class Client:
     ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
         return await self._routed(request, _annotated(annotated), context, "random")
+
+    generate = random
+    """Same as :meth:`random` (Dynamo's default)."""
 
     @overload
     async def round_robin(
@@ -405,13 +394,16 @@ class Client:
         child = self._child_context(context)
         if child is None:
             return self._empty(context, annotated)
-        instance = self._instances().get(instance_id)
-        if instance is None:
+        try:
+            instance = self._instances().get(instance_id)
+            if instance is None:
+                raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
+            return await self._send(
+                request, annotated, child, (self._path, instance_id), instance.address
+            )
+        except BaseException:
             child.finish()
-            raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
-        return await self._send(
-            request, annotated, child, (self._path, instance_id), instance.address
-        )
+            raise
 
     async def _routed(
         self, request: Any, annotated: bool, context: Context | None, mode: RouterMode
@@ -426,7 +418,7 @@ class Client:
             return addresses
 
         async def send(target: Target) -> ResponseStream | DataStream:
-            return await self._send(request, annotated, child, target, addresses[target], keep=True)
+            return await self._send(request, annotated, child, target, addresses[target])
 
         try:
             return await self._router.send(
@@ -468,19 +460,14 @@ class Client:
         child: Context,
         target: Target,
         address: str,
-        *,
-        keep: bool = False,
     ) -> ResponseStream | DataStream:
-        """Open the call's stream on ``target``; an error finishes ``child`` unless ``keep``."""
+        """Open the call's stream on ``target`` (the caller finishes ``child`` on an error)."""
         stream_type = ResponseStream if annotated else DataStream
         instance_id = target[1]
         try:
             connection = await self._connect(address)
-        except BaseException as exc:
-            if isinstance(exc, CannotConnect):
-                self._router.failed(target, str(exc))
-            if not keep:
-                child.finish()
+        except CannotConnect as exc:
+            self._router.failed(target, str(exc))
             raise
         self._router.connected(target)
         if child.is_stopped():
@@ -499,12 +486,7 @@ class Client:
             )
         except (Disconnected, EngineShutdown) as exc:
             self._router.failed(target, str(exc))
-            if not keep:
-                child.finish()
             raise CannotConnect(str(exc)) from None
-        except BaseException:
-            child.finish()
-            raise
 
         def on_lost(reason: str) -> None:
             self._router.failed(target, reason)

@@ -114,7 +114,15 @@ async def serve_stream(
     with bind_request(context):  # every log line about this request names it and its trace
         # contain(), written out: this runs once per request.
         try:
-            await _drive(stream, endpoint, context, drain_grace)
+            # The stream's task nursery hosts the context's watcher: one nursery fewer.
+            await context.run(
+                _relay,
+                stream,
+                endpoint,
+                context,
+                drain_grace=drain_grace,
+                watchers=stream.task_nursery,
+            )
         except BaseException as exc:
             cancelled, escaped = split_live_cancellation(exc)
             if escaped is not None:
@@ -226,15 +234,6 @@ class _StaleCancelled(Exception):
 
     (which would absorb it as its own) as the handler's way of saying "cancelled".
     """
-
-
-async def _drive(
-    stream: ServerStream, endpoint: ServedEndpoint, context: Context, drain_grace: float
-) -> None:
-    # The stream's task nursery hosts the context's watcher: one nursery fewer per request.
-    await context.run(
-        _relay, stream, endpoint, context, drain_grace=drain_grace, watchers=stream.task_nursery
-    )
 
 
 async def _relay(stream: ServerStream, endpoint: ServedEndpoint, context: Context) -> None:
