@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = [
     "GRPC_ALREADY_EXISTS",
     "GRPC_NOT_FOUND",
-    "GRPC_OUT_OF_RANGE",
     "GRPC_UNAVAILABLE",
     "EtcdError",
     "EtcdGateway",
@@ -41,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 GRPC_NOT_FOUND: Final = 5
 GRPC_ALREADY_EXISTS: Final = 9
-GRPC_OUT_OF_RANGE: Final = 11
 GRPC_UNAVAILABLE: Final = 14
 
 _FAILOVER_HTTP_STATUS: Final = frozenset({502, 503, 504})
@@ -140,8 +138,6 @@ class WatchResult(msgspec.Struct, frozen=True):
 
 class _StreamError(msgspec.Struct, frozen=True):
     message: str = ""
-    grpc_code: int = 0
-    http_code: int = 0
 
 
 class WatchMessage(msgspec.Struct, frozen=True):
