@@ -156,7 +156,7 @@ class Credit(_Frame, tag="credit", frozen=True):
     items: int
 
 
-Frame = (
+_NotRequest = (
     Hello
     | Challenge
     | Auth
@@ -164,30 +164,15 @@ Frame = (
     | Ping
     | GoAway
     | Close
-    | Request
     | Item
     | End
     | Error
     | Control
     | Credit
 )
+Frame = _NotRequest | Request
 """Every frame type, as this end builds and sends them."""
-
-WireFrame = (
-    Hello
-    | Challenge
-    | Auth
-    | Welcome
-    | Ping
-    | GoAway
-    | Close
-    | RawRequest
-    | Item
-    | End
-    | Error
-    | Control
-    | Credit
-)
+WireFrame = _NotRequest | RawRequest
 """Every frame type, as :class:`FrameDecoder` returns them (``req`` not yet validated)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 from contextlib import closing, suppress
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
 
 from .._errors import (
     DynamoError,
@@ -40,6 +40,7 @@ from ._frames import (
     RawRequest,
     Request,
     Welcome,
+    WireFrame,
     encode_frame,
     frame_tag,
 )
@@ -48,7 +49,7 @@ from ._validate import MAX_CREDIT, validate_request
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from ._frames import Frame, WireFrame
+    from ._frames import Frame
 
     # A method carrying out one action; its frame is the types its table cells admit.
     _OnReceive = Callable[["ProtocolConnection", Any], Frame | None]
@@ -146,21 +147,7 @@ _DROP: Final[_Transition] = (Receive.DROP, None)
 _CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
 _LIFE: Final[_Transition] = (Receive.LIFE, None)
 
-_FRAME_TYPES: Final = (
-    Hello,
-    Challenge,
-    Auth,
-    Welcome,
-    Ping,
-    GoAway,
-    Close,
-    RawRequest,
-    Item,
-    End,
-    Error,
-    Control,
-    Credit,
-)
+_FRAME_TYPES: Final = get_args(WireFrame)
 
 SERVER_STATES: Final = (
     _S.AWAIT_HELLO,
@@ -239,14 +226,12 @@ RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
 }
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
+# The cells of the send tables.
 _SendRule = tuple[Send, ConnectionState | None]
 _BUG: Final[_SendRule] = (Send.BUG, None)
 _GONE: Final[_SendRule] = (Send.DROP, None)
 _PLAIN: Final[_SendRule] = (Send.PLAIN, None)
 _SHUT: Final[_SendRule] = (Send.CLOSE, _S.CLOSED)
-
-
-# The cells of the send tables, besides _BUG, _GONE, _PLAIN and _SHUT.
 _GO: Final[_SendRule] = (Send.GOAWAY, _S.DRAINING)
 _ITEM: Final[_SendRule] = (Send.ITEM, None)
 _TERM: Final[_SendRule] = (Send.TERMINAL, None)
@@ -411,11 +396,6 @@ class ProtocolConnection:
     def outbox_size(self) -> int:
         return len(self._outbox)
 
-    @property
-    def buffered(self) -> int:
-        """Received bytes not yet part of a whole frame."""
-        return self._decoder.buffered
-
     # ------------------------------------------------------------------ outbound
 
     def start(self) -> None:
@@ -546,15 +526,12 @@ class ProtocolConnection:
     def _on_violation(self, frame: WireFrame) -> NoReturn:
         raise ProtocolError(self._violation(frame))
 
-    def _on_drop(self, frame: WireFrame) -> None:
-        """A closed connection's cell (:meth:`receive_data` returns before it)."""
-
     def _on_close(self, frame: Close) -> Close:
         self.close_frame = frame
         return frame
 
-    def _on_life(self, frame: Ping | GoAway) -> None:
-        return None
+    def _ignore(self, frame: WireFrame) -> None:
+        """A sign of life, or a frame after the close (receive_data stops before those)."""
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
         return frame
@@ -729,9 +706,9 @@ class ProtocolConnection:
 
 _ON_RECEIVE: Final[Mapping[Receive, _OnReceive]] = {
     Receive.VIOLATION: ProtocolConnection._on_violation,
-    Receive.DROP: ProtocolConnection._on_drop,
+    Receive.DROP: ProtocolConnection._ignore,
     Receive.PEER_CLOSE: ProtocolConnection._on_close,
-    Receive.LIFE: ProtocolConnection._on_life,
+    Receive.LIFE: ProtocolConnection._ignore,
     Receive.HELLO: ProtocolConnection._on_hello,
     Receive.CHALLENGE: ProtocolConnection._on_challenge,
     Receive.AUTH: ProtocolConnection._on_auth,
