@@ -74,12 +74,14 @@ class KeyValue(msgspec.Struct, frozen=True):
     lease: int = 0
 
 
-class _RangeResult(msgspec.Struct, frozen=True):
+class _RangeResponse(msgspec.Struct, frozen=True):
+    header: _Header = msgspec.field(default_factory=_Header)
     kvs: list[KeyValue] = msgspec.field(default_factory=list)
+    more: bool = False
 
 
 class _TxnOpResponse(msgspec.Struct, frozen=True):
-    response_range: _RangeResult = msgspec.field(default_factory=_RangeResult)
+    response_range: _RangeResponse = msgspec.field(default_factory=_RangeResponse)
 
 
 class _TxnResponse(msgspec.Struct, frozen=True):
@@ -93,12 +95,6 @@ class _ErrorBody(msgspec.Struct, frozen=True):
     code: int = 0
 
 
-class _RangeResponse(msgspec.Struct, frozen=True):
-    header: _Header = msgspec.field(default_factory=_Header)
-    kvs: list[KeyValue] = msgspec.field(default_factory=list)
-    more: bool = False
-
-
 class _GrantResponse(msgspec.Struct, frozen=True):
     ID: int = 0
     TTL: int = 0
@@ -106,7 +102,6 @@ class _GrantResponse(msgspec.Struct, frozen=True):
 
 
 class _KeepAliveResult(msgspec.Struct, frozen=True):
-    ID: int = 0
     TTL: int = 0
 
 
@@ -224,10 +219,6 @@ class EtcdGateway:
         self._current = 0
         self._timeout = timeout
         self._moved = trio.Event()
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        return self._endpoints
 
     @property
     def endpoint(self) -> str:
