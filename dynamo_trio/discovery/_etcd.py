@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
     from .._config import DiscoveryConfig
 
-__all__ = ["EtcdDiscovery"]
-
 logger = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT: Final = 5.0

@@ -20,22 +20,6 @@ from ._base import DiscoveryError
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-__all__ = [
-    "GRPC_ALREADY_EXISTS",
-    "GRPC_NOT_FOUND",
-    "GRPC_UNAVAILABLE",
-    "EtcdError",
-    "EtcdGateway",
-    "KeyValue",
-    "WatchEventMessage",
-    "WatchMessage",
-    "WatchResult",
-    "decode_key",
-    "decode_kvs",
-    "decode_watch_message",
-    "prefix_range",
-]
-
 logger = logging.getLogger(__name__)
 
 GRPC_NOT_FOUND: Final = 5

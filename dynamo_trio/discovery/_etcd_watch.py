@@ -22,8 +22,6 @@ from ._watch import WatchEvent, diff_events
 if TYPE_CHECKING:
     from ._etcd_gateway import EtcdGateway, WatchResult
 
-__all__ = ["WatchPump"]
-
 logger = logging.getLogger(__name__)
 
 _MIN_BACKOFF: Final = 0.05

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
     from .._config import DiscoveryConfig
 
-__all__ = ["FileDiscovery"]
-
 logger = logging.getLogger(__name__)
 
 _WATCH_BUFFER: Final = 64

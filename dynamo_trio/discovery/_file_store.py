@@ -29,17 +29,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
-__all__ = [
-    "DEFAULT_MAX_RECORD_SIZE",
-    "FileLayout",
-    "Scanner",
-    "Unreadable",
-    "key_to_name",
-    "parse_entry",
-    "parse_lease",
-    "read_regular_file",
-]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECORD_SIZE: Final = 1024 * 1024

@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
 
-__all__ = ["MemoryDiscovery", "MemoryStore", "default_memory_store"]
-
-
 @final
 class _Subscriber:
     """One open watch: its prefix and the channel its events go to."""

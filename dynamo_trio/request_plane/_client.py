@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
     OpenTransport = Callable[[str], Awaitable[trio.abc.Stream]]
 
-__all__ = ["ClientConnection", "ClientStream", "ConnectionPool", "parse_address"]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 _FAIR_EVERY: Final = 32

@@ -27,14 +27,6 @@ if TYPE_CHECKING:
     from ._frames import Frame
     from ._protocol import ProtocolConnection
 
-__all__ = [
-    "FrameConnection",
-    "describe_close",
-    "limited_log",
-    "linger",
-    "printable",
-]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 limited_log: Final = LogLimiter(_log)

@@ -16,31 +16,6 @@ from .._errors import InvalidArgument, ProtocolError
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-__all__ = [
-    "HANDSHAKE_MAX_FRAME_SIZE",
-    "NONCE_SIZE",
-    "PROTOCOL_VERSION",
-    "Auth",
-    "Challenge",
-    "Close",
-    "Control",
-    "Credit",
-    "End",
-    "Error",
-    "Frame",
-    "FrameDecoder",
-    "GoAway",
-    "Hello",
-    "Item",
-    "Ping",
-    "RawRequest",
-    "Request",
-    "WireFrame",
-    "Welcome",
-    "encode_frame",
-    "frame_tag",
-]
-
 PROTOCOL_VERSION: Final = 2
 
 HANDSHAKE_MAX_FRAME_SIZE: Final = 4096

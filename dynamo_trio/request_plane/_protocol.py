@@ -55,18 +55,6 @@ if TYPE_CHECKING:
     _OnReceive = Callable[["ProtocolConnection", Any], Frame | None]
     _OnSend = Callable[["ProtocolConnection", Any], bool]
 
-__all__ = [
-    "RECEIVE",
-    "SEND",
-    "ConnectionState",
-    "ProtocolConnection",
-    "Receive",
-    "Role",
-    "Send",
-    "client_proof",
-    "server_proof",
-]
-
 
 class Role(enum.Enum):
     CLIENT = "client"

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from .._errors import DynamoError
     from ._frames import Frame, Outcome
 
-__all__ = ["RequestPlaneServer", "ServerStream"]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 # A handler yielding items without blocking checkpoints fully every this many

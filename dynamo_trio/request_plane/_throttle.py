@@ -18,8 +18,6 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["AuthTurns", "source_key"]
-
 
 def source_key(host: str) -> str:
     """The unit turns go round by: the IPv4 host, or the IPv6 /64 prefix."""
