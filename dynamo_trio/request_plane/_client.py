@@ -95,7 +95,7 @@ class ClientStream:
     def _deliver(self, frame: Item | End | Error) -> None:
         if self._discarding:
             if isinstance(frame, Item):
-                self._took_item()  # nobody reads it: hand the credit straight back
+                self._took_items(1)  # nobody reads it: hand the credit straight back
             else:
                 self._done = True
             return
@@ -109,7 +109,7 @@ class ClientStream:
         self._discarding = True
         for frame in self._queue:
             if isinstance(frame, Item):
-                self._took_item()
+                self._took_items(1)
             else:
                 self._done = True
         self._queue.clear()
@@ -138,7 +138,7 @@ class ClientStream:
             if self._queue and not self._killed:
                 frame = self._queue.popleft()
                 if isinstance(frame, Item):
-                    self._took_item()
+                    self._took_items(1)
                     await self._fair_checkpoint()
                     return frame
                 await self._terminal(frame)
@@ -205,9 +205,6 @@ class ClientStream:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-
-    def _took_item(self) -> None:
-        self._took_items(1)
 
     def _took_items(self, count: int) -> None:
         self._consumed += count
