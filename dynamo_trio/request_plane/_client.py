@@ -12,6 +12,7 @@ import logging
 import math
 import ssl
 from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -526,15 +527,13 @@ async def _open_tcp(address: str) -> trio.abc.Stream:
     return await trio.open_tcp_stream(host, port)
 
 
+@dataclass(eq=False, slots=True)
 class _Attempt:
     """One shared connection attempt to one address, and its outcome."""
 
-    __slots__ = ("connection", "done", "error")
-
-    def __init__(self) -> None:
-        self.done: Final = trio.Event()
-        self.connection: ClientConnection | None = None
-        self.error: str | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    connection: ClientConnection | None = None
+    error: str | None = None
 
 
 class ConnectionPool:

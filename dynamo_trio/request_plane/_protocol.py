@@ -79,18 +79,7 @@ class ConnectionState(enum.Enum):
 
     @property
     def handshaking(self) -> bool:
-        return self in _HANDSHAKE_STATES
-
-
-_HANDSHAKE_STATES: Final = frozenset(
-    {
-        ConnectionState.AWAIT_HELLO,
-        ConnectionState.AWAIT_CHALLENGE,
-        ConnectionState.AWAIT_AUTH,
-        ConnectionState.AUTHENTICATING,
-        ConnectionState.AWAIT_WELCOME,
-    }
-)
+        return self in _EXPECTED
 
 
 class Receive(enum.Enum):
@@ -272,6 +261,7 @@ SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
 """``(role, state, sent frame type) -> (action, next state or None)``; ``req`` is
 keyed by :class:`RawRequest`, the wire type of the ``req`` tag."""
 
+# What each handshake state waits for.
 _EXPECTED: Final = {
     _S.AWAIT_HELLO: "a 'hello' frame first",
     _S.AWAIT_AUTH: "an 'auth' frame",
