@@ -83,7 +83,8 @@ class ConnectionState(enum.Enum):
 
 
 class Receive(enum.Enum):
-    """What receiving a frame does (the actions of :data:`RECEIVE`)."""
+    """What receiving a frame does (the actions of :data:`RECEIVE`), each carried out by
+    the method ``ProtocolConnection._on_<name>``."""
 
     VIOLATION = "protocol violation: queue close, end the connection"
     DROP = "ignore it: the connection is closed"
@@ -100,7 +101,8 @@ class Receive(enum.Enum):
 
 
 class Send(enum.Enum):
-    """What sending a frame does (the actions of :data:`SEND`)."""
+    """What sending a frame does (the actions of :data:`SEND`), each carried out by the
+    method ``ProtocolConnection._send_<name>``."""
 
     BUG = "raise RuntimeError: this role never sends it here (a local bug)"
     DROP = "drop it silently, return False: the connection is closed or closing"
@@ -116,8 +118,6 @@ class Send(enum.Enum):
 
 _S = ConnectionState
 _Cell = TypeVar("_Cell")
-_Action = TypeVar("_Action")
-_Method = TypeVar("_Method")
 _Transition = tuple[Receive, ConnectionState | None]
 _V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
 _DROP: Final[_Transition] = (Receive.DROP, None)
@@ -413,6 +413,8 @@ class ProtocolConnection:
         self._encode(frame)
         return True
 
+    _send_close = _send_goaway = _send_plain
+
     def _send_request(self, frame: Request) -> bool:
         if frame.sid <= self._last_sid or frame.window <= 0:
             raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
@@ -504,12 +506,14 @@ class ProtocolConnection:
     def _on_violation(self, frame: WireFrame) -> NoReturn:
         raise ProtocolError(self._violation(frame))
 
-    def _on_close(self, frame: Close) -> Close:
+    def _on_peer_close(self, frame: Close) -> Close:
         self.close_frame = frame
         return frame
 
-    def _ignore(self, frame: WireFrame) -> None:
+    def _on_life(self, frame: WireFrame) -> None:
         """A sign of life, or a frame after the close (receive_data stops before those)."""
+
+    _on_drop = _on_life
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
         return frame
@@ -682,46 +686,18 @@ class ProtocolConnection:
         return frame
 
 
-_ON_RECEIVE: Final[Mapping[Receive, _OnReceive]] = {
-    Receive.VIOLATION: ProtocolConnection._on_violation,
-    Receive.DROP: ProtocolConnection._ignore,
-    Receive.PEER_CLOSE: ProtocolConnection._on_close,
-    Receive.LIFE: ProtocolConnection._ignore,
-    Receive.HELLO: ProtocolConnection._on_hello,
-    Receive.CHALLENGE: ProtocolConnection._on_challenge,
-    Receive.AUTH: ProtocolConnection._on_auth,
-    Receive.WELCOME: ProtocolConnection._on_welcome,
-    Receive.GOAWAY: ProtocolConnection._on_goaway,
-    Receive.REQUEST: ProtocolConnection._on_request,
-    Receive.STREAM_CONTROL: ProtocolConnection._on_stream_control,
-    Receive.STREAM_RESPONSE: ProtocolConnection._on_stream_response,
-}
-_ON_SEND: Final[Mapping[Send, _OnSend]] = {
-    Send.BUG: ProtocolConnection._send_bug,
-    Send.DROP: ProtocolConnection._send_drop,
-    Send.PLAIN: ProtocolConnection._send_plain,
-    Send.CLOSE: ProtocolConnection._send_plain,
-    Send.GOAWAY: ProtocolConnection._send_plain,
-    Send.REQUEST: ProtocolConnection._send_request,
-    Send.ITEM: ProtocolConnection._send_item,
-    Send.TERMINAL: ProtocolConnection._send_terminal,
-    Send.CONTROL: ProtocolConnection._send_control,
-    Send.CREDIT: ProtocolConnection._send_credit,
-}
-
-
 def _dispatch(
-    table: Mapping[tuple[Role, ConnectionState, type], tuple[_Action, ConnectionState | None]],
-    methods: Mapping[_Action, _Method],
-) -> dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]:
+    table: Mapping[tuple[Role, ConnectionState, type], tuple[enum.Enum, ConnectionState | None]],
+    prefix: str,
+) -> dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]:
     """``table`` regrouped by ``(role, state)``, each action replaced by its method."""
-    assert set(methods) == {action for action, _ in table.values()}
-    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]
+    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]
     dispatch = {}
     for (role, state, frame_type), (action, next_state) in table.items():
-        dispatch.setdefault((role, state), {})[frame_type] = (methods[action], next_state)
+        method = getattr(ProtocolConnection, prefix + action.name.lower())
+        dispatch.setdefault((role, state), {})[frame_type] = (method, next_state)
     return dispatch
 
 
-_RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, _ON_RECEIVE)
-_SEND_DISPATCH: Final = _dispatch(SEND, _ON_SEND)
+_RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, "_on_")
+_SEND_DISPATCH: Final = _dispatch(SEND, "_send_")
