@@ -48,11 +48,6 @@ def _lease_gone(exc: DiscoveryError) -> bool:
     return isinstance(exc, EtcdError) and exc.code == GRPC_NOT_FOUND
 
 
-def attempt_timeout(ttl: float) -> float:
-    """Seconds one request may take at one endpoint, for a lease of ``ttl`` seconds."""
-    return min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, ttl / 3))
-
-
 @final
 class EtcdDiscovery(Discovery):
     """Discovery in an etcd v3 cluster (``config.etcd_endpoints``)."""
@@ -145,7 +140,7 @@ class EtcdDiscovery(Discovery):
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
-        attempt = attempt_timeout(self._requested_ttl)
+        attempt = min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, self._requested_ttl / 3))
         client = httpx.AsyncClient(timeout=attempt, trust_env=False)
         try:
             gateway = EtcdGateway(client, self._endpoints, timeout=attempt)
