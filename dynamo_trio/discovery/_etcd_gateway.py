@@ -169,7 +169,6 @@ class _WatchRequest(msgspec.Struct, frozen=True):
 
 
 _encoder = msgspec.json.Encoder()
-_watch_decoder = msgspec.json.Decoder(WatchMessage, strict=False)
 
 
 def prefix_range(prefix: str) -> tuple[bytes, bytes]:
@@ -179,14 +178,6 @@ def prefix_range(prefix: str) -> tuple[bytes, bytes]:
     if not end:
         return (key or b"\0"), b"\0"
     return key, end[:-1] + bytes([end[-1] + 1])
-
-
-def decode_watch_message(line: bytes | str) -> WatchMessage:
-    """Parse one line of the watch stream (:class:`DiscoveryError` if it is not one)."""
-    try:
-        return _watch_decoder.decode(line)
-    except msgspec.DecodeError as exc:
-        raise DiscoveryError(f"etcd sent an unreadable watch message: {exc}") from None
 
 
 @final
@@ -222,7 +213,8 @@ class EtcdGateway:
         )
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
-        return decode_kvs(response.kvs), response.header.revision
+        kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
+        return kvs, response.header.revision
 
     async def get_keys(self, keys: Sequence[str]) -> dict[str, KeyValue]:
         """The stored key-value of each of ``keys`` that exists (batched in transactions)."""
@@ -358,16 +350,6 @@ class EtcdGateway:
                 reason,
                 self._endpoints[self._current],
             )
-
-
-def decode_kvs(kvs: Sequence[KeyValue]) -> dict[str, bytes]:
-    """``{key: value}`` from etcd key-values, skipping (and logging) non-UTF-8 keys."""
-    state: dict[str, bytes] = {}
-    for kv in kvs:
-        key = decode_key(kv.key)
-        if key is not None:
-            state[key] = kv.value
-    return state
 
 
 def decode_key(raw: bytes) -> str | None:
