@@ -8,12 +8,7 @@ records.  docs/discovery.md has the contract and how each backend keeps it.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from ._base import (
-    Discovery as Discovery,
-    DiscoveryError as DiscoveryError,
-    Watch as Watch,
-    WatchEvent as WatchEvent,
-)
+from ._base import Discovery as Discovery, DiscoveryError as DiscoveryError
 from ._file import FileDiscovery as FileDiscovery
 from ._memory import (
     MemoryDiscovery as MemoryDiscovery,
@@ -36,6 +31,7 @@ from ._records import (
     model_prefix as model_prefix,
 )
 from ._view import PrefixView as PrefixView, view_prefix as view_prefix
+from ._watch import Watch as Watch, WatchEvent as WatchEvent
 
 if _TYPE_CHECKING:
     from ._etcd import EtcdDiscovery as EtcdDiscovery

@@ -16,26 +16,13 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from ._watch import Watch, WatchEvent
-
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
     from typing import Self
 
-__all__ = [
-    "Discovery",
-    "DiscoveryError",
-    "Watch",
-    "WatchEvent",
-    "Repairs",
-    "check_key",
-    "check_value",
-    "log_repairs",
-    "plan_repairs",
-    "random_lease_id",
-]
+    from ._watch import Watch
 
 CLOSE_TIMEOUT: Final = 5.0
 """Seconds a backend may spend revoking its lease on exit before giving up."""

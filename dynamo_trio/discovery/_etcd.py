@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
     from .._config import DiscoveryConfig
 
-__all__ = ["EtcdDiscovery"]
-
 logger = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT: Final = 5.0
@@ -48,11 +46,6 @@ _WATCH_BUFFER: Final = 64
 def _lease_gone(exc: DiscoveryError) -> bool:
     """Whether etcd said the lease (or what it names) does not exist."""
     return isinstance(exc, EtcdError) and exc.code == GRPC_NOT_FOUND
-
-
-def attempt_timeout(ttl: float) -> float:
-    """Seconds one request may take at one endpoint, for a lease of ``ttl`` seconds."""
-    return min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, ttl / 3))
 
 
 @final
@@ -147,7 +140,7 @@ class EtcdDiscovery(Discovery):
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
-        attempt = attempt_timeout(self._requested_ttl)
+        attempt = min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, self._requested_ttl / 3))
         client = httpx.AsyncClient(timeout=attempt, trust_env=False)
         try:
             gateway = EtcdGateway(client, self._endpoints, timeout=attempt)

@@ -20,28 +20,10 @@ from ._base import DiscoveryError
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-__all__ = [
-    "GRPC_ALREADY_EXISTS",
-    "GRPC_NOT_FOUND",
-    "GRPC_OUT_OF_RANGE",
-    "GRPC_UNAVAILABLE",
-    "EtcdError",
-    "EtcdGateway",
-    "KeyValue",
-    "WatchEventMessage",
-    "WatchMessage",
-    "WatchResult",
-    "decode_key",
-    "decode_kvs",
-    "decode_watch_message",
-    "prefix_range",
-]
-
 logger = logging.getLogger(__name__)
 
 GRPC_NOT_FOUND: Final = 5
 GRPC_ALREADY_EXISTS: Final = 9
-GRPC_OUT_OF_RANGE: Final = 11
 GRPC_UNAVAILABLE: Final = 14
 
 _FAILOVER_HTTP_STATUS: Final = frozenset({502, 503, 504})
@@ -76,12 +58,14 @@ class KeyValue(msgspec.Struct, frozen=True):
     lease: int = 0
 
 
-class _RangeResult(msgspec.Struct, frozen=True):
+class _RangeResponse(msgspec.Struct, frozen=True):
+    header: _Header = msgspec.field(default_factory=_Header)
     kvs: list[KeyValue] = msgspec.field(default_factory=list)
+    more: bool = False
 
 
 class _TxnOpResponse(msgspec.Struct, frozen=True):
-    response_range: _RangeResult = msgspec.field(default_factory=_RangeResult)
+    response_range: _RangeResponse = msgspec.field(default_factory=_RangeResponse)
 
 
 class _TxnResponse(msgspec.Struct, frozen=True):
@@ -95,12 +79,6 @@ class _ErrorBody(msgspec.Struct, frozen=True):
     code: int = 0
 
 
-class _RangeResponse(msgspec.Struct, frozen=True):
-    header: _Header = msgspec.field(default_factory=_Header)
-    kvs: list[KeyValue] = msgspec.field(default_factory=list)
-    more: bool = False
-
-
 class _GrantResponse(msgspec.Struct, frozen=True):
     ID: int = 0
     TTL: int = 0
@@ -108,7 +86,6 @@ class _GrantResponse(msgspec.Struct, frozen=True):
 
 
 class _KeepAliveResult(msgspec.Struct, frozen=True):
-    ID: int = 0
     TTL: int = 0
 
 
@@ -140,8 +117,6 @@ class WatchResult(msgspec.Struct, frozen=True):
 
 class _StreamError(msgspec.Struct, frozen=True):
     message: str = ""
-    grpc_code: int = 0
-    http_code: int = 0
 
 
 class WatchMessage(msgspec.Struct, frozen=True):
@@ -194,7 +169,6 @@ class _WatchRequest(msgspec.Struct, frozen=True):
 
 
 _encoder = msgspec.json.Encoder()
-_watch_decoder = msgspec.json.Decoder(WatchMessage, strict=False)
 
 
 def prefix_range(prefix: str) -> tuple[bytes, bytes]:
@@ -204,14 +178,6 @@ def prefix_range(prefix: str) -> tuple[bytes, bytes]:
     if not end:
         return (key or b"\0"), b"\0"
     return key, end[:-1] + bytes([end[-1] + 1])
-
-
-def decode_watch_message(line: bytes | str) -> WatchMessage:
-    """Parse one line of the watch stream (:class:`DiscoveryError` if it is not one)."""
-    try:
-        return _watch_decoder.decode(line)
-    except msgspec.DecodeError as exc:
-        raise DiscoveryError(f"etcd sent an unreadable watch message: {exc}") from None
 
 
 @final
@@ -228,10 +194,6 @@ class EtcdGateway:
         self._current = 0
         self._timeout = timeout
         self._moved = trio.Event()
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        return self._endpoints
 
     @property
     def endpoint(self) -> str:
@@ -251,7 +213,8 @@ class EtcdGateway:
         )
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
-        return decode_kvs(response.kvs), response.header.revision
+        kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
+        return kvs, response.header.revision
 
     async def get_keys(self, keys: Sequence[str]) -> dict[str, KeyValue]:
         """The stored key-value of each of ``keys`` that exists (batched in transactions)."""
@@ -387,16 +350,6 @@ class EtcdGateway:
                 reason,
                 self._endpoints[self._current],
             )
-
-
-def decode_kvs(kvs: Sequence[KeyValue]) -> dict[str, bytes]:
-    """``{key: value}`` from etcd key-values, skipping (and logging) non-UTF-8 keys."""
-    state: dict[str, bytes] = {}
-    for kv in kvs:
-        key = decode_key(kv.key)
-        if key is not None:
-            state[key] = kv.value
-    return state
 
 
 def decode_key(raw: bytes) -> str | None:

@@ -13,16 +13,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Final, final
 
 import httpx
+import msgspec
 import trio
 
 from ._base import DiscoveryError
-from ._etcd_gateway import decode_key, decode_watch_message
+from ._etcd_gateway import WatchMessage, decode_key
 from ._watch import WatchEvent, diff_events
 
 if TYPE_CHECKING:
     from ._etcd_gateway import EtcdGateway, WatchResult
-
-__all__ = ["WatchPump"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +29,8 @@ _MIN_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 2.0
 _MAX_PENDING: Final = 10_000
 """Events queued for a slow consumer before they are coalesced into a state difference."""
+
+_watch_decoder: Final = msgspec.json.Decoder(WatchMessage, strict=False)
 
 
 @final
@@ -137,9 +138,9 @@ class WatchPump:
 
     def _result_of(self, line: str) -> WatchResult:
         try:
-            message = decode_watch_message(line)
-        except DiscoveryError as exc:
-            raise _DropStream(str(exc)) from None
+            message = _watch_decoder.decode(line)
+        except msgspec.DecodeError as exc:
+            raise _DropStream(f"etcd sent an unreadable watch message: {exc}") from None
         if message.error is not None:
             raise _DropStream(f"etcd ended the watch: {message.error.message}")
         result = message.result

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
     from .._config import DiscoveryConfig
 
-__all__ = ["FileDiscovery"]
-
 logger = logging.getLogger(__name__)
 
 _WATCH_BUFFER: Final = 64
@@ -152,7 +150,7 @@ class FileDiscovery(Discovery):
         """The directory's live entries now (one scan, shared with every caller)."""
         async with self._scan_lock:
             try:
-                latest = await trio.to_thread.run_sync(self._scanner.scan, "")
+                latest = await trio.to_thread.run_sync(self._scanner.scan)
             except OSError as exc:
                 raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
             if latest is not self._latest:  # the scanner's way of saying "something changed"

@@ -29,17 +29,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
-__all__ = [
-    "DEFAULT_MAX_RECORD_SIZE",
-    "FileLayout",
-    "Scanner",
-    "Unreadable",
-    "key_to_name",
-    "parse_entry",
-    "parse_lease",
-    "read_regular_file",
-]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECORD_SIZE: Final = 1024 * 1024
@@ -93,7 +82,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def key_to_name(key: str) -> str:
-    """The file name (inside ``kv/``) of ``key``; also valid for prefixes (see rule 6)."""
+    """The file name (inside ``kv/``) of ``key`` (rule 6)."""
     name = quote(key, safe="-_.").replace("~", "%7E")  # quote() never escapes "~"
     if name.startswith("."):
         name = "%2E" + name[1:]
@@ -370,11 +359,11 @@ _COLLECTED_NAMED: Final = 3
 
 @final
 class Scanner:
-    """Reads the live entries under one prefix, collecting dead ones on the way.
+    """Reads the live entries, collecting dead ones on the way.
 
     Keeps what it learnt between scans (rule 8), so it lists ``kv/`` only after
     a change, reads only changed files, and returns the same result object
-    while nothing changed.  One thread at a time (each watch owns one).
+    while nothing changed.  One thread at a time.
     ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan``
     seconds force a full pass even if no mtime moved.
     """
@@ -385,7 +374,6 @@ class Scanner:
         self._layout = layout
         self._default_ttl = default_ttl
         self._full_rescan = max(1.0, default_ttl / 2) if full_rescan is None else full_rescan
-        self._prefix: str | None = None
         self._entries: dict[str, _Verdict] = {}
         self._listed_at: tuple[int, int] | None = None
         """``(inode, mtime_ns)`` of ``kv/`` at the last listing, if that mtime can be trusted."""
@@ -400,17 +388,12 @@ class Scanner:
         self._collected: list[str] = []  # reported in one line at the scan's end
         self._missing_logged = False
 
-    def scan(self, prefix: str) -> dict[str, bytes]:
-        """Every live key under ``prefix``: the same (read-only) object until something changes."""
+    def scan(self) -> dict[str, bytes]:
+        """Every live key: the same (read-only) object until something changes."""
         changed = False
-        if prefix != self._prefix:
-            self._prefix = prefix
-            self._entries.clear()
-            self._listed_at = None
-            changed = True
         now = time.monotonic()
         if self._listing_is_stale(now):
-            changed |= self._list_entries(prefix)
+            changed |= self._list_entries()
             self._listed_when = now
         alive = self._live_leases(now)
         if changed or alive != self._alive:
@@ -430,8 +413,8 @@ class Scanner:
             return True
         return (st.st_ino, st.st_mtime_ns) != self._listed_at
 
-    def _list_entries(self, prefix: str) -> bool:
-        """List ``kv/`` and refresh the verdicts; whether any matching entry changed."""
+    def _list_entries(self) -> bool:
+        """List ``kv/`` and refresh the verdicts; whether any entry changed."""
         kv_dir = self._layout.kv_dir
         before_ns = time.time_ns()
         try:
@@ -442,7 +425,6 @@ class Scanner:
             directory, trusted = None, False
         listing = self._scandir(kv_dir)
         self._listed_at = directory if trusted else None
-        name_prefix = key_to_name(prefix)
         now = time.time()
         old = self._entries
         new: dict[str, _Verdict] = {}
@@ -452,9 +434,7 @@ class Scanner:
             if name.startswith("."):
                 _remove_if_abandoned(dirent, now)
                 continue
-            if not name.startswith((name_prefix, "~")):
-                continue
-            verdict = self._judge(dirent, old.get(name), prefix)
+            verdict = self._judge(dirent, old.get(name))
             if verdict is None:
                 continue  # vanished
             new[name] = verdict
@@ -467,9 +447,7 @@ class Scanner:
             self._wanted = frozenset(e.lease for _, e in new.values() if e is not None)
         return changed
 
-    def _judge(
-        self, dirent: os.DirEntry[str], cached: _Verdict | None, prefix: str
-    ) -> _Verdict | None:
+    def _judge(self, dirent: os.DirEntry[str], cached: _Verdict | None) -> _Verdict | None:
         """The verdict on one file: from the cache if its signature did not move."""
         try:
             st = dirent.stat(follow_symlinks=False)
@@ -491,8 +469,6 @@ class Scanner:
         except ValueError as exc:
             self._reporter.bad(dirent.path, f"not a discovery entry ({exc})")
             return (signature, None)
-        if not entry.key.startswith(prefix):
-            return (signature, None)  # a hashed name of another prefix: fine, not ours
         return (signature, entry)
 
     def _collect(self, alive: frozenset[int]) -> dict[str, bytes]:

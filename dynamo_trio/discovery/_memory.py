@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final, final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, final
 
 import trio
 
@@ -27,18 +28,13 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
 
-__all__ = ["MemoryDiscovery", "MemoryStore", "default_memory_store"]
-
-
 @final
+@dataclass(frozen=True, eq=False, slots=True)
 class _Subscriber:
     """One open watch: its prefix and the channel its events go to."""
 
-    __slots__ = ("prefix", "send_channel")
-
-    def __init__(self, prefix: str, send_channel: trio.MemorySendChannel[WatchEvent]) -> None:
-        self.prefix: Final = prefix
-        self.send_channel: Final = send_channel
+    prefix: str
+    send_channel: trio.MemorySendChannel[WatchEvent]
 
 
 @final

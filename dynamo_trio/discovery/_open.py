@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from ._base import Discovery
     from ._memory import MemoryStore
 
-__all__ = ["make_discovery", "open_discovery"]
-
 
 def make_discovery(
     config: DiscoveryConfig, *, memory_store: MemoryStore | None = None

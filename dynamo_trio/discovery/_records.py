@@ -14,21 +14,6 @@ import msgspec
 
 from ._base import DiscoveryError
 
-__all__ = [
-    "Instance",
-    "InvalidRecord",
-    "ModelCard",
-    "ModelType",
-    "TENSOR_DATA_TYPES",
-    "TensorModelConfig",
-    "TensorSpec",
-    "decode_instance",
-    "decode_model_card",
-    "encode_record",
-    "instance_prefix",
-    "model_prefix",
-]
-
 ModelType = Literal["chat", "completions", "embeddings", "tensor", "images", "videos", "audios"]
 
 TENSOR_DATA_TYPES: Final = {

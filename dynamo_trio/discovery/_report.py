@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Final, final
 if TYPE_CHECKING:
     import logging
 
-__all__ = ["BadRecordReport"]
-
 NAMED_PER_BATCH: Final = 10
 """Bad records named individually per batch; the rest are counted."""
 

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from ._base import Discovery
     from ._watch import Watch, WatchEvent
 
-__all__ = ["PrefixView", "view_prefix"]
-
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

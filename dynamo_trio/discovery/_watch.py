@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Self
 
-__all__ = ["Watch", "WatchEvent", "diff_events"]
-
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:

@@ -12,6 +12,7 @@ import logging
 import math
 import ssl
 from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
 
     OpenTransport = Callable[[str], Awaitable[trio.abc.Stream]]
 
-__all__ = ["ClientConnection", "ClientStream", "ConnectionPool", "parse_address"]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 _FAIR_EVERY: Final = 32
@@ -97,7 +96,7 @@ class ClientStream:
     def _deliver(self, frame: Item | End | Error) -> None:
         if self._discarding:
             if isinstance(frame, Item):
-                self._took_item()  # nobody reads it: hand the credit straight back
+                self._took_items(1)  # nobody reads it: hand the credit straight back
             else:
                 self._done = True
             return
@@ -111,7 +110,7 @@ class ClientStream:
         self._discarding = True
         for frame in self._queue:
             if isinstance(frame, Item):
-                self._took_item()
+                self._took_items(1)
             else:
                 self._done = True
         self._queue.clear()
@@ -140,7 +139,7 @@ class ClientStream:
             if self._queue and not self._killed:
                 frame = self._queue.popleft()
                 if isinstance(frame, Item):
-                    self._took_item()
+                    self._took_items(1)
                     await self._fair_checkpoint()
                     return frame
                 await self._terminal(frame)
@@ -207,9 +206,6 @@ class ClientStream:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-
-    def _took_item(self) -> None:
-        self._took_items(1)
 
     def _took_items(self, count: int) -> None:
         self._consumed += count
@@ -531,15 +527,13 @@ async def _open_tcp(address: str) -> trio.abc.Stream:
     return await trio.open_tcp_stream(host, port)
 
 
+@dataclass(eq=False, slots=True)
 class _Attempt:
     """One shared connection attempt to one address, and its outcome."""
 
-    __slots__ = ("connection", "done", "error")
-
-    def __init__(self) -> None:
-        self.done: Final = trio.Event()
-        self.connection: ClientConnection | None = None
-        self.error: str | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    connection: ClientConnection | None = None
+    error: str | None = None
 
 
 class ConnectionPool:

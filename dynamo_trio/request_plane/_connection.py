@@ -27,14 +27,6 @@ if TYPE_CHECKING:
     from ._frames import Frame
     from ._protocol import ProtocolConnection
 
-__all__ = [
-    "FrameConnection",
-    "describe_close",
-    "limited_log",
-    "linger",
-    "printable",
-]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 limited_log: Final = LogLimiter(_log)
@@ -156,7 +148,7 @@ class FrameConnection:
                 async with trio.open_nursery() as nursery:
                     heartbeat = trio.CancelScope()
                     nursery.start_soon(self._write_loop)
-                    nursery.start_soon(self._heartbeat_loop, heartbeat)
+                    nursery.start_soon(self._heartbeats, heartbeat)
                     with trio.CancelScope() as self._reader_scope:
                         if self.close_reason is not None:
                             self._reader_scope.cancel()  # shut down before it ran
@@ -289,30 +281,27 @@ class FrameConnection:
                 self.close(f"connection lost while writing: {str(exc) or type(exc).__name__}")
                 return
 
-    async def _heartbeat_loop(self, scope: trio.CancelScope) -> None:
+    async def _heartbeats(self, scope: trio.CancelScope) -> None:
         with scope:
-            await self._heartbeats()
-
-    async def _heartbeats(self) -> None:
-        interval, timeout = self._config.heartbeat_interval, self._config.heartbeat_timeout
-        while True:
-            expected = trio.current_time() + interval
-            await trio.sleep(interval)
-            now = trio.current_time()
-            if now - expected > interval:
-                # This process stalled: blame the peer only for silence we were awake to hear.
-                self._last_received = max(self._last_received, now - interval)
-            silent_for = now - self._last_received
-            if silent_for > timeout:
-                limited_log.warning(
-                    "heartbeat-timeout",
-                    "connection %s: no frame received for %.1fs; declaring it dead",
-                    self.name,
-                    silent_for,
-                )
-                self.close(f"heartbeat timeout: no frame from the peer for {silent_for:.1f}s")
-                return
-            self.send(Ping())
+            interval, timeout = self._config.heartbeat_interval, self._config.heartbeat_timeout
+            while True:
+                expected = trio.current_time() + interval
+                await trio.sleep(interval)
+                now = trio.current_time()
+                if now - expected > interval:
+                    # This process stalled: blame the peer only for silence we were awake to hear.
+                    self._last_received = max(self._last_received, now - interval)
+                silent_for = now - self._last_received
+                if silent_for > timeout:
+                    limited_log.warning(
+                        "heartbeat-timeout",
+                        "connection %s: no frame received for %.1fs; declaring it dead",
+                        self.name,
+                        silent_for,
+                    )
+                    self.close(f"heartbeat timeout: no frame from the peer for {silent_for:.1f}s")
+                    return
+                self.send(Ping())
 
 
 async def linger(stream: trio.abc.Stream, *, limit: int | None = None) -> None:

@@ -16,31 +16,6 @@ from .._errors import InvalidArgument, ProtocolError
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-__all__ = [
-    "HANDSHAKE_MAX_FRAME_SIZE",
-    "NONCE_SIZE",
-    "PROTOCOL_VERSION",
-    "Auth",
-    "Challenge",
-    "Close",
-    "Control",
-    "Credit",
-    "End",
-    "Error",
-    "Frame",
-    "FrameDecoder",
-    "GoAway",
-    "Hello",
-    "Item",
-    "Ping",
-    "RawRequest",
-    "Request",
-    "WireFrame",
-    "Welcome",
-    "encode_frame",
-    "frame_tag",
-]
-
 PROTOCOL_VERSION: Final = 2
 
 HANDSHAKE_MAX_FRAME_SIZE: Final = 4096
@@ -156,7 +131,7 @@ class Credit(_Frame, tag="credit", frozen=True):
     items: int
 
 
-Frame = (
+_NotRequest = (
     Hello
     | Challenge
     | Auth
@@ -164,30 +139,15 @@ Frame = (
     | Ping
     | GoAway
     | Close
-    | Request
     | Item
     | End
     | Error
     | Control
     | Credit
 )
+Frame = _NotRequest | Request
 """Every frame type, as this end builds and sends them."""
-
-WireFrame = (
-    Hello
-    | Challenge
-    | Auth
-    | Welcome
-    | Ping
-    | GoAway
-    | Close
-    | RawRequest
-    | Item
-    | End
-    | Error
-    | Control
-    | Credit
-)
+WireFrame = _NotRequest | RawRequest
 """Every frame type, as :class:`FrameDecoder` returns them (``req`` not yet validated)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()

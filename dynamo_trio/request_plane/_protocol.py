@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 from contextlib import closing, suppress
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
 
 from .._errors import (
     DynamoError,
@@ -40,6 +40,7 @@ from ._frames import (
     RawRequest,
     Request,
     Welcome,
+    WireFrame,
     encode_frame,
     frame_tag,
 )
@@ -48,23 +49,11 @@ from ._validate import MAX_CREDIT, validate_request
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from ._frames import Frame, WireFrame
+    from ._frames import Frame
 
     # A method carrying out one action; its frame is the types its table cells admit.
     _OnReceive = Callable[["ProtocolConnection", Any], Frame | None]
     _OnSend = Callable[["ProtocolConnection", Any], bool]
-
-__all__ = [
-    "RECEIVE",
-    "SEND",
-    "ConnectionState",
-    "ProtocolConnection",
-    "Receive",
-    "Role",
-    "Send",
-    "client_proof",
-    "server_proof",
-]
 
 
 class Role(enum.Enum):
@@ -90,22 +79,12 @@ class ConnectionState(enum.Enum):
 
     @property
     def handshaking(self) -> bool:
-        return self in _HANDSHAKE_STATES
-
-
-_HANDSHAKE_STATES: Final = frozenset(
-    {
-        ConnectionState.AWAIT_HELLO,
-        ConnectionState.AWAIT_CHALLENGE,
-        ConnectionState.AWAIT_AUTH,
-        ConnectionState.AUTHENTICATING,
-        ConnectionState.AWAIT_WELCOME,
-    }
-)
+        return self in _EXPECTED
 
 
 class Receive(enum.Enum):
-    """What receiving a frame does (the actions of :data:`RECEIVE`)."""
+    """What receiving a frame does (the actions of :data:`RECEIVE`), each carried out by
+    the method ``ProtocolConnection._on_<name>``."""
 
     VIOLATION = "protocol violation: queue close, end the connection"
     DROP = "ignore it: the connection is closed"
@@ -122,7 +101,8 @@ class Receive(enum.Enum):
 
 
 class Send(enum.Enum):
-    """What sending a frame does (the actions of :data:`SEND`)."""
+    """What sending a frame does (the actions of :data:`SEND`), each carried out by the
+    method ``ProtocolConnection._send_<name>``."""
 
     BUG = "raise RuntimeError: this role never sends it here (a local bug)"
     DROP = "drop it silently, return False: the connection is closed or closing"
@@ -138,29 +118,13 @@ class Send(enum.Enum):
 
 _S = ConnectionState
 _Cell = TypeVar("_Cell")
-_Action = TypeVar("_Action")
-_Method = TypeVar("_Method")
 _Transition = tuple[Receive, ConnectionState | None]
 _V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
 _DROP: Final[_Transition] = (Receive.DROP, None)
 _CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
 _LIFE: Final[_Transition] = (Receive.LIFE, None)
 
-_FRAME_TYPES: Final = (
-    Hello,
-    Challenge,
-    Auth,
-    Welcome,
-    Ping,
-    GoAway,
-    Close,
-    RawRequest,
-    Item,
-    End,
-    Error,
-    Control,
-    Credit,
-)
+_FRAME_TYPES: Final = get_args(WireFrame)
 
 SERVER_STATES: Final = (
     _S.AWAIT_HELLO,
@@ -239,14 +203,12 @@ RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
 }
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
+# The cells of the send tables.
 _SendRule = tuple[Send, ConnectionState | None]
 _BUG: Final[_SendRule] = (Send.BUG, None)
 _GONE: Final[_SendRule] = (Send.DROP, None)
 _PLAIN: Final[_SendRule] = (Send.PLAIN, None)
 _SHUT: Final[_SendRule] = (Send.CLOSE, _S.CLOSED)
-
-
-# The cells of the send tables, besides _BUG, _GONE, _PLAIN and _SHUT.
 _GO: Final[_SendRule] = (Send.GOAWAY, _S.DRAINING)
 _ITEM: Final[_SendRule] = (Send.ITEM, None)
 _TERM: Final[_SendRule] = (Send.TERMINAL, None)
@@ -299,6 +261,7 @@ SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
 """``(role, state, sent frame type) -> (action, next state or None)``; ``req`` is
 keyed by :class:`RawRequest`, the wire type of the ``req`` tag."""
 
+# What each handshake state waits for.
 _EXPECTED: Final = {
     _S.AWAIT_HELLO: "a 'hello' frame first",
     _S.AWAIT_AUTH: "an 'auth' frame",
@@ -411,11 +374,6 @@ class ProtocolConnection:
     def outbox_size(self) -> int:
         return len(self._outbox)
 
-    @property
-    def buffered(self) -> int:
-        """Received bytes not yet part of a whole frame."""
-        return self._decoder.buffered
-
     # ------------------------------------------------------------------ outbound
 
     def start(self) -> None:
@@ -454,6 +412,8 @@ class ProtocolConnection:
     def _send_plain(self, frame: Frame) -> bool:
         self._encode(frame)
         return True
+
+    _send_close = _send_goaway = _send_plain
 
     def _send_request(self, frame: Request) -> bool:
         if frame.sid <= self._last_sid or frame.window <= 0:
@@ -546,15 +506,14 @@ class ProtocolConnection:
     def _on_violation(self, frame: WireFrame) -> NoReturn:
         raise ProtocolError(self._violation(frame))
 
-    def _on_drop(self, frame: WireFrame) -> None:
-        """A closed connection's cell (:meth:`receive_data` returns before it)."""
-
-    def _on_close(self, frame: Close) -> Close:
+    def _on_peer_close(self, frame: Close) -> Close:
         self.close_frame = frame
         return frame
 
-    def _on_life(self, frame: Ping | GoAway) -> None:
-        return None
+    def _on_life(self, frame: WireFrame) -> None:
+        """A sign of life, or a frame after the close (receive_data stops before those)."""
+
+    _on_drop = _on_life
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
         return frame
@@ -727,46 +686,18 @@ class ProtocolConnection:
         return frame
 
 
-_ON_RECEIVE: Final[Mapping[Receive, _OnReceive]] = {
-    Receive.VIOLATION: ProtocolConnection._on_violation,
-    Receive.DROP: ProtocolConnection._on_drop,
-    Receive.PEER_CLOSE: ProtocolConnection._on_close,
-    Receive.LIFE: ProtocolConnection._on_life,
-    Receive.HELLO: ProtocolConnection._on_hello,
-    Receive.CHALLENGE: ProtocolConnection._on_challenge,
-    Receive.AUTH: ProtocolConnection._on_auth,
-    Receive.WELCOME: ProtocolConnection._on_welcome,
-    Receive.GOAWAY: ProtocolConnection._on_goaway,
-    Receive.REQUEST: ProtocolConnection._on_request,
-    Receive.STREAM_CONTROL: ProtocolConnection._on_stream_control,
-    Receive.STREAM_RESPONSE: ProtocolConnection._on_stream_response,
-}
-_ON_SEND: Final[Mapping[Send, _OnSend]] = {
-    Send.BUG: ProtocolConnection._send_bug,
-    Send.DROP: ProtocolConnection._send_drop,
-    Send.PLAIN: ProtocolConnection._send_plain,
-    Send.CLOSE: ProtocolConnection._send_plain,
-    Send.GOAWAY: ProtocolConnection._send_plain,
-    Send.REQUEST: ProtocolConnection._send_request,
-    Send.ITEM: ProtocolConnection._send_item,
-    Send.TERMINAL: ProtocolConnection._send_terminal,
-    Send.CONTROL: ProtocolConnection._send_control,
-    Send.CREDIT: ProtocolConnection._send_credit,
-}
-
-
 def _dispatch(
-    table: Mapping[tuple[Role, ConnectionState, type], tuple[_Action, ConnectionState | None]],
-    methods: Mapping[_Action, _Method],
-) -> dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]:
+    table: Mapping[tuple[Role, ConnectionState, type], tuple[enum.Enum, ConnectionState | None]],
+    prefix: str,
+) -> dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]:
     """``table`` regrouped by ``(role, state)``, each action replaced by its method."""
-    assert set(methods) == {action for action, _ in table.values()}
-    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[_Method, ConnectionState | None]]]
+    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]
     dispatch = {}
     for (role, state, frame_type), (action, next_state) in table.items():
-        dispatch.setdefault((role, state), {})[frame_type] = (methods[action], next_state)
+        method = getattr(ProtocolConnection, prefix + action.name.lower())
+        dispatch.setdefault((role, state), {})[frame_type] = (method, next_state)
     return dispatch
 
 
-_RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, _ON_RECEIVE)
-_SEND_DISPATCH: Final = _dispatch(SEND, _ON_SEND)
+_RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, "_on_")
+_SEND_DISPATCH: Final = _dispatch(SEND, "_send_")

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from .._errors import DynamoError
     from ._frames import Frame, Outcome
 
-__all__ = ["RequestPlaneServer", "ServerStream"]
-
 _log = logging.getLogger("dynamo_trio.request_plane")
 
 # A handler yielding items without blocking checkpoints fully every this many
@@ -428,10 +426,6 @@ class _Session:
         if self.protocol.goaway:
             connection.shutdown("goaway sent and no stream is left")
 
-    def evict(self) -> None:
-        """End the handshake now (the gate's slot is wanted for a newer connection)."""
-        self._gate_scope.cancel()
-
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
         if connection is None:
@@ -577,7 +571,7 @@ class RequestPlaneServer:
             newcomer,
         )
         self._handshake_done(oldest)  # its slot is the newcomer's from now on
-        oldest.evict()
+        oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
         """Tell a connection beyond a cap why it is refused (in plaintext only), and drop it.

@@ -11,14 +11,13 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
 import trio
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-__all__ = ["AuthTurns", "source_key"]
 
 
 def source_key(host: str) -> str:
@@ -34,12 +33,10 @@ def source_key(host: str) -> str:
     return str(address)
 
 
+@dataclass(eq=False, slots=True)
 class _Waiter:
-    __slots__ = ("key", "wakeup")
-
-    def __init__(self, key: str) -> None:
-        self.key: Final = key
-        self.wakeup = trio.Event()
+    key: str
+    wakeup: trio.Event = field(default_factory=trio.Event)
 
 
 @final

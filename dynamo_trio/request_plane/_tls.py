@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .._config import RequestPlaneConfig
 
-__all__ = ["client_context", "server_context"]
-
 
 def server_context(config: RequestPlaneConfig) -> ssl.SSLContext:
     """The worker's context (ValueError if a needed file is not configured or cannot load)."""

@@ -13,17 +13,6 @@ from typing import Any, Final
 from .._errors import InvalidArgument
 from ._frames import RawRequest, Request
 
-__all__ = [
-    "MAX_CREDIT",
-    "MAX_HEADERS",
-    "MAX_HEADER_NAME_LENGTH",
-    "MAX_HEADER_VALUE_LENGTH",
-    "MAX_NAME_LENGTH",
-    "MAX_WINDOW",
-    "json_problem",
-    "validate_request",
-]
-
 MAX_WINDOW: Final = 1 << 24
 """The largest initial credit window a stream may ask for."""
 MAX_CREDIT: Final = 1 << 32

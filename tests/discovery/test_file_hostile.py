@@ -225,26 +225,26 @@ def test_an_idle_scan_lists_and_reads_nothing(
     age(layout.kv_dir)
     counting = Counting(monkeypatch)
     scanner = Scanner(layout, default_ttl=2.0, full_rescan=3600)
-    first = scanner.scan("p/")
+    first = scanner.scan()
     assert len(first) == 50
     # The first scan lists kv/ and leases/, and reads each file and the lease file.
     assert counting.take() == (2, 52)
     for _ in range(5):
-        assert scanner.scan("p/") is first, "nothing changed: the same state, not a copy"
+        assert scanner.scan() is first, "nothing changed: the same state, not a copy"
     assert counting.take() == (0, 0)
 
     # A write moves kv/'s mtime: the next scan lists it and reads the one new file.
     layout.write_entry("p/new", b"n", 7)
-    second = scanner.scan("p/")
+    second = scanner.scan()
     assert second == {**first, "p/new": b"n"}
     assert counting.take() == (1, 1)
     # A lease that expires changes the state without any listing or read.
     age(layout.kv_dir)
-    scanner.scan("p/")  # lists once more (kv/ moved), and trusts that listing from now on
-    assert scanner.scan("p/") is scanner.scan("p/")
+    scanner.scan()  # lists once more (kv/ moved), and trusts that listing from now on
+    assert scanner.scan() is scanner.scan()
     counting.take()
     age(layout.lease_path(7), 120)
-    assert scanner.scan("p/") == {}
+    assert scanner.scan() == {}
     assert counting.take() == (0, 0)
 
 
@@ -254,16 +254,16 @@ def test_a_file_edited_in_place_is_seen_at_the_next_full_rescan(tmp_path: Path) 
     layout.write_entry("p/k", b"old", 7)
     age(layout.kv_dir)
     scanner = Scanner(layout, default_ttl=2.0, full_rescan=0.2)
-    assert scanner.scan("p/") == {"p/k": b"old"}
+    assert scanner.scan() == {"p/k": b"old"}
     path = layout.kv_dir / key_to_name("p/k")
     data = path.read_bytes()
     with open(path, "r+b") as f:  # not atomic, no rename: kv/'s mtime does not move
         f.write(layout.encode_entry("p/k", b"new", 7))
         f.truncate()
     assert len(data) == path.stat().st_size
-    assert scanner.scan("p/") == {"p/k": b"old"}, "the listing is trusted until the rescan"
+    assert scanner.scan() == {"p/k": b"old"}, "the listing is trusted until the rescan"
     time.sleep(0.25)
-    assert scanner.scan("p/") == {"p/k": b"new"}
+    assert scanner.scan() == {"p/k": b"new"}
 
 
 def test_a_recent_directory_mtime_is_not_trusted(
@@ -274,11 +274,11 @@ def test_a_recent_directory_mtime_is_not_trusted(
     layout.create_lease(7, ttl=60.0)
     layout.write_entry("p/a", b"1", 7)
     scanner = Scanner(layout, default_ttl=2.0, full_rescan=3600)
-    assert scanner.scan("p/") == {"p/a": b"1"}
+    assert scanner.scan() == {"p/a": b"1"}
     st = os.lstat(layout.kv_dir)
     layout.write_entry("p/b", b"2", 7)
     os.utime(layout.kv_dir, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same tick
-    assert scanner.scan("p/") == {"p/a": b"1", "p/b": b"2"}
+    assert scanner.scan() == {"p/a": b"1", "p/b": b"2"}
 
 
 async def test_a_stale_copy_under_a_dead_lease_is_replaced_by_the_owner(tmp_path: Path) -> None:
@@ -295,12 +295,12 @@ async def test_a_stale_copy_under_a_dead_lease_is_replaced_by_the_owner(tmp_path
 
 async def test_one_poll_serves_every_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """However many prefixes are watched, the directory is scanned once per poll."""
-    scans: list[str] = []
+    scans: list[None] = []
     scan = Scanner.scan
 
-    def counted(self: Scanner, prefix: str) -> dict[str, bytes]:
-        scans.append(prefix)
-        return scan(self, prefix)
+    def counted(self: Scanner) -> dict[str, bytes]:
+        scans.append(None)
+        return scan(self)
 
     monkeypatch.setattr(Scanner, "scan", counted)
     config = file_config(tmp_path, poll_interval=0.05)
@@ -356,7 +356,7 @@ def test_entries_of_dead_leases_collected_in_one_scan_are_one_line(
     layout.ensure()
     for i in range(50):
         layout.write_entry(f"p/dead-{i:02d}", b"x", 0xDEAD)  # a lease that has no file
-    assert Scanner(layout, 2.0).scan("p/") == {}
+    assert Scanner(layout, 2.0).scan() == {}
     assert list(layout.kv_dir.iterdir()) == []
     lines = [r.getMessage() for r in caplog.records if "collected" in r.getMessage()]
     assert len(lines) == 1, lines
