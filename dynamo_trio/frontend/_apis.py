@@ -59,6 +59,8 @@ class _Api:
     """The ``endpoint`` label of the frontend metrics."""
     model_type: ModelType
     """Which registered model type serves it."""
+    parse: Callable[[object], Any]
+    """The body to a request with ``model`` (and, but for embeddings, ``stream``)."""
     prompt_param: str | None = None
     """The parameter a worker's refusal of a prompt too long for the context blames."""
     anthropic: bool = False
@@ -114,7 +116,6 @@ def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
 class TextApi(_Api):
     """One text-generating route (its defaults are OpenAI's SSE)."""
 
-    parse: Callable[[object], Any]
     unary: Callable[[Any, str, llm.Generation], dict[str, object]]
     open_stream: Callable[[Any, str], Any]
     encode: Callable[[list[dict[str, object]]], bytes] = _data_events
@@ -178,7 +179,12 @@ class EmbeddingsApi(_Api):
     """``POST /v1/embeddings``: unary only, one engine item."""
 
 
-EMBEDDINGS: Final = EmbeddingsApi(label="embeddings", model_type="embeddings", prompt_param="input")
+EMBEDDINGS: Final = EmbeddingsApi(
+    label="embeddings",
+    model_type="embeddings",
+    parse=llm.parse_embedding_request,
+    prompt_param="input",
+)
 
 
 class MediaStream(Protocol):
@@ -202,8 +208,6 @@ class MediaStream(Protocol):
 class MediaApi(_Api):
     """One media route: its request says whether it streams (``request.stream``)."""
 
-    parse: Callable[[object], Any]
-    """The body to a request with ``model``, ``stream`` and ``to_engine()``."""
     unary: Callable[[Any, str, list[object], float], dict[str, object] | llm.BinaryBody]
     """``(request, request_id, items, started)`` to the whole answer."""
     open_stream: Callable[[Any, str], MediaStream] | None = None

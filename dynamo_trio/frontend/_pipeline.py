@@ -29,10 +29,10 @@ from ..llm import (
     bounded_message,
     embedding_response,
     keepalive_comment,
-    parse_embedding_request,
     status_for_error,
 )
 from ..metrics import FrontendMetrics, RequestType
+from ._apis import EmbeddingsApi, TextApi
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, ModelStream, StreamFaults
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import EmbeddingsApi, ErrorBody, MediaApi, MediaStream, TextApi
+    from ._apis import ErrorBody, MediaApi, MediaStream
     from ._models import ModelRoute
 
 __all__ = ["BytesReply", "JsonReply", "Pipeline", "StreamReply"]
@@ -156,60 +156,36 @@ class Pipeline:
 
     # ------------------------------------------------------------------ entry points
 
-    async def text(
+    async def serve(
         self,
-        api: TextApi,
+        api: TextApi | EmbeddingsApi | MediaApi,
         payload: object,
         request_id: str,
         trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds."""
-        self._check_open()
+        """Serve one request to a generating route: unary, or streamed (a text API's
+        events, or the body a media API opens, which says how a failure ends it:
+        :meth:`~._apis.MediaStream.fail`); ``deadline`` in ``time.monotonic()`` seconds."""
+        if self.shutting_down:
+            raise RequestError(
+                503,
+                "The frontend is shutting down and takes no new requests; send it again.",
+                code="service_unavailable",
+            )
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
-        request.check_limits(route.card)
-        lifecycle = self._lifecycle(
-            request.model, api.label, request.stream, request_id, trace, deadline
-        )
-        produce = self._stream_text if request.stream else self._unary_text
-        return await self._run(lifecycle, api.error_body, produce, api, request, route)
-
-    async def embeddings(
-        self,
-        api: EmbeddingsApi,
-        payload: object,
-        request_id: str,
-        trace: TraceContext | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one embeddings request (always unary)."""
-        self._check_open()
-        request = parse_embedding_request(payload)
-        route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, False, request_id, trace, deadline)
-        return await self._run(lifecycle, api.error_body, self._embed, request, route)
-
-    async def media(
-        self,
-        api: MediaApi,
-        payload: object,
-        request_id: str,
-        trace: TraceContext | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one image, video or speech request: unary, or streamed in the body
-        its API opens (which says how a failure ends it: :meth:`~._apis.MediaStream.fail`)."""
-        self._check_open()
-        request = api.parse(payload)
-        route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(
-            request.model, api.label, request.stream, request_id, trace, deadline
-        )
-        if request.stream and api.open_stream is not None:
+        if isinstance(api, TextApi):
+            request.check_limits(route.card)
+        stream = not isinstance(api, EmbeddingsApi) and request.stream
+        lifecycle = self._lifecycle(request.model, api.label, stream, request_id, trace, deadline)
+        if isinstance(api, TextApi):
+            produce = self._stream_text if stream else self._unary_text
+            return await self._run(lifecycle, api.error_body, produce, api, request, route)
+        if isinstance(api, EmbeddingsApi):
+            return await self._run(lifecycle, api.error_body, self._embed, request, route)
+        if stream and api.open_stream is not None:
             body = api.open_stream(request, request_id)
             return await self._run(
                 lifecycle,
@@ -222,14 +198,6 @@ class Pipeline:
                 keepalive=body.keepalive,
             )
         return await self._run(lifecycle, api.error_body, self._unary_media, api, request, route)
-
-    def _check_open(self) -> None:
-        if self.shutting_down:
-            raise RequestError(
-                503,
-                "The frontend is shutting down and takes no new requests; send it again.",
-                code="service_unavailable",
-            )
 
     def _lifecycle(
         self,

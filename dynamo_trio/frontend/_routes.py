@@ -174,21 +174,7 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | Media
             time.monotonic(),
         )
         payload = _decode_json(body, pipeline.config.max_json_depth)
-        result: JsonReply | BytesReply | StreamReply
-        if api is EMBEDDINGS:
-            result = await pipeline.embeddings(
-                EMBEDDINGS, payload, ids.request_id, trace, deadline=deadline
-            )
-        elif isinstance(api, MediaApi):
-            result = await pipeline.media(api, payload, ids.request_id, trace, deadline=deadline)
-        else:
-            result = await pipeline.text(
-                api,  # type: ignore[arg-type]
-                payload,
-                ids.request_id,
-                trace,
-                deadline=deadline,
-            )
+        result = await pipeline.serve(api, payload, ids.request_id, trace, deadline=deadline)
         response = _reply(result, ids)
     except RequestError as exc:
         response = json_response(api.request_error_body(exc), exc.status, reply_ids())
