@@ -1,11 +1,8 @@
 """The generating HTTP APIs as data: how each parses, answers, streams and fails.
 
-The frontend runs every text-generating route through one pipeline; what
-differs between OpenAI chat, OpenAI completions, the Responses API and
-Anthropic Messages is captured here, one :class:`TextApi` per route, on top of
-the sans-IO shapes in :mod:`dynamo_trio.llm`.  Embeddings are an
-:class:`EmbeddingsApi`; images, videos and audio speech a :class:`MediaApi`
-each (a route's request says whether it streams, and in what body).
+One :class:`TextApi` per text route (OpenAI chat and completions, Responses,
+Anthropic Messages), one :class:`MediaApi` per other route (embeddings, images,
+videos, speech: unary, or streamed in the body its request asks for).
 """
 
 from __future__ import annotations
@@ -174,19 +171,6 @@ ANTHROPIC_MESSAGES: Final = TextApi(
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class EmbeddingsApi(_Api):
-    """``POST /v1/embeddings``: unary only, one engine item."""
-
-
-EMBEDDINGS: Final = EmbeddingsApi(
-    label="embeddings",
-    model_type="embeddings",
-    parse=llm.parse_embedding_request,
-    prompt_param="input",
-)
-
-
 class MediaStream(Protocol):
     """A streamed media body (SSE, MJPEG, audio): the bytes for each worker item."""
 
@@ -206,7 +190,7 @@ class MediaStream(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class MediaApi(_Api):
-    """One media route: its request says whether it streams (``request.stream``)."""
+    """One route beyond text: its request says whether it streams (``request.stream``)."""
 
     unary: Callable[[Any, str, list[object], float], dict[str, object] | llm.BinaryBody]
     """``(request, request_id, items, started)`` to the whole answer."""
@@ -220,6 +204,19 @@ def _images(request: Any, request_id: str, items: list[object], started: float) 
 
 def _speech(request: Any, request_id: str, items: list[object], started: float) -> Any:
     return llm.speech_body(request, items)
+
+
+def _embeddings(request: Any, request_id: str, items: list[object], started: float) -> Any:
+    return llm.embedding_response(request, items[-1] if items else None)
+
+
+EMBEDDINGS: Final = MediaApi(
+    label="embeddings",
+    model_type="embeddings",
+    parse=llm.parse_embedding_request,
+    prompt_param="input",
+    unary=_embeddings,
+)
 
 
 IMAGE_GENERATIONS: Final = MediaApi(

@@ -23,16 +23,14 @@ from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
 from ..llm import (
     BinaryBody,
-    EmbeddingRequest,
     Generation,
     RequestError,
     bounded_message,
-    embedding_response,
     keepalive_comment,
     status_for_error,
 )
 from ..metrics import FrontendMetrics, RequestType
-from ._apis import EmbeddingsApi, TextApi
+from ._apis import TextApi
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, ModelStream, StreamFaults
@@ -158,7 +156,7 @@ class Pipeline:
 
     async def serve(
         self,
-        api: TextApi | EmbeddingsApi | MediaApi,
+        api: TextApi | MediaApi,
         payload: object,
         request_id: str,
         trace: TraceContext | None = None,
@@ -178,26 +176,31 @@ class Pipeline:
         route = self.models.route(request.model, api.model_type)
         if isinstance(api, TextApi):
             request.check_limits(route.card)
-        stream = not isinstance(api, EmbeddingsApi) and request.stream
-        lifecycle = self._lifecycle(request.model, api.label, stream, request_id, trace, deadline)
-        if isinstance(api, TextApi):
-            produce = self._stream_text if stream else self._unary_text
-            return await self._run(lifecycle, api.error_body, produce, api, request, route)
-        if isinstance(api, EmbeddingsApi):
-            return await self._run(lifecycle, api.error_body, self._embed, request, route)
-        if stream and api.open_stream is not None:
-            body = api.open_stream(request, request_id)
-            return await self._run(
-                lifecycle,
-                api.error_body,
-                self._stream_media,
-                body,
-                request,
-                route,
-                content_type=body.content_type,
-                keepalive=body.keepalive,
+            lifecycle = self._lifecycle(
+                request.model, api.label, request.stream, request_id, trace, deadline
             )
-        return await self._run(lifecycle, api.error_body, self._unary_media, api, request, route)
+            produce = self._stream_text if request.stream else self._unary_text
+            return await self._run(lifecycle, api.error_body, produce, api, request, route)
+        # (an embeddings request has no ``stream``, and no ``open_stream`` either)
+        open_stream = api.open_stream if api.open_stream is not None and request.stream else None
+        lifecycle = self._lifecycle(
+            request.model, api.label, open_stream is not None, request_id, trace, deadline
+        )
+        if open_stream is None:
+            return await self._run(
+                lifecycle, api.error_body, self._unary_media, api, request, route
+            )
+        body = open_stream(request, request_id)
+        return await self._run(
+            lifecycle,
+            api.error_body,
+            self._stream_media,
+            body,
+            request,
+            route,
+            content_type=body.content_type,
+            keepalive=body.keepalive,
+        )
 
     def _lifecycle(
         self,
@@ -432,23 +435,6 @@ class Pipeline:
         await reply.lend(pull, stream.nudge)
         while (data := await pull()) is not None:  # what a departed body left
             await reply.send(data)
-
-    async def _embed(
-        self,
-        reply: Reply,
-        lifecycle: RequestLifecycle,
-        request: EmbeddingRequest,
-        route: ModelRoute,
-    ) -> None:
-        output: object = None
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._embed_faults
-        ) as stream:
-            while batch := await stream.receive_batch():
-                output = batch[-1]
-        answer = JsonReply(200, embedding_response(request, output))
-        lifecycle.completed()
-        await reply.send(answer)
 
     async def _unary_media(
         self,

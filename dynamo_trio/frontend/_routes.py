@@ -47,7 +47,7 @@ from ._pipeline import BytesReply, JsonReply, StreamReply
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._apis import EmbeddingsApi, TextApi
+    from ._apis import TextApi
     from ._pipeline import Pipeline
 
 __all__ = [
@@ -159,7 +159,7 @@ def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Res
     return response
 
 
-async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | MediaApi) -> Response:
+async def generate_view(pipeline: Pipeline, api: TextApi | MediaApi) -> Response:
     """``POST`` to a generating route: parse, route, run, answer (JSON, SSE, or a media body)."""
     body = BodyPrefetch.take(request.scope)
     if body is None:
@@ -200,7 +200,7 @@ class ApiRoute:
     method: str
     path: str
     name: str
-    api: TextApi | EmbeddingsApi | MediaApi | None = None
+    api: TextApi | MediaApi | None = None
 
     def view(self, pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
         if self.api is None:
