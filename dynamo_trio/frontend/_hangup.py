@@ -1,12 +1,6 @@
-"""Hang-up detection: one owner, one rule.
-
-**A request counts as cancelled by its client if, and only if, the client's
-connection ends before the request's work is complete**
-(:meth:`RequestLifecycle.completed`, called *before* the last bytes are handed
-on): a client that closes after ``data: [DONE]`` cancels nothing.
-:class:`HangUpGuard`, around the app, is the only place that declares a client
-gone; a cancelled request's context is killed (``--on-disconnect stop``:
-stopped) with reason ``client disconnect`` and counted once.
+"""Hang-up detection, in one place: a request is cancelled by its client if, and only
+if, the client's connection ends before the request's work is complete
+(:meth:`RequestLifecycle.completed`, called before the last bytes are handed on).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """``dynamo-trio frontend`` (``python -m dynamo_trio.frontend``): one frontend process,
 or ``--http-workers N`` of them under a supervisor.
-
-What it serves with is imported before it tunes the collector; KServe only
-when asked for, the mocker and the engines never.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The models the frontend serves, and which workers each request for them goes to.
-
-The registry watches its namespace's model cards and opens each named
-endpoint's instance watch as soon as a card is seen, so no request waits for
-discovery.  A request for model *M* as type *T* goes only to *(M, T)*'s
-targets; a :class:`ModelStream` moves it when its worker fails.
-``docs/architecture.md`` ("Models and migration") has the rules.
+"""The models the frontend serves, and which workers each request for them goes to
+(docs/architecture.md, "Models and migration").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A request's walk through the frontend: the view answers, a producer does the work.
-
-The view validates the body, finds the model and starts a *producer* in the
-frontend's nursery under ``context.scope()``; the producer calls the worker,
-shapes the items and sends them through the request's :class:`~._body.Reply`.
-How each ending is answered: ``docs/architecture.md`` ("A request in the
-frontend"), decided in one place, :meth:`Pipeline._failed`.
+"""A request's walk through the frontend: the view answers, a producer does the work
+(docs/architecture.md, "A request in the frontend"); every ending is decided in
+:meth:`Pipeline._failed`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them.
 
-Views are module-level functions of the :class:`~._pipeline.Pipeline` and the
-API they serve; quart does the routing, the body limits and the error pages.
 A view reads the whole body before anything can refuse the request (so the
 keep-alive connection can be reused); ``x-request-timeout`` sets its deadline.
 """

@@ -1,10 +1,6 @@
-"""``--http-workers N``: one port, N frontend processes, one truthful view of them.
-
-The supervisor serves no HTTP: it binds the port with ``SO_REUSEPORT``, starts
-N frontend processes binding it the same way, restarts one that dies (after a
-doubling pause) and passes signals on.  ``/metrics`` sums over all of them
-(prometheus-client's multiprocess mode); ``/debug/requests`` gathers every
-process's list over abstract Unix sockets.
+"""``--http-workers N``: one port (``SO_REUSEPORT``), N frontend processes under a
+supervisor that restarts them; ``/metrics`` and ``/debug/requests`` cover them all
+(docs/operations.md).
 """
 
 from __future__ import annotations
