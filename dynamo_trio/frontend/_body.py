@@ -124,10 +124,6 @@ class Reply(ResponseBody):
             self._chunks.close()
         return first
 
-    def stream(self) -> Self:
-        """From now on, the body quart sends."""
-        return self
-
     # -- quart's side
 
     async def __aenter__(self) -> Self:

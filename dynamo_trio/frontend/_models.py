@@ -145,11 +145,6 @@ class ModelStream:
         """The instance serving the request now (``None`` if nothing was sent)."""
         return self._stream.instance_id
 
-    @property
-    def context(self) -> Context:
-        """The current call's own context (a child of the request's)."""
-        return self._stream.context
-
     async def receive_batch(self) -> list[Any] | None:
         """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures;
         ``None`` when :meth:`nudge` woke the wait.  A cancellation while waiting leaves

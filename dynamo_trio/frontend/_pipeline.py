@@ -242,7 +242,7 @@ class Pipeline:
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes):
-            return StreamReply(reply.stream(), content_type)
+            return StreamReply(reply, content_type)
         if isinstance(first, _Failed):
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
