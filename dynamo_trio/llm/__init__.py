@@ -1,9 +1,5 @@
-"""The LLM wire shapes, sans-IO: the engine protocol and the HTTP APIs translated into it.
-
-Each private module has one job (``_protocol`` the engine protocol, ``_openai``,
-``_responses``, ``_anthropic``, ``_embeddings``, ``_images``, ``_speech`` and
-``_videos`` an API each, ``_json`` and ``_validate`` reading bodies, ``_sse``
-events); docs/llm.md describes them.
+"""The LLM wire shapes, sans-IO: the engine protocol and the HTTP APIs translated into it
+(docs/llm.md).
 """
 
 from ._anthropic import (

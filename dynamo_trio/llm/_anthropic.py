@@ -1,8 +1,5 @@
-"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes.
-
-Text conversations only (other block types are refused); ``max_tokens`` is
-required, as in Anthropic's API.  A stopped generation is ``end_turn`` with the
-exact usage, as Dynamo reports it (docs/llm.md has the stop reasons and events).
+"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations

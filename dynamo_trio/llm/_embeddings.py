@@ -1,10 +1,5 @@
-"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing and the response shape.
-
-``input`` is a string or an array of strings (at most 2048, none empty);
-token-id inputs are refused as unsupported.  ``encoding_format`` is
-``"float"`` (a JSON array) or ``"base64"``: the vector as little-endian
-IEEE-754 float32 bytes, base64-encoded, which is what the official client
-decodes (``numpy.frombuffer(..., dtype="float32")``).
+"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing and the response shape
+(docs/llm.md).
 """
 
 from __future__ import annotations

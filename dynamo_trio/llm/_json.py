@@ -1,8 +1,5 @@
-"""Decoding JSON request bodies: strict, bounded, and with errors that say what is wrong.
-
-:func:`decode_json_body` is msgspec's decoder plus the checks it does not make:
-nesting depth, duplicate object keys, integers beyond 64 bits, each refused with
-a 400 :class:`~dynamo_trio.llm.RequestError` (docs/llm.md, "Request bodies").
+"""Decoding JSON request bodies: msgspec's decoder plus the checks it does not make
+(docs/llm.md, "Request bodies").
 """
 
 from __future__ import annotations

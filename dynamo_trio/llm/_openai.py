@@ -1,10 +1,5 @@
-"""The OpenAI chat completions, completions and models APIs: parsing and response shapes.
-
-Sans-IO: a parser turns a decoded body into a typed request (or a 400
-:class:`~dynamo_trio.llm.RequestError` naming the parameter), the request
-converts to an engine request, and :class:`ChatCompletionStream` (streaming) or
-:class:`Generation` (unary) turn engine items into OpenAI objects.  An engine
-``"cancelled"`` is reported as ``"stop"`` (docs/llm.md says why).
+"""The OpenAI chat completions, completions and models APIs: parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations

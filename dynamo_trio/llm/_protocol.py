@@ -1,8 +1,5 @@
-"""The engine protocol: what the frontend sends a worker, and what the worker streams back.
-
-Plain JSON on the request plane, described by ``TypedDict`` s both sides share,
-with validation on both ends so a buggy peer fails one request, never the
-process.  docs/llm.md has the shapes, the finish reasons and continuations.
+"""The engine protocol: what the frontend sends a worker, and what the worker streams back
+(docs/llm.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes.
-
-Text conversations only, and nothing stored: the whole conversation travels in
-``input``.  A stopped generation is ``status: "cancelled"``, ending its stream
-with ``response.incomplete`` (docs/llm.md has the outcomes and the events).
+"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations

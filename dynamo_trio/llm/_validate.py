@@ -1,9 +1,5 @@
-"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter.
-
-Every parser reads through these helpers, so every rejection looks the same: a
-``param`` path such as ``messages[2].content[0].text`` and an OpenAI-style
-message.  ``true`` is not an integer and non-finite numbers are refused, which
-Python's decoders blur.
+"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter
+(docs/llm.md, "Request bodies").
 """
 
 from __future__ import annotations
