@@ -329,12 +329,19 @@ class _ChunkStream(EventStream):
     __slots__ = ("_created", "_id", "_include_usage", "_model", "_template")
 
     _object: str
+    _id_prefix: str
 
-    def __init__(self, id: str, model: str, include_usage: bool, created: int | None) -> None:
+    def __init__(
+        self,
+        request: ChatRequest | CompletionRequest,
+        request_id: str,
+        *,
+        created: int | None = None,
+    ) -> None:
         super().__init__()
-        self._id = id
-        self._model = model
-        self._include_usage = include_usage
+        self._id = self._id_prefix + request_id
+        self._model = request.model
+        self._include_usage = request.include_usage
         self._created = _now() if created is None else created
         self._template: tuple[bytes, bytes] | None = None
 
@@ -420,11 +427,7 @@ class ChatCompletionStream(_ChunkStream):
 
     __slots__ = ()
     _object = "chat.completion.chunk"
-
-    def __init__(
-        self, request: ChatRequest, request_id: str, *, created: int | None = None
-    ) -> None:
-        super().__init__(f"chatcmpl-{request_id}", request.model, request.include_usage, created)
+    _id_prefix = "chatcmpl-"
 
     def _opening(self) -> list[dict[str, object]]:
         delta = {"role": "assistant", "content": ""}
@@ -442,11 +445,7 @@ class CompletionStream(_ChunkStream):
 
     __slots__ = ()
     _object = "text_completion"
-
-    def __init__(
-        self, request: CompletionRequest, request_id: str, *, created: int | None = None
-    ) -> None:
-        super().__init__(f"cmpl-{request_id}", request.model, request.include_usage, created)
+    _id_prefix = "cmpl-"
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         return self._chunk(
