@@ -313,7 +313,8 @@ def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 async def _get_json_over_unix(path: str, target: str) -> Any:
-    """``GET target`` on an HTTP/1.1 server listening on the Unix socket ``path``."""
+    """``GET target`` on a sibling's status server (an Edge, which always sends a
+    ``content-length``) listening on the Unix socket ``path``."""
     stream = await trio.open_unix_socket(path)
     async with stream:
         await stream.send_all(
@@ -325,18 +326,4 @@ async def _get_json_over_unix(path: str, target: str) -> Any:
     head, _, body = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise ValueError(f"unexpected answer: {head[:100]!r}")
-    if b"transfer-encoding: chunked" in head.lower():
-        body = _dechunk(body)
     return json.loads(body)
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = b""
-    while body:
-        size_line, _, rest = body.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        out += rest[:size]
-        body = rest[size + 2 :]
-    return out
