@@ -26,7 +26,7 @@ from .._tracing import (
     request_ids,
 )
 from ..edge import BodyPrefetch, json_bytes, shown
-from ..llm import RequestError, decode_json_body, model_list
+from ..llm import RequestError, decode_json_body, model_object
 from ._apis import (
     ANTHROPIC_MESSAGES,
     CHAT,
@@ -183,12 +183,8 @@ async def generate_view(pipeline: Pipeline, api: TextApi | MediaApi) -> Response
 
 async def models_view(pipeline: Pipeline) -> Response:
     """``GET /v1/models``: every model with a live instance."""
-    models = pipeline.models.models()
-    payload = model_list([name for name, _ in models])
-    created = dict(models)
-    for entry in payload["data"]:  # type: ignore[attr-defined]
-        entry["created"] = created[entry["id"]]
-    return json_response(payload)
+    data = [model_object(name, created=created) for name, created in pipeline.models.models()]
+    return json_response({"object": "list", "data": data})
 
 
 @dataclass(frozen=True, slots=True)
