@@ -20,25 +20,6 @@ if TYPE_CHECKING:
     from ..discovery import ModelType
     from ..metrics import FrontendEndpoint
 
-__all__ = [
-    "ANTHROPIC_MESSAGES",
-    "CHAT",
-    "COMPLETIONS",
-    "EMBEDDINGS",
-    "IMAGE_EDITS",
-    "IMAGE_GENERATIONS",
-    "RESPONSES",
-    "SPEECH",
-    "VIDEOS",
-    "VIDEOS_MJPEG",
-    "ErrorBody",
-    "MediaApi",
-    "MediaStream",
-    "TextApi",
-    "api_for_path",
-    "edge_error_body",
-]
-
 
 class ErrorBody(Protocol):
     """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from ..runtime import DistributedRuntime
     from ._turns import Turns
 
-__all__ = ["build_app", "build_edge", "serve_frontend"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-__all__ = ["Reply"]
-
 # The most bytes gathered into one write from chunks already waiting.
 _COALESCE_LIMIT: Final = 64 * 1024
 

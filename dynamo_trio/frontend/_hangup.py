@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from .._context import Context, ContextState
     from ..metrics import FrontendRequestTracker
 
-__all__ = ["HangUpGuard", "RequestLifecycle", "bind_to_request"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 _hangups: Final = LogLimiter(_log, interval=0.1, burst=50)
 """A line per hang-up, at a rate a client resetting streams on end cannot raise."""

@@ -37,8 +37,6 @@ from ._workers import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["main", "run_frontend", "run_workers"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 

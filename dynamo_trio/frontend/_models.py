@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from ..discovery import ModelType, PrefixView
     from ..runtime import Client, DistributedRuntime, ResponseStream, Target
 
-__all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 _INSTANCE_WAIT: Final = 2.0
@@ -54,7 +52,7 @@ Moved = tuple[str, str]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamFaults:
-    """What a model request does when the worker serving it fails (module docstring)."""
+    """What a model request does when the worker serving it fails (docs/architecture.md)."""
 
     migration_limit: int = 0
     """Moves allowed after the first item (0: a lost worker fails the request)."""

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from ._apis import ErrorBody, MediaApi, MediaStream
     from ._models import ModelRoute
 
-__all__ = ["BytesReply", "JsonReply", "Pipeline", "StreamReply"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 

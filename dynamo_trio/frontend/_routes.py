@@ -48,15 +48,6 @@ if TYPE_CHECKING:
     from ._apis import TextApi
     from ._pipeline import Pipeline
 
-__all__ = [
-    "REQUEST_TIMEOUT_HEADER",
-    "ROUTES",
-    "ApiRoute",
-    "json_response",
-    "reply_ids",
-    "request_deadline",
-]
-
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
 _SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -8,8 +8,6 @@ from typing import Final, final
 
 import trio
 
-__all__ = ["Turns"]
-
 
 @final
 class Turns(trio.abc.Instrument):

@@ -31,16 +31,6 @@ if TYPE_CHECKING:
 
     from .._config import Config
 
-__all__ = [
-    "SUPERVISOR_ENV",
-    "WORKERS_DIR_ENV",
-    "WORKERS_ENV",
-    "WORKER_INDEX_ENV",
-    "WorkerView",
-    "holding_shared",
-    "run_frontend_workers",
-]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 WORKER_INDEX_ENV: Final = "DYN_HTTP_WORKER_INDEX"

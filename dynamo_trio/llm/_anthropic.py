@@ -33,14 +33,6 @@ if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, GenerateRequest
 
-__all__ = [
-    "MessagesRequest",
-    "MessagesStream",
-    "anthropic_stop_reason",
-    "message_object",
-    "parse_messages_request",
-]
-
 _ROLES: Final = ("user", "assistant")
 _BLOCK_TYPES: Final = frozenset({"text"})
 _MAX_STOP_SEQUENCES: Final = 64

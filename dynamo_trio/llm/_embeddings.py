@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 
     from ._protocol import EmbedRequest
 
-__all__ = [
-    "EmbeddingRequest",
-    "embedding_response",
-    "encode_base64_floats",
-    "parse_embedding_request",
-]
-
 _MAX_INPUTS: Final = 2048
 
 EncodingFormat = Literal["float", "base64"]

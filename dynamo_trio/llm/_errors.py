@@ -22,18 +22,6 @@ from .._errors import (
 )
 from ._protocol import EngineError
 
-__all__ = [
-    "MAX_ERROR_MESSAGE",
-    "RequestError",
-    "anthropic_error_body",
-    "anthropic_error_type",
-    "bounded_message",
-    "openai_error_body",
-    "openai_error_type",
-    "reason_phrase",
-    "status_for_error",
-]
-
 
 class RequestError(Exception):
     """A request the frontend refuses, with the HTTP status to answer it with.

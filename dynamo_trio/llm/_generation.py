@@ -11,8 +11,6 @@ from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["EventStream", "Generation", "plain_text"]
-
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 
 

@@ -16,8 +16,6 @@ from ._errors import RequestError
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-__all__ = ["INTEGER_RANGE", "decode_json_body"]
-
 INTEGER_RANGE: Final = (-(2**63), 2**64 - 1)
 """The integers a request may contain: what a signed or unsigned 64-bit field can hold."""
 

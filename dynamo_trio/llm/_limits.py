@@ -11,14 +11,6 @@ from ._errors import RequestError
 if TYPE_CHECKING:
     from .._errors import DynamoError
 
-__all__ = [
-    "CONTEXT_LENGTH_EXCEEDED",
-    "ContextLengthExceeded",
-    "TokenLimits",
-    "check_output_tokens",
-    "context_length_error",
-]
-
 CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"
 """The OpenAI error ``code`` of a request whose prompt and output do not fit the context."""
 

@@ -41,21 +41,6 @@ if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
 
-__all__ = [
-    "ChatCompletionStream",
-    "ChatRequest",
-    "CompletionRequest",
-    "CompletionStream",
-    "chat_completion",
-    "completion",
-    "model_list",
-    "model_object",
-    "openai_finish_reason",
-    "openai_usage",
-    "parse_chat_request",
-    "parse_completion_request",
-]
-
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})
 _MAX_STOP_SEQUENCES: Final = 4

@@ -10,23 +10,6 @@ import msgspec
 
 from .._errors import DynamoError
 
-__all__ = [
-    "EmbedOutput",
-    "EmbedRequest",
-    "EmbedUsage",
-    "EngineError",
-    "Continuation",
-    "EngineMessage",
-    "FinishReason",
-    "GenerateOutput",
-    "GenerateRequest",
-    "Usage",
-    "parse_embed_output",
-    "parse_generate_output",
-    "validate_embed_request",
-    "validate_generate_request",
-]
-
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 """Why a generation ended, as the engine reports it (docs/llm.md)."""
 

@@ -35,14 +35,6 @@ if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, GenerateRequest, Usage
 
-__all__ = [
-    "ResponseStream",
-    "ResponsesRequest",
-    "parse_responses_request",
-    "response_object",
-    "responses_usage",
-]
-
 _ROLES: Final = ("user", "assistant", "system", "developer")
 _PART_TYPES: Final = frozenset({"input_text", "output_text"})
 _MAX_METADATA_KEYS: Final = 16

@@ -10,8 +10,6 @@ if TYPE_CHECKING:
 
     from ._protocol import EngineMessage, GenerateRequest
 
-__all__ = ["SamplingParams"]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:

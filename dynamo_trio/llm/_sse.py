@@ -10,8 +10,6 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["DONE", "encode_comment", "encode_error_event", "encode_event", "keepalive_comment"]
-
 DONE: Final = b"data: [DONE]\n\n"
 """The last event of a successful OpenAI chat or completions stream."""
 
