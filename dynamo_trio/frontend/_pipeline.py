@@ -84,7 +84,6 @@ class _Failed:
 
     status: int
     message: str
-    error_type: str
     cause: BaseException | None = None
 
 
@@ -344,7 +343,7 @@ class Pipeline:
         if reply.sent_any and reply.stream_failure is not None:
             await reply.send(reply.stream_failure(status, message))
         else:
-            await reply.send(_Failed(status, message, error_type, exc))
+            await reply.send(_Failed(status, message, exc))
         return "error", error_type
 
     async def _unary_text(
