@@ -397,8 +397,6 @@ class ModelRegistry:
             )
         return ModelRoute(self, name, model_type, cards[0])
 
-    # -- sending ------------------------------------------------------------------
-
     async def _client(self, card: ModelCard) -> Client:
         path = _path(card)
         client = self._clients.get(path)

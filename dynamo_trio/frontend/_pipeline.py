@@ -145,8 +145,6 @@ class Pipeline:
         for context in tuple(self._contexts):
             context.kill(CancelReason.SHUTDOWN)
 
-    # ------------------------------------------------------------------ entry points
-
     async def serve(
         self,
         api: TextApi | MediaApi,
@@ -220,8 +218,6 @@ class Pipeline:
         bind_to_request(lifecycle)
         return lifecycle
 
-    # ------------------------------------------------------------------ the view's side
-
     async def _run(
         self,
         lifecycle: RequestLifecycle,
@@ -231,6 +227,7 @@ class Pipeline:
         content_type: str = "text/event-stream",
         keepalive: bool = True,
     ) -> JsonReply | BytesReply | StreamReply:
+        """The view's side: start the producer, answer with the first thing it sends."""
         reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
         # Cancelled here: the client left before the first byte (the HangUpGuard has
@@ -244,8 +241,6 @@ class Pipeline:
             return JsonReply(first.status, error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
 
-    # ------------------------------------------------------------------ the producer's side
-
     async def _produce(
         self,
         lifecycle: RequestLifecycle,
@@ -253,6 +248,7 @@ class Pipeline:
         produce: Any,
         *args: Any,
     ) -> None:
+        """The producer's side, a task of the frontend's nursery: the request's work."""
         context = lifecycle.context
         grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
         with self.in_flight_request(context):
