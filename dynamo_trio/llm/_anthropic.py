@@ -23,8 +23,8 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
+    required_choice,
     required_int,
-    required_str,
     stop_sequences,
     text_content,
 )
@@ -102,11 +102,7 @@ def _system(value: object) -> str | None:
 
 def _message(value: object, param: str) -> EngineMessage:
     message = expect_object(value, param)
-    role = required_str(message, "role", param)
-    if role not in _ROLES:
-        raise invalid_value(
-            join(param, "role"), f"expected 'user' or 'assistant', but got {role!r}."
-        )
+    role = required_choice(message, "role", param, _ROLES)
     content = text_content(
         required(message, "content", param), join(param, "content"), part_types=_BLOCK_TYPES
     )

@@ -29,7 +29,7 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
-    required_str,
+    required_choice,
     stop_sequences,
     text_content,
     unsupported,
@@ -150,10 +150,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
 
 def _chat_message(value: object, param: str) -> EngineMessage:
     message = expect_object(value, param)
-    role = required_str(message, "role", param)
-    if role not in _CHAT_ROLES:
-        expected = ", ".join(repr(r) for r in _CHAT_ROLES)
-        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    role = required_choice(message, "role", param, _CHAT_ROLES)
     content = message.get("content")
     if content is None:
         if role != "assistant":  # an assistant turn that only called tools has no content

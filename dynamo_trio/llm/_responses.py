@@ -25,7 +25,7 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
-    required_str,
+    required_choice,
     text_content,
     too_long,
     unsupported,
@@ -117,10 +117,7 @@ def _input_message(value: object, param: str) -> EngineMessage:
             f"input items of type {item_type!r} are not supported; "
             "this server accepts only 'message' items.",
         )
-    role = required_str(item, "role", param)
-    if role not in _ROLES:
-        expected = ", ".join(repr(r) for r in _ROLES)
-        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    role = required_choice(item, "role", param, _ROLES)
     content = text_content(
         required(item, "content", param), join(param, "content"), part_types=_PART_TYPES
     )

@@ -120,6 +120,15 @@ def required_str(
     return value
 
 
+def required_choice(body: JsonObject, key: str, prefix: str, choices: tuple[str, ...]) -> str:
+    """A required string field that must be one of ``choices``."""
+    value = required_str(body, key, prefix)
+    if value not in choices:
+        expected = ", ".join(repr(c) for c in choices)
+        raise invalid_value(join(prefix, key), f"expected one of {expected}, but got {value!r}.")
+    return value
+
+
 def model_name(body: JsonObject) -> str:
     """The required ``model`` field: a non-empty string of at most 256 characters."""
     return required_str(body, "model", nonempty=True, max_length=MAX_MODEL_NAME_LENGTH)
