@@ -21,16 +21,8 @@ if TYPE_CHECKING:
     from ..metrics import FrontendEndpoint
 
 
-class ErrorBody(Protocol):
-    """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""
-
-    def __call__(
-        self, status: int, message: str, cause: BaseException | None = None
-    ) -> dict[str, object]: ...
-
-
 @dataclass(frozen=True, kw_only=True)
-class _Api:
+class Api:
     """What every generating route has: its metrics label, model type and error shape."""
 
     label: FrontendEndpoint
@@ -91,7 +83,7 @@ def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TextApi(_Api):
+class TextApi(Api):
     """One text-generating route (its defaults are OpenAI's SSE)."""
 
     unary: Callable[[Any, str, llm.Generation], dict[str, object]]
@@ -170,7 +162,7 @@ class MediaStream(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MediaApi(_Api):
+class MediaApi(Api):
     """One route beyond text: its request says whether it streams (``request.stream``)."""
 
     unary: Callable[[Any, str, list[object], float], dict[str, object] | llm.BinaryBody]

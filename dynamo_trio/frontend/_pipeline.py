@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import ErrorBody, MediaApi, MediaStream
+    from ._apis import Api, MediaApi, MediaStream
     from ._models import ModelRoute
 
 _log = logging.getLogger("dynamo_trio.frontend")
@@ -171,20 +171,18 @@ class Pipeline:
                 request.model, api.label, request.stream, request_id, trace, deadline
             )
             produce = self._stream_text if request.stream else self._unary_text
-            return await self._run(lifecycle, api.error_body, produce, api, request, route)
+            return await self._run(lifecycle, api, produce, api, request, route)
         # (an embeddings request has no ``stream``, and no ``open_stream`` either)
         open_stream = api.open_stream if api.open_stream is not None and request.stream else None
         lifecycle = self._lifecycle(
             request.model, api.label, open_stream is not None, request_id, trace, deadline
         )
         if open_stream is None:
-            return await self._run(
-                lifecycle, api.error_body, self._unary_media, api, request, route
-            )
+            return await self._run(lifecycle, api, self._unary_media, api, request, route)
         body = open_stream(request, request_id)
         return await self._run(
             lifecycle,
-            api.error_body,
+            api,
             self._stream_media,
             body,
             request,
@@ -221,7 +219,7 @@ class Pipeline:
     async def _run(
         self,
         lifecycle: RequestLifecycle,
-        error_body: ErrorBody,
+        api: Api,
         produce: Any,
         *args: Any,
         content_type: str = "text/event-stream",
@@ -234,11 +232,11 @@ class Pipeline:
         # already applied the hang-up rule), and the producer learns nobody listens.
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
-            return JsonReply(503, error_body(503, "the frontend is shutting down"))
+            return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes):
             return StreamReply(reply, content_type)
         if isinstance(first, _Failed):
-            return JsonReply(first.status, error_body(first.status, first.message, first.cause))
+            return JsonReply(first.status, api.error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
 
     async def _produce(
