@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from ._errors import anthropic_error_body
 from ._generation import EventStream, Generation
@@ -49,8 +49,6 @@ class MessagesRequest:
     system: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
-
-    prompt_param: ClassVar[str] = "messages"
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
@@ -62,9 +62,6 @@ class ChatRequest:
     max_tokens_param: str = "max_tokens"
     """Which parameter set ``sampling.max_tokens`` (``max_completion_tokens`` wins)."""
 
-    prompt_param: ClassVar[str] = "messages"
-    """The parameter a too-long prompt is blamed on."""
-
     def to_engine(self) -> GenerateRequest:
         return self.sampling.chat_request(self.model, self.messages)
 
@@ -82,8 +79,6 @@ class CompletionRequest:
     sampling: SamplingParams
     stream: bool = False
     include_usage: bool = False
-
-    prompt_param: ClassVar[str] = "prompt"
 
     def to_engine(self) -> GenerateRequest:
         return self.sampling.completion_request(self.model, self.prompt)

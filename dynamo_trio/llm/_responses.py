@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
@@ -54,8 +54,6 @@ class ResponsesRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
-
-    prompt_param: ClassVar[str] = "input"
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``instructions`` become a leading system message."""
