@@ -50,11 +50,10 @@ OpenAIFinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChatRequest:
-    """A validated ``POST /v1/chat/completions`` body."""
+class _OpenAIRequest:
+    """What a chat and a completions body share."""
 
     model: str
-    messages: tuple[EngineMessage, ...]
     sampling: SamplingParams
     stream: bool = False
     include_usage: bool = False
@@ -62,37 +61,31 @@ class ChatRequest:
     max_tokens_param: str = "max_tokens"
     """Which parameter set ``sampling.max_tokens`` (``max_completion_tokens`` wins)."""
 
-    def to_engine(self) -> GenerateRequest:
-        return self.sampling.chat_request(self.model, self.messages)
-
     def check_limits(self, limits: TokenLimits) -> None:
         """Refuse token counts over the model's limits (400 naming the parameter)."""
-        _check_sampling(self.sampling, self.max_tokens_param, limits, self.model)
+        sampling = self.sampling
+        requested = {self.max_tokens_param: sampling.max_tokens, "min_tokens": sampling.min_tokens}
+        check_output_tokens(limits, requested, model=self.model)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CompletionRequest:
+class ChatRequest(_OpenAIRequest):
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    messages: tuple[EngineMessage, ...]
+
+    def to_engine(self) -> GenerateRequest:
+        return self.sampling.chat_request(self.model, self.messages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest(_OpenAIRequest):
     """A validated ``POST /v1/completions`` body (one text prompt)."""
 
-    model: str
     prompt: str
-    sampling: SamplingParams
-    stream: bool = False
-    include_usage: bool = False
 
     def to_engine(self) -> GenerateRequest:
         return self.sampling.completion_request(self.model, self.prompt)
-
-    def check_limits(self, limits: TokenLimits) -> None:
-        """Refuse token counts over the model's limits (400 naming the parameter)."""
-        _check_sampling(self.sampling, "max_tokens", limits, self.model)
-
-
-def _check_sampling(
-    sampling: SamplingParams, max_tokens_param: str, limits: TokenLimits, model: str
-) -> None:
-    requested = {max_tokens_param: sampling.max_tokens, "min_tokens": sampling.min_tokens}
-    check_output_tokens(limits, requested, model=model)
 
 
 def parse_chat_request(body: object) -> ChatRequest:
@@ -284,7 +277,7 @@ def completion(
 def _unary(
     id: str,
     kind: str,
-    request: ChatRequest | CompletionRequest,
+    request: _OpenAIRequest,
     generation: Generation,
     created: int | None,
     **content: object,
@@ -310,7 +303,7 @@ class _ChunkStream(EventStream):
 
     def __init__(
         self,
-        request: ChatRequest | CompletionRequest,
+        request: _OpenAIRequest,
         request_id: str,
         *,
         created: int | None = None,
