@@ -128,8 +128,8 @@ class _Child:
             sys.executable,
             "-m",
             "dynamo_trio.frontend",
-            *_without_workers(argv),
-            "--http-port",
+            *argv,
+            "--http-port",  # the port held for it (after argv's own: the last one wins)
             str(port),
         ]
         self._env = {
@@ -188,23 +188,6 @@ class _Child:
     def kill(self) -> None:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
-
-
-def _without_workers(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--http-workers`` (and its value) or ``--http-port``."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--http-workers", "--http-port"):
-            skip = True
-            continue
-        if arg.startswith(("--http-workers=", "--http-port=")):
-            continue
-        out.append(arg)
-    return out
 
 
 async def _read_until_listening(stdout: trio.abc.ReceiveStream) -> bool:
