@@ -5,11 +5,7 @@ embed it with :func:`serve_frontend` inside an open
 :class:`~dynamo_trio.runtime.DistributedRuntime`.
 """
 
-from ._app import (
-    build_app as build_app,
-    build_edge as build_edge,
-    serve_frontend as serve_frontend,
-)
-from ._pipeline import Pipeline as Pipeline
+from ._app import build_app, build_edge, serve_frontend
+from ._pipeline import Pipeline
 
 __all__ = ["Pipeline", "build_app", "build_edge", "serve_frontend"]

@@ -1,11 +1,8 @@
 """The generating HTTP APIs as data: how each parses, answers, streams and fails.
 
-The frontend runs every text-generating route through one pipeline; what
-differs between OpenAI chat, OpenAI completions, the Responses API and
-Anthropic Messages is captured here, one :class:`TextApi` per route, on top of
-the sans-IO shapes in :mod:`dynamo_trio.llm`.  Embeddings are an
-:class:`EmbeddingsApi`; images, videos and audio speech a :class:`MediaApi`
-each (a route's request says whether it streams, and in what body).
+One :class:`TextApi` per text route (OpenAI chat and completions, Responses,
+Anthropic Messages), one :class:`MediaApi` per other route (embeddings, images,
+videos, speech: unary, or streamed in the body its request asks for).
 """
 
 from __future__ import annotations
@@ -23,84 +20,37 @@ if TYPE_CHECKING:
     from ..discovery import ModelType
     from ..metrics import FrontendEndpoint
 
-__all__ = [
-    "ANTHROPIC_MESSAGES",
-    "CHAT",
-    "COMPLETIONS",
-    "EMBEDDINGS",
-    "IMAGE_EDITS",
-    "IMAGE_GENERATIONS",
-    "RESPONSES",
-    "SPEECH",
-    "VIDEOS",
-    "VIDEOS_MJPEG",
-    "ErrorBody",
-    "MediaApi",
-    "MediaStream",
-    "TextApi",
-    "api_for_path",
-    "edge_error_body",
-]
-
-
-class ErrorBody(Protocol):
-    """An API's JSON error body for ``(status, message)``, refined by the failure's cause."""
-
-    def __call__(
-        self, status: int, message: str, cause: BaseException | None = None
-    ) -> dict[str, object]: ...
-
-
-def _refined(
-    shape: Callable[[int, str], dict[str, object]],
-    request_error_body: Callable[[llm.RequestError], dict[str, object]],
-    prompt_param: str,
-) -> ErrorBody:
-    """The error body of an API: a worker's refusal that names its parameter (a prompt
-    too long for the context) keeps its ``code`` and ``param``; anything else is
-    ``shape(status, message)``."""
-
-    def error_body(
-        status: int, message: str, cause: BaseException | None = None
-    ) -> dict[str, object]:
-        if isinstance(cause, DynamoError):
-            refined = llm.context_length_error(cause, param=prompt_param)
-            if refined is not None:
-                return request_error_body(refined)
-        return shape(status, message)
-
-    return error_body
-
-
-class EventStream(Protocol):
-    """A stateful turner of engine items into an API's streaming events."""
-
-    def feed(self, item: object) -> list[dict[str, object]]: ...
-    def finish(self) -> list[dict[str, object]]: ...
-
 
 @dataclass(frozen=True, kw_only=True)
-class TextApi:
-    """One text-generating route."""
+class Api:
+    """What every generating route has: its metrics label, model type and error shape."""
 
     label: FrontendEndpoint
     """The ``endpoint`` label of the frontend metrics."""
     model_type: ModelType
     """Which registered model type serves it."""
     parse: Callable[[object], Any]
-    unary: Callable[[Any, str, llm.Generation], dict[str, object]]
-    open_stream: Callable[[Any, str], Any]
-    encode: Callable[[list[dict[str, object]]], bytes]
-    """SSE bytes for a batch of events."""
-    encode_items: Callable[[Any, list[object]], bytes]
-    """SSE bytes for a batch of engine items fed to the stream: ``(stream, items)``."""
-    fail_stream: Callable[[Any, int, str], bytes]
-    """SSE bytes that end a failed stream: ``(stream, status, message)``."""
-    done: bytes
-    """What ends a successful stream after its events (OpenAI's ``[DONE]``)."""
-    error_body: ErrorBody
-    """The API's JSON error body for ``(status, message[, cause])``."""
-    request_error_body: Callable[[llm.RequestError], dict[str, object]]
+    """The body to a request with ``model`` (and, but for embeddings, ``stream``)."""
+    prompt_param: str | None = None
+    """The parameter a worker's refusal of a prompt too long for the context blames."""
+    anthropic: bool = False
+    """Errors in Anthropic's shape (else OpenAI's)."""
+
+    def request_error_body(self, error: llm.RequestError) -> dict[str, object]:
+        return error.anthropic_body() if self.anthropic else error.openai_body()
+
+    def error_body(
+        self, status: int, message: str, cause: BaseException | None = None
+    ) -> dict[str, object]:
+        """The API's JSON error body; a worker's refusal that names its parameter keeps
+        its ``code`` and ``param``."""
+        if self.prompt_param is not None and isinstance(cause, DynamoError):
+            refined = llm.context_length_error(cause, param=self.prompt_param)
+            if refined is not None:
+                return self.request_error_body(refined)
+        if self.anthropic:
+            return llm.anthropic_error_body(status, message)
+        return llm.openai_error_body(status, message)
 
 
 def _data_events(events: list[dict[str, object]]) -> bytes:
@@ -132,43 +82,44 @@ def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
     return _typed_events(stream.fail(message, status=status))
 
 
-def _openai_error_body(
-    status: int, message: str, cause: BaseException | None = None
-) -> dict[str, object]:
-    return llm.openai_error_body(status, message)
+@dataclass(frozen=True, kw_only=True)
+class TextApi(Api):
+    """One text-generating route (its defaults are OpenAI's SSE)."""
+
+    unary: Callable[[Any, str, llm.Generation], dict[str, object]]
+    open_stream: Callable[[Any, str], Any]
+    encode: Callable[[list[dict[str, object]]], bytes] = _data_events
+    """SSE bytes for a batch of events."""
+    encode_items: Callable[[Any, list[object]], bytes] = _openai_items
+    """SSE bytes for a batch of engine items fed to the stream: ``(stream, items)``."""
+    fail_stream: Callable[[Any, int, str], bytes] = _openai_failure
+    """SSE bytes that end a failed stream: ``(stream, status, message)``."""
+    done: bytes = llm.DONE
+    """What ends a successful stream after its events (OpenAI's ``[DONE]``)."""
 
 
 CHAT: Final = TextApi(
     label="chat_completions",
     model_type="chat",
+    prompt_param="messages",
     parse=llm.parse_chat_request,
     unary=llm.chat_completion,
     open_stream=llm.ChatCompletionStream,
-    encode=_data_events,
-    encode_items=_openai_items,
-    fail_stream=_openai_failure,
-    done=llm.DONE,
-    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "messages"),
-    request_error_body=llm.RequestError.openai_body,
 )
 
 COMPLETIONS: Final = TextApi(
     label="completions",
     model_type="completions",
+    prompt_param="prompt",
     parse=llm.parse_completion_request,
     unary=llm.completion,
     open_stream=llm.CompletionStream,
-    encode=_data_events,
-    encode_items=_openai_items,
-    fail_stream=_openai_failure,
-    done=llm.DONE,
-    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "prompt"),
-    request_error_body=llm.RequestError.openai_body,
 )
 
 RESPONSES: Final = TextApi(
     label="responses",
     model_type="chat",
+    prompt_param="input",
     parse=llm.parse_responses_request,
     unary=llm.response_object,
     open_stream=llm.ResponseStream,
@@ -176,13 +127,13 @@ RESPONSES: Final = TextApi(
     encode_items=_typed_items,
     fail_stream=_responses_failure,
     done=b"",
-    error_body=_refined(llm.openai_error_body, llm.RequestError.openai_body, "input"),
-    request_error_body=llm.RequestError.openai_body,
 )
 
 ANTHROPIC_MESSAGES: Final = TextApi(
     label="anthropic_messages",
     model_type="chat",
+    prompt_param="messages",
+    anthropic=True,
     parse=llm.parse_messages_request,
     unary=llm.message_object,
     open_stream=llm.MessagesStream,
@@ -190,27 +141,7 @@ ANTHROPIC_MESSAGES: Final = TextApi(
     encode_items=_typed_items,
     fail_stream=_anthropic_failure,
     done=b"",
-    error_body=_refined(llm.anthropic_error_body, llm.RequestError.anthropic_body, "messages"),
-    request_error_body=llm.RequestError.anthropic_body,
 )
-
-
-_EMBEDDINGS_ERROR: Final = _refined(llm.openai_error_body, llm.RequestError.openai_body, "input")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmbeddingsApi:
-    """``POST /v1/embeddings``: unary only, one engine item."""
-
-    label: FrontendEndpoint = "embeddings"
-    model_type: ModelType = "embeddings"
-    error_body: ErrorBody = _EMBEDDINGS_ERROR
-    request_error_body: Callable[[llm.RequestError], dict[str, object]] = (
-        llm.RequestError.openai_body
-    )
-
-
-EMBEDDINGS: Final = EmbeddingsApi()
 
 
 class MediaStream(Protocol):
@@ -231,21 +162,13 @@ class MediaStream(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MediaApi:
-    """One media route: its request says whether it streams (``request.stream``)."""
+class MediaApi(Api):
+    """One route beyond text: its request says whether it streams (``request.stream``)."""
 
-    label: FrontendEndpoint
-    model_type: ModelType
-    parse: Callable[[object], Any]
-    """The body to a request with ``model``, ``stream`` and ``to_engine()``."""
     unary: Callable[[Any, str, list[object], float], dict[str, object] | llm.BinaryBody]
     """``(request, request_id, items, started)`` to the whole answer."""
     open_stream: Callable[[Any, str], MediaStream] | None = None
     """``(request, request_id)`` to a streamed body (``None``: the route never streams)."""
-    error_body: ErrorBody = _openai_error_body
-    request_error_body: Callable[[llm.RequestError], dict[str, object]] = (
-        llm.RequestError.openai_body
-    )
 
 
 def _images(request: Any, request_id: str, items: list[object], started: float) -> Any:
@@ -254,6 +177,19 @@ def _images(request: Any, request_id: str, items: list[object], started: float) 
 
 def _speech(request: Any, request_id: str, items: list[object], started: float) -> Any:
     return llm.speech_body(request, items)
+
+
+def _embeddings(request: Any, request_id: str, items: list[object], started: float) -> Any:
+    return llm.embedding_response(request, items[-1] if items else None)
+
+
+EMBEDDINGS: Final = MediaApi(
+    label="embeddings",
+    model_type="embeddings",
+    parse=llm.parse_embedding_request,
+    prompt_param="input",
+    unary=_embeddings,
+)
 
 
 IMAGE_GENERATIONS: Final = MediaApi(
@@ -296,6 +232,6 @@ def api_for_path(path: str) -> TextApi:
 def edge_error_body(path: str, status: int, message: str, code: str | None = None) -> bytes:
     """The frontend's :data:`~dynamo_trio.edge.ErrorBody`: what the HTTP edge answers
     itself (refusals, timeouts) in the shape of ``path``'s API."""
-    if api_for_path(path) is ANTHROPIC_MESSAGES:
+    if api_for_path(path).anthropic:
         return json_bytes(llm.anthropic_error_body(status, message))
     return json_bytes(llm.openai_error_body(status, message, code=code))

@@ -1,8 +1,7 @@
 """The OpenAI-compatible HTTP frontend: a quart-trio app on the HTTP edge, over hypercorn.
 
-hypercorn (h11/h2) -> Edge (refusals, status routes) -> HangUpGuard (the one
-owner of hang-up detection) -> quart (the route table).  Whatever a client
-sends is answered with an API-shaped JSON error, never a traceback.
+hypercorn -> Edge (refusals, status routes) -> HangUpGuard -> quart (the route table);
+whatever a client sends is answered with an API-shaped JSON error, never a traceback.
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from ..edge import MetricsSource
     from ..runtime import DistributedRuntime
     from ._turns import Turns
-
-__all__ = ["build_app", "build_edge", "serve_frontend"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 

@@ -1,11 +1,5 @@
-"""One response on its way from the request's producer to quart: :class:`Reply`.
-
-The producer sends; the view takes the first thing sent (an answer, a failure,
-or a stream's first bytes); quart iterates the rest as the body, gathering the
-chunks already waiting into one write.  A stream's producer lends its source to
-the body (:meth:`Reply.lend`), which then pulls each piece in its own task: one
-task per token between the request plane and the socket.  Once the client
-leaves, the producer reads on alone and its sends are discarded.
+"""One response on its way from the request's producer to quart: :class:`Reply`
+(docs/architecture.md, "A request in the frontend").
 """
 
 from __future__ import annotations
@@ -21,8 +15,6 @@ from ..llm import keepalive_comment
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
-
-__all__ = ["Reply"]
 
 # The most bytes gathered into one write from chunks already waiting.
 _COALESCE_LIMIT: Final = 64 * 1024
@@ -129,10 +121,6 @@ class Reply(ResponseBody):
         else:
             self._chunks.close()
         return first
-
-    def stream(self) -> Self:
-        """From now on, the body quart sends."""
-        return self
 
     # -- quart's side
 

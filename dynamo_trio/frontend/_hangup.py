@@ -1,12 +1,6 @@
-"""Hang-up detection: one owner, one rule.
-
-**A request counts as cancelled by its client if, and only if, the client's
-connection ends before the request's work is complete**
-(:meth:`RequestLifecycle.completed`, called *before* the last bytes are handed
-on): a client that closes after ``data: [DONE]`` cancels nothing.
-:class:`HangUpGuard`, around the app, is the only place that declares a client
-gone; a cancelled request's context is killed (``--on-disconnect stop``:
-stopped) with reason ``client disconnect`` and counted once.
+"""Hang-up detection, in one place: a request is cancelled by its client if, and only
+if, the client's connection ends before the request's work is complete
+(:meth:`RequestLifecycle.completed`, called before the last bytes are handed on).
 """
 
 from __future__ import annotations
@@ -30,8 +24,6 @@ if TYPE_CHECKING:
     from .._config import DisconnectPolicy
     from .._context import Context, ContextState
     from ..metrics import FrontendRequestTracker
-
-__all__ = ["HangUpGuard", "RequestLifecycle", "bind_to_request"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 _hangups: Final = LogLimiter(_log, interval=0.1, burst=50)

@@ -1,8 +1,5 @@
 """``dynamo-trio frontend`` (``python -m dynamo_trio.frontend``): one frontend process,
 or ``--http-workers N`` of them under a supervisor.
-
-What it serves with is imported before it tunes the collector; KServe only
-when asked for, the mocker and the engines never.
 """
 
 from __future__ import annotations
@@ -39,8 +36,6 @@ from ._workers import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-
-__all__ = ["main", "run_frontend", "run_workers"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 

@@ -1,10 +1,5 @@
-"""The models the frontend serves, and which workers each request for them goes to.
-
-The registry watches its namespace's model cards and opens each named
-endpoint's instance watch as soon as a card is seen, so no request waits for
-discovery.  A request for model *M* as type *T* goes only to *(M, T)*'s
-targets; a :class:`ModelStream` moves it when its worker fails.
-``docs/architecture.md`` ("Models and migration") has the rules.
+"""The models the frontend serves, and which workers each request for them goes to
+(docs/architecture.md, "Models and migration").
 """
 
 from __future__ import annotations
@@ -37,8 +32,6 @@ if TYPE_CHECKING:
     from ..discovery import ModelType, PrefixView
     from ..runtime import Client, DistributedRuntime, ResponseStream, Target
 
-__all__ = ["ModelRegistry", "ModelRoute", "ModelStream", "StreamFaults"]
-
 _log = logging.getLogger("dynamo_trio.frontend")
 
 _INSTANCE_WAIT: Final = 2.0
@@ -59,7 +52,7 @@ Moved = tuple[str, str]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamFaults:
-    """What a model request does when the worker serving it fails (module docstring)."""
+    """What a model request does when the worker serving it fails (docs/architecture.md)."""
 
     migration_limit: int = 0
     """Moves allowed after the first item (0: a lost worker fails the request)."""
@@ -149,11 +142,6 @@ class ModelStream:
     def instance_id(self) -> int | None:
         """The instance serving the request now (``None`` if nothing was sent)."""
         return self._stream.instance_id
-
-    @property
-    def context(self) -> Context:
-        """The current call's own context (a child of the request's)."""
-        return self._stream.context
 
     async def receive_batch(self) -> list[Any] | None:
         """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures;
@@ -408,8 +396,6 @@ class ModelRegistry:
                 param="model",
             )
         return ModelRoute(self, name, model_type, cards[0])
-
-    # -- sending ------------------------------------------------------------------
 
     async def _client(self, card: ModelCard) -> Client:
         path = _path(card)

@@ -1,10 +1,6 @@
-"""A request's walk through the frontend: the view answers, a producer does the work.
-
-The view validates the body, finds the model and starts a *producer* in the
-frontend's nursery under ``context.scope()``; the producer calls the worker,
-shapes the items and sends them through the request's :class:`~._body.Reply`.
-How each ending is answered: ``docs/architecture.md`` ("A request in the
-frontend"), decided in one place, :meth:`Pipeline._failed`.
+"""A request's walk through the frontend: the view answers, a producer does the work
+(docs/architecture.md, "A request in the frontend"); every ending is decided in
+:meth:`Pipeline._failed`.
 """
 
 from __future__ import annotations
@@ -23,16 +19,14 @@ from .._errors import DynamoError, EngineShutdown, ResponseTimeout
 from .._tracing import TraceContext
 from ..llm import (
     BinaryBody,
-    EmbeddingRequest,
     Generation,
     RequestError,
     bounded_message,
-    embedding_response,
     keepalive_comment,
-    parse_embedding_request,
     status_for_error,
 )
 from ..metrics import FrontendMetrics, RequestType
+from ._apis import TextApi
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
 from ._models import ModelRegistry, ModelStream, StreamFaults
@@ -43,10 +37,8 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import EmbeddingsApi, ErrorBody, MediaApi, MediaStream, TextApi
+    from ._apis import Api, MediaApi, MediaStream
     from ._models import ModelRoute
-
-__all__ = ["BytesReply", "JsonReply", "Pipeline", "StreamReply"]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
@@ -92,7 +84,6 @@ class _Failed:
 
     status: int
     message: str
-    error_type: str
     cause: BaseException | None = None
 
 
@@ -154,82 +145,51 @@ class Pipeline:
         for context in tuple(self._contexts):
             context.kill(CancelReason.SHUTDOWN)
 
-    # ------------------------------------------------------------------ entry points
-
-    async def text(
+    async def serve(
         self,
-        api: TextApi,
+        api: TextApi | MediaApi,
         payload: object,
         request_id: str,
         trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one text-generating request; ``deadline`` in ``time.monotonic()`` seconds."""
-        self._check_open()
-        request = api.parse(payload)
-        route = self.models.route(request.model, api.model_type)
-        request.check_limits(route.card)
-        lifecycle = self._lifecycle(
-            request.model, api.label, request.stream, request_id, trace, deadline
-        )
-        produce = self._stream_text if request.stream else self._unary_text
-        return await self._run(lifecycle, api.error_body, produce, api, request, route)
-
-    async def embeddings(
-        self,
-        api: EmbeddingsApi,
-        payload: object,
-        request_id: str,
-        trace: TraceContext | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one embeddings request (always unary)."""
-        self._check_open()
-        request = parse_embedding_request(payload)
-        route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(request.model, api.label, False, request_id, trace, deadline)
-        return await self._run(lifecycle, api.error_body, self._embed, request, route)
-
-    async def media(
-        self,
-        api: MediaApi,
-        payload: object,
-        request_id: str,
-        trace: TraceContext | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> JsonReply | BytesReply | StreamReply:
-        """Serve one image, video or speech request: unary, or streamed in the body
-        its API opens (which says how a failure ends it: :meth:`~._apis.MediaStream.fail`)."""
-        self._check_open()
-        request = api.parse(payload)
-        route = self.models.route(request.model, api.model_type)
-        lifecycle = self._lifecycle(
-            request.model, api.label, request.stream, request_id, trace, deadline
-        )
-        if request.stream and api.open_stream is not None:
-            body = api.open_stream(request, request_id)
-            return await self._run(
-                lifecycle,
-                api.error_body,
-                self._stream_media,
-                body,
-                request,
-                route,
-                content_type=body.content_type,
-                keepalive=body.keepalive,
-            )
-        return await self._run(lifecycle, api.error_body, self._unary_media, api, request, route)
-
-    def _check_open(self) -> None:
+        """Serve one request to a generating route: unary, or streamed (a text API's
+        events, or the body a media API opens, which says how a failure ends it:
+        :meth:`~._apis.MediaStream.fail`); ``deadline`` in ``time.monotonic()`` seconds."""
         if self.shutting_down:
             raise RequestError(
                 503,
                 "The frontend is shutting down and takes no new requests; send it again.",
                 code="service_unavailable",
             )
+        request = api.parse(payload)
+        route = self.models.route(request.model, api.model_type)
+        if isinstance(api, TextApi):
+            request.check_limits(route.card)
+            lifecycle = self._lifecycle(
+                request.model, api.label, request.stream, request_id, trace, deadline
+            )
+            produce = self._stream_text if request.stream else self._unary_text
+            return await self._run(lifecycle, api, produce, api, request, route)
+        # (an embeddings request has no ``stream``, and no ``open_stream`` either)
+        open_stream = api.open_stream if api.open_stream is not None and request.stream else None
+        lifecycle = self._lifecycle(
+            request.model, api.label, open_stream is not None, request_id, trace, deadline
+        )
+        if open_stream is None:
+            return await self._run(lifecycle, api, self._unary_media, api, request, route)
+        body = open_stream(request, request_id)
+        return await self._run(
+            lifecycle,
+            api,
+            self._stream_media,
+            body,
+            request,
+            route,
+            content_type=body.content_type,
+            keepalive=body.keepalive,
+        )
 
     def _lifecycle(
         self,
@@ -256,31 +216,28 @@ class Pipeline:
         bind_to_request(lifecycle)
         return lifecycle
 
-    # ------------------------------------------------------------------ the view's side
-
     async def _run(
         self,
         lifecycle: RequestLifecycle,
-        error_body: ErrorBody,
+        api: Api,
         produce: Any,
         *args: Any,
         content_type: str = "text/event-stream",
         keepalive: bool = True,
     ) -> JsonReply | BytesReply | StreamReply:
+        """The view's side: start the producer, answer with the first thing it sends."""
         reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
         # Cancelled here: the client left before the first byte (the HangUpGuard has
         # already applied the hang-up rule), and the producer learns nobody listens.
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
-            return JsonReply(503, error_body(503, "the frontend is shutting down"))
+            return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes):
-            return StreamReply(reply.stream(), content_type)
+            return StreamReply(reply, content_type)
         if isinstance(first, _Failed):
-            return JsonReply(first.status, error_body(first.status, first.message, first.cause))
+            return JsonReply(first.status, api.error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
-
-    # ------------------------------------------------------------------ the producer's side
 
     async def _produce(
         self,
@@ -289,6 +246,7 @@ class Pipeline:
         produce: Any,
         *args: Any,
     ) -> None:
+        """The producer's side, a task of the frontend's nursery: the request's work."""
         context = lifecycle.context
         grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
         with self.in_flight_request(context):
@@ -379,7 +337,7 @@ class Pipeline:
         if reply.sent_any and reply.stream_failure is not None:
             await reply.send(reply.stream_failure(status, message))
         else:
-            await reply.send(_Failed(status, message, error_type, exc))
+            await reply.send(_Failed(status, message, exc))
         return "error", error_type
 
     async def _unary_text(
@@ -464,23 +422,6 @@ class Pipeline:
         await reply.lend(pull, stream.nudge)
         while (data := await pull()) is not None:  # what a departed body left
             await reply.send(data)
-
-    async def _embed(
-        self,
-        reply: Reply,
-        lifecycle: RequestLifecycle,
-        request: EmbeddingRequest,
-        route: ModelRoute,
-    ) -> None:
-        output: object = None
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._embed_faults
-        ) as stream:
-            while batch := await stream.receive_batch():
-                output = batch[-1]
-        answer = JsonReply(200, embedding_response(request, output))
-        lifecycle.completed()
-        await reply.send(answer)
 
     async def _unary_media(
         self,

@@ -1,7 +1,5 @@
 """The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them.
 
-Views are module-level functions of the :class:`~._pipeline.Pipeline` and the
-API they serve; quart does the routing, the body limits and the error pages.
 A view reads the whole body before anything can refuse the request (so the
 keep-alive connection can be reused); ``x-request-timeout`` sets its deadline.
 """
@@ -28,7 +26,7 @@ from .._tracing import (
     request_ids,
 )
 from ..edge import BodyPrefetch, json_bytes, shown
-from ..llm import RequestError, decode_json_body, model_list
+from ..llm import RequestError, decode_json_body, model_object
 from ._apis import (
     ANTHROPIC_MESSAGES,
     CHAT,
@@ -47,17 +45,8 @@ from ._pipeline import BytesReply, JsonReply, StreamReply
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._apis import EmbeddingsApi, TextApi
+    from ._apis import TextApi
     from ._pipeline import Pipeline
-
-__all__ = [
-    "REQUEST_TIMEOUT_HEADER",
-    "ROUTES",
-    "ApiRoute",
-    "json_response",
-    "reply_ids",
-    "request_deadline",
-]
 
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
 _UTF8: Final = ("utf-8", "utf8")
@@ -159,7 +148,7 @@ def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Res
     return response
 
 
-async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | MediaApi) -> Response:
+async def generate_view(pipeline: Pipeline, api: TextApi | MediaApi) -> Response:
     """``POST`` to a generating route: parse, route, run, answer (JSON, SSE, or a media body)."""
     body = BodyPrefetch.take(request.scope)
     if body is None:
@@ -174,21 +163,7 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | Media
             time.monotonic(),
         )
         payload = _decode_json(body, pipeline.config.max_json_depth)
-        result: JsonReply | BytesReply | StreamReply
-        if api is EMBEDDINGS:
-            result = await pipeline.embeddings(
-                EMBEDDINGS, payload, ids.request_id, trace, deadline=deadline
-            )
-        elif isinstance(api, MediaApi):
-            result = await pipeline.media(api, payload, ids.request_id, trace, deadline=deadline)
-        else:
-            result = await pipeline.text(
-                api,  # type: ignore[arg-type]
-                payload,
-                ids.request_id,
-                trace,
-                deadline=deadline,
-            )
+        result = await pipeline.serve(api, payload, ids.request_id, trace, deadline=deadline)
         response = _reply(result, ids)
     except RequestError as exc:
         response = json_response(api.request_error_body(exc), exc.status, reply_ids())
@@ -199,12 +174,8 @@ async def generate_view(pipeline: Pipeline, api: TextApi | EmbeddingsApi | Media
 
 async def models_view(pipeline: Pipeline) -> Response:
     """``GET /v1/models``: every model with a live instance."""
-    models = pipeline.models.models()
-    payload = model_list([name for name, _ in models])
-    created = dict(models)
-    for entry in payload["data"]:  # type: ignore[attr-defined]
-        entry["created"] = created[entry["id"]]
-    return json_response(payload)
+    data = [model_object(name, created=created) for name, created in pipeline.models.models()]
+    return json_response({"object": "list", "data": data})
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +185,7 @@ class ApiRoute:
     method: str
     path: str
     name: str
-    api: TextApi | EmbeddingsApi | MediaApi | None = None
+    api: TextApi | MediaApi | None = None
 
     def view(self, pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
         if self.api is None:

@@ -1,8 +1,5 @@
-"""Turns: under load, a new stream's first tokens go before the running streams' next ones.
-
-A running stream's producer takes a turn before each batch after its first: at
-most ``per_pass`` per scheduler pass, the others waiting in order, their tokens
-gathering for one larger write; why: ``docs/architecture.md`` ("The HTTP edge").
+"""Turns: under load, a new stream's first tokens go before the running streams' next ones
+(docs/architecture.md, "The HTTP edge").
 """
 
 from __future__ import annotations
@@ -10,8 +7,6 @@ from __future__ import annotations
 from typing import Final, final
 
 import trio
-
-__all__ = ["Turns"]
 
 
 @final

@@ -1,10 +1,6 @@
-"""``--http-workers N``: one port, N frontend processes, one truthful view of them.
-
-The supervisor serves no HTTP: it binds the port with ``SO_REUSEPORT``, starts
-N frontend processes binding it the same way, restarts one that dies (after a
-doubling pause) and passes signals on.  ``/metrics`` sums over all of them
-(prometheus-client's multiprocess mode); ``/debug/requests`` gathers every
-process's list over abstract Unix sockets.
+"""``--http-workers N``: one port (``SO_REUSEPORT``), N frontend processes under a
+supervisor that restarts them; ``/metrics`` and ``/debug/requests`` cover them all
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -34,16 +30,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from .._config import Config
-
-__all__ = [
-    "SUPERVISOR_ENV",
-    "WORKERS_DIR_ENV",
-    "WORKERS_ENV",
-    "WORKER_INDEX_ENV",
-    "WorkerView",
-    "holding_shared",
-    "run_frontend_workers",
-]
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
@@ -142,8 +128,8 @@ class _Child:
             sys.executable,
             "-m",
             "dynamo_trio.frontend",
-            *_without_workers(argv),
-            "--http-port",
+            *argv,
+            "--http-port",  # the port held for it (after argv's own: the last one wins)
             str(port),
         ]
         self._env = {
@@ -202,23 +188,6 @@ class _Child:
     def kill(self) -> None:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
-
-
-def _without_workers(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--http-workers`` (and its value) or ``--http-port``."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--http-workers", "--http-port"):
-            skip = True
-            continue
-        if arg.startswith(("--http-workers=", "--http-port=")):
-            continue
-        out.append(arg)
-    return out
 
 
 async def _read_until_listening(stdout: trio.abc.ReceiveStream) -> bool:
@@ -317,7 +286,8 @@ def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 async def _get_json_over_unix(path: str, target: str) -> Any:
-    """``GET target`` on an HTTP/1.1 server listening on the Unix socket ``path``."""
+    """``GET target`` on a sibling's status server (an Edge, which always sends a
+    ``content-length``) listening on the Unix socket ``path``."""
     stream = await trio.open_unix_socket(path)
     async with stream:
         await stream.send_all(
@@ -329,18 +299,4 @@ async def _get_json_over_unix(path: str, target: str) -> Any:
     head, _, body = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise ValueError(f"unexpected answer: {head[:100]!r}")
-    if b"transfer-encoding: chunked" in head.lower():
-        body = _dechunk(body)
     return json.loads(body)
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = b""
-    while body:
-        size_line, _, rest = body.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        out += rest[:size]
-        body = rest[size + 2 :]
-    return out

@@ -1,14 +1,11 @@
-"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes.
-
-Text conversations only (other block types are refused); ``max_tokens`` is
-required, as in Anthropic's API.  A stopped generation is ``end_turn`` with the
-exact usage, as Dynamo reports it (docs/llm.md has the stop reasons and events).
+"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from ._errors import anthropic_error_body
 from ._generation import EventStream, Generation
@@ -26,8 +23,8 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
+    required_choice,
     required_int,
-    required_str,
     stop_sequences,
     text_content,
 )
@@ -35,14 +32,6 @@ from ._validate import (
 if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, GenerateRequest
-
-__all__ = [
-    "MessagesRequest",
-    "MessagesStream",
-    "anthropic_stop_reason",
-    "message_object",
-    "parse_messages_request",
-]
 
 _ROLES: Final = ("user", "assistant")
 _BLOCK_TYPES: Final = frozenset({"text"})
@@ -60,8 +49,6 @@ class MessagesRequest:
     system: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
-
-    prompt_param: ClassVar[str] = "messages"
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``system`` becomes a leading system message."""
@@ -113,11 +100,7 @@ def _system(value: object) -> str | None:
 
 def _message(value: object, param: str) -> EngineMessage:
     message = expect_object(value, param)
-    role = required_str(message, "role", param)
-    if role not in _ROLES:
-        raise invalid_value(
-            join(param, "role"), f"expected 'user' or 'assistant', but got {role!r}."
-        )
+    role = required_choice(message, "role", param, _ROLES)
     content = text_content(
         required(message, "content", param), join(param, "content"), part_types=_BLOCK_TYPES
     )

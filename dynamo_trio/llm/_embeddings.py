@@ -1,10 +1,5 @@
-"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing and the response shape.
-
-``input`` is a string or an array of strings (at most 2048, none empty);
-token-id inputs are refused as unsupported.  ``encoding_format`` is
-``"float"`` (a JSON array) or ``"base64"``: the vector as little-endian
-IEEE-754 float32 bytes, base64-encoded, which is what the official client
-decodes (``numpy.frombuffer(..., dtype="float32")``).
+"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing and the response shape
+(docs/llm.md).
 """
 
 from __future__ import annotations
@@ -31,13 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._protocol import EmbedRequest
-
-__all__ = [
-    "EmbeddingRequest",
-    "embedding_response",
-    "encode_base64_floats",
-    "parse_embedding_request",
-]
 
 _MAX_INPUTS: Final = 2048
 

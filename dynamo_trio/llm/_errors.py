@@ -1,18 +1,6 @@
-"""Errors an HTTP request can fail with, and the JSON bodies that report them.
+"""Errors an HTTP request can fail with, their statuses, and the JSON bodies that report them.
 
-Parsers raise :class:`RequestError` for bad input; it carries the HTTP status
-and, for 400s, the ``param`` it is about.  The frontend renders it (or any
-other failure, through :func:`status_for_error`) in the shape its API uses:
-(:func:`openai_error_body`, :func:`anthropic_error_body`; the same bodies are
-the data of the streams' error events).
-
-499 and ``request_cancelled`` follow Dynamo: a request cancelled on its way
-(client gone, or the work cancelled for its own reasons) is a 499 "Client
-Closed Request", not a 500.  502 ``bad_gateway`` is a worker's failure (output
-that is not a valid response, an engine error): the gateway's upstream failed,
-not the request.  A message that reaches a client is at most
-:data:`MAX_ERROR_MESSAGE` characters (:func:`bounded_message`): a worker's
-error text is cut there.
+docs/llm.md ("Errors") has the statuses and the error types of each API.
 """
 
 from __future__ import annotations
@@ -33,18 +21,6 @@ from .._errors import (
     StreamIncomplete,
 )
 from ._protocol import EngineError
-
-__all__ = [
-    "MAX_ERROR_MESSAGE",
-    "RequestError",
-    "anthropic_error_body",
-    "anthropic_error_type",
-    "bounded_message",
-    "openai_error_body",
-    "openai_error_type",
-    "reason_phrase",
-    "status_for_error",
-]
 
 
 class RequestError(Exception):
@@ -90,45 +66,25 @@ class RequestError(Exception):
         return anthropic_error_body(self.status, self.message, type=self.type)
 
 
-_OPENAI_TYPES: Final[dict[int, str]] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    429: "rate_limit_error",
-    499: "request_cancelled",
-    502: "bad_gateway",
-    503: "service_unavailable",
-    529: "service_unavailable",
-    504: "timeout_error",
+# status: (OpenAI type, Anthropic type, OpenAI code when the caller gives none);
+# None: the default for the status class (docs/llm.md, "Errors").
+_BY_STATUS: Final[dict[int, tuple[str | None, str | None, str | None]]] = {
+    400: ("invalid_request_error", "invalid_request_error", None),
+    401: ("authentication_error", "authentication_error", None),
+    402: (None, "billing_error", None),
+    403: ("permission_error", "permission_error", None),
+    404: ("not_found_error", "not_found_error", None),
+    408: ("timeout_error", "timeout_error", None),
+    413: (None, "request_too_large", "request_too_large"),
+    415: (None, None, "unsupported_media_type"),
+    429: ("rate_limit_error", "rate_limit_error", None),
+    499: ("request_cancelled", "request_cancelled", "request_cancelled"),
+    502: ("bad_gateway", None, "bad_gateway"),
+    503: ("service_unavailable", "overloaded_error", "service_unavailable"),
+    504: ("timeout_error", "timeout_error", "timeout"),
+    529: ("service_unavailable", "overloaded_error", None),
 }
-
-_ANTHROPIC_TYPES: Final[dict[int, str]] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    499: "request_cancelled",
-    503: "overloaded_error",
-    529: "overloaded_error",
-    504: "timeout_error",
-}
-
-# Codes the OpenAI body carries when the caller gives none: the ones a client
-# can act on without parsing the message.
-_OPENAI_DEFAULT_CODES: Final[dict[int, str]] = {
-    413: "request_too_large",
-    415: "unsupported_media_type",
-    499: "request_cancelled",
-    502: "bad_gateway",
-    503: "service_unavailable",
-    504: "timeout",
-}
+_UNLISTED: Final = (None, None, None)
 
 MAX_ERROR_MESSAGE: Final = 1000
 """The longest error message a client is sent, in characters."""
@@ -148,35 +104,15 @@ _EXTRA_PHRASES: Final[dict[int, str]] = {499: "Client Closed Request", 529: "Ove
 
 
 def openai_error_type(status: int) -> str:
-    """The OpenAI error ``type`` for an HTTP status (and :func:`anthropic_error_type`
-    the Anthropic one):
-
-    =======================  ========================  =========================
-    status                   OpenAI ``type``           Anthropic ``type``
-    =======================  ========================  =========================
-    400, 405, 415, 422       invalid_request_error     invalid_request_error
-    401                      authentication_error      authentication_error
-    402                      invalid_request_error     billing_error
-    403                      permission_error          permission_error
-    404                      not_found_error           not_found_error
-    408, 504                 timeout_error             timeout_error
-    413                      invalid_request_error     request_too_large
-    429                      rate_limit_error          rate_limit_error
-    499 Client Closed Req.   request_cancelled         request_cancelled
-    502                      bad_gateway               api_error
-    503, 529                 service_unavailable       overloaded_error
-    other 4xx                invalid_request_error     invalid_request_error
-    other 5xx                server_error              api_error
-    =======================  ========================  =========================
-    """
-    return _OPENAI_TYPES.get(status) or (
+    """The OpenAI error ``type`` for an HTTP status."""
+    return _BY_STATUS.get(status, _UNLISTED)[0] or (
         "server_error" if status >= 500 else "invalid_request_error"
     )
 
 
 def anthropic_error_type(status: int) -> str:
-    """The Anthropic error ``type`` for an HTTP status (see :func:`openai_error_type`)."""
-    return _ANTHROPIC_TYPES.get(status) or (
+    """The Anthropic error ``type`` for an HTTP status."""
+    return _BY_STATUS.get(status, _UNLISTED)[1] or (
         "api_error" if status >= 500 else "invalid_request_error"
     )
 
@@ -189,17 +125,14 @@ def openai_error_body(
     code: str | None = None,
     param: str | None = None,
 ) -> dict[str, object]:
-    """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``.
-
-    ``type`` defaults from ``status``; ``code`` defaults to a code for the
-    statuses a client may want to tell apart (413, 415, 499, 502, 503, 504), else null.
-    """
+    """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``;
+    ``type`` and ``code`` default from ``status``."""
     return {
         "error": {
             "message": message,
             "type": type or openai_error_type(status),
             "param": param,
-            "code": code if code is not None else _OPENAI_DEFAULT_CODES.get(status),
+            "code": code if code is not None else _BY_STATUS.get(status, _UNLISTED)[2],
         }
     }
 
@@ -224,34 +157,20 @@ def reason_phrase(status: int) -> str:
         return "Unknown"
 
 
-def status_for_error(exc: BaseException) -> int:
-    """The HTTP status a failed request is answered with.
+_STATUS_OF: Final[tuple[tuple[tuple[type[BaseException], ...], int], ...]] = (
+    ((InvalidArgument,), 400),
+    ((Cancelled,), 499),
+    ((ProtocolError, EngineError), 502),
+    ((CannotConnect, Disconnected, StreamIncomplete, EngineShutdown, ResourceExhausted), 503),
+    ((ConnectionTimeout, ResponseTimeout), 504),
+)
 
-    :class:`RequestError` keeps its own status.  Request-plane errors map as
-    the spec says: invalid argument 400, cancelled 499, no instances (none
-    listed, or none that can be connected to), a shutting-down or saturated
-    worker, or a worker lost mid-request that no other instance could take over
-    (:class:`~dynamo_trio.Disconnected`, :class:`~dynamo_trio.StreamIncomplete`)
-    503: the server's trouble, not the request's, so a client may retry it;
-    a worker's failure, bytes or output from a worker that are not a valid
-    response (:class:`~dynamo_trio.ProtocolError`, an
-    :class:`~dynamo_trio.llm.EngineError`) 502; timeouts 504; anything else 500.
-    """
+
+def status_for_error(exc: BaseException) -> int:
+    """The HTTP status a failed request is answered with (docs/llm.md, "Errors")."""
     if isinstance(exc, RequestError):
         return exc.status
-    if isinstance(exc, InvalidArgument):
-        return 400
-    if isinstance(exc, Cancelled):
-        return 499
-    if isinstance(exc, ProtocolError | EngineError):
-        return 502
-    # CannotConnect (NoInstances is one): the request reached no worker; Disconnected
-    # and StreamIncomplete: the worker serving it was lost and none could take it over.
-    if isinstance(
-        exc,
-        CannotConnect | Disconnected | StreamIncomplete | EngineShutdown | ResourceExhausted,
-    ):
-        return 503
-    if isinstance(exc, ConnectionTimeout | ResponseTimeout):
-        return 504
+    for kinds, status in _STATUS_OF:
+        if isinstance(exc, kinds):
+            return status
     return 500

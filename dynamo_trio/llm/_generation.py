@@ -1,9 +1,5 @@
-"""Folding a stream of engine output items into one generation: text, finish reason, usage.
-
-Every API builder reads engine items through a :class:`Generation`, so all agree:
-text deltas concatenate, the first ``finish_reason`` ends it, ``"error"`` raises
-:class:`~dynamo_trio.llm.EngineError`, usage is the engine's last report (or
-the token ids counted).
+"""Folding a stream of engine output items into one generation: text, finish reason, usage
+(docs/llm.md).
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-__all__ = ["EventStream", "Generation", "plain_text"]
 
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 

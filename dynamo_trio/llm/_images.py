@@ -25,13 +25,6 @@ from ._validate import (
     unsupported,
 )
 
-__all__ = [
-    "ImageRequest",
-    "image_response",
-    "parse_image_edit_request",
-    "parse_image_request",
-]
-
 MAX_IMAGES: Final = 10
 RESPONSE_FORMATS: Final = ("url", "b64_json")
 OUTPUT_FORMATS: Final = ("png", "jpeg", "webp")

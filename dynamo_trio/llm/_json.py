@@ -1,8 +1,5 @@
-"""Decoding JSON request bodies: strict, bounded, and with errors that say what is wrong.
-
-:func:`decode_json_body` is msgspec's decoder plus the checks it does not make:
-nesting depth, duplicate object keys, integers beyond 64 bits, each refused with
-a 400 :class:`~dynamo_trio.llm.RequestError` (docs/llm.md, "Request bodies").
+"""Decoding JSON request bodies: msgspec's decoder plus the checks it does not make
+(docs/llm.md, "Request bodies").
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from ._errors import RequestError
 
 if TYPE_CHECKING:
     from collections.abc import Collection
-
-__all__ = ["INTEGER_RANGE", "decode_json_body"]
 
 INTEGER_RANGE: Final = (-(2**63), 2**64 - 1)
 """The integers a request may contain: what a signed or unsigned 64-bit field can hold."""

@@ -1,8 +1,5 @@
-"""A model's token limits, and the errors for requests that ask for more than it can give.
-
-The frontend checks the token counts asked for against the model's card; only
-the engine can count the prompt, so it raises :class:`ContextLengthExceeded`
-when the prompt and completion do not fit (docs/llm.md, "Token limits").
+"""A model's token limits, and the errors for requests that ask for more than it can give
+(docs/llm.md, "Token limits").
 """
 
 from __future__ import annotations
@@ -13,14 +10,6 @@ from ._errors import RequestError
 
 if TYPE_CHECKING:
     from .._errors import DynamoError
-
-__all__ = [
-    "CONTEXT_LENGTH_EXCEEDED",
-    "ContextLengthExceeded",
-    "TokenLimits",
-    "check_output_tokens",
-    "context_length_error",
-]
 
 CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"
 """The OpenAI error ``code`` of a request whose prompt and output do not fit the context."""

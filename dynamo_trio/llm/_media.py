@@ -15,8 +15,6 @@ from ._validate import invalid_value, optional_str
 if TYPE_CHECKING:
     from ._validate import JsonObject
 
-__all__ = ["MAX_SIDE", "BinaryBody", "engine_bytes", "engine_object", "optional_choice", "size"]
-
 MAX_SIDE: Final = 4096
 """The largest width or height an image or video may be asked for, in pixels."""
 

@@ -1,17 +1,12 @@
-"""The OpenAI chat completions, completions and models APIs: parsing and response shapes.
-
-Sans-IO: a parser turns a decoded body into a typed request (or a 400
-:class:`~dynamo_trio.llm.RequestError` naming the parameter), the request
-converts to an engine request, and :class:`ChatCompletionStream` (streaming) or
-:class:`Generation` (unary) turn engine items into OpenAI objects.  An engine
-``"cancelled"`` is reported as ``"stop"`` (docs/llm.md says why).
+"""The OpenAI chat completions, completions and models APIs: parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
@@ -34,7 +29,7 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
-    required_str,
+    required_choice,
     stop_sequences,
     text_content,
     unsupported,
@@ -46,21 +41,6 @@ if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
 
-__all__ = [
-    "ChatCompletionStream",
-    "ChatRequest",
-    "CompletionRequest",
-    "CompletionStream",
-    "chat_completion",
-    "completion",
-    "model_list",
-    "model_object",
-    "openai_finish_reason",
-    "openai_usage",
-    "parse_chat_request",
-    "parse_completion_request",
-]
-
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})
 _MAX_STOP_SEQUENCES: Final = 4
@@ -70,11 +50,10 @@ OpenAIFinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChatRequest:
-    """A validated ``POST /v1/chat/completions`` body."""
+class _OpenAIRequest:
+    """What a chat and a completions body share."""
 
     model: str
-    messages: tuple[EngineMessage, ...]
     sampling: SamplingParams
     stream: bool = False
     include_usage: bool = False
@@ -82,42 +61,31 @@ class ChatRequest:
     max_tokens_param: str = "max_tokens"
     """Which parameter set ``sampling.max_tokens`` (``max_completion_tokens`` wins)."""
 
-    prompt_param: ClassVar[str] = "messages"
-    """The parameter a too-long prompt is blamed on."""
+    def check_limits(self, limits: TokenLimits) -> None:
+        """Refuse token counts over the model's limits (400 naming the parameter)."""
+        sampling = self.sampling
+        requested = {self.max_tokens_param: sampling.max_tokens, "min_tokens": sampling.min_tokens}
+        check_output_tokens(limits, requested, model=self.model)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest(_OpenAIRequest):
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    messages: tuple[EngineMessage, ...]
 
     def to_engine(self) -> GenerateRequest:
         return self.sampling.chat_request(self.model, self.messages)
 
-    def check_limits(self, limits: TokenLimits) -> None:
-        """Refuse token counts over the model's limits (400 naming the parameter)."""
-        _check_sampling(self.sampling, self.max_tokens_param, limits, self.model)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CompletionRequest:
+class CompletionRequest(_OpenAIRequest):
     """A validated ``POST /v1/completions`` body (one text prompt)."""
 
-    model: str
     prompt: str
-    sampling: SamplingParams
-    stream: bool = False
-    include_usage: bool = False
-
-    prompt_param: ClassVar[str] = "prompt"
 
     def to_engine(self) -> GenerateRequest:
         return self.sampling.completion_request(self.model, self.prompt)
-
-    def check_limits(self, limits: TokenLimits) -> None:
-        """Refuse token counts over the model's limits (400 naming the parameter)."""
-        _check_sampling(self.sampling, "max_tokens", limits, self.model)
-
-
-def _check_sampling(
-    sampling: SamplingParams, max_tokens_param: str, limits: TokenLimits, model: str
-) -> None:
-    requested = {max_tokens_param: sampling.max_tokens, "min_tokens": sampling.min_tokens}
-    check_output_tokens(limits, requested, model=model)
 
 
 def parse_chat_request(body: object) -> ChatRequest:
@@ -170,10 +138,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
 
 def _chat_message(value: object, param: str) -> EngineMessage:
     message = expect_object(value, param)
-    role = required_str(message, "role", param)
-    if role not in _CHAT_ROLES:
-        expected = ", ".join(repr(r) for r in _CHAT_ROLES)
-        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    role = required_choice(message, "role", param, _CHAT_ROLES)
     content = message.get("content")
     if content is None:
         if role != "assistant":  # an assistant turn that only called tools has no content
@@ -312,7 +277,7 @@ def completion(
 def _unary(
     id: str,
     kind: str,
-    request: ChatRequest | CompletionRequest,
+    request: _OpenAIRequest,
     generation: Generation,
     created: int | None,
     **content: object,
@@ -334,12 +299,19 @@ class _ChunkStream(EventStream):
     __slots__ = ("_created", "_id", "_include_usage", "_model", "_template")
 
     _object: str
+    _id_prefix: str
 
-    def __init__(self, id: str, model: str, include_usage: bool, created: int | None) -> None:
+    def __init__(
+        self,
+        request: _OpenAIRequest,
+        request_id: str,
+        *,
+        created: int | None = None,
+    ) -> None:
         super().__init__()
-        self._id = id
-        self._model = model
-        self._include_usage = include_usage
+        self._id = self._id_prefix + request_id
+        self._model = request.model
+        self._include_usage = request.include_usage
         self._created = _now() if created is None else created
         self._template: tuple[bytes, bytes] | None = None
 
@@ -425,11 +397,7 @@ class ChatCompletionStream(_ChunkStream):
 
     __slots__ = ()
     _object = "chat.completion.chunk"
-
-    def __init__(
-        self, request: ChatRequest, request_id: str, *, created: int | None = None
-    ) -> None:
-        super().__init__(f"chatcmpl-{request_id}", request.model, request.include_usage, created)
+    _id_prefix = "chatcmpl-"
 
     def _opening(self) -> list[dict[str, object]]:
         delta = {"role": "assistant", "content": ""}
@@ -447,11 +415,7 @@ class CompletionStream(_ChunkStream):
 
     __slots__ = ()
     _object = "text_completion"
-
-    def __init__(
-        self, request: CompletionRequest, request_id: str, *, created: int | None = None
-    ) -> None:
-        super().__init__(f"cmpl-{request_id}", request.model, request.include_usage, created)
+    _id_prefix = "cmpl-"
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         return self._chunk(

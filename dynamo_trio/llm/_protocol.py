@@ -1,8 +1,5 @@
-"""The engine protocol: what the frontend sends a worker, and what the worker streams back.
-
-Plain JSON on the request plane, described by ``TypedDict`` s both sides share,
-with validation on both ends so a buggy peer fails one request, never the
-process.  docs/llm.md has the shapes, the finish reasons and continuations.
+"""The engine protocol: what the frontend sends a worker, and what the worker streams back
+(docs/llm.md).
 """
 
 from __future__ import annotations
@@ -12,23 +9,6 @@ from typing import Annotated, Literal, NotRequired, TypedDict
 import msgspec
 
 from .._errors import DynamoError
-
-__all__ = [
-    "EmbedOutput",
-    "EmbedRequest",
-    "EmbedUsage",
-    "EngineError",
-    "Continuation",
-    "EngineMessage",
-    "FinishReason",
-    "GenerateOutput",
-    "GenerateRequest",
-    "Usage",
-    "parse_embed_output",
-    "parse_generate_output",
-    "validate_embed_request",
-    "validate_generate_request",
-]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 """Why a generation ended, as the engine reports it (docs/llm.md)."""

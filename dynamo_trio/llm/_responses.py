@@ -1,15 +1,12 @@
-"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes.
-
-Text conversations only, and nothing stored: the whole conversation travels in
-``input``.  A stopped generation is ``status: "cancelled"``, ending its stream
-with ``response.incomplete`` (docs/llm.md has the outcomes and the events).
+"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes
+(docs/llm.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
@@ -28,7 +25,7 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
-    required_str,
+    required_choice,
     text_content,
     too_long,
     unsupported,
@@ -37,14 +34,6 @@ from ._validate import (
 if TYPE_CHECKING:
     from ._limits import TokenLimits
     from ._protocol import EngineMessage, GenerateRequest, Usage
-
-__all__ = [
-    "ResponseStream",
-    "ResponsesRequest",
-    "parse_responses_request",
-    "response_object",
-    "responses_usage",
-]
 
 _ROLES: Final = ("user", "assistant", "system", "developer")
 _PART_TYPES: Final = frozenset({"input_text", "output_text"})
@@ -65,8 +54,6 @@ class ResponsesRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
-
-    prompt_param: ClassVar[str] = "input"
 
     def to_engine(self) -> GenerateRequest:
         """The chat engine request; ``instructions`` become a leading system message."""
@@ -128,10 +115,7 @@ def _input_message(value: object, param: str) -> EngineMessage:
             f"input items of type {item_type!r} are not supported; "
             "this server accepts only 'message' items.",
         )
-    role = required_str(item, "role", param)
-    if role not in _ROLES:
-        expected = ", ".join(repr(r) for r in _ROLES)
-        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    role = required_choice(item, "role", param, _ROLES)
     content = text_content(
         required(item, "content", param), join(param, "content"), part_types=_PART_TYPES
     )

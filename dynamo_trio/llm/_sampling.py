@@ -1,10 +1,4 @@
-"""The sampling options every text API maps onto, and the engine request built from them.
-
-OpenAI chat and completions, the Responses API and Anthropic Messages spell
-their options differently (``max_completion_tokens``, ``max_output_tokens``,
-``stop_sequences``...); their parsers all produce one
-:class:`SamplingParams`, so the engine request has one shape whatever the API.
-"""
+"""The sampling options every text API maps onto, and the engine request built from them."""
 
 from __future__ import annotations
 
@@ -15,8 +9,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._protocol import EngineMessage, GenerateRequest
-
-__all__ = ["SamplingParams"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

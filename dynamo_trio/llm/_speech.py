@@ -13,8 +13,6 @@ from typing import Any, Final
 from ._media import BinaryBody, engine_bytes, engine_object, optional_choice
 from ._validate import expect_object, model_name, optional_number, optional_str, required_str
 
-__all__ = ["AUDIO_TYPES", "SpeechRequest", "SpeechStream", "parse_speech_request", "speech_body"]
-
 AUDIO_TYPES: Final = {
     "wav": "audio/wav",
     "mp3": "audio/mpeg",

@@ -1,9 +1,5 @@
-"""Server-sent events: the bytes of one event, a comment, the end of a stream.
-
-One ``data:`` line per line of an event's data (WHATWG HTML, "Server-sent
-events"); dict data is compact JSON, everything UTF-8.  An OpenAI stream's
-error is ``event: error`` with the OpenAI error body, which the ``openai``
-client raises (docs/llm.md, "Server-sent events").
+"""Server-sent events: the bytes of one event, a comment, the end of a stream
+(docs/llm.md, "Server-sent events").
 """
 
 from __future__ import annotations
@@ -13,8 +9,6 @@ from collections.abc import Mapping
 from typing import Final
 
 import msgspec
-
-__all__ = ["DONE", "encode_comment", "encode_error_event", "encode_event", "keepalive_comment"]
 
 DONE: Final = b"data: [DONE]\n\n"
 """The last event of a successful OpenAI chat or completions stream."""

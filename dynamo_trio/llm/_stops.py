@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["StopMatcher"]
-
 
 class StopMatcher:
     """Finds stop sequences in generated text, across token boundaries.

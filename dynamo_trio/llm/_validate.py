@@ -1,9 +1,5 @@
-"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter.
-
-Every parser reads through these helpers, so every rejection looks the same: a
-``param`` path such as ``messages[2].content[0].text`` and an OpenAI-style
-message.  ``true`` is not an integer and non-finite numbers are refused, which
-Python's decoders blur.
+"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter
+(docs/llm.md, "Request bodies").
 """
 
 from __future__ import annotations
@@ -124,6 +120,15 @@ def required_str(
     return value
 
 
+def required_choice(body: JsonObject, key: str, prefix: str, choices: tuple[str, ...]) -> str:
+    """A required string field that must be one of ``choices``."""
+    value = required_str(body, key, prefix)
+    if value not in choices:
+        expected = ", ".join(repr(c) for c in choices)
+        raise invalid_value(join(prefix, key), f"expected one of {expected}, but got {value!r}.")
+    return value
+
+
 def model_name(body: JsonObject) -> str:
     """The required ``model`` field: a non-empty string of at most 256 characters."""
     return required_str(body, "model", nonempty=True, max_length=MAX_MODEL_NAME_LENGTH)
@@ -217,45 +222,33 @@ def optional_number(
     return float(value)
 
 
-def string_list(
-    value: object, param: str, *, max_items: int | None = None, max_length: int | None = None
-) -> list[str]:
-    """A JSON array of at most ``max_items`` non-empty strings of at most ``max_length``."""
-    items = expect_list(value, param)
-    if max_items is not None and len(items) > max_items:
-        raise invalid_value(param, f"expected at most {max_items} items, but got {len(items)}.")
-    strings = []
-    for index, item in enumerate(items):
-        if not isinstance(item, str):
-            raise invalid_type(join(param, index), "a string", item)
-        if not item:
-            raise invalid_value(join(param, index), "expected a non-empty string.")
-        if max_length is not None and len(item) > max_length:
-            raise too_long(join(param, index), max_length, item)
-        strings.append(item)
-    return strings
-
-
 def stop_sequences(body: JsonObject, key: str, *, max_items: int, allow_string: bool) -> list[str]:
-    """A stop-sequence field: an array of strings, or (``allow_string``) one string.
-
-    Each sequence is non-empty and at most :data:`MAX_STOP_SEQUENCE_LENGTH` characters.
-    """
+    """A stop-sequence field: an array of at most ``max_items`` strings, or (``allow_string``)
+    one string; each non-empty and at most :data:`MAX_STOP_SEQUENCE_LENGTH` characters."""
     value = body.get(key)
     if value is None:
         return []
-    if isinstance(value, str):
-        if not allow_string:
-            raise invalid_type(key, "an array of strings", value)
-        if not value:
-            raise invalid_value(key, "expected a non-empty string.")
-        if len(value) > MAX_STOP_SEQUENCE_LENGTH:
-            raise too_long(key, MAX_STOP_SEQUENCE_LENGTH, value)
-        return [value]
-    if not isinstance(value, list):
+    if isinstance(value, list):
+        items: list[object] = value
+    elif allow_string and isinstance(value, str):
+        items = [value]
+    else:
         expected = "a string or an array of strings" if allow_string else "an array of strings"
         raise invalid_type(key, expected, value)
-    return string_list(value, key, max_items=max_items, max_length=MAX_STOP_SEQUENCE_LENGTH)
+    single = isinstance(value, str)
+    if len(items) > max_items:
+        raise invalid_value(key, f"expected at most {max_items} items, but got {len(items)}.")
+    strings = []
+    for index, item in enumerate(items):
+        param = key if single else join(key, index)
+        if not isinstance(item, str):
+            raise invalid_type(param, "a string", item)
+        if not item:
+            raise invalid_value(param, "expected a non-empty string.")
+        if len(item) > MAX_STOP_SEQUENCE_LENGTH:
+            raise too_long(param, MAX_STOP_SEQUENCE_LENGTH, item)
+        strings.append(item)
+    return strings
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:

@@ -30,17 +30,6 @@ from ._validate import (
     required_str,
 )
 
-__all__ = [
-    "MJPEG_TYPE",
-    "MjpegStream",
-    "VideoEventStream",
-    "VideoRequest",
-    "mjpeg_part",
-    "parse_video_request",
-    "parse_video_stream_request",
-    "video_response",
-]
-
 MJPEG_TYPE: Final = "multipart/x-mixed-replace; boundary=frame"
 _CLOSE: Final = b"--frame--\r\n"
 _MAX_SECONDS: Final = 600.0

@@ -37,7 +37,7 @@ async def test_every_piece_arrives_in_order_gathered_into_fewer_writes(seed: int
         nursery.start_soon(produce, reply, events, seed)
         assert await reply.first() == events[0]
         pieces = []
-        async with reply.stream() as body:
+        async with reply as body:
             async for piece in body:
                 pieces.append(piece)
                 for _ in range(rng.randrange(3)):  # the write, yielding now and then
@@ -70,7 +70,7 @@ async def test_after_quart_let_go_of_the_body_the_producer_sends_nothing() -> No
     async with trio.open_nursery() as nursery:
 
         async def consume() -> None:
-            async with reply.stream() as body:
+            async with reply as body:
                 async for piece in body:
                     received.append(piece)
 
@@ -101,7 +101,7 @@ async def test_keep_alive_comments_fill_silences_between_whole_pieces(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(producer)
         assert await reply.first() == b"data: 0\n\n"
-        async with reply.stream() as body:
+        async with reply as body:
             pieces = [piece async for piece in body]
     comment = keepalive_comment()
     assert pieces == [b"data: 0\n\n", comment, comment, b"data: 1\n\n", b"data: 2\n\n"]
@@ -146,7 +146,7 @@ async def test_a_lent_source_is_pulled_by_the_body_and_given_back_at_its_end() -
     async with trio.open_nursery() as nursery:
         nursery.start_soon(producer, name="producer")
         assert await reply.first() == b"first "
-        async with reply.stream() as body:
+        async with reply as body:
             pieces = [piece async for piece in body]
     assert b"".join(pieces) == b"first a b c last"
     assert events == ["given back"]
@@ -173,7 +173,7 @@ async def test_what_a_pull_raises_is_raised_in_the_producer_which_ends_the_strea
     async with trio.open_nursery() as nursery:
         nursery.start_soon(producer)
         assert await reply.first() == b"first "
-        async with reply.stream() as body:
+        async with reply as body:
             pieces = [piece async for piece in body]
     assert b"".join(pieces) == b"first a error event"
     assert [str(exc) for exc in raised] == ["the engine failed"]
@@ -200,7 +200,7 @@ async def test_a_body_that_leaves_mid_pull_gives_the_source_back_untouched(
         nursery.start_soon(producer)
         assert await reply.first() == b"first "
         with trio.move_on_after(1) as leaving:  # the client leaves while the body waits
-            async with reply.stream() as body:
+            async with reply as body:
                 async for _ in body:
                     pass
         assert leaving.cancelled_caught
@@ -235,7 +235,7 @@ async def test_a_producer_cancelled_while_lending_takes_the_source_back() -> Non
             killed.cancel()
 
         nursery.start_soon(kill_while_the_body_pulls)
-        async with reply.stream() as body:
+        async with reply as body:
             pieces = [piece async for piece in body]
     assert b"".join(pieces) == b"first error event"
 
@@ -263,7 +263,7 @@ async def test_a_silent_lent_source_is_nudged_into_keep_alives(
         nursery.start_soon(producer)
         nursery.start_soon(engine)
         assert await reply.first() == b"first"
-        async with reply.stream() as body:
+        async with reply as body:
             async for piece in body:
                 arrivals.append((trio.current_time(), piece))
     comment = keepalive_comment()
