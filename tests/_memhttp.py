@@ -1,0 +1,135 @@
+"""HTTP to an ASGI app over memory streams: hypercorn's protocols (the edge's
+:func:`~dynamo_trio.edge.serve_stream`) on one end, httpx or raw bytes on the other.
+
+No socket, no port: a test runs in one trio run, on the autojump clock when it
+waits (``autojump_clock``), and each of its connections is served in its nursery.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, final
+
+import httpcore
+import httpx
+import trio
+import trio.testing
+from hypercorn.config import Config as HypercornConfig
+
+from dynamo_trio.edge import serve_stream
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Iterable
+
+_Pair = trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]
+
+URL = "http://edge.test"
+"""Any URL will do: every connection reaches the same app."""
+
+
+def hypercorn_config(**settings: Any) -> HypercornConfig:
+    """hypercorn's defaults without an access log, with ``settings`` (its attributes)."""
+    config = HypercornConfig()
+    config.accesslog = None
+    for name, value in settings.items():
+        setattr(config, name, value)
+    return config
+
+
+@final
+class MemoryHTTP(httpcore.AsyncNetworkBackend):
+    """A network on which every connection reaches ``app``, served in ``nursery`` by
+    ``serve_stream(app, config, stream, **options)``."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        app: Any,
+        config: HypercornConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.nursery = nursery
+        self._serve = partial(serve_stream, app, config or hypercorn_config(), **options)
+        self.connections = 0
+        """How many connections were made (by clients or :meth:`connect`)."""
+
+    async def connect(self) -> _Pair:
+        """A new connection's client end, for a test that speaks raw bytes."""
+        await trio.lowlevel.checkpoint()
+        client, server = trio.testing.memory_stream_pair()
+        self.connections += 1
+        self.nursery.start_soon(self._serve, server)
+        return client
+
+    def client(self, *, http2: bool = False, **options: Any) -> httpx.AsyncClient:
+        """An httpx client whose connections are this network's (``options``: the client's)."""
+        transport = httpx.AsyncHTTPTransport(http1=not http2, http2=http2)
+        transport._pool = httpcore.AsyncConnectionPool(
+            network_backend=self, http1=not http2, http2=http2
+        )
+        return httpx.AsyncClient(transport=transport, base_url=URL, **options)
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return _ClientEnd(await self.connect())
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("a memory network has no Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+
+@final
+class _ClientEnd(httpcore.AsyncNetworkStream):
+    """A connection's client end as httpcore sees a socket (its errors and timeouts)."""
+
+    def __init__(self, stream: _Pair) -> None:
+        self._stream = stream
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        try:
+            with trio.fail_after(float("inf") if timeout is None else timeout):
+                return bytes(await self._stream.receive_some(max_bytes))
+        except trio.TooSlowError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        try:
+            with trio.fail_after(float("inf") if timeout is None else timeout):
+                await self._stream.send_all(buffer)
+        except trio.TooSlowError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("the memory network speaks plain HTTP")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":  # how httpcore finds a pooled connection the server closed
+            incoming = self._stream.receive_stream._incoming
+            return bool(incoming._data) or incoming._closed
+        return None
