@@ -27,6 +27,9 @@ _Pair = trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryRec
 URL = "http://edge.test"
 """Any URL will do: every connection reaches the same app."""
 
+_SERVED: dict[str, MemoryHTTP] = {}
+"""The networks :func:`serve_memory` serves, by URL, while they serve."""
+
 
 def hypercorn_config(**settings: Any) -> HypercornConfig:
     """hypercorn's defaults without an access log, with ``settings`` (its attributes)."""
@@ -90,6 +93,49 @@ class MemoryHTTP(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+
+async def serve_memory(
+    nursery: trio.Nursery,
+    app: Any,
+    config: HypercornConfig | None = None,
+    **options: Any,
+) -> str:
+    """``app`` served in ``nursery`` on a network of its own; a URL that
+    :func:`http_client` reaches it at (until the nursery ends)."""
+    network = MemoryHTTP(nursery, app, config, **options)
+    url = f"http://memory-{id(network):x}.test"
+
+    async def registered(*, task_status: trio.TaskStatus[None]) -> None:
+        _SERVED[url] = network
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            del _SERVED[url]
+
+    await nursery.start(registered)
+    return url
+
+
+def http_client(url: str, **options: Any) -> httpx.AsyncClient:
+    """An httpx client with ``base_url=url``: over the memory network :func:`serve_memory`
+    gave ``url``, or over TCP for any other URL (``options``: the client's)."""
+    network = _SERVED.get(url)
+    if network is None:
+        return httpx.AsyncClient(base_url=url, **options)
+    client = network.client(**options)
+    client.base_url = httpx.URL(url)
+    return client
+
+
+async def open_connection(url: str) -> trio.abc.HalfCloseableStream:
+    """A new raw connection to ``url`` (memory or TCP), for a test that speaks bytes."""
+    network = _SERVED.get(url)
+    if network is not None:
+        return await network.connect()
+    parts = httpx.URL(url)
+    return await trio.open_tcp_stream(parts.host, parts.port or 80)
 
 
 @final

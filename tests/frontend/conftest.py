@@ -72,13 +72,15 @@ StartProcStack = Callable[..., Awaitable[Stack]]
 
 @pytest.fixture
 async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
-    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=)``: a frontend
-    and a model worker serving in this process, once the frontend lists every model."""
+    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=, memory=)``: a
+    frontend and a model worker serving in this process, once the frontend lists every
+    model (``memory=True``: over memory streams, see :mod:`tests._serving`)."""
 
     async def start(
         *frontend_flags: str,
         inter_token_latency_ms: float = 20.0,
         frontend_env: dict[str, str] | None = None,
+        memory: bool = False,
     ) -> Served:
         return await serve_stack(
             nursery,
@@ -86,6 +88,7 @@ async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
             *frontend_flags,
             inter_token_latency_ms=inter_token_latency_ms,
             frontend_env=frontend_env,
+            memory=memory,
         )
 
     return start
