@@ -11,7 +11,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, final
 
 import httpcore
+import httpcore2
 import httpx
+import httpx2
 import trio
 import trio.testing
 from hypercorn.config import Config as HypercornConfig
@@ -73,6 +75,12 @@ class MemoryHTTP(httpcore.AsyncNetworkBackend):
         )
         return httpx.AsyncClient(transport=transport, base_url=URL, **options)
 
+    def sdk_client(self) -> httpx2.AsyncClient:
+        """An httpx2 client (what the openai and anthropic SDKs take) on this network."""
+        transport = httpx2.AsyncHTTPTransport()
+        transport._pool = httpcore2.AsyncConnectionPool(network_backend=_Backend2(self))
+        return httpx2.AsyncClient(transport=transport)
+
     async def connect_tcp(
         self,
         host: str,
@@ -118,6 +126,13 @@ async def serve_memory(
     return url
 
 
+def sdk_http_client(url: str) -> httpx2.AsyncClient | None:
+    """The ``http_client`` an openai or anthropic SDK client needs to reach ``url``: the
+    memory network's, or ``None`` (the SDK's own) for any other URL."""
+    network = _SERVED.get(url)
+    return None if network is None else network.sdk_client()
+
+
 def http_client(url: str, **options: Any) -> httpx.AsyncClient:
     """An httpx client with ``base_url=url``: over the memory network :func:`serve_memory`
     gave ``url``, or over TCP for any other URL (``options``: the client's)."""
@@ -138,9 +153,10 @@ async def open_connection(url: str) -> trio.abc.HalfCloseableStream:
     return await trio.open_tcp_stream(parts.host, parts.port or 80)
 
 
-@final
-class _ClientEnd(httpcore.AsyncNetworkStream):
+class _End:
     """A connection's client end as httpcore sees a socket (its errors and timeouts)."""
+
+    _errors: Any  # httpcore or httpcore2: whose exceptions to raise
 
     def __init__(self, stream: _Pair) -> None:
         self._stream = stream
@@ -150,18 +166,18 @@ class _ClientEnd(httpcore.AsyncNetworkStream):
             with trio.fail_after(float("inf") if timeout is None else timeout):
                 return bytes(await self._stream.receive_some(max_bytes))
         except trio.TooSlowError as exc:
-            raise httpcore.ReadTimeout(str(exc)) from exc
+            raise self._errors.ReadTimeout(str(exc)) from exc
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpcore.ReadError(str(exc)) from exc
+            raise self._errors.ReadError(str(exc)) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         try:
             with trio.fail_after(float("inf") if timeout is None else timeout):
                 await self._stream.send_all(buffer)
         except trio.TooSlowError as exc:
-            raise httpcore.WriteTimeout(str(exc)) from exc
+            raise self._errors.WriteTimeout(str(exc)) from exc
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpcore.WriteError(str(exc)) from exc
+            raise self._errors.WriteError(str(exc)) from exc
 
     async def aclose(self) -> None:
         await self._stream.aclose()
@@ -171,11 +187,42 @@ class _ClientEnd(httpcore.AsyncNetworkStream):
         ssl_context: ssl.SSLContext,
         server_hostname: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("the memory network speaks plain HTTP")
+    ) -> Any:
+        raise self._errors.ConnectError("the memory network speaks plain HTTP")
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":  # how httpcore finds a pooled connection the server closed
             incoming = self._stream.receive_stream._incoming
             return bool(incoming._data) or incoming._closed
         return None
+
+
+@final
+class _ClientEnd(_End, httpcore.AsyncNetworkStream):
+    _errors = httpcore
+
+
+@final
+class _ClientEnd2(_End, httpcore2.AsyncNetworkStream):
+    _errors = httpcore2
+
+
+@final
+class _Backend2(httpcore2.AsyncNetworkBackend):
+    """A :class:`MemoryHTTP` as httpcore2 (the SDK clients') sees a network."""
+
+    def __init__(self, network: MemoryHTTP) -> None:
+        self._network = network
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        return _ClientEnd2(await self._network.connect())
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
