@@ -1,18 +1,22 @@
 """The idle timer of a served connection: keep-alive timeout, busy time, shutdown.
 
 serve_http replaces hypercorn's per-request idle task with one timer per
-connection; these pin the behaviour down over real sockets.
+connection; these pin the behaviour down over memory streams on the autojump
+clock (one connection, :func:`~dynamo_trio.edge.serve_stream`) and, for the
+shutdown, which is serve_http's own, over real sockets.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
-import trio.lowlevel
+import trio.testing
 from hypercorn.config import Config as HypercornConfig
 
 from dynamo_trio.edge import Edge, EdgeRequest, EdgeResponse, Route, listen_sockets, serve_http
+from tests._memhttp import MemoryHTTP, hypercorn_config
 
 IDLE = 0.4
 
@@ -49,7 +53,14 @@ async def start(
     return host, int(port)
 
 
-async def ask(stream: trio.SocketStream, seconds: float = 0.0) -> bytes:
+def memory_edge(nursery: trio.Nursery, *, idle: float = IDLE) -> MemoryHTTP:
+    """The same edge as :func:`start`'s, one connection at a time over memory streams."""
+    return MemoryHTTP(
+        nursery, Edge([Route("/slow", slow)]), hypercorn_config(keep_alive_timeout=idle)
+    )
+
+
+async def ask(stream: trio.abc.Stream, seconds: float = 0.0) -> bytes:
     await stream.send_all(b"GET /slow?s=%g HTTP/1.1\r\nHost: x\r\n\r\n" % seconds)
     received = b""
     while not received.endswith(b"}"):
@@ -59,7 +70,7 @@ async def ask(stream: trio.SocketStream, seconds: float = 0.0) -> bytes:
     return received
 
 
-async def closed_within(stream: trio.SocketStream, seconds: float = 30) -> float:
+async def closed_within(stream: trio.abc.Stream, seconds: float = 30) -> float:
     """Seconds until the server closes ``stream`` (EOF), failing after ``seconds`` (by
     default a hang guard only)."""
     start = trio.current_time()
@@ -70,27 +81,27 @@ async def closed_within(stream: trio.SocketStream, seconds: float = 30) -> float
 
 
 async def test_an_idle_connection_closes_after_the_timeout_each_time_it_idles(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
-    host, port = await start(nursery)
-    stream = await trio.open_tcp_stream(host, port)
+    stream = await memory_edge(nursery).connect()
     async with stream:
         for _ in range(4):  # requests closer together than the timeout keep it open
             assert (await ask(stream)).startswith(b"HTTP/1.1 200")
-            await trio.sleep(IDLE / 2)
+            await trio.sleep(IDLE * 0.9)
         assert (await ask(stream)).startswith(b"HTTP/1.1 200")
         waited = await closed_within(stream)
-    assert waited >= IDLE * 0.8
+    assert waited == pytest.approx(IDLE)  # virtual time: at its deadline, not before
 
 
-async def test_a_response_longer_than_the_timeout_is_not_cut(nursery: trio.Nursery) -> None:
-    host, port = await start(nursery)
-    stream = await trio.open_tcp_stream(host, port)
+async def test_a_response_longer_than_the_timeout_is_not_cut(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    stream = await memory_edge(nursery).connect()
     async with stream:
         received = await ask(stream, IDLE * 3)
         assert received.startswith(b"HTTP/1.1 200") and b'"slept":1.2' in received
         assert (await ask(stream)).startswith(b"HTTP/1.1 200")  # still open after it
-        assert await closed_within(stream) >= IDLE * 0.8
+        assert await closed_within(stream) == pytest.approx(IDLE)
 
 
 async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer(
@@ -135,19 +146,14 @@ async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_thei
         await closed_within(busy)  # then closed
 
 
-async def test_a_connection_whose_client_left_mid_request_ends_with_its_request() -> None:
+async def test_a_connection_whose_client_left_mid_request_ends_with_its_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     # Nothing of the connection may linger once its request is over (a shutdown
-    # would then wait the whole graceful timeout for it).
-    shutdown = trio.Event()
+    # would then wait the whole graceful timeout for it): its serving task ends.
     async with trio.open_nursery() as nursery:
-        host, port = await start(nursery, shutdown, graceful=30)
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await memory_edge(nursery).connect()
         await stream.send_all(b"GET /slow?s=0.3 HTTP/1.1\r\nHost: x\r\n\r\n")
         await trio.sleep(0.1)
         await stream.aclose()  # busy, and the client leaves
-        await trio.sleep(0.6)  # the request ends
-        shutdown.set()
-        with trio.fail_after(20):  # a hang guard, shorter than the graceful timeout
-            await trio.lowlevel.checkpoint()  # the serve_http task ends when the nursery closes
-            nursery.cancel_scope.deadline = trio.current_time() + 20
-    assert not nursery.cancel_scope.cancelled_caught
+    assert trio.current_time() < IDLE  # ended with its request, not at the idle timeout
