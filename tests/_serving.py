@@ -41,6 +41,7 @@ from tests.e2e._model_worker import serve_models
 
 if TYPE_CHECKING:
     import socket
+    from collections.abc import Callable
 
 
 def first_event(
@@ -156,6 +157,8 @@ class Cluster:
         self._logging = False
         self.transport = MemoryTransport() if memory else None
         """The request plane's network, with ``memory=True``."""
+        self.grpc: dict[str, str] = {}
+        """Each frontend's KServe gRPC ``host:port`` (``--kserve-grpc-port``), by its URL."""
 
     async def _runtime(self, config: Config) -> DistributedRuntime:
         if not self._logging:
@@ -182,6 +185,10 @@ class Cluster:
             )
         )
         return await serve_memory(self.nursery, edge)
+
+    async def worker(self) -> DistributedRuntime:
+        """A runtime configured as a worker process's would be, to serve what the test likes."""
+        return await self._runtime(Config.from_env(self.env))
 
     async def model_worker(
         self, events: Events, *, inter_token_latency_ms: float = 20.0, ttft_ms: float = 0.0
@@ -224,8 +231,13 @@ class Cluster:
         runtime = await self._runtime(config)
         if self.transport is not None:
             url: str = await self.nursery.start(_serve_memory, runtime, config)
-        else:
-            url = await self.nursery.start(_serve, runtime, config, listen_sockets(["127.0.0.1:0"]))
+            return url
+        grpc: list[str] = []
+        url = await self.nursery.start(
+            _serve, runtime, config, listen_sockets(["127.0.0.1:0"]), grpc.append
+        )
+        if grpc:
+            self.grpc[url] = grpc[0]
         return url
 
 
@@ -255,6 +267,7 @@ async def _serve(
     runtime: DistributedRuntime,
     config: Config,
     sockets: list[socket.socket],
+    on_grpc_listening: Callable[[str], object],
     *,
     task_status: trio.TaskStatus[str],
 ) -> None:
@@ -263,6 +276,7 @@ async def _serve(
         config.frontend,
         shutdown_grace=config.worker.shutdown_grace,
         sockets=sockets,
+        on_grpc_listening=on_grpc_listening,
         task_status=task_status,
     )
 
