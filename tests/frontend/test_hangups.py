@@ -1,4 +1,4 @@
-"""A client hanging up on a media route cancels the work on the worker, counted once.
+"""A client hanging up on any route cancels the work on the worker, counted once.
 
 The in-process stack over memory streams, on the autojump clock: a hang-up here
 is the client's end of the connection closing (a FIN); ``tests/e2e``'s
@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tests._memhttp import open_connection
-from tests.e2e.test_frontend_disconnect import MID_STREAM
+from tests.e2e.test_frontend_disconnect import MID_STREAM, ROUTES, read_until
 
 if TYPE_CHECKING:
     from tests._serving import Served
@@ -81,10 +81,14 @@ async def assert_killed_on_worker(running: Served, request_id: str) -> dict[str,
     return exit_event
 
 
-async def assert_counted_once(running: Served, model: str, endpoint: str, kind: str) -> None:
+async def idle(running: Served) -> None:
     with trio.fail_after(30):  # a hang guard only
         while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
             await trio.sleep(0.05)
+
+
+async def assert_counted_once(running: Served, model: str, endpoint: str, kind: str) -> None:
+    await idle(running)
     counted = await running.metric(
         "dynamo_frontend_model_cancellation_total",
         endpoint=endpoint,
@@ -142,3 +146,85 @@ async def test_stop_policy_lets_a_media_engine_return_at_its_step(
     assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
     assert exit_event["how"] == "returned"
     await assert_counted_once(running, "mock-video", "videos", "stream")
+
+
+# ---------------------------------------------------------------------------- text
+
+
+@pytest.mark.parametrize("route", ["chat_completions", "completions"])
+async def test_hang_up_before_the_response_starts_unary(
+    stack: StartStack, route: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    path, body = ROUTES[route]
+    request_id = f"unary-{uuid.uuid4()}"
+    stream = await open_raw(running, path, {**body, "model": "prefill"}, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await stream.aclose()
+    await assert_killed_on_worker(running, request_id)
+    await assert_counted_once(running, "prefill", route, "unary")
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_hang_up_before_the_first_byte_of_a_stream(
+    stack: StartStack, route: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    path, body = ROUTES[route]
+    request_id = f"prefill-{uuid.uuid4()}"
+    payload = {**body, "model": "prefill", "stream": True, "max_tokens": 100}
+    stream = await open_raw(running, path, payload, request_id)
+    await running.worker.wait_for("start", id=request_id)
+    await stream.aclose()
+    await assert_killed_on_worker(running, request_id)
+    await assert_counted_once(running, "prefill", route, "stream")
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_hang_up_mid_stream(
+    stack: StartStack, route: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    path, body = ROUTES[route]
+    request_id = f"stream-{uuid.uuid4()}"
+    payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
+    stream = await open_raw(running, path, payload, request_id)
+    await read_until(stream, b"data:", 5)
+    await stream.aclose()
+    await assert_killed_on_worker(running, request_id)
+    await assert_counted_once(running, "mock", route, "stream")
+
+
+async def test_hang_up_on_embeddings_is_counted_and_cancels(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    request_id = f"embed-{uuid.uuid4()}"
+    stream = await open_raw(
+        running, "/v1/embeddings", {"model": "slow-embed", "input": "hi"}, request_id
+    )
+    await running.worker.wait_for("start", id=request_id)
+    await stream.aclose()
+    await assert_killed_on_worker(running, request_id)
+    await assert_counted_once(running, "slow-embed", "embeddings", "unary")
+
+
+async def test_stop_policy_lets_the_worker_drain(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A stop grace longer than the hang guards: "STOPPED", not "KILLED", is the engine's
+    # doing.
+    running = await stack("--on-disconnect", "stop", "--stop-grace", "60", memory=True)
+    request_id = f"stop-{uuid.uuid4()}"
+    path, body = ROUTES["chat_completions"]
+    payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
+    stream = await open_raw(running, path, payload, request_id)
+    await read_until(stream, b"data:", 3)
+    await stream.aclose()
+    exit_event = await running.worker.wait_for("exit", id=request_id, within=30)
+    # Stopped, not killed: the engine finished on its own with a "cancelled" item and usage.
+    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
+    assert exit_event["how"] == "returned"
+    assert exit_event["last"]["finish_reason"] == "cancelled"
+    assert exit_event["last"]["usage"]["completion_tokens"] >= 1
+    await assert_counted_once(running, "mock", "chat_completions", "stream")
