@@ -104,11 +104,10 @@ async def test_a_response_longer_than_the_timeout_is_not_cut(
         assert await closed_within(stream) == pytest.approx(IDLE)
 
 
-async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer(
-    nursery: trio.Nursery,
-) -> None:
+async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer() -> None:
     # Keep-alive and graceful timeouts far longer than the hang guards: a connection
-    # closed within one was closed by the shutdown, neither idling out nor at the grace.
+    # closed within one was closed by the shutdown, neither idling out nor at the grace;
+    # and serve_http returns once both are closed, without waiting out the grace.
     entered, release = trio.Event(), trio.Event()
 
     async def held(request: EdgeRequest) -> EdgeResponse:
@@ -117,33 +116,36 @@ async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_thei
         return EdgeResponse.json({"held": True})
 
     shutdown = trio.Event()
-    host, port = await start(
-        nursery, shutdown, graceful=120, idle=120, routes=(Route("/held", held),)
-    )
-    idle = await trio.open_tcp_stream(host, port)
-    busy = await trio.open_tcp_stream(host, port)
-    answered: list[bytes] = []
-    async with idle, busy:
-        await ask(idle)
-        async with trio.open_nursery() as inner:
+    async with trio.open_nursery() as serving:
+        host, port = await start(
+            serving, shutdown, graceful=120, idle=120, routes=(Route("/held", held),)
+        )
+        idle = await trio.open_tcp_stream(host, port)
+        busy = await trio.open_tcp_stream(host, port)
+        answered: list[bytes] = []
+        async with idle, busy:
+            await ask(idle)
+            async with trio.open_nursery() as inner:
 
-            async def held_request() -> None:
-                await busy.send_all(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
-                received = b""
-                while not received.endswith(b"}"):
-                    data = await busy.receive_some(65536)
-                    assert data, received
-                    received += data
-                answered.append(received)
+                async def held_request() -> None:
+                    await busy.send_all(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+                    received = b""
+                    while not received.endswith(b"}"):
+                        data = await busy.receive_some(65536)
+                        assert data, received
+                        received += data
+                    answered.append(received)
 
-            inner.start_soon(held_request)
-            await entered.wait()
-            shutdown.set()
-            await closed_within(idle)  # idle: closed at once ...
-            assert not answered  # ... while the busy one is still held
-            release.set()
-        assert answered[0].startswith(b"HTTP/1.1 200")  # busy: answered first
-        await closed_within(busy)  # then closed
+                inner.start_soon(held_request)
+                await entered.wait()
+                shutdown.set()
+                await closed_within(idle)  # idle: closed at once ...
+                assert not answered  # ... while the busy one is still held
+                release.set()
+            assert answered[0].startswith(b"HTTP/1.1 200")  # busy: answered first
+            await closed_within(busy)  # then closed
+        serving.cancel_scope.deadline = trio.current_time() + 30  # a hang guard < the grace
+    assert not serving.cancel_scope.cancelled_caught  # serve_http returned on its own
 
 
 async def test_a_connection_whose_client_left_mid_request_ends_with_its_request(
