@@ -1,16 +1,17 @@
 """The one Prometheus scraper of the tests: the samples an exposition holds, and their sums.
 
-``/metrics`` is read over HTTP here (:func:`samples`); where a test reads it
-another way (from inside a network namespace, a registry in the test's
-process) it parses the text with :func:`parse` and sums with :func:`total`.
+``/metrics`` is read over HTTP here (:func:`samples`: TCP, or :mod:`tests._memhttp`);
+where a test reads it another way (from inside a network namespace, a registry
+in the test's process) it parses the text with :func:`parse` and sums with :func:`total`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests._memhttp import http_client
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -39,8 +40,8 @@ def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
 
 async def samples(url: str) -> list[Sample]:
     """Every sample on ``url``'s ``/metrics``."""
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/metrics")
+    async with http_client(url) as http:
+        response = await http.get("/metrics")
     assert response.status_code == 200, response.text
     return parse(response.text)
 

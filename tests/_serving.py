@@ -6,8 +6,11 @@ The frontend is :func:`serve_frontend` on 127.0.0.1 with the config its command
 line would build (flags and ``DYN_*`` variables); a worker serves the model
 worker's models (its handlers' ``start`` and ``exit`` events kept in a list
 instead of printed) or the mocker's.  Discovery is a :class:`MemoryStore`; HTTP
-and the request plane are real loopback TCP.  What needs processes (signals, a
-worker killed, the command line) uses :mod:`tests._procs` instead.
+and the request plane are loopback TCP, or with ``memory=True`` memory streams
+(:mod:`tests._memhttp`, :mod:`tests._memplane`: the test may run on the
+autojump clock; its clients come from :func:`~tests._memhttp.http_client`).
+What needs processes (signals, a worker killed, the command line) uses
+:mod:`tests._procs` instead.
 """
 
 from __future__ import annotations
@@ -23,17 +26,22 @@ import trio
 from dynamo_trio import Config
 from dynamo_trio._config import add_flags, config_from_args
 from dynamo_trio.discovery import MemoryStore
-from dynamo_trio.edge import listen_sockets
+from dynamo_trio.edge import Edge, listen_sockets, status_routes
 from dynamo_trio.frontend import serve_frontend
+from dynamo_trio.frontend._app import FLUSH_GRACE, _hypercorn_config, build_app, build_edge
+from dynamo_trio.frontend._pipeline import Pipeline
 from dynamo_trio.mocker import MockerSettings
 from dynamo_trio.mocker._main import MODELS as MOCKER_MODELS, add_mocker_flags
 from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.runtime import DistributedRuntime
+from tests._memhttp import http_client, serve_memory
+from tests._memplane import MemoryTransport
 from tests._metrics import scrape
 from tests.e2e._model_worker import serve_models
 
 if TYPE_CHECKING:
     import socket
+    from collections.abc import Callable
 
 
 def first_event(
@@ -141,22 +149,46 @@ class Cluster:
     configured as its command line would be in ``env`` (``tests/_procs.py``'s
     children's ``DYN_*`` test settings), serving in ``nursery``."""
 
-    def __init__(self, nursery: trio.Nursery, env: dict[str, str]) -> None:
+    def __init__(self, nursery: trio.Nursery, env: dict[str, str], *, memory: bool = False) -> None:
         self.nursery = nursery
         self.env = env
         self.store = MemoryStore()
         self.log = Records()
         self._logging = False
+        self.transport = MemoryTransport() if memory else None
+        """The request plane's network, with ``memory=True``."""
+        self.grpc: dict[str, str] = {}
+        """Each frontend's KServe gRPC ``host:port`` (``--kserve-grpc-port``), by its URL."""
 
     async def _runtime(self, config: Config) -> DistributedRuntime:
         if not self._logging:
             await self.nursery.start(_logging_into, self.log)
             self._logging = True
         config = config.replace(discovery=dataclasses.replace(config.discovery, backend="mem"))
+        if self.transport is not None:  # its status server: over memory too (status_url)
+            config = config.replace(system=dataclasses.replace(config.system, port=-1))
         runtime: DistributedRuntime = await self.nursery.start(
-            _hold, DistributedRuntime(config, memory_store=self.store)
+            _hold, DistributedRuntime(config, memory_store=self.store, transport=self.transport)
         )
         return runtime
+
+    async def status_url(self, runtime: DistributedRuntime) -> str:
+        """The URL of ``runtime``'s status routes (served over memory with ``memory=True``)."""
+        if self.transport is None:
+            assert runtime.status_url is not None
+            return runtime.status_url
+        edge = Edge(
+            status_routes(
+                health=lambda: (200, {"status": "ready"}),
+                metrics=runtime.registry,
+                inflight=runtime.inflight,
+            )
+        )
+        return await serve_memory(self.nursery, edge)
+
+    async def worker(self) -> DistributedRuntime:
+        """A runtime configured as a worker process's would be, to serve what the test likes."""
+        return await self._runtime(Config.from_env(self.env))
 
     async def model_worker(
         self, events: Events, *, inter_token_latency_ms: float = 20.0, ttft_ms: float = 0.0
@@ -197,9 +229,15 @@ class Cluster:
         over ``env``) serving on 127.0.0.1; its URL."""
         config = frontend_config({**self.env, **(frontend_env or {})}, "--http-port", "0", *flags)
         runtime = await self._runtime(config)
-        url: str = await self.nursery.start(
-            _serve, runtime, config, listen_sockets(["127.0.0.1:0"])
+        if self.transport is not None:
+            url: str = await self.nursery.start(_serve_memory, runtime, config)
+            return url
+        grpc: list[str] = []
+        url = await self.nursery.start(
+            _serve, runtime, config, listen_sockets(["127.0.0.1:0"]), grpc.append
         )
+        if grpc:
+            self.grpc[url] = grpc[0]
         return url
 
 
@@ -210,24 +248,26 @@ async def serve_stack(
     inter_token_latency_ms: float = 20.0,
     ttft_ms: float = 0.0,
     frontend_env: dict[str, str] | None = None,
+    memory: bool = False,
 ) -> Served:
     """The model worker and a frontend serving in ``nursery``, once the frontend lists
-    every model (see :class:`Cluster` for ``env``, ``frontend_flags``, ``frontend_env``)."""
-    cluster = Cluster(nursery, env)
+    every model (see :class:`Cluster` for ``env``, ``frontend_flags``, ``frontend_env``
+    and ``memory``)."""
+    cluster = Cluster(nursery, env, memory=memory)
     events = Events()
     worker = await cluster.model_worker(
         events, inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms
     )
     url = await cluster.frontend(*frontend_flags, frontend_env=frontend_env)
-    assert worker.status_url is not None
     await wait_for_models(url, MODELS, within=15)
-    return Served(url, events, worker.status_url, cluster.log)
+    return Served(url, events, await cluster.status_url(worker), cluster.log)
 
 
 async def _serve(
     runtime: DistributedRuntime,
     config: Config,
     sockets: list[socket.socket],
+    on_grpc_listening: Callable[[str], object],
     *,
     task_status: trio.TaskStatus[str],
 ) -> None:
@@ -236,8 +276,32 @@ async def _serve(
         config.frontend,
         shutdown_grace=config.worker.shutdown_grace,
         sockets=sockets,
+        on_grpc_listening=on_grpc_listening,
         task_status=task_status,
     )
+
+
+async def _serve_memory(
+    runtime: DistributedRuntime, config: Config, *, task_status: trio.TaskStatus[str]
+) -> None:
+    """:func:`serve_frontend`'s app and edge, over memory streams (no drain on the way out)."""
+    frontend = config.frontend
+    async with trio.open_nursery() as nursery:
+        pipeline = Pipeline(runtime, frontend, nursery)
+        pipeline.turns.install()
+        try:
+            await pipeline.start()
+            url = await serve_memory(
+                nursery,
+                build_edge(pipeline, build_app(pipeline)),
+                _hypercorn_config(frontend, FLUSH_GRACE),
+                cleartext_http2=frontend.cleartext_http2,
+                http2_max_resets=frontend.http2_max_resets,
+            )
+            task_status.started(url)
+            await trio.sleep_forever()
+        finally:
+            pipeline.turns.uninstall()
 
 
 MODELS = frozenset(
@@ -256,9 +320,7 @@ MODELS = frozenset(
 
 
 async def listed_models(url: str) -> set[str]:
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url) as http:
+    async with http_client(url) as http:
         response = await http.get("/v1/models")
     assert response.status_code == 200, response.text
     return {model["id"] for model in response.json()["data"]}

@@ -1,8 +1,9 @@
 """The HTTP edge: what every HTTP server of dynamo-trio stands on.
 
 :func:`serve_http` (hypercorn's protocols under an accept loop whose shutdown
-always ends), :class:`Edge` (the outermost ASGI layer), :func:`status_routes`,
-and two short ways for the hot path: :func:`direct_chunks` and :class:`BodyPrefetch`.
+always ends; :func:`serve_stream`: one connection on any stream), :class:`Edge`
+(the outermost ASGI layer), :func:`status_routes`, and two short ways for the
+hot path: :func:`direct_chunks` and :class:`BodyPrefetch`.
 """
 
 from ._chunks import direct_chunks as direct_chunks
@@ -24,6 +25,7 @@ from ._server import (
     dead_peer_options as dead_peer_options,
     listen_sockets as listen_sockets,
     serve_http as serve_http,
+    serve_stream as serve_stream,
 )
 from ._status import (
     Health as Health,
@@ -51,6 +53,7 @@ __all__ = [
     "json_bytes",
     "listen_sockets",
     "serve_http",
+    "serve_stream",
     "shown",
     "status_routes",
 ]

@@ -1,5 +1,6 @@
 """Each HTTP connection's protocol, guarded: cleartext HTTP/2 as a choice, a bound
-on a client's stream resets, and no 5xx for what a client sends.
+on a client's stream resets, no 5xx for what a client sends, and the rest of a
+request answered early dropped, not a failure of its connection.
 
 :class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper`` on
 each connection; ``docs/security.md`` says what each guard answers and why.
@@ -122,7 +123,9 @@ class GuardedProtocol:
         return protocol
 
     def _guard(self, protocol: H2Protocol) -> None:
-        """Count the client's resets in whatever the connection receives."""
+        """Count the client's resets in whatever the connection receives; let a closed
+        stream's late data in (see :class:`_Streams`)."""
+        protocol.streams = _Streams(protocol.streams)
         connection = protocol.connection
         receive = connection.receive_data
         budget = ResetBudget(self._max_resets)
@@ -156,6 +159,31 @@ class GuardedProtocol:
         )
         await protocol._send_error_response(505)
         await self._wrapped.send(Closed())
+
+
+@final
+class _Streams(dict[int, Any]):
+    """hypercorn's open streams of an HTTP/2 connection, where a stream it closed (answered
+    before the client sent its whole request: a refusal from a body's first bytes) reads
+    as one that ignores what still comes for it.
+
+    hypercorn looks up the stream of each ``DATA`` frame without a guard: the rest
+    of an answered request was a ``KeyError`` that ended the whole connection, and
+    every other call on it.  Its flow control is still acknowledged (hypercorn does
+    that after the lookup).
+    """
+
+    def __missing__(self, stream_id: int) -> _ClosedStream:
+        return _CLOSED
+
+
+@final
+class _ClosedStream:
+    async def handle(self, event: Event) -> None:
+        """Nothing: the stream is over."""
+
+
+_CLOSED: Final = _ClosedStream()
 
 
 async def _http11_only(event: h11.Request) -> None:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from hypercorn.protocol import ProtocolWrapper
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["dead_peer_options", "listen_sockets", "serve_http"]
+__all__ = ["dead_peer_options", "listen_sockets", "serve_http", "serve_stream"]
 
 _log = logging.getLogger("dynamo_trio.http")
 limited_log: Final = LogLimiter(_log)
@@ -163,35 +163,16 @@ async def serve_http(
                     pass
             if shutting_down:
                 await context.terminated.set()
-            ordered = _OrderedSends(stream, on_eof=context.terminated.set)
-            # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
-            tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
-            state = ConnectionState(lifespan_state.copy())
-            server = _Connection(
+            ordered = _OrderedSends(stream, stream.socket, on_eof=context.terminated.set)
+            await _serve_connection(
                 wrapped,
                 config,
                 context,
-                state,
-                tls_typed,
+                lifespan_state,
+                ordered,
                 cleartext_http2=cleartext_http2,
                 http2_max_resets=http2_max_resets,
             )
-            state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
-            try:
-                await server.run()
-            finally:
-                del state[CONNECTION_WRITER]  # no cycle through the server outlives it
-        except BaseException as exc:
-            live, failure = split_live_cancellation(exc)
-            if live is not None:
-                raise live from None
-            if failure is not None:
-                limited_log.error(
-                    "connection-escape",
-                    "an HTTP connection's code raised %s; closing that connection only",
-                    type(failure).__name__,
-                    exc_info=failure,
-                )
         finally:
             open_streams.discard(stream)
             contexts.discard(context)
@@ -229,6 +210,76 @@ async def serve_http(
             closer.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+async def serve_stream(
+    app: ASGIFramework,
+    config: HypercornConfig,
+    stream: trio.abc.HalfCloseableStream,
+    *,
+    cleartext_http2: bool = False,
+    http2_max_resets: int = 100,
+) -> None:
+    """Serve the one HTTP connection ``stream`` carries (any trio stream: tests use a
+    memory stream) until it ends, as :func:`serve_http` serves each of its own.
+
+    The app's lifespan is not run; the peer reads as ``127.0.0.1``.  Each write
+    waits its turn behind the others (a socket's may skip the queue).
+    """
+    context = WorkerContext(None)
+    ordered = _OrderedStreamSends(stream, _NoSocket(), on_eof=context.terminated.set)
+    await _serve_connection(
+        ASGIWrapper(app),
+        config,
+        context,
+        {},
+        ordered,
+        cleartext_http2=cleartext_http2,
+        http2_max_resets=http2_max_resets,
+    )
+
+
+async def _serve_connection(
+    wrapped: ASGIWrapper,
+    config: HypercornConfig,
+    context: WorkerContext,
+    lifespan_state: dict[str, Any],
+    ordered: _OrderedSends,
+    *,
+    cleartext_http2: bool,
+    http2_max_resets: int,
+) -> None:
+    """hypercorn's protocols over ``ordered`` until the connection ends; whatever its
+    code raises ends it (logged), a live cancellation goes on."""
+    try:
+        # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
+        tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
+        state = ConnectionState(lifespan_state.copy())
+        server = _Connection(
+            wrapped,
+            config,
+            context,
+            state,
+            tls_typed,
+            cleartext_http2=cleartext_http2,
+            http2_max_resets=http2_max_resets,
+        )
+        state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
+        try:
+            await server.run()
+        finally:
+            del state[CONNECTION_WRITER]  # no cycle through the server outlives it
+    except BaseException as exc:
+        live, failure = split_live_cancellation(exc)
+        if live is not None:
+            raise live from None
+        if failure is not None:
+            limited_log.error(
+                "connection-escape",
+                "an HTTP connection's code raised %s; closing that connection only",
+                type(failure).__name__,
+                exc_info=failure,
+            )
 
 
 async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
@@ -423,12 +474,16 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     """
 
     def __init__(
-        self, stream: trio.SocketStream, *, on_eof: Callable[[], Awaitable[None]] | None = None
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        socket: Any,
+        *,
+        on_eof: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._stream = stream
         self._sending = trio.StrictFIFOLock()
         self._on_eof = on_eof
-        self.socket = stream.socket
+        self.socket = socket  # hypercorn reads the peer's address from it
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``; a cancellation lands before any byte is written.
@@ -460,7 +515,7 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
             trio.ClosedResourceError: the stream was closed, or its EOF sent.
             trio.BrokenResourceError: the peer is gone.
         """
-        sock = self._stream.socket
+        sock = self.socket
         fd = sock.fileno()
         if fd == -1 or sock.did_shutdown_SHUT_WR:
             raise trio.ClosedResourceError("the connection is closed")
@@ -493,3 +548,25 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+@final
+class _OrderedStreamSends(_OrderedSends):
+    """:class:`_OrderedSends` on a stream with no socket: every write waits its turn."""
+
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Nothing: a stream has no write that cannot block."""
+        return 0
+
+
+@final
+class _NoSocket:
+    """What hypercorn reads of a connection's socket, for a stream that has none."""
+
+    family: Final = socket.AF_INET
+
+    def getpeername(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", 80)

@@ -12,6 +12,7 @@ from ._runtime import (
     DistributedRuntime as DistributedRuntime,
     Endpoint as Endpoint,
     Namespace as Namespace,
+    Transport as Transport,
     configure_dynamo_logging as configure_dynamo_logging,
     dynamo_worker as dynamo_worker,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ResponseStream",
     "Router",
     "Target",
+    "Transport",
     "configure_dynamo_logging",
     "dynamo_worker",
 ]

@@ -18,7 +18,7 @@ import os
 import socket
 import warnings
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self, final
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -61,6 +61,7 @@ __all__ = [
     "DistributedRuntime",
     "Endpoint",
     "Namespace",
+    "Transport",
     "configure_dynamo_logging",
     "dynamo_worker",
 ]
@@ -71,12 +72,32 @@ _DEREGISTER_TIMEOUT: Final = 2.0
 _KILL_SETTLE_TIMEOUT: Final = 5.0
 
 
+class Transport(Protocol):
+    """Where a runtime's request plane listens and how it reaches others (TCP by default).
+
+    Injected, it lets runtimes of one trio run talk without sockets (tests).
+    """
+
+    async def open(self, address: str) -> trio.abc.Stream:
+        """A new connection to the server at ``address`` (``host:port``)."""
+        ...
+
+    async def listen(
+        self, server: RequestPlaneServer, *, task_status: trio.TaskStatus[tuple[str, int]]
+    ) -> None:
+        """Hand ``server`` (``handle_connection``) each connection made to a new address
+        until cancelled, refusing new ones once it is ``draining``;
+        ``task_status.started((host, port))``."""
+        ...
+
+
 @final
 class DistributedRuntime:
     """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``.
 
     ``config`` defaults to ``Config.from_env()``; ``memory_store`` is the ``mem``
-    discovery store to share within the process.
+    discovery store to share within the process; ``transport`` replaces the
+    request plane's TCP.
     """
 
     def __init__(
@@ -85,12 +106,14 @@ class DistributedRuntime:
         *,
         registry: CollectorRegistry | None = None,
         memory_store: MemoryStore | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.config: Final = config if config is not None else Config.from_env()
         self.registry: Final = registry if registry is not None else CollectorRegistry()
         self.metrics: Final = WorkerMetrics(self.registry)
         self.name: Final = f"{socket.gethostname()}:{os.getpid()}"
         self._memory_store = memory_store
+        self._transport = transport
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._discovery: Discovery | None = None
@@ -209,7 +232,10 @@ class DistributedRuntime:
             if self._server_address is None:
                 config = self.config.request_plane
                 server = RequestPlaneServer(config, self._handle_stream, name=self.name)
-                host, port = await self._require_nursery().start(server.serve)
+                serve = server.serve
+                if self._transport is not None:
+                    serve = functools.partial(self._transport.listen, server)
+                host, port = await self._require_nursery().start(serve)
                 self._server = server
                 self._server_address = host_port(config.advertise_host or host, port)
                 _log.info("request plane listening on %s:%d", host, port)
@@ -400,6 +426,7 @@ class DistributedRuntime:
                 self._require_nursery(),
                 name=self.name,
                 on_connection_lost=self._connection_lost,
+                open_transport=None if self._transport is None else self._transport.open,
             )
         return self._connection_pool
 

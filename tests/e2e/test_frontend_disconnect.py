@@ -2,6 +2,8 @@
 
 A real frontend process and a real worker process; the client is a raw socket
 (so the test chooses between a FIN and a reset), httpx, or the openai client.
+Each route's hang-ups by FIN are ``tests/frontend/test_hangups.py``'s (in one
+process, over memory streams); the resets and the clients' own closes are here.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: floa
     assert exit_event["how"] in {"Cancelled", "GeneratorExit"}, exit_event
 
 
-@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", ["chat_completions", "completions"])
 async def test_hang_up_before_the_response_starts_unary(
     stack: Callable[..., Any], route: str, how: str
@@ -104,23 +106,7 @@ async def test_hang_up_before_the_response_starts_unary(
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
-async def test_hang_up_before_the_first_byte_of_a_stream(
-    stack: Callable[..., Any], route: str
-) -> None:
-    running = await stack()
-    path, body = ROUTES[route]
-    request_id = f"prefill-{uuid.uuid4()}"
-    payload = {**body, "model": "prefill", "stream": True, "max_tokens": 100}
-    stream = await open_raw(running, path, payload, request_id)
-    await running.worker.wait_for("start", id=request_id)
-    await hang_up(stream, "fin")
-    await assert_killed_on_worker(running, request_id)
-    labels = {"endpoint": route, "request_type": "stream"}
-    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
-
-
-@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", list(ROUTES))
 async def test_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
     running = await stack()
@@ -134,42 +120,6 @@ async def test_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: st
     labels = {"endpoint": route, "request_type": "stream", "model": "mock"}
     assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
     assert await running.metric("dynamo_frontend_inflight_requests") == 0
-
-
-async def test_hang_up_on_embeddings_is_counted_and_cancels(stack: Callable[..., Any]) -> None:
-    running = await stack()
-    request_id = f"embed-{uuid.uuid4()}"
-    stream = await open_raw(
-        running, "/v1/embeddings", {"model": "slow-embed", "input": "hi"}, request_id
-    )
-    await running.worker.wait_for("start", id=request_id)
-    await hang_up(stream, "fin")
-    await assert_killed_on_worker(running, request_id)
-    labels = {"endpoint": "embeddings", "request_type": "unary", "model": "slow-embed"}
-    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
-
-
-async def test_stop_policy_lets_the_worker_drain(stack: Callable[..., Any]) -> None:
-    # A stop grace longer than the hang guards: "STOPPED", not "KILLED", is the engine's
-    # doing, not a fast machine's.
-    running = await stack("--on-disconnect", "stop", "--stop-grace", "60")
-    request_id = f"stop-{uuid.uuid4()}"
-    path, body = ROUTES["chat_completions"]
-    payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
-    stream = await open_raw(running, path, payload, request_id)
-    await read_until(stream, b"data:", 3)
-    await hang_up(stream, "fin")
-    exit_event = await running.worker.wait_for("exit", id=request_id, within=30)
-    # Stopped, not killed: the engine finished on its own with a "cancelled" item and usage.
-    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
-    assert exit_event["how"] == "returned"
-    assert exit_event["last"]["finish_reason"] == "cancelled"
-    assert exit_event["last"]["usage"]["completion_tokens"] >= 1
-    labels = {"endpoint": "chat_completions", "request_type": "stream"}
-    with trio.fail_after(30):  # a hang guard only
-        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
-            await trio.sleep(0.05)
-    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
 
 
 @abandons_httpx_stream
@@ -249,34 +199,6 @@ async def test_the_frontend_counter_is_exact_over_many_requests(stack: Callable[
 LONG_INPUT = "x" * 4000
 """Speech that takes minutes to say: 2000 chunks, a step each."""
 
-MEDIA: dict[str, tuple[str, str, str, dict[str, Any]]] = {
-    # name: (path, endpoint label, request_type, body without model)
-    "image": ("/v1/images/generations", "images", "unary", {"prompt": "hi", "size": "16x16"}),
-    "image-edit": (
-        "/v1/images/edits",
-        "images",
-        "unary",
-        {"prompt": "hi", "size": "16x16", "input_reference": "data:image/png;base64,AA=="},
-    ),
-    "speech-unary": ("/v1/audio/speech", "audios", "unary", {"input": "hi", "speed": 2}),
-    "speech-mp3": (
-        "/v1/audio/speech",
-        "audios",
-        "unary",
-        {"input": "hi", "response_format": "mp3"},
-    ),
-    "speech-stream": ("/v1/audio/speech", "audios", "stream", {"input": "hi"}),
-    "speech-pcm": (
-        "/v1/audio/speech",
-        "audios",
-        "stream",
-        {"input": "hi", "response_format": "pcm"},
-    ),
-    "video-json": ("/v1/videos", "videos", "unary", {"prompt": "hi", "size": "16x16"}),
-    "video-sse": ("/v1/videos", "videos", "stream", {"prompt": "hi", "stream": True}),
-    "video-mjpeg": ("/v1/videos/stream", "videos", "stream", {"prompt": "hi", "size": "16x16"}),
-}
-
 
 async def assert_counted_once(running: Stack, model: str, endpoint: str, request_type: str) -> None:
     counted = await running.metric(
@@ -288,18 +210,6 @@ async def assert_counted_once(running: Stack, model: str, endpoint: str, request
     assert counted == 1
     assert await running.metric("dynamo_frontend_model_cancellation_total") == 1, "no other label"
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
-
-
-@pytest.mark.parametrize("route", list(MEDIA))
-async def test_media_hang_up_before_the_first_byte(stack: Callable[..., Any], route: str) -> None:
-    running = await stack()
-    path, endpoint, request_type, body = MEDIA[route]
-    request_id = f"media-first-{uuid.uuid4()}"
-    stream = await open_raw(running, path, {**body, "model": "prefill"}, request_id)
-    await running.worker.wait_for("start", id=request_id)
-    await hang_up(stream, "fin")
-    await assert_killed_on_worker(running, request_id)
-    await assert_counted_once(running, "prefill", endpoint, request_type)
 
 
 async def test_hang_up_during_a_unary_images_steps(stack: Callable[..., Any]) -> None:
@@ -345,7 +255,7 @@ MID_STREAM: dict[str, tuple[str, dict[str, Any], Callable[[Any], Any]]] = {
 }
 
 
-@pytest.mark.parametrize("how", ["fin", "rst"])
+@pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", list(MID_STREAM))
 async def test_media_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
     running = await stack()
@@ -423,24 +333,3 @@ async def test_a_complete_media_response_closed_at_once_is_not_counted(
             await trio.sleep(0.05)
     assert await running.metric("dynamo_frontend_model_cancellation_total") == 0
     assert await running.metric("dynamo_component_cancellation_total", worker=True) == 0
-
-
-async def test_stop_policy_lets_a_media_engine_return_at_its_step(
-    stack: Callable[..., Any],
-) -> None:
-    # A stop grace longer than the hang guards: "STOPPED", not "KILLED", is the engine's
-    # doing, not a fast machine's.
-    running = await stack("--on-disconnect", "stop", "--stop-grace", "60")
-    request_id = f"media-stop-{uuid.uuid4()}"
-    path, body, read_some = MID_STREAM["video-mjpeg"]
-    stream = await open_raw(running, path, body, request_id)
-    await read_some(stream)
-    await hang_up(stream, "fin")
-    exit_event = await running.worker.wait_for("exit", id=request_id, within=30)
-    # Stopped, not killed: the engine's step wait ended and it returned with what it had.
-    assert (exit_event["state"], exit_event["reason"]) == ("STOPPED", "client disconnect")
-    assert exit_event["how"] == "returned"
-    with trio.fail_after(30):  # a hang guard only
-        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
-            await trio.sleep(0.05)
-    await assert_counted_once(running, "mock-video", "videos", "stream")

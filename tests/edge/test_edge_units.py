@@ -138,7 +138,7 @@ async def test_a_websocket_without_the_response_extension_is_closed() -> None:
 
 async def test_send_eof_during_a_blocked_send_all_is_refused_at_once() -> None:
     left, right = trio.socket.socketpair()
-    stream = _OrderedSends(trio.SocketStream(left))
+    stream = _OrderedSends(trio.SocketStream(left), left)
     peer = trio.SocketStream(right)
     blocked = trio.Event()
 
@@ -159,7 +159,7 @@ async def test_send_eof_during_a_blocked_send_all_is_refused_at_once() -> None:
 
 async def test_send_all_waits_for_a_send_eof_then_fails_cleanly() -> None:
     left, right = trio.socket.socketpair()
-    stream = _OrderedSends(trio.SocketStream(left))
+    stream = _OrderedSends(trio.SocketStream(left), left)
     peer = trio.SocketStream(right)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream.send_eof)
@@ -175,7 +175,7 @@ async def test_send_all_waits_for_a_send_eof_then_fails_cleanly() -> None:
 
 async def test_send_all_with_room_in_the_socket_writes_without_a_scheduler_pass() -> None:
     left, right = trio.socket.socketpair()
-    stream = _OrderedSends(trio.SocketStream(left))
+    stream = _OrderedSends(trio.SocketStream(left), left)
     peer = trio.SocketStream(right)
     others_ran = False
 
@@ -206,7 +206,7 @@ async def _run_sync(fn: Callable[[], None]) -> None:
 async def test_send_all_sends_what_the_socket_does_not_take_in_order_behind_others() -> None:
     left, right = trio.socket.socketpair()
     left.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)
-    stream = _OrderedSends(trio.SocketStream(left))
+    stream = _OrderedSends(trio.SocketStream(left), left)
     peer = trio.SocketStream(right)
     big = bytes(range(256)) * 4096  # 1 MiB: most of it waits for the reader
     received = bytearray()

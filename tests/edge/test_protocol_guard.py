@@ -5,7 +5,9 @@ Off unless asked: a prior-knowledge preface is answered 505 and the connection
 closed, and an ``Upgrade: h2c`` is ignored (the request is served in HTTP/1.1).
 On: a connection whose client resets streams faster than the bound (the
 "rapid reset" flood) gets GOAWAY with ENHANCE_YOUR_CALM and is
-closed, and the requests of the batch that crossed the bound never start.
+closed, and the requests of the batch that crossed the bound never start.  The
+rest of a request answered before its body came is dropped, the connection
+serving on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import h2.connection
 import h2.errors
 import h2.events
 import trio
+import trio.testing
+
+from tests._memhttp import MemoryHTTP, hypercorn_config
 
 from ._serving import served_bare
 
@@ -155,3 +160,39 @@ async def test_a_transfer_encoding_we_do_not_take_is_a_400_not_a_501(nursery) ->
         assert b"connection: close" in answer.lower()
         await stream.aclose()
     assert app.started == 0
+
+
+async def test_the_rest_of_a_request_answered_early_is_dropped_and_the_connection_goes_on(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Counting answers without reading the body: the client's DATA for that stream
+    # arrives after the stream is closed (hypercorn's lookup of it was a KeyError that
+    # ended the connection, and every other stream on it).
+    network = MemoryHTTP(nursery, Counting(), hypercorn_config(), cleartext_http2=True)
+    stream = await network.connect()
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    head = [(":method", "POST"), (":path", "/early"), (":scheme", "http"), (":authority", "x")]
+    client.send_headers(1, head)
+    await stream.send_all(client.data_to_send())
+
+    async def until_ended(stream_id: int) -> bytes:
+        body = b""
+        with trio.fail_after(10):
+            while True:
+                data = await stream.receive_some()
+                assert data, "the connection was closed"
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                        body += event.data
+                    if isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+                        await stream.send_all(client.data_to_send())
+                        return body
+                await stream.send_all(client.data_to_send())
+
+    assert await until_ended(1) == b"ok"
+    client.send_data(1, b"x" * 1000, end_stream=True)  # the rest of the answered request
+    client.send_headers(3, [(":method", "GET"), *head[1:]], end_stream=True)
+    await stream.send_all(client.data_to_send())
+    assert await until_ended(3) == b"ok"  # the connection serves on
+    assert network.connections == 1

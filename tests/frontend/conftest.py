@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pytest
 import trio
 
+from tests._memhttp import open_connection
 from tests._procs import (
     MODEL_WORKER as MODEL_WORKER,
     Proc as Proc,
@@ -72,13 +72,15 @@ StartProcStack = Callable[..., Awaitable[Stack]]
 
 @pytest.fixture
 async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
-    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=)``: a frontend
-    and a model worker serving in this process, once the frontend lists every model."""
+    """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=, memory=)``: a
+    frontend and a model worker serving in this process, once the frontend lists every
+    model (``memory=True``: over memory streams, see :mod:`tests._serving`)."""
 
     async def start(
         *frontend_flags: str,
         inter_token_latency_ms: float = 20.0,
         frontend_env: dict[str, str] | None = None,
+        memory: bool = False,
     ) -> Served:
         return await serve_stack(
             nursery,
@@ -86,6 +88,7 @@ async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
             *frontend_flags,
             inter_token_latency_ms=inter_token_latency_ms,
             frontend_env=frontend_env,
+            memory=memory,
         )
 
     return start
@@ -215,16 +218,13 @@ class RawResponse:
 class RawConnection:
     """One HTTP/1.1 connection driven byte by byte (for what httpx will not send)."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
         self.stream = stream
         self._buffer = b""
 
     @classmethod
     async def open(cls, url: str) -> RawConnection:
-        parts = urlsplit(url)
-        assert parts.hostname is not None
-        assert parts.port is not None
-        return cls(await trio.open_tcp_stream(parts.hostname, parts.port))
+        return cls(await open_connection(url))  # TCP, or a memory stream
 
     async def send(self, data: bytes) -> None:
         await self.stream.send_all(data)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
+import trio.testing
+
+from tests._memhttp import http_client
 
 from .conftest import (
     CHAT_BODY,
@@ -24,6 +26,8 @@ from .conftest import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    import httpx
 
     from tests._serving import Served
 
@@ -55,7 +59,7 @@ def assert_api_error(response: httpx.Response, path: str, status: int, **expecte
 
 async def assert_still_serving(running: Served) -> None:
     """Every route still answers a valid request, and only those reached the worker."""
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for path, body in VALID.items():
             response = await http.post(path, json=body)
             assert response.status_code == 200, (path, response.text)
@@ -63,9 +67,11 @@ async def assert_still_serving(running: Served) -> None:
     assert len(starts) == len(VALID), starts
 
 
-async def test_malformed_json_is_400(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_malformed_json_is_400(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for path in ALL_ROUTES:
             for body in (b'{"model": "mock",', b"", b"\xff\xfe\x00", b"{'single': 'quotes'}"):
                 response = await http.post(
@@ -76,9 +82,11 @@ async def test_malformed_json_is_400(stack: StartStack) -> None:
     await assert_still_serving(running)
 
 
-async def test_json_that_is_not_an_object_is_400(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_json_that_is_not_an_object_is_400(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for path in ALL_ROUTES:
             for body, described in (([1, 2], "an array"), ("hi", "a string"), (3, "an integer")):
                 response = await http.post(path, json=body)
@@ -149,10 +157,10 @@ INVALID_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
 
 
 async def test_wrong_types_and_missing_fields_are_400_naming_the_parameter(
-    stack: StartStack,
+    stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for path, body, param, code in INVALID_FIELDS:
             response = await http.post(path, json=body)
             assert_api_error(response, path, 400, param=param, code=code)
@@ -182,9 +190,11 @@ async def test_wrong_types_and_missing_fields_are_400_naming_the_parameter(
     await assert_still_serving(running)
 
 
-async def test_an_argument_the_worker_refuses_is_400(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_an_argument_the_worker_refuses_is_400(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         response = await http.post(
             "/v1/embeddings", json={"model": "mock-embed", "input": "hi", "dimensions": 999}
         )
@@ -195,9 +205,11 @@ async def test_an_argument_the_worker_refuses_is_400(stack: StartStack) -> None:
     await assert_still_serving(running)
 
 
-async def test_an_unknown_model_is_404(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_an_unknown_model_is_404(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for path in ALL_ROUTES:
             for stream in (False, True):
                 body = {**VALID[path], "model": "no-such-model"}
@@ -217,8 +229,10 @@ async def test_an_unknown_model_is_404(stack: StartStack) -> None:
     await assert_still_serving(running)
 
 
-async def test_a_model_of_another_type_is_404_naming_what_it_serves(stack: StartStack) -> None:
-    running = await stack()
+async def test_a_model_of_another_type_is_404_naming_what_it_serves(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     cases = [
         ("/v1/chat/completions", "mock-embed", "chat", "embeddings"),
         ("/v1/completions", "slow-embed", "completions", "embeddings"),
@@ -226,7 +240,7 @@ async def test_a_model_of_another_type_is_404_naming_what_it_serves(stack: Start
         ("/v1/messages", "mock-embed", "chat", "embeddings"),
         ("/v1/embeddings", "mock", "embeddings", "chat, completions"),
     ]
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for path, model, wanted, served in cases:
             response = await http.post(path, json={**VALID[path], "model": model})
             assert_api_error(
@@ -243,9 +257,11 @@ async def test_a_model_of_another_type_is_404_naming_what_it_serves(stack: Start
     await assert_still_serving(running)
 
 
-async def test_a_body_over_the_size_limit_is_413(stack: StartStack) -> None:
+async def test_a_body_over_the_size_limit_is_413(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
     limit = 4096
-    running = await stack(frontend_env={"DYN_HTTP_MAX_BODY_SIZE": str(limit)})
+    running = await stack(frontend_env={"DYN_HTTP_MAX_BODY_SIZE": str(limit)}, memory=True)
 
     def completion_of_size(size: int) -> bytes:
         empty = json.dumps({"model": "mock", "prompt": "", "max_tokens": 1}).encode()
@@ -257,7 +273,7 @@ async def test_a_body_over_the_size_limit_is_413(stack: StartStack) -> None:
         for start in range(0, len(body), 1000):
             yield body[start : start + 1000]
 
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         headers = {"content-type": "application/json", "x-request-id": "too-big"}
         for path in ("/v1/completions", "/v1/messages"):
             response = await http.post(path, content=b" " * (limit + 1), headers=headers)
@@ -285,10 +301,12 @@ async def test_a_body_over_the_size_limit_is_413(stack: StartStack) -> None:
     assert [e["id"] for e in running.worker.events if e["event"] == "start"] == ["too-big"]
 
 
-async def test_a_body_that_is_not_json_is_415(stack: StartStack) -> None:
-    running = await stack()
+async def test_a_body_that_is_not_json_is_415(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     body = json.dumps(VALID["/v1/chat/completions"]).encode()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/messages"):
             for content_type in (
                 "text/plain",
@@ -311,9 +329,11 @@ async def test_a_body_that_is_not_json_is_415(stack: StartStack) -> None:
     await assert_still_serving(running)
 
 
-async def test_an_unknown_route_is_404_and_a_wrong_method_405(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_an_unknown_route_is_404_and_a_wrong_method_405(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for method, path in (("GET", "/"), ("GET", "/v2/models"), ("POST", "/v1/chat")):
             response = await http.request(method, path)
             assert_openai_error(response, 404, "not_found_error", param=None, code=None)
@@ -337,14 +357,14 @@ async def test_an_unknown_route_is_404_and_a_wrong_method_405(stack: StartStack)
 
 
 async def test_a_refused_request_leaves_its_keep_alive_connection_usable(
-    stack: StartStack,
+    stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A refusal answered before the body arrived must not wedge the connection.
 
     (The client sends its headers, then its body a moment later, as httpx does;
     the next request on the same connection must still be answered.)
     """
-    running = await stack(frontend_env={"DYN_HTTP_MAX_BODY_SIZE": "4096"})
+    running = await stack(frontend_env={"DYN_HTTP_MAX_BODY_SIZE": "4096"}, memory=True)
     body = json.dumps(VALID["/v1/chat/completions"]).encode()
     refusals = [
         ("POST /v1/chat/completions", b"Content-Type: text/plain", 415),

@@ -75,6 +75,7 @@ async def receive_some_bytes(stream: trio.SocketStream, *, at_least: int) -> byt
 
 async def open_raw(url: str) -> trio.SocketStream:
     connection = await RawConnection.open(url)
+    assert isinstance(connection.stream, trio.SocketStream)  # these tests reset sockets
     return connection.stream
 
 

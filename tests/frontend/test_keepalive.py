@@ -3,7 +3,8 @@
 A stream starts with the engine's first item; after that, every
 ``--sse-keepalive`` seconds without output the frontend sends ``: keep-alive``
 so proxies keep the connection and a vanished client is found out.  The model
-worker here waits 1.5 s between tokens, with keep-alives every 0.2 s.
+worker here waits 1.5 s between tokens, with keep-alives every 0.2 s (virtual
+seconds: over memory streams on the autojump clock).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import statistics
 from typing import TYPE_CHECKING
 
 import anthropic
-import httpx
 import openai
 import trio
+import trio.testing
+
+from tests._memhttp import http_client, sdk_http_client
 
 from .conftest import CHAT_BODY, openai_client_leaves_generators, parse_sse
 
@@ -27,14 +30,18 @@ TOKEN_GAP = 1.5
 
 
 @openai_client_leaves_generators
-async def test_keepalive_comments_arrive_between_slow_tokens(stack: StartStack) -> None:
-    running = await stack("--sse-keepalive", str(INTERVAL), inter_token_latency_ms=TOKEN_GAP * 1000)
+async def test_keepalive_comments_arrive_between_slow_tokens(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(
+        "--sse-keepalive", str(INTERVAL), inter_token_latency_ms=TOKEN_GAP * 1000, memory=True
+    )
     lines: list[tuple[float, str]] = []
     text = ""
 
     async def raw_stream() -> None:
         nonlocal text
-        async with httpx.AsyncClient(base_url=running.url, timeout=10) as http:
+        async with http_client(running.url, timeout=10) as http:
             body = {**CHAT_BODY, "max_tokens": 2, "stream": True}
             async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                 async for line in response.aiter_lines():
@@ -44,7 +51,12 @@ async def test_keepalive_comments_arrive_between_slow_tokens(stack: StartStack) 
     texts: dict[str, str] = {}
 
     async def through_openai() -> None:
-        client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="-", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{running.url}/v1",
+            api_key="-",
+            max_retries=0,
+            http_client=sdk_http_client(running.url),
+        )
         async with client:
             stream = await client.chat.completions.create(
                 model="mock", messages=CHAT_BODY["messages"], max_tokens=2, stream=True
@@ -54,7 +66,12 @@ async def test_keepalive_comments_arrive_between_slow_tokens(stack: StartStack) 
         assert chunks[-1].choices[0].finish_reason == "length"
 
     async def through_anthropic() -> None:
-        client = anthropic.AsyncAnthropic(base_url=running.url, api_key="-", max_retries=0)
+        client = anthropic.AsyncAnthropic(
+            base_url=running.url,
+            api_key="-",
+            max_retries=0,
+            http_client=sdk_http_client(running.url),
+        )
         async with (
             client,
             client.messages.stream(

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 10
+ROUNDS = 5
 STREAMS = 24
 UNARY = 6
 

@@ -14,7 +14,6 @@ import wave
 from typing import TYPE_CHECKING
 
 import anthropic
-import httpx
 import openai
 import pytest
 from anthropic.types import Message
@@ -29,26 +28,40 @@ from openai.types.responses import (
 )
 from PIL import Image
 
+from tests._memhttp import http_client, sdk_http_client
+
 from .conftest import openai_client_leaves_generators, parse_sse
 from .test_media import mjpeg_parts
 
 if TYPE_CHECKING:
+    import trio.testing
+
     from .conftest import StartStack
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def openai_client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=10)
+    return openai.AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=10,
+        http_client=sdk_http_client(url),
+    )
 
 
 def anthropic_client(url: str) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0, timeout=10)
+    return anthropic.AsyncAnthropic(
+        base_url=url, api_key="unused", max_retries=0, timeout=10, http_client=sdk_http_client(url)
+    )
 
 
 @openai_client_leaves_generators
-async def test_openai_chat_completions(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_chat_completions(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         completion = await client.chat.completions.create(
             model="mock", messages=MESSAGES, max_tokens=3
@@ -90,8 +103,10 @@ async def test_openai_chat_completions(stack: StartStack) -> None:
 
 
 @openai_client_leaves_generators
-async def test_openai_completions(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_completions(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         completion = await client.completions.create(model="mock", prompt="hello", max_tokens=5)
         stream = await client.completions.create(
@@ -116,8 +131,10 @@ async def test_openai_completions(stack: StartStack) -> None:
     assert usage_chunk.usage == completion.usage
 
 
-async def test_openai_embeddings_float_and_base64(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_embeddings_float_and_base64(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         floats = await client.embeddings.create(
             model="mock-embed", input=["a", "b c"], encoding_format="float"
@@ -145,8 +162,8 @@ async def test_openai_embeddings_float_and_base64(stack: StartStack) -> None:
     )
 
 
-async def test_openai_responses(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_responses(stack: StartStack, autojump_clock: trio.testing.MockClock) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         response = await client.responses.create(
             model="mock", input="hi", max_output_tokens=3, instructions="be brief"
@@ -177,8 +194,10 @@ async def test_openai_responses(stack: StartStack) -> None:
     assert final.usage == response.usage
 
 
-async def test_anthropic_messages(stack: StartStack) -> None:
-    running = await stack()
+async def test_anthropic_messages(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with anthropic_client(running.url) as client:
         message = await client.messages.create(
             model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=3
@@ -226,8 +245,10 @@ def png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-async def test_openai_images_generate_and_edit(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_images_generate_and_edit(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         generated = await client.images.generate(
             model="mock-image", prompt="a cat", n=2, size="32x16", response_format="b64_json"
@@ -263,8 +284,10 @@ def wav_frames(data: bytes) -> int:
         return reader.getnframes()
 
 
-async def test_openai_speech_streamed_and_whole(stack: StartStack) -> None:
-    running = await stack()
+async def test_openai_speech_streamed_and_whole(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     async with openai_client(running.url) as client:
         async with client.audio.speech.with_streaming_response.create(
             model="mock-speech", voice="alloy", input="x" * 20, response_format="wav"
@@ -285,10 +308,12 @@ async def test_openai_speech_streamed_and_whole(stack: StartStack) -> None:
     assert pcm == streamed[44:], "pcm is the wav's samples"
 
 
-async def test_httpx_videos_json_sse_and_mjpeg(stack: StartStack) -> None:
-    running = await stack()
+async def test_httpx_videos_json_sse_and_mjpeg(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     body = {"model": "mock-video", "prompt": "waves", "size": "16x8", "nvext": {"num_frames": 3}}
-    async with httpx.AsyncClient(base_url=running.url, timeout=10) as http:
+    async with http_client(running.url, timeout=10) as http:
         unary = await http.post("/v1/videos", json=body)
         events = await http.post("/v1/videos", json={**body, "stream": True})
         mjpeg = await http.post("/v1/videos/stream", json=body)

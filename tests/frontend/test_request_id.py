@@ -12,9 +12,11 @@ import string
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
+import trio.testing
+
+from tests._memhttp import http_client
 
 from .conftest import (
     CHAT_BODY,
@@ -35,9 +37,9 @@ PUNCTUATION = string.ascii_letters + string.digits + string.punctuation
 
 
 async def test_a_valid_request_id_is_echoed_and_is_the_workers_context_id(
-    stack: StartStack,
+    stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
-    running = await stack()
+    running = await stack(memory=True)
     # (x-request-id, route, body, the id the response body carries; None for none)
     cases: list[tuple[str, str, dict[str, Any], str | None]] = [
         ("chat-1", "/v1/chat/completions", {**CHAT_BODY, "max_tokens": 2}, "chatcmpl-chat-1"),
@@ -56,7 +58,7 @@ async def test_a_valid_request_id_is_echoed_and_is_the_workers_context_id(
             None,
         ),
     ]
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for request_id, path, body, body_id in cases:
             response = await http.post(path, json=body, headers={"x-request-id": request_id})
             assert response.status_code == 200, response.text
@@ -69,9 +71,11 @@ async def test_a_valid_request_id_is_echoed_and_is_the_workers_context_id(
     assert events[0].json()["response"]["id"] == "resp_stream-1"
 
 
-async def test_a_missing_request_id_is_replaced_by_a_fresh_uuid(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_a_missing_request_id_is_replaced_by_a_fresh_uuid(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         first = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1})
         second = await http.post(
             "/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1, "stream": True}
@@ -96,7 +100,7 @@ async def test_a_missing_request_id_is_replaced_by_a_fresh_uuid(stack: StartStac
 async def test_an_invalid_request_id_is_refused_with_400_and_not_echoed(
     stack: StartStack, path: str
 ) -> None:
-    running = await stack()
+    running = await stack(memory=True)
     invalid = [
         b"x" * 257,
         b"has space",
@@ -126,7 +130,7 @@ async def test_an_invalid_request_id_is_refused_with_400_and_not_echoed(
             assert error["error"]["type"] == "invalid_request_error"
             assert error["error"]["param"] == "x-request-id"
     # None of them reached the worker; the frontend still serves.
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         served = await http.post(path, json={**CHAT_BODY, "max_tokens": 1})
     assert served.status_code == 200, served.text
     await running.worker.wait_for("start", id=served.headers["x-request-id"])
@@ -147,15 +151,17 @@ async def wait_for_count(worker: Events, event: str, count: int, **fields: Any) 
             await worker.changed()
 
 
-async def test_requests_sharing_an_id_are_still_independent(stack: StartStack) -> None:
-    running = await stack()
+async def test_requests_sharing_an_id_are_still_independent(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     body = json.dumps({**CHAT_BODY, "model": "prefill"}).encode()
     first = await RawConnection.open(running.url)
     second = await RawConnection.open(running.url)
     for connection in (first, second):
         await connection.send(raw_post("/v1/chat/completions", body, b"x-request-id: shared"))
     await wait_for_count(running.worker, "start", 2, id="shared")
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         assert [t["id"] for t in (await http.get("/debug/requests")).json()] == ["shared"] * 2
         # One hangs up: only its own work is cancelled.
         await first.aclose()

@@ -14,12 +14,16 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
+
+from tests._memhttp import http_client
 
 from .conftest import CHAT_BODY, parse_sse
 
 if TYPE_CHECKING:
+    import httpx
+    import trio.testing
+
     from .conftest import StartStack
 
 MAX_TOKENS = 4
@@ -39,9 +43,11 @@ def assert_sse_response(response: httpx.Response, request_id: str) -> None:
     assert response.headers["x-request-id"] == request_id, response.headers
 
 
-async def test_chat_completions_unary_and_stream_agree(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_chat_completions_unary_and_stream_agree(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         unary = await http.post(
             "/v1/chat/completions",
             json={**CHAT_BODY, "max_tokens": MAX_TOKENS},
@@ -103,10 +109,12 @@ async def test_chat_completions_unary_and_stream_agree(stack: StartStack) -> Non
     assert usage_chunk["usage"] == body["usage"]
 
 
-async def test_completions_unary_and_stream_agree(stack: StartStack) -> None:
-    running = await stack()
+async def test_completions_unary_and_stream_agree(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     request = {"model": "mock", "prompt": "once upon a time", "max_tokens": MAX_TOKENS}
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         unary = await http.post("/v1/completions", json=request)
         plain = await http.post("/v1/completions", json={**request, "stream": True})
         with_usage = await http.post(
@@ -144,10 +152,12 @@ async def test_completions_unary_and_stream_agree(stack: StartStack) -> None:
     assert usage_chunk["usage"] == body["usage"]
 
 
-async def test_responses_unary_and_stream_agree(stack: StartStack) -> None:
-    running = await stack()
+async def test_responses_unary_and_stream_agree(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     request = {"model": "mock", "input": "hi", "max_output_tokens": MAX_TOKENS}
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         unary = await http.post("/v1/responses", json=request, headers={"x-request-id": "r1"})
         streamed = await http.post(
             "/v1/responses", json={**request, "stream": True}, headers={"x-request-id": "r2"}
@@ -199,10 +209,12 @@ async def test_responses_unary_and_stream_agree(stack: StartStack) -> None:
     assert final["usage"] == usage
 
 
-async def test_anthropic_messages_unary_and_stream_agree(stack: StartStack) -> None:
-    running = await stack()
+async def test_anthropic_messages_unary_and_stream_agree(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     request = {**CHAT_BODY, "max_tokens": MAX_TOKENS}
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         unary = await http.post("/v1/messages", json=request, headers={"x-request-id": "m1"})
         streamed = await http.post(
             "/v1/messages", json={**request, "stream": True}, headers={"x-request-id": "m2"}
@@ -251,9 +263,11 @@ async def test_anthropic_messages_unary_and_stream_agree(stack: StartStack) -> N
     assert message_delta["usage"]["output_tokens"] == MAX_TOKENS
 
 
-async def test_stop_sequences_end_generation_with_stop_reasons(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_stop_sequences_end_generation_with_stop_reasons(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         full = (await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 6})).json()
         words = full["choices"][0]["message"]["content"].split(" ")
         stop = " " + words[2]
@@ -271,10 +285,12 @@ async def test_stop_sequences_end_generation_with_stop_reasons(stack: StartStack
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", stop)
 
 
-async def test_embeddings_float_and_base64(stack: StartStack) -> None:
-    running = await stack()
+async def test_embeddings_float_and_base64(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     request = {"model": "mock-embed", "input": ["first text", "second"]}
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         floats = await http.post("/v1/embeddings", json=request)
         packed = await http.post("/v1/embeddings", json={**request, "encoding_format": "base64"})
         short = await http.post("/v1/embeddings", json={**request, "dimensions": 4})

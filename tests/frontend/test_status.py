@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
+import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests._memhttp import http_client, open_connection
 
 from .conftest import CHAT_BODY, MODELS, raw_post
 
@@ -17,9 +19,9 @@ if TYPE_CHECKING:
     from .conftest import StartStack
 
 
-async def test_health_and_live(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_health_and_live(stack: StartStack, autojump_clock: trio.testing.MockClock) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         health = await http.get("/health")
         live = await http.get("/live")
     for response in (health, live):
@@ -69,9 +71,11 @@ SUCCESSES: list[tuple[str, dict[str, Any], str, str, int]] = [
 ]
 
 
-async def test_metrics_count_each_successful_request_once(stack: StartStack) -> None:
-    running = await stack()
-    async with httpx.AsyncClient(base_url=running.url) as http:
+async def test_metrics_count_each_successful_request_once(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
+    async with http_client(running.url) as http:
         for path, body, *_ in SUCCESSES:
             assert (await http.post(path, json=body)).status_code == 200
         exposition = await http.get("/metrics")
@@ -110,7 +114,7 @@ async def test_metrics_count_each_successful_request_once(stack: StartStack) -> 
 
 
 async def debug_requests(running: Served) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         response = await http.get("/debug/requests")
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
@@ -119,10 +123,9 @@ async def debug_requests(running: Served) -> list[dict[str, Any]]:
 
 
 async def test_debug_requests_lists_requests_in_flight_until_they_end(
-    stack: StartStack,
+    stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
-    running = await stack()
-    host, port = running.url.removeprefix("http://").rsplit(":", 1)
+    running = await stack(memory=True)
     unary = json.dumps({**CHAT_BODY, "model": "prefill"}).encode()
     streamed = json.dumps({"model": "prefill", "prompt": "hi", "stream": True}).encode()
     clients = []
@@ -130,7 +133,7 @@ async def test_debug_requests_lists_requests_in_flight_until_they_end(
         ("/v1/chat/completions", unary, "hang-unary"),
         ("/v1/completions", streamed, "hang-stream"),
     ):
-        client = await trio.open_tcp_stream(host, int(port))
+        client = await open_connection(running.url)
         clients.append(client)
         await client.send_all(raw_post(path, body, f"x-request-id: {request_id}".encode()))
         await running.worker.wait_for("start", id=request_id)

@@ -5,15 +5,18 @@ Both end the request with a 504 (an error event once streaming), kill the
 worker's handler with their own reason (``inactivity``, ``deadline``), and are
 counted once: an error on the frontend, one cancellation on the worker, never
 a client cancellation.  The deadline travels to the worker as time remaining.
+Served over memory streams; the silent worker's test on the autojump clock (a
+request's deadline is on ``time.monotonic()``, which that clock does not move).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import httpx
 import trio
+import trio.testing
 
+from tests._memhttp import http_client
 from tests._metrics import scrape
 
 from ._faults import LiveStream
@@ -29,14 +32,17 @@ async def _frontend_is_idle(url: str) -> None:
             await trio.sleep(0.05)
 
 
-async def test_a_silent_worker_is_killed_for_inactivity(stack: StartStack) -> None:
+async def test_a_silent_worker_is_killed_for_inactivity(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
     timeout = 1.0
     running = await stack(
         inter_token_latency_ms=10,
         frontend_env={"DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS": str(timeout)},
+        memory=True,
     )
     worker, url = running.worker, running.url
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         # Unary, before any token: a 504.
         started = trio.current_time()
         response = await http.post(
@@ -99,9 +105,9 @@ async def test_a_silent_worker_is_killed_for_inactivity(stack: StartStack) -> No
 async def test_a_request_deadline_travels_to_the_worker_and_ends_the_request(
     stack: StartStack,
 ) -> None:
-    running = await stack(inter_token_latency_ms=20)
+    running = await stack(inter_token_latency_ms=20, memory=True)
     worker, url = running.worker, running.url
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         started = trio.current_time()
         response = await http.post(
             "/v1/chat/completions",
@@ -155,9 +161,9 @@ async def test_a_request_deadline_travels_to_the_worker_and_ends_the_request(
 
 
 async def test_the_server_maximum_caps_every_deadline(stack: StartStack) -> None:
-    running = await stack("--max-request-timeout", "1", inter_token_latency_ms=10)
+    running = await stack("--max-request-timeout", "1", inter_token_latency_ms=10, memory=True)
     worker, url = running.worker, running.url
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
+    async with http_client(url, timeout=30) as http, trio.open_nursery() as nursery:
         for request_id, headers in (
             ("asks-more", {"x-request-timeout": "60"}),
             ("asks-nothing", {}),

@@ -13,12 +13,15 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
+
+from tests._memhttp import http_client
 
 from .conftest import CHAT_BODY, RawConnection, raw_exchange, raw_post
 
 if TYPE_CHECKING:
+    import trio.testing
+
     from .conftest import StartStack
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -28,10 +31,12 @@ TRACE_ID = re.compile(r"[0-9a-f]{32}")
 BODY = {**CHAT_BODY, "max_tokens": 1}
 
 
-async def test_request_ids_and_traces_reach_the_worker(stack: StartStack) -> None:
-    running = await stack()
+async def test_request_ids_and_traces_reach_the_worker(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     dynamo_id = str(uuid.uuid4())
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
 
         async def post(headers: dict[str, str], path: str = "/v1/chat/completions") -> Any:
             body = {"model": "mock-embed", "input": "hi"} if "embed" in path else BODY
@@ -81,8 +86,10 @@ async def test_request_ids_and_traces_reach_the_worker(stack: StartStack) -> Non
         assert len(traces) == 3
 
 
-async def test_an_in_flight_request_is_listed_with_its_trace(stack: StartStack) -> None:
-    running = await stack()
+async def test_an_in_flight_request_is_listed_with_its_trace(
+    stack: StartStack, autojump_clock: trio.testing.MockClock
+) -> None:
+    running = await stack(memory=True)
     body = json.dumps({**CHAT_BODY, "model": "prefill", "stream": True}).encode()
     connection = await RawConnection.open(running.url)
     await connection.send(
@@ -94,7 +101,7 @@ async def test_an_in_flight_request_is_listed_with_its_trace(stack: StartStack) 
         )
     )
     start = await running.worker.wait_for("start", id="stuck")
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with http_client(running.url) as http:
         [tree] = (await http.get("/debug/requests")).json()
         assert (tree["id"], tree["trace_id"]) == ("stuck", TRACE)
         [worker_tree] = (await http.get(f"{running.worker_status}/debug/requests")).json()
@@ -110,7 +117,7 @@ async def test_an_in_flight_request_is_listed_with_its_trace(stack: StartStack) 
 async def test_an_invalid_dynamo_request_id_is_refused_with_400(
     stack: StartStack, header: str, value: bytes
 ) -> None:
-    running = await stack()
+    running = await stack(memory=True)
     body = json.dumps(BODY).encode()
     response = await raw_exchange(
         running.url,

@@ -102,9 +102,9 @@ async def test_run_serves_mock_tensor_beside_the_text_models(
 
 @pytest.mark.slow
 async def test_debug_requests_lists_grpc_calls_and_a_shutdown_drains_them(
-    grpc_stack: StartGrpcStack,
+    grpc_proc_stack: StartGrpcStack,
 ) -> None:
-    stack = await grpc_stack()
+    stack = await grpc_proc_stack()
     client = grpcclient.InferenceServerClient(stack.grpc)
     results = StreamResults()
     try:
