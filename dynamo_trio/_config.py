@@ -31,21 +31,6 @@ from ._gc import DEFAULT_GEN0_THRESHOLD
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
 
-__all__ = [
-    "Config",
-    "DiscoveryConfig",
-    "FrontendConfig",
-    "RequestPlaneConfig",
-    "Setting",
-    "SystemConfig",
-    "WorkerConfig",
-    "add_flags",
-    "config_from_args",
-    "flag_environment",
-    "settings",
-    "settings_table",
-]
-
 DiscoveryBackendName = Literal["mem", "file", "etcd"]
 DisconnectPolicy = Literal["kill", "stop"]
 RouterMode = Literal["round-robin", "random"]

@@ -18,8 +18,6 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["collapse", "contain", "is_cancellation", "split_live_cancellation"]
-
 
 def split_live_cancellation(
     exc: BaseException,

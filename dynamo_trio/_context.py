@@ -26,15 +26,6 @@ from ._tracing import REQUEST_ID, TraceContext
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = [
-    "CancelReason",
-    "Context",
-    "ContextMetadata",
-    "ContextState",
-    "find_cancelled",
-    "reason_for_cancelled",
-]
-
 _log = logging.getLogger("dynamo_trio.context")
 
 _T = TypeVar("_T")

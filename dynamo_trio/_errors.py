@@ -12,26 +12,6 @@ from __future__ import annotations
 
 from typing import ClassVar, Final
 
-__all__ = [
-    "CannotConnect",
-    "Cancelled",
-    "ConnectionTimeout",
-    "Disconnected",
-    "DynamoError",
-    "EngineShutdown",
-    "InvalidArgument",
-    "InvalidRequestId",
-    "NoInstances",
-    "ProtocolError",
-    "ResourceExhausted",
-    "ResponseTimeout",
-    "StreamIncomplete",
-    "TransportError",
-    "Unknown",
-    "error_from_wire",
-    "error_from_exception",
-]
-
 
 class DynamoError(Exception):
     """Base of every error this package raises for a request (docs/api.md has the tree).

@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 from typing import Final
 
-__all__ = ["DEFAULT_GEN0_THRESHOLD", "tune_gc"]
-
 DEFAULT_GEN0_THRESHOLD: Final = 10_000
 """Net container allocations between two collections of the youngest generation."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["host_port"]
-
 
 def host_port(host: str, port: int | str) -> str:
     """``host:port`` as sockets' binds, URLs' authorities and logs write it."""

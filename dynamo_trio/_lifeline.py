@@ -24,8 +24,6 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-__all__ = ["LIFELINE_ENV", "lifeline", "parent_gone", "take_lifeline"]
-
 LIFELINE_ENV: Final = "DYN_LIFELINE_FD"
 """Names, in a child's environment, the descriptor of its lifeline (set by its supervisor)."""
 

@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
     from ._context import Context
 
-__all__ = ["LOG_FORMAT", "RequestLogFilter", "bind_request", "current_request"]
-
 LOG_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s%(request_context)s: %(message)s"
 
 _current: Final[ContextVar[Context | None]] = ContextVar("dynamo_trio_request", default=None)

@@ -12,8 +12,6 @@ import ctypes
 import ctypes.util
 from typing import Final
 
-__all__ = ["MMAP_THRESHOLD", "give_back_large_buffers"]
-
 MMAP_THRESHOLD: Final = 1 << 20
 """Bytes from which an allocation is a mapping of its own."""
 

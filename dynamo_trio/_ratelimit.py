@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Final, final
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["LogLimiter"]
-
 
 @final
 class LogLimiter:

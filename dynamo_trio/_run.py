@@ -34,8 +34,6 @@ from .runtime._runtime import configure_logging
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["main"]
-
 _log = logging.getLogger("dynamo_trio.run")
 
 READY_TIMEOUT: Final = 60.0

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from types import FrameType
 
-__all__ = ["killed_on_forced_exit", "shut_down_on_signals"]
-
 _log = logging.getLogger("dynamo_trio")
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)

@@ -18,31 +18,6 @@ from ._errors import InvalidArgument, InvalidRequestId
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = [
-    "MAX_METADATA_ENTRIES",
-    "MAX_METADATA_KEY_LENGTH",
-    "MAX_METADATA_VALUE_LENGTH",
-    "MAX_REQUEST_ID_LENGTH",
-    "MAX_TRACESTATE_LENGTH",
-    "METADATA_PREFIX",
-    "REQUEST_ID",
-    "TRACEPARENT",
-    "TRACESTATE",
-    "X_DYNAMO_REQUEST_ID",
-    "X_REQUEST_ID",
-    "ParsedTraceParent",
-    "RequestIds",
-    "TraceContext",
-    "check_metadata",
-    "is_valid_request_id",
-    "new_span_id",
-    "new_trace_id",
-    "parse_traceparent",
-    "read_request_headers",
-    "request_headers",
-    "request_ids",
-]
-
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
 X_REQUEST_ID: Final = "x-request-id"

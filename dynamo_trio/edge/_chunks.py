@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 
     from hypercorn.typing import ASGISendCallable, ASGISendEvent, HTTPResponseStartEvent, HTTPScope
 
-__all__ = ["CONNECTION_WRITER", "direct_chunks"]
-
 CONNECTION_WRITER: Final = "dynamo_trio.connection_writer"
 """The key of the connection's writer (``async (bytes) -> None``) in its ASGI state."""
 

@@ -36,20 +36,6 @@ if TYPE_CHECKING:
         WebsocketScope,
     )
 
-__all__ = [
-    "LAST_SEND_SHIELD",
-    "Edge",
-    "EdgeRequest",
-    "EdgeResponse",
-    "ErrorBody",
-    "Route",
-    "answer_lifespan",
-    "body_timeout_message",
-    "error_json",
-    "json_bytes",
-    "shown",
-]
-
 _log = logging.getLogger("dynamo_trio.edge")
 limited_log: Final = LogLimiter(_log)
 """What a request can make the edge log, at a bounded rate."""

@@ -9,8 +9,6 @@ if TYPE_CHECKING:
 
     from hypercorn.typing import HTTPScope
 
-__all__ = ["offered", "put_offer"]
-
 
 def put_offer(scope: HTTPScope, key: str, value: object) -> None:
     """Offer ``value`` to the app of ``scope``'s request under ``key``."""

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from hypercorn.events import Event
     from hypercorn.protocol import ProtocolWrapper
 
-__all__ = ["GuardedProtocol", "ResetBudget"]
-
 _log = logging.getLogger("dynamo_trio.http")
 limited_log: Final = LogLimiter(_log)
 

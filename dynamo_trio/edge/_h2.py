@@ -24,8 +24,6 @@ from priority.priority import DeadlockError, DuplicateStreamError, MissingStream
 if TYPE_CHECKING:
     from hypercorn.typing import ASGISendCallable
 
-__all__ = ["RoundRobin", "send_whole_response"]
-
 Headers = list[tuple[bytes, bytes]]
 
 

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
     from hypercorn.typing import ASGIReceiveCallable, ASGIReceiveEvent, HTTPScope
 
-__all__ = ["PREFETCHED_BODY", "BodyPrefetch"]
-
 PREFETCHED_BODY: Final = "dynamo_trio.prefetched_body"
 """The key of a request's :class:`BodyPrefetch` in ``scope["extensions"]``."""
 

@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from hypercorn.protocol import ProtocolWrapper
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["dead_peer_options", "listen_sockets", "serve_http", "serve_stream"]
-
 _log = logging.getLogger("dynamo_trio.http")
 limited_log: Final = LogLimiter(_log)
 """What a connection can make the server log, at a bounded rate."""

@@ -18,8 +18,6 @@ from prometheus_client.exposition import choose_encoder
 
 from ._edge import EdgeRequest, EdgeResponse, Route, json_bytes
 
-__all__ = ["Health", "InflightListing", "MetricsSource", "status_routes"]
-
 _log = logging.getLogger("dynamo_trio.http")
 
 Health = Callable[[], tuple[int, Mapping[str, Any]]]

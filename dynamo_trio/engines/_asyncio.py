@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
     from .._context import CancelReason, Context, ContextState
 
-__all__ = ["AsyncioLoop", "open_asyncio_loop"]
-
 _log = logging.getLogger("dynamo_trio.engines")
 
 T = TypeVar("T")

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from ..runtime import DistributedRuntime
 
-__all__ = ["transformers_main", "vllm_main"]
-
 
 def _common_flags(parser: argparse.ArgumentParser, engine: str) -> None:
     parser.add_argument(

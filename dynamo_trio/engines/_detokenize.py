@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, final
 
-__all__ = ["Detokenizer"]
-
 
 @final
 class Detokenizer:

@@ -16,8 +16,6 @@ from prometheus_client import Counter, Gauge
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["ENGINE_GENERATED_TOKENS_TOTAL", "ENGINE_REQUESTS_RUNNING", "EngineMetrics"]
-
 ENGINE_REQUESTS_RUNNING: Final = "dynamo_engine_requests_running"
 ENGINE_GENERATED_TOKENS_TOTAL: Final = "dynamo_engine_generated_tokens_total"
 

@@ -14,8 +14,6 @@ from ..llm import ContextLengthExceeded
 if TYPE_CHECKING:
     from ..llm import GenerateRequest
 
-__all__ = ["output_budget", "prompt_ids"]
-
 
 def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
     """The token ids the engine is given for ``request``."""

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from .._context import Context
 
-__all__ = ["Abandoned", "Emit", "StopFlag", "iterate_in_thread", "stream_from_thread"]
-
 _log = logging.getLogger("dynamo_trio.engines")
 
 T = TypeVar("T")

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from ..runtime import DistributedRuntime
     from ._thread import Emit, StopFlag
 
-__all__ = ["TransformersEngine", "serve_transformers"]
-
 _log = logging.getLogger("dynamo_trio.engines")
 
 DEFAULT_MAX_TOKENS: Final = 512

@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from ..llm import FinishReason, GenerateOutput, GenerateRequest, Usage
     from ..runtime import DistributedRuntime
 
-__all__ = ["VllmEngine", "run_vllm_worker"]
-
 _log = logging.getLogger("dynamo_trio.engines")
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}

@@ -20,8 +20,6 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-__all__ = ["MESSAGES", "PACKAGE", "SERVICE", "message_class"]
-
 PACKAGE: Final = "inference"
 SERVICE: Final = f"{PACKAGE}.GRPCInferenceService"
 

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from ..frontend._models import ModelRoute
     from ..frontend._pipeline import Pipeline
 
-__all__ = ["KServeApp"]
-
 _log = logging.getLogger("dynamo_trio.kserve")
 
 _ModelInferRequest: Final = message_class("ModelInferRequest")

@@ -18,8 +18,6 @@ from .._errors import DynamoError
 from ..llm import RequestError, status_for_error
 from ._wire import WireError
 
-__all__ = ["GrpcError", "Status", "status_for"]
-
 
 class Status(enum.IntEnum):
     """The gRPC status codes this server sends."""

@@ -20,16 +20,6 @@ from typing import Any, Final, NamedTuple
 from ..discovery import TENSOR_DATA_TYPES
 from ._status import GrpcError, Status
 
-__all__ = [
-    "DTYPES",
-    "MAX_ELEMENTS",
-    "DType",
-    "dynamo_dtype",
-    "kserve_dtype",
-    "response_message",
-    "worker_request",
-]
-
 
 class DType(NamedTuple):
     """One tensor datatype: its names, where its values go, how it packs."""

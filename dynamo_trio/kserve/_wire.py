@@ -19,18 +19,6 @@ from urllib.parse import quote, unquote
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = [
-    "ACCEPT_ENCODING",
-    "ENCODINGS",
-    "PREFIX_SIZE",
-    "Deframer",
-    "WireError",
-    "decode_grpc_message",
-    "encode_grpc_message",
-    "frame",
-    "parse_timeout",
-]
-
 PREFIX_SIZE: Final = 5
 
 ENCODINGS: Final = {"identity": None, "deflate": zlib.MAX_WBITS, "gzip": 16 + zlib.MAX_WBITS}

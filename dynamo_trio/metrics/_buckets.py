@@ -4,13 +4,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = [
-    "CANCELLATION_LATENCY_BUCKETS",
-    "INTER_TOKEN_LATENCY_BUCKETS",
-    "REQUEST_DURATION_BUCKETS",
-    "TIME_TO_FIRST_TOKEN_BUCKETS",
-]
-
 REQUEST_DURATION_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip

@@ -63,8 +63,6 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-__all__ = ["FrontendMetrics", "FrontendRequestTracker", "observe_many"]
-
 _ROUTE_LABELS: Final = (LABEL_MODEL, LABEL_FRONTEND_ENDPOINT, LABEL_REQUEST_TYPE)
 _STATUSES: Final = frozenset(get_args(FrontendStatus))
 

@@ -13,8 +13,6 @@ from typing import Self
 
 from ._names import UNKNOWN_REASON
 
-__all__ = ["CancelSignal"]
-
 
 @dataclass(frozen=True, slots=True)
 class CancelSignal:

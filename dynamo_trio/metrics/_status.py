@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from .._config import SystemConfig
 
-__all__ = ["HealthCheck", "InflightListing", "StatusReport", "serve_status"]
-
 _log = logging.getLogger("dynamo_trio.status")
 
 _GRACEFUL_TIMEOUT: Final = 2.0

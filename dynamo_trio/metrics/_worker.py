@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["EndpointMetrics", "RequestTracker", "WorkerMetrics", "WorkerOutcome"]
-
 WorkerOutcome = Literal["complete", "stopped", "killed", "error"]
 """How a request's work ended on the worker."""
 

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["SAMPLE_RATE", "jpeg", "pcm_tone", "png", "wav_header"]
-
 Rgb = tuple[int, int, int]
 
 SAMPLE_RATE: Final = 24000

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from .._context import Context
     from ..llm import Continuation, EmbedOutput, FinishReason, GenerateOutput
 
-__all__ = ["MockEngine", "wait_until"]
-
 
 class MockEngine:
     """A mock LLM: deterministic words for text generation, hashed unit vectors for embeddings.

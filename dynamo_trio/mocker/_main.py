@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
     from ..runtime import DistributedRuntime
 
-__all__ = ["MODELS", "add_mocker_flags", "main", "mocker_argv"]
-
 MODELS: Final = (
     ("model_name", "mock-model", "the chat/completions model to serve"),
     ("embedding_model_name", "mock-embedding", "an embeddings model to serve"),

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from ._codecs import Rgb
     from ._settings import MockerSettings
 
-__all__ = ["MediaEngine"]
-
 _AUTO_SIZE: Final = (512, 512)
 _VIDEO_SIZE: Final = (256, 144)
 _VIDEO_FPS: Final = 8

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-__all__ = ["MockerSettings"]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MockerSettings:

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
     from .._context import Context
 
-__all__ = ["MAX_REPEAT", "echo_tensor", "tensor_model_config"]
-
 MAX_REPEAT: Final = 100_000
 _TYPES: Final = frozenset(TENSOR_DATA_TYPES.values())
 

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from ..llm import GenerateRequest
 
-__all__ = ["VOCABULARY", "TokenSource", "count_tokens", "render_prompt"]
-
 VOCABULARY: Final = (
     "the", "a", "quick", "brown", "fox", "jumps", "over", "lazy",
     "dog", "and", "then", "runs", "across", "green", "field", "under",

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from ..runtime import DistributedRuntime
     from ._settings import MockerSettings
 
-__all__ = ["serve_mocker"]
-
 _log = logging.getLogger("dynamo_trio.mocker")
 
 

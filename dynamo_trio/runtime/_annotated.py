@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, final
 
-__all__ = ["Annotated"]
-
 
 @final
 class Annotated:

@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from ..request_plane import ClientConnection
     from ._router import Router, Target
 
-__all__ = ["Client", "DataStream", "ResponseStream"]
-
 _R = TypeVar("_R")
 
 # Distinct instances a routed call tries before giving up on CannotConnect.

@@ -12,8 +12,6 @@ if TYPE_CHECKING:
 
     from .._context import Context
 
-__all__ = ["InflightRequests"]
-
 
 class InflightRequests:
     """A set of request contexts that can be awaited empty and listed as trees."""

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
     from .._config import RouterMode
 
-__all__ = ["Router", "Target"]
-
 _log = logging.getLogger("dynamo_trio.runtime")
 
 _R = TypeVar("_R")

@@ -56,16 +56,6 @@ if TYPE_CHECKING:
     from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
     from ..request_plane import ServerStream
 
-__all__ = [
-    "Component",
-    "DistributedRuntime",
-    "Endpoint",
-    "Namespace",
-    "Transport",
-    "configure_dynamo_logging",
-    "dynamo_worker",
-]
-
 _log = logging.getLogger("dynamo_trio.runtime")
 
 _DEREGISTER_TIMEOUT: Final = 2.0

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from ..request_plane import ServerStream
     from ._inflight import InflightRequests
 
-__all__ = ["ServedEndpoint", "serve_stream"]
-
 _log = logging.getLogger("dynamo_trio.runtime")
 
 
