@@ -17,7 +17,10 @@ runs alternate between them.  Per run and system:
 - **hang-up to idle**: a stream read for 5 chunks, then the socket closed;
   the time from the close until the system's ``/metrics`` (the worker's status
   server for dynamo-trio) shows ``vllm:num_requests_running`` at 0, polled as
-  fast as one scrape allows.
+  fast as one scrape allows;
+- **with --timeline**, when each step of those hang-ups happened: our frontend's and
+  worker's Context killed, ``AsyncLLM.abort`` called, vLLM's stat logger told 0
+  running (``_timeline/sitecustomize.py`` marks them in every process).
 
 Prints the median and max of each, and the median of the per-run ratios
 (dynamo-trio over vLLM's server: runs next to each other share the machine's
@@ -143,21 +146,66 @@ def tree_cpu(pid: int) -> dict[str, float]:
     return seconds
 
 
-async def hang_up_to_idle(http: httpx.AsyncClient, url: str, metrics_url: str) -> float:
+async def hang_up_to_idle(
+    http: httpx.AsyncClient, url: str, metrics_url: str, closes: list[float] | None = None
+) -> float:
     stream = await open_stream(url, 1500)
     received = b""
     while received.count(b"data: ") < 5:
         received += await stream.receive_some(65536)
+    closed = time.perf_counter()  # (after aclose, a scheduler pass may have gone by)
     await stream.aclose()
-    closed = time.perf_counter()
+    if closes is not None:
+        closes.append(closed)
     while await running(http, metrics_url):
         pass
     return time.perf_counter() - closed
 
 
+# A hang-up's steps, as --timeline reads them from each process's marks.
+STEPS = {
+    "dynamo-trio": [
+        ("frontend", "kill"),
+        ("worker", "kill"),
+        ("worker", "abort"),
+        ("worker", "idle"),
+    ],
+    "vLLM server": [("server", "abort"), ("server", "idle")],
+}
+
+
+def read_marks(directory: str) -> dict[int, list[tuple[float, str]]]:
+    """Each process's timestamped marks (``_timeline/sitecustomize.py``), by pid."""
+    marks: dict[int, list[tuple[float, str]]] = {}
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as log:
+            lines = [line.split(" ", 1) for line in log.read().splitlines()]
+        marks[int(name)] = sorted((float(at), what) for at, what in lines)
+    return marks
+
+
+def timeline(
+    marks: dict[int, list[tuple[float, str]]], pids: dict[str, int], closes: list[float]
+) -> dict[str, list[float]]:
+    """For each step of a system's hang-ups, the ms from the client's close to the first
+    mark of that step after it (before the next close)."""
+    steps: dict[str, list[float]] = {}
+    bounds = [*closes[1:], float("inf")]
+    for closed, until in zip(closes, bounds, strict=True):
+        for role, what in STEPS["dynamo-trio" if "frontend" in pids else "vLLM server"]:
+            at = next(
+                (t for t, w in marks.get(pids[role], []) if w == what and closed <= t < until),
+                None,
+            )
+            if at is not None:
+                steps.setdefault(f"{role} {what}", []).append((at - closed) * 1000)
+    return steps
+
+
 async def main(args: argparse.Namespace) -> None:
     kv = tempfile.mkdtemp(prefix="bench-kv-")
     rpc = tempfile.mkdtemp(prefix="v-", dir="/tmp")
+    marks_dir = tempfile.mkdtemp(prefix="bench-timeline-") if args.timeline else None
     env = {
         **os.environ,
         "DYN_DISCOVERY_BACKEND": "file",
@@ -165,6 +213,9 @@ async def main(args: argparse.Namespace) -> None:
         "VLLM_RPC_BASE_PATH": rpc,
         "PYTHONPATH": str(REPO),
     }
+    if marks_dir is not None:
+        env["PYTHONPATH"] = f"{REPO / 'benchmarks' / '_timeline'}:{REPO}"
+        env["DYN_BENCH_TIMELINE"] = marks_dir
     status_port, frontend_port, vllm_port = free_port(), free_port(), free_port()
     engine = ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
     python = [sys.executable, "-m"]
@@ -197,6 +248,7 @@ async def main(args: argparse.Namespace) -> None:
             "vLLM server": {"server": processes[2].pid},
         }
         cpu: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
+        closes: dict[str, list[float]] = {name: [] for name in systems}
         measures = [f"tokens/s, {n} stream{'s' if n > 1 else ''}" for n in args.streams]
         measures.append("hang-up to idle (ms)")
         results: dict[str, dict[str, list[float]]] = {
@@ -220,7 +272,7 @@ async def main(args: argparse.Namespace) -> None:
                                     spent = used - before[role].get(comm, 0.0)
                                     per_token = spent * 1e6 / (args.tokens * streams)
                                     cpu[name].setdefault(f"{role} {comm}", []).append(per_token)
-                    idle = await hang_up_to_idle(http, url, f"{metrics}/metrics")
+                    idle = await hang_up_to_idle(http, url, f"{metrics}/metrics", closes[name])
                     figures["hang-up to idle (ms)"].append(idle * 1000)
         for name, figures in results.items():
             for what, values in figures.items():
@@ -239,6 +291,14 @@ async def main(args: argparse.Namespace) -> None:
                 f"{name:12} CPU us/token, {max(args.streams)} streams, {'all':28} "
                 f"median {statistics.median(total):8.1f}"
             )
+        if marks_dir is not None:
+            marks = read_marks(marks_dir)
+            for name, pids in roots.items():
+                for step, values in timeline(marks, pids, closes[name]).items():
+                    print(
+                        f"{name:12} hang-up -> {step:22} median {statistics.median(values):6.2f} ms"
+                        f"  (min {min(values):.2f}, max {max(values):.2f}, {len(values)} hang-ups)"
+                    )
         ours, theirs = results["dynamo-trio"], results["vLLM server"]
         for what in measures:
             ratios = [a / b for a, b in zip(ours[what], theirs[what], strict=True)]
@@ -253,6 +313,8 @@ async def main(args: argparse.Namespace) -> None:
             for process in processes:
                 await process.wait()
         shutil.rmtree(kv, ignore_errors=True)
+        if marks_dir is not None:
+            shutil.rmtree(marks_dir, ignore_errors=True)
         shutil.rmtree(rpc, ignore_errors=True)
 
 
@@ -262,4 +324,9 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also time each step of a hang-up in both systems (marks from _timeline/)",
+    )
     trio.run(main, parser.parse_args())
