@@ -45,15 +45,15 @@ if TYPE_CHECKING:
 
 CHAT_BODY: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
 
-# The openai client stops reading a stream at ``data: [DONE]`` (or at an error
-# event) by breaking out of, or raising through, its own chain of event
+# The official clients (openai, anthropic) stop reading a stream at ``data: [DONE]`` (or an error
+# event) by breaking out of, or raising through, their own chain of event
 # generators (``openai._streaming.AsyncStream.__stream__``) without closing
 # them, so even a stream read to its end leaves that chain (openai, httpx2,
 # httpcore2) to the garbage collector.  Those generators, by name, and nothing else.
 _OPENAI_CLIENT_GENERATORS = "|".join(
     (
         r"AsyncStream\.(_iter_events|__stream__)",
-        r"SSEDecoder\.aiter_bytes",
+        r"SSEDecoder\.(aiter_bytes|_aiter_chunks)",  # (the second: anthropic's decoder)
         r"Response\.aiter_(bytes|raw|text|lines)",
         r"(BoundAsyncStream|AsyncResponseStream|PoolByteStream|HTTP11ConnectionByteStream)\.__aiter__",
         r"AsyncHTTP11Connection\._receive_response_body",
