@@ -185,14 +185,18 @@ def read_marks(directory: str) -> dict[int, list[tuple[float, str]]]:
 
 
 def timeline(
-    marks: dict[int, list[tuple[float, str]]], pids: dict[str, int], closes: list[float]
+    marks: dict[int, list[tuple[float, str]]],
+    steps_of: list[tuple[str, str]],
+    pids: dict[str, int],
+    closes: list[float],
 ) -> dict[str, list[float]]:
-    """For each step of a system's hang-ups, the ms from the client's close to the first
-    mark of that step after it (before the next close)."""
+    """For each of a system's steps (``steps_of``: its process role and mark) in its
+    hang-ups, the ms from the client's close to the first such mark after it (before
+    the next close)."""
     steps: dict[str, list[float]] = {}
     bounds = [*closes[1:], float("inf")]
     for closed, until in zip(closes, bounds, strict=True):
-        for role, what in STEPS["dynamo-trio" if "frontend" in pids else "vLLM server"]:
+        for role, what in steps_of:
             at = next(
                 (t for t, w in marks.get(pids[role], []) if w == what and closed <= t < until),
                 None,
@@ -294,7 +298,7 @@ async def main(args: argparse.Namespace) -> None:
         if marks_dir is not None:
             marks = read_marks(marks_dir)
             for name, pids in roots.items():
-                for step, values in timeline(marks, pids, closes[name]).items():
+                for step, values in timeline(marks, STEPS[name], pids, closes[name]).items():
                     print(
                         f"{name:12} hang-up -> {step:22} median {statistics.median(values):6.2f} ms"
                         f"  (min {min(values):.2f}, max {max(values):.2f}, {len(values)} hang-ups)"
