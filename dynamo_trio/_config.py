@@ -94,6 +94,7 @@ def _bool(raw: str) -> bool:
 _positive = _number(0, strict=True)
 _non_negative = _number(0)
 _seconds = _number(0, finite=True)
+_milliseconds = _seconds
 _positive_int = _integer(1)
 _non_negative_int = _integer(0)
 _port = _integer(0, 65535)
@@ -411,6 +412,13 @@ class FrontendConfig:
         "SSE streams that write per scheduler pass (0: all)",
         flag="--stream-writes-per-pass",
     )
+    stream_pass_budget_ms: float = _setting(
+        "DYN_HTTP_STREAM_PASS_BUDGET_MS",
+        1.0,
+        _milliseconds,
+        "ms a scheduler pass runs before SSE streams take turns (0: always)",
+        flag="--stream-pass-budget-ms",
+    )
     cleartext_http2: bool = _setting(
         "DYN_HTTP_CLEARTEXT_HTTP2", False, _bool, "serve HTTP/2 without TLS (h2c)"
     )
@@ -435,7 +443,12 @@ class FrontendConfig:
         _check(self, "max_json_depth", depth_ok, f"between 1 and {MAX_JSON_DEPTH}")
         _check(self, "migration_limit", self.migration_limit >= 0, "0 or more")
         _check(self, "stream_writes_per_pass", self.stream_writes_per_pass >= 0, "0 or more")
-        for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
+        for name in (
+            "backend_stream_timeout",
+            "max_request_timeout",
+            "dead_client_timeout",
+            "stream_pass_budget_ms",
+        ):
             _check(self, name, 0 <= getattr(self, name) < math.inf, "finite seconds >= 0")
 
 

@@ -110,7 +110,9 @@ class Pipeline:
             idle_timeout=idle_timeout, on_migration=self.metrics.migrated
         )
         self._nursery = nursery
-        self.turns: Final = Turns(config.stream_writes_per_pass, nursery)
+        self.turns: Final = Turns(
+            config.stream_writes_per_pass, nursery, budget=config.stream_pass_budget_ms / 1000
+        )
         """Which running streams write in a scheduler pass (see :mod:`._turns`)."""
         self._contexts: set[Context] = set()
         self._drained: trio.Event | None = None

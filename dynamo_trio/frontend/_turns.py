@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Final, final
 
 import trio
@@ -11,21 +12,37 @@ import trio
 
 @final
 class Turns(trio.abc.Instrument):
-    """At most ``per_pass`` turns (0: no limit) per scheduler pass, first come first served.
+    """At most ``per_pass`` turns (0: no limit) per scheduler pass, first come first served,
+    once the pass is older than ``budget`` seconds.
 
-    Installed, it is a trio instrument told where passes begin; the ticker that
-    hands out waiting turns runs in ``nursery`` only while someone waits.
+    A pass younger than ``budget`` (a frontend keeping up) gives every asker a turn at
+    once: waiting costs the asker a pass and the ticker one more, which only a long pass
+    is worth.  Installed, it is a trio instrument told where passes begin; the ticker
+    that hands out waiting turns runs in ``nursery`` only while someone waits.
     """
 
-    __slots__ = ("_installed", "_lot", "_nursery", "_ticking", "_used", "per_pass")
+    __slots__ = (
+        "_free_until",
+        "_installed",
+        "_lot",
+        "_nursery",
+        "_ticking",
+        "_used",
+        "budget",
+        "per_pass",
+    )
 
-    def __init__(self, per_pass: int, nursery: trio.Nursery) -> None:
+    def __init__(self, per_pass: int, nursery: trio.Nursery, *, budget: float = 0.0) -> None:
         if per_pass < 0:
             raise ValueError(f"turns per pass must be 0 or more, not {per_pass}")
+        if not budget >= 0:
+            raise ValueError(f"a pass's budget must be 0 or more seconds, not {budget}")
         self.per_pass: Final = per_pass
+        self.budget: Final = budget
         self._nursery = nursery
         self._lot = trio.lowlevel.ParkingLot()
         self._used = 0
+        self._free_until = 0.0
         self._ticking = False
         self._installed = False
 
@@ -44,6 +61,8 @@ class Turns(trio.abc.Instrument):
     def after_io_wait(self, timeout: float) -> None:
         """A pass begins (trio calls this once per pass, before it runs any task)."""
         self._used = 0
+        if self.budget:
+            self._free_until = perf_counter() + self.budget
 
     @property
     def waiting(self) -> int:
@@ -51,9 +70,13 @@ class Turns(trio.abc.Instrument):
         return len(self._lot)
 
     async def take(self) -> None:
-        """Return when it is this task's turn: at once if this pass has one left and
-        nobody waits, else in a later pass, after those that waited first."""
-        if self.per_pass == 0 or (self._used < self.per_pass and not self._lot):
+        """Return when it is this task's turn: at once if nobody waits and this pass
+        has a turn left or is younger than the budget, else in a later pass, after
+        those that waited first."""
+        if self.per_pass == 0 or (
+            not self._lot
+            and (self._used < self.per_pass or (self.budget and perf_counter() < self._free_until))
+        ):
             self._used += 1
             await trio.lowlevel.checkpoint_if_cancelled()
             return

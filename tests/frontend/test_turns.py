@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from dynamo_trio.frontend import _turns
 from dynamo_trio.frontend._turns import Turns
 
 from .conftest import CHAT_BODY, parse_sse
@@ -84,6 +85,81 @@ async def test_at_most_per_pass_turns_each_pass_in_the_order_asked(passes: PassC
         per_pass[wait] = per_pass.get(wait, 0) + 1
     assert max(per_pass.values()) == 2
     assert len(per_pass) == 4  # 2 + 2 + 2 + 1
+
+
+async def test_a_pass_younger_than_the_budget_gives_every_asker_a_turn(
+    passes: PassCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(_turns, "perf_counter", lambda: now[0])
+    async with trio.open_nursery() as nursery:
+        turns = Turns(1, nursery, budget=0.001)
+        turns.install()
+        try:
+            await trio.lowlevel.checkpoint()  # a pass that starts at 100.0
+            asked_in = passes.passes
+            for _ in range(5):  # beyond the count, in one pass younger than the budget
+                await turns.take()
+            assert passes.passes == asked_in
+            assert not nursery.child_tasks  # no ticker: nobody waited
+            now[0] += 0.002  # the pass is now older than its budget: the count applies
+            await turns.take()
+            assert passes.passes > asked_in
+        finally:
+            turns.uninstall()
+
+
+async def test_a_young_pass_still_serves_the_waiters_first(
+    passes: PassCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four ask in a pass over its budget: one goes, three wait.  The one that went
+    starts a fifth, which asks in a young pass, and still goes after the three."""
+    now = [100.0]
+    monkeypatch.setattr(_turns, "perf_counter", lambda: now[0])
+
+    class Ager(trio.abc.Instrument):
+        """Makes the next pass older than any budget from its start (it runs after
+        :class:`Turns`' own hook, which reads the time when the pass begins)."""
+
+        age_next = False
+
+        def after_io_wait(self, timeout: float) -> None:
+            if self.age_next:
+                self.age_next = False
+                now[0] += 1.0
+
+    ager = Ager()
+    served: list[str] = []
+    async with trio.open_nursery() as nursery:
+        turns = Turns(1, nursery, budget=0.001)
+        turns.install()
+        trio.lowlevel.add_instrument(ager)
+        try:
+            async with trio.open_nursery() as takers:
+
+                async def one(name: str) -> None:
+                    await turns.take()
+                    if not served:
+                        takers.start_soon(one, "late")
+                    served.append(name)
+
+                ager.age_next = True
+                for n in range(4):
+                    takers.start_soon(one, f"waiter {n}")
+        finally:
+            trio.lowlevel.remove_instrument(ager)
+            turns.uninstall()
+    assert len(served) == 5
+    assert served[-1] == "late"
+
+
+def test_a_negative_budget_is_refused() -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(ValueError, match="budget"):
+                Turns(1, nursery, budget=-0.001)
+
+    trio.run(main)
 
 
 async def test_a_new_pass_frees_the_turns(passes: PassCounter) -> None:
@@ -201,7 +277,9 @@ async def test_many_streams_taking_turns_lose_nothing_and_count_exactly(
     """One turn per pass, 40 streams at once from a zero-latency engine: each stream
     still carries every token, in order, and ends ``[DONE]``; nothing is counted as
     cancelled (real frontend and worker processes, real HTTP)."""
-    running = await stack("--stream-writes-per-pass", "1", inter_token_latency_ms=0)
+    running = await stack(
+        "--stream-writes-per-pass", "1", "--stream-pass-budget-ms", "0", inter_token_latency_ms=0
+    )
     body = {**CHAT_BODY, "max_tokens": 300, "stream": True}
     unary = {**CHAT_BODY, "max_tokens": 300}
     async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
@@ -249,3 +327,9 @@ def test_the_limit_comes_from_the_environment_and_the_command_line() -> None:
     add_flags(parser)
     args = parser.parse_args(["--stream-writes-per-pass", "16"])
     assert config_from_args(args, env).frontend.stream_writes_per_pass == 16
+    assert Config.from_env({}).frontend.stream_pass_budget_ms == 1.0
+    budget = {"DYN_HTTP_STREAM_PASS_BUDGET_MS": "0.25"}
+    assert Config.from_env(budget).frontend.stream_pass_budget_ms == 0.25
+    for bad in ("-1", "inf", "nan"):
+        with pytest.raises(ValueError, match="DYN_HTTP_STREAM_PASS_BUDGET_MS"):
+            Config.from_env({"DYN_HTTP_STREAM_PASS_BUDGET_MS": bad})
