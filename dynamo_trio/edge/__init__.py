@@ -20,6 +20,11 @@ from ._edge import (
     json_bytes as json_bytes,
     shown as shown,
 )
+from ._gone import (
+    CONNECTION_GONE as CONNECTION_GONE,
+    ConnectionGone as ConnectionGone,
+    connection_gone as connection_gone,
+)
 from ._prefetch import PREFETCHED_BODY as PREFETCHED_BODY, BodyPrefetch as BodyPrefetch
 from ._server import (
     dead_peer_options as dead_peer_options,
@@ -35,9 +40,11 @@ from ._status import (
 )
 
 __all__ = [
+    "CONNECTION_GONE",
     "LAST_SEND_SHIELD",
     "PREFETCHED_BODY",
     "BodyPrefetch",
+    "ConnectionGone",
     "Edge",
     "EdgeRequest",
     "EdgeResponse",
@@ -48,6 +55,7 @@ __all__ = [
     "Route",
     "answer_lifespan",
     "body_timeout_message",
+    "connection_gone",
     "dead_peer_options",
     "error_json",
     "json_bytes",

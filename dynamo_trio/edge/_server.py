@@ -35,6 +35,7 @@ from hypercorn.utils import repr_socket_addr
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
 from ._chunks import CONNECTION_WRITER
+from ._gone import CONNECTION_GONE, ConnectionGone
 from ._guard import GuardedProtocol
 from ._h2 import RoundRobin
 
@@ -263,10 +264,12 @@ async def _serve_connection(
             http2_max_resets=http2_max_resets,
         )
         state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
+        state[CONNECTION_GONE] = ordered.gone  # ._gone
         try:
             await server.run()
         finally:
             del state[CONNECTION_WRITER]  # no cycle through the server outlives it
+            del state[CONNECTION_GONE]
     except BaseException as exc:
         live, failure = split_live_cancellation(exc)
         if live is not None:
@@ -482,6 +485,8 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         self._sending = trio.StrictFIFOLock()
         self._on_eof = on_eof
         self.socket = socket  # hypercorn reads the peer's address from it
+        self.gone: Final = ConnectionGone()
+        """Told, by the reading task, the moment the client ends the connection."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``; a cancellation lands before any byte is written.
@@ -539,9 +544,15 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
             await self._stream.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        data = await self._stream.receive_some(max_bytes)
-        if not data and self._on_eof is not None:
-            await self._on_eof()
+        try:
+            data = await self._stream.receive_some(max_bytes)
+        except trio.BrokenResourceError:  # a reset
+            self.gone.fire()
+            raise
+        if not data:
+            self.gone.fire()
+            if self._on_eof is not None:
+                await self._on_eof()
         return data
 
     async def aclose(self) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final, final
 
 from .._context import CancelReason
 from .._ratelimit import LogLimiter
+from ..edge import connection_gone
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -126,6 +127,11 @@ class HangUpGuard:
             return
         slot = _Slot()
         token = _SLOT.set(slot)
+        # The edge's server tells the hang-up from the task that read it, a pass before
+        # ``http.disconnect`` reaches the app's receiving task (which tells it too).
+        gone = connection_gone(scope)
+        if gone is not None:
+            gone.add(slot.client_gone)
 
         async def watched_receive() -> ASGIReceiveEvent:
             message = await receive()
@@ -136,5 +142,7 @@ class HangUpGuard:
         try:
             await self.app(scope, watched_receive, send)
         finally:
+            if gone is not None:
+                gone.discard(slot.client_gone)
             _SLOT.reset(token)
             slot.client_gone()
