@@ -94,7 +94,7 @@ def _bool(raw: str) -> bool:
 _positive = _number(0, strict=True)
 _non_negative = _number(0)
 _seconds = _number(0, finite=True)
-_milliseconds = _seconds
+_milliseconds = _seconds  # (the same numbers: finite, 0 or more)
 _positive_int = _integer(1)
 _non_negative_int = _integer(0)
 _port = _integer(0, 65535)
@@ -443,13 +443,10 @@ class FrontendConfig:
         _check(self, "max_json_depth", depth_ok, f"between 1 and {MAX_JSON_DEPTH}")
         _check(self, "migration_limit", self.migration_limit >= 0, "0 or more")
         _check(self, "stream_writes_per_pass", self.stream_writes_per_pass >= 0, "0 or more")
-        for name in (
-            "backend_stream_timeout",
-            "max_request_timeout",
-            "dead_client_timeout",
-            "stream_pass_budget_ms",
-        ):
+        for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
             _check(self, name, 0 <= getattr(self, name) < math.inf, "finite seconds >= 0")
+        budget_ok = 0 <= self.stream_pass_budget_ms < math.inf
+        _check(self, "stream_pass_budget_ms", budget_ok, "finite milliseconds >= 0")
 
 
 def _check(section: object, name: str, ok: bool, wanted: str) -> None:
