@@ -20,7 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from ._buckets import CANCELLATION_LATENCY_BUCKETS, REQUEST_DURATION_BUCKETS
-from ._lifecycle import CancelSignal, _Lifecycle
+from ._lifecycle import CancelSignal, LabelChildren, _Lifecycle
 from ._names import (
     COMPONENT_CANCELLATION_LATENCY_SECONDS,
     COMPONENT_CANCELLATION_TOTAL,
@@ -208,11 +208,9 @@ class EndpointMetrics:
         self._duration: Final = duration.labels(*self._values)
         self._cancellations: Final = cancellations.labels(*self._values)
         self._cancelling: Final = cancelling.labels(*self._values)
-        self._errors_family: Final = errors
-        self._by_reason_family: Final = by_reason
-        self._latency_family: Final = latency
-        self._errors: dict[str, Counter] = {}
-        self._by_reason: dict[str, tuple[Counter, Histogram]] = {}
+        self._errors: Final = LabelChildren(errors, *self._values)
+        self._by_reason: Final = LabelChildren(by_reason, *self._values)
+        self._latency: Final = LabelChildren(latency, *self._values)
 
     @property
     def labels(self) -> tuple[str, str, str]:
@@ -238,28 +236,14 @@ class EndpointMetrics:
         if signal is not None:
             self._cancelling.dec()
         if outcome == "error":
-            self._error(error_type or ERROR_TYPE_GENERATE).inc()
+            self._errors[error_type or ERROR_TYPE_GENERATE].inc()
         if outcome in _CUT_SHORT or (outcome == "error" and signal is not None):
             self._cancellations.inc()
-            by_reason, latency = self._reason(signal.reason if signal else UNKNOWN_REASON)
-            by_reason.inc()
+            reason = signal.reason if signal else UNKNOWN_REASON
+            self._by_reason[reason].inc()
+            latency = self._latency[reason]  # bound even unobserved: its series shows
             if signal is not None:
                 latency.observe(now - signal.at)
-
-    def _error(self, error_type: str) -> Counter:
-        child = self._errors.get(error_type)
-        if child is None:
-            child = self._errors[error_type] = self._errors_family.labels(*self._values, error_type)
-        return child
-
-    def _reason(self, reason: str) -> tuple[Counter, Histogram]:
-        children = self._by_reason.get(reason)
-        if children is None:
-            children = self._by_reason[reason] = (
-                self._by_reason_family.labels(*self._values, reason),
-                self._latency_family.labels(*self._values, reason),
-            )
-        return children
 
 
 @final
