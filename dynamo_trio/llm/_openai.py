@@ -377,9 +377,8 @@ class _ChunkStream(EventStream):
 
         Send it with :func:`~dynamo_trio.llm.encode_error_event`, and no ``[DONE]`` after it.
         """
-        if self._closed:
+        if not self._close():
             return []
-        self._closed = True
         self._include_usage = False
         return [openai_error_body(status, message)]
 
