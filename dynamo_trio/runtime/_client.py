@@ -318,7 +318,7 @@ class Client:
 
     async def wait_for_instances(self) -> list[int]:
         """Wait until at least one instance is registered; return their ids."""
-        await self._view.wait_until(lambda items: bool(items))
+        await self._view.wait_until(bool)
         return self.instance_ids()
 
     def live_instance_ids(self) -> list[int]:
