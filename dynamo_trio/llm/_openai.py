@@ -168,8 +168,7 @@ def _prompt(value: object) -> str:
             f"batch prompts are not supported (got {len(value)} prompts); "
             "send one prompt per request.",
         )
-    prompt: str = value[0]
-    return prompt
+    return str(value[0])
 
 
 def _refuse_choices(obj: JsonObject, key: str) -> None:
