@@ -176,11 +176,13 @@ class DistributedRuntime:
     @property
     def instance_id(self) -> int:
         """This process's instance id (its discovery lease id)."""
-        return self._require_discovery().lease_id
+        return self.discovery.lease_id
 
     @property
     def discovery(self) -> Discovery:
-        return self._require_discovery()
+        if self._discovery is None:
+            raise RuntimeError(_NOT_OPEN)
+        return self._discovery
 
     @property
     def status_url(self) -> str | None:
@@ -195,11 +197,6 @@ class DistributedRuntime:
     @property
     def shutting_down(self) -> bool:
         return self._shutdown_requested.is_set()
-
-    def _require_discovery(self) -> Discovery:
-        if self._discovery is None:
-            raise RuntimeError(_NOT_OPEN)
-        return self._discovery
 
     def _require_nursery(self) -> trio.Nursery:
         if self._nursery is None or self._stack is None:
@@ -258,7 +255,7 @@ class DistributedRuntime:
         )
 
     async def _register(self, key: str, value: bytes) -> None:
-        await self._require_discovery().put(key, value)
+        await self.discovery.put(key, value)
         self._registrations[key] = value
 
     async def _deregister_all(self) -> None:
@@ -410,7 +407,7 @@ class DistributedRuntime:
         *,
         task_status: trio.TaskStatus[PrefixView[Any]],
     ) -> None:
-        async with view_prefix(self._require_discovery(), prefix, decode) as view:
+        async with view_prefix(self.discovery, prefix, decode) as view:
             task_status.started(view)
             await trio.sleep_forever()
 
