@@ -206,12 +206,9 @@ def _stream_flags(obj: JsonObject) -> tuple[bool, bool]:
 
 def _sampling(obj: JsonObject) -> SamplingParams:
     max_tokens = optional_int(obj, "max_completion_tokens", minimum=1)
-    max_key = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens = optional_int(obj, "max_tokens", minimum=1)
-        max_key = "max_tokens"
-    else:
-        optional_int(obj, "max_tokens", minimum=1)  # still type-checked
+    legacy = optional_int(obj, "max_tokens", minimum=1)  # checked even when overridden
+    max_key = "max_completion_tokens" if max_tokens is not None else "max_tokens"
+    max_tokens = legacy if max_tokens is None else max_tokens
     min_tokens = optional_int(obj, "min_tokens", minimum=0)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise invalid_value(
