@@ -88,8 +88,7 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
 
     ValueError for an invalid, reserved (set by dynamo-trio itself) or repeated name.
     """
-    checked: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    checked: dict[str, str] = {}
     for entry in labels:
         if not isinstance(entry, tuple | list) or len(entry) != 2:
             raise ValueError(f"metrics labels are (name, value) pairs, not {entry!r}")
@@ -103,11 +102,10 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
                 f"the label {name!r} is set by dynamo-trio itself and cannot be given "
                 "in metrics_labels"
             )
-        if name in seen:
+        if name in checked:
             raise ValueError(f"the label {name!r} is given twice in metrics_labels")
-        seen.add(name)
-        checked.append((name, value))
-    return tuple(checked)
+        checked[name] = value
+    return tuple(checked.items())
 
 
 @final
