@@ -131,14 +131,10 @@ class Generation:
 
     @property
     def usage(self) -> Usage:
-        """The engine's last report, else the token ids counted."""
-        reported = self._reported
-        if reported is None:
+        """The engine's last report (a copy), else the token ids counted."""
+        if self._reported is None:
             return {"prompt_tokens": 0, "completion_tokens": self._counted_tokens}
-        return {
-            "prompt_tokens": reported["prompt_tokens"],
-            "completion_tokens": reported["completion_tokens"],
-        }
+        return self._reported.copy()
 
 
 class EventStream:
