@@ -179,14 +179,10 @@ class EndpointMetrics:
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
         self.extra_labels: Final = dict(extra)
-        names = list(_LABELS)
-        values = [namespace, component, endpoint]
-        if worker_id is not None:
-            names.append(LABEL_WORKER_ID)
-            values.append(worker_id)
-        names += [name for name, _ in extra]
-        values += [value for _, value in extra]
-        self._values: Final = tuple(values)
+        worker = [] if worker_id is None else [(LABEL_WORKER_ID, worker_id)]
+        bound = [*zip(_LABELS, self._key, strict=True), *worker, *extra]
+        names = [name for name, _ in bound]
+        self._values: Final = tuple(value for _, value in bound)
         # Not registered anywhere: WorkerMetrics collects them, in _FAMILIES order.
         requests = Counter(*_spec(0, names), registry=None)
         inflight = Gauge(*_spec(1, names), registry=None)
