@@ -629,12 +629,8 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     Lines are prefixed ``[service_name:worker_id]`` when given; call it before ``trio.run``.
     """
     level = Config.from_env().log_level
-    prefix = "" if service_name is None else service_name
-    if worker_id is not None:
-        prefix += f":{worker_id}"
-    text = (
-        LOG_FORMAT if not prefix else LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s")
-    )
+    prefix = (service_name or "") + ("" if worker_id is None else f":{worker_id}")
+    text = LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s") if prefix else LOG_FORMAT
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
