@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import deque
 from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
@@ -176,9 +177,9 @@ def _non_finite_path(body: bytes) -> str | None:
         lenient = json.loads(body)  # Python's json reads NaN and Infinity
     except (ValueError, RecursionError):
         return None
-    pending: list[tuple[object, str]] = [(lenient, "")]
+    pending: deque[tuple[object, str]] = deque([(lenient, "")])
     while pending:
-        value, path = pending.pop(0)
+        value, path = pending.popleft()
         if isinstance(value, float) and not math.isfinite(value):
             return path or None
         pending.extend(_children(value, path))
