@@ -176,10 +176,7 @@ class MessagesStream(EventStream):
 
         ``status`` picks the error type (500 ``api_error``, 503 ``overloaded_error``...).
         """
-        if self._closed:
-            return []
-        self._closed = True
-        return [anthropic_error_body(status, message)]
+        return [anthropic_error_body(status, message)] if self._close() else []
 
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []

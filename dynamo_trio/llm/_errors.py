@@ -24,17 +24,9 @@ from ._protocol import EngineError
 
 
 class RequestError(Exception):
-    """A request the frontend refuses, with the HTTP status to answer it with.
-
-    Args:
-        status: The HTTP status (400 for bad input).
-        message: What is wrong, for a human; names the parameter.
-        type: The error ``type`` to report; by default derived from ``status``
-            for whichever API renders the error.
-        code: A machine-readable code (e.g. ``"model_not_found"``), or ``None``
-            for the status's default.
-        param: The offending parameter as a path (``"messages[0].content"``).
-    """
+    """A request the frontend refuses: its HTTP status, a message naming the parameter,
+    and the error ``type`` and ``code`` if not the status's defaults for the API that
+    renders it; ``param`` is the offending parameter's path (``"messages[0].content"``)."""
 
     def __init__(
         self,
@@ -149,10 +141,8 @@ def anthropic_error_body(
 
 def reason_phrase(status: int) -> str:
     """The HTTP reason phrase, including the non-standard 499 and 529."""
-    if status in _EXTRA_PHRASES:
-        return _EXTRA_PHRASES[status]
     try:
-        return http.HTTPStatus(status).phrase
+        return _EXTRA_PHRASES.get(status) or http.HTTPStatus(status).phrase
     except ValueError:
         return "Unknown"
 

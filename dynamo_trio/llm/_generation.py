@@ -131,14 +131,10 @@ class Generation:
 
     @property
     def usage(self) -> Usage:
-        """The engine's last report, else the token ids counted."""
-        reported = self._reported
-        if reported is None:
+        """The engine's last report (a copy), else the token ids counted."""
+        if self._reported is None:
             return {"prompt_tokens": 0, "completion_tokens": self._counted_tokens}
-        return {
-            "prompt_tokens": reported["prompt_tokens"],
-            "completion_tokens": reported["completion_tokens"],
-        }
+        return self._reported.copy()
 
 
 class EventStream:
@@ -176,18 +172,19 @@ class EventStream:
         if self._closed:
             return events
         text = self._generation.feed(item)
-        if self._generation.finished:
-            self._closed = True
+        if self._generation.finished and self._close():
             return events + self._closing(text)
         return events + self._delta(text) if text else events
 
     def finish(self) -> list[dict[str, object]]:
         """The events that end the stream once the engine stream is over."""
         events = self.start()
-        if not self._closed:
-            self._closed = True
-            events += self._closing("")
-        return events
+        return events + self._closing("") if self._close() else events
+
+    def _close(self) -> bool:
+        """Close the stream: true the first time (the caller says what ends it)."""
+        closing, self._closed = not self._closed, True
+        return closing
 
     def _opening(self) -> list[dict[str, object]]:
         return []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from ._media import engine_object, optional_choice, size
 from ._protocol import EngineError
@@ -44,10 +44,7 @@ class ImageRequest:
     size: str = "auto"
     response_format: str = "url"
     output_format: str = "png"
-
-    @property
-    def stream(self) -> bool:
-        return False
+    stream: ClassVar[bool] = False
 
     def to_engine(self) -> dict[str, Any]:
         """The worker's request: the client's fields with the defaults filled in."""

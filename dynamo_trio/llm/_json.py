@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import deque
 from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 
 from ._errors import RequestError
+from ._validate import invalid_value, join
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Iterator
 
 INTEGER_RANGE: Final = (-(2**63), 2**64 - 1)
 """The integers a request may contain: what a signed or unsigned 64-bit field can hold."""
@@ -113,23 +115,21 @@ def _may_be_outside(scalars: Collection[object], types: set[type]) -> bool:
 def _check_integers(value: object, path: str = "") -> None:
     """Raise for the first integer outside :data:`INTEGER_RANGE`, naming its path."""
     low, high = INTEGER_RANGE
-    if type(value) is int:
-        if not low <= value <= high:
-            param = path or None
-            where = f"'{path}'" if path else "the request body"
-            raise RequestError(
-                400,
-                f"Invalid value for {where}: integers must be between -2**63 and 2**64-1, "
-                f"but got {_abbreviate(str(value))}.",
-                param=param,
-                code="invalid_value",
-            )
-    elif type(value) is dict:
-        for key, item in value.items():
-            _check_integers(item, f"{path}.{key}" if path else key)
-    elif type(value) is list:
-        for index, item in enumerate(value):
-            _check_integers(item, f"{path}[{index}]")
+    if type(value) is int and not low <= value <= high:  # never the whole body: path is set
+        raise invalid_value(
+            path,
+            f"integers must be between -2**63 and 2**64-1, but got {_abbreviate(str(value))}.",
+        )
+    for item, item_path in _children(value, path):
+        _check_integers(item, item_path)
+
+
+def _children(value: object, path: str) -> Iterator[tuple[object, str]]:
+    """The items of a JSON object or array, each with its path."""
+    if isinstance(value, dict):
+        yield from ((item, join(path, key)) for key, item in value.items())
+    elif isinstance(value, list):
+        yield from ((item, join(path, index)) for index, item in enumerate(value))
 
 
 def _too_deep(max_depth: int) -> RequestError:
@@ -167,12 +167,7 @@ def _not_json(body: bytes, reason: str) -> RequestError:
     if explanation.startswith(_NOT_FINITE):
         param = _non_finite_path(body)
         if param is not None:
-            return RequestError(
-                400,
-                f"Invalid value for '{param}': {explanation}; the request body is not valid JSON.",
-                param=param,
-                code="invalid_value",
-            )
+            return invalid_value(param, f"{explanation}; the request body is not valid JSON.")
     return RequestError(400, f"The request body is not valid JSON: {explanation}.")
 
 
@@ -182,15 +177,12 @@ def _non_finite_path(body: bytes) -> str | None:
         lenient = json.loads(body)  # Python's json reads NaN and Infinity
     except (ValueError, RecursionError):
         return None
-    pending: list[tuple[object, str]] = [(lenient, "")]
+    pending: deque[tuple[object, str]] = deque([(lenient, "")])
     while pending:
-        value, path = pending.pop(0)
+        value, path = pending.popleft()
         if isinstance(value, float) and not math.isfinite(value):
             return path or None
-        if isinstance(value, dict):
-            pending.extend((item, f"{path}.{key}" if path else key) for key, item in value.items())
-        elif isinstance(value, list):
-            pending.extend((item, f"{path}[{index}]") for index, item in enumerate(value))
+        pending.extend(_children(value, path))
     return None
 
 

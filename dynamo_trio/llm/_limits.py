@@ -26,12 +26,6 @@ class TokenLimits(Protocol):
     def max_output_tokens(self) -> int | None: ...
 
 
-def output_ceiling(limits: TokenLimits) -> int | None:
-    """The most tokens one request may ask the model to generate, if known."""
-    known = [n for n in (limits.max_output_tokens, limits.context_length) if n is not None]
-    return min(known) if known else None
-
-
 def check_output_tokens(
     limits: TokenLimits,
     requested: dict[str, int | None],
@@ -41,9 +35,10 @@ def check_output_tokens(
 ) -> None:
     """Refuse (400 naming it) the first of ``requested`` (``{param: count or None}``) over the
     model's limits, worded as Anthropic's API does if ``anthropic``."""
-    ceiling = output_ceiling(limits)
-    if ceiling is None:
+    known = [n for n in (limits.max_output_tokens, limits.context_length) if n is not None]
+    if not known:
         return
+    ceiling = min(known)  # the most tokens one request may ask the model to generate
     for param, value in requested.items():
         if value is None or value <= ceiling:
             continue

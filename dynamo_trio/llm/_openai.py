@@ -168,8 +168,7 @@ def _prompt(value: object) -> str:
             f"batch prompts are not supported (got {len(value)} prompts); "
             "send one prompt per request.",
         )
-    prompt: str = value[0]
-    return prompt
+    return str(value[0])
 
 
 def _refuse_choices(obj: JsonObject, key: str) -> None:
@@ -207,12 +206,9 @@ def _stream_flags(obj: JsonObject) -> tuple[bool, bool]:
 
 def _sampling(obj: JsonObject) -> SamplingParams:
     max_tokens = optional_int(obj, "max_completion_tokens", minimum=1)
-    max_key = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens = optional_int(obj, "max_tokens", minimum=1)
-        max_key = "max_tokens"
-    else:
-        optional_int(obj, "max_tokens", minimum=1)  # still type-checked
+    legacy = optional_int(obj, "max_tokens", minimum=1)  # checked even when overridden
+    max_key = "max_completion_tokens" if max_tokens is not None else "max_tokens"
+    max_tokens = legacy if max_tokens is None else max_tokens
     min_tokens = optional_int(obj, "min_tokens", minimum=0)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise invalid_value(
@@ -377,9 +373,8 @@ class _ChunkStream(EventStream):
 
         Send it with :func:`~dynamo_trio.llm.encode_error_event`, and no ``[DONE]`` after it.
         """
-        if self._closed:
+        if not self._close():
             return []
-        self._closed = True
         self._include_usage = False
         return [openai_error_body(status, message)]
 

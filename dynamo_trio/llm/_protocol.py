@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired, TypedDict
+from typing import Annotated, Literal, NotRequired, TypedDict, TypeVar
 
 import msgspec
 
@@ -15,6 +15,7 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 _PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+_T = TypeVar("_T")
 
 
 class EngineError(DynamoError):
@@ -110,12 +111,16 @@ class EmbedOutput(TypedDict):
     usage: EmbedUsage
 
 
+def _convert(value: object, kind: type[_T], error: type[Exception], what: str) -> _T:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise error(f"{what}: {exc}") from None
+
+
 def validate_generate_request(request: object) -> GenerateRequest:
     """Check a text-generation request as a worker receives it (ValueError naming the field)."""
-    try:
-        valid = msgspec.convert(request, GenerateRequest)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid generate request: {exc}") from None
+    valid = _convert(request, GenerateRequest, ValueError, "invalid generate request")
     if valid["request_type"] == "chat":
         if not valid.get("messages"):
             raise ValueError("invalid generate request: a chat request needs non-empty `messages`")
@@ -139,10 +144,7 @@ def validate_generate_request(request: object) -> GenerateRequest:
 
 def validate_embed_request(request: object) -> EmbedRequest:
     """Check an embeddings request as a worker receives it (ValueError naming the field)."""
-    try:
-        return msgspec.convert(request, EmbedRequest)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid embedding request: {exc}") from None
+    return _convert(request, EmbedRequest, ValueError, "invalid embedding request")
 
 
 def parse_generate_output(item: object) -> GenerateOutput:
@@ -150,18 +152,12 @@ def parse_generate_output(item: object) -> GenerateOutput:
 
     A ``finish_reason`` of ``"error"`` is raised by :class:`~dynamo_trio.llm.Generation`.
     """
-    try:
-        return msgspec.convert(item, GenerateOutput)
-    except msgspec.ValidationError as exc:
-        raise EngineError(f"malformed engine output: {exc}") from None
+    return _convert(item, GenerateOutput, EngineError, "malformed engine output")
 
 
 def parse_embed_output(item: object, *, count: int) -> EmbedOutput:
     """Check the output of an embeddings request of ``count`` inputs (EngineError if not)."""
-    try:
-        output = msgspec.convert(item, EmbedOutput)
-    except msgspec.ValidationError as exc:
-        raise EngineError(f"malformed embedding output: {exc}") from None
+    output = _convert(item, EmbedOutput, EngineError, "malformed embedding output")
     if len(output["embeddings"]) != count:
         raise EngineError(
             f"malformed embedding output: {len(output['embeddings'])} vectors for {count} inputs"

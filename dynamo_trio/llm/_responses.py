@@ -301,9 +301,8 @@ class ResponseStream(EventStream):
         ``rate_limit_exceeded``, ...).  Returns ``[]`` if the stream already ended.
         """
         events = self.start()
-        if self._closed:
+        if not self._close():
             return events
-        self._closed = True
         text = self._generation.text
         output = [_message_item(self._item_id, "incomplete", [_output_text(text)])] if text else []
         events.append(self._event("error", code=code, message=message, param=None))

@@ -13,7 +13,6 @@ import msgspec
 DONE: Final = b"data: [DONE]\n\n"
 """The last event of a successful OpenAI chat or completions stream."""
 
-_KEEPALIVE: Final = b": keep-alive\n\n"
 _LINE_BREAK: Final = re.compile(rb"\r\n|\r|\n")
 _ENCODER: Final = msgspec.json.Encoder()
 
@@ -63,4 +62,4 @@ def encode_comment(text: str = "") -> bytes:
 
 def keepalive_comment() -> bytes:
     """``: keep-alive``, the comment a stream sends while it has nothing else to say."""
-    return _KEEPALIVE
+    return b": keep-alive\n\n"

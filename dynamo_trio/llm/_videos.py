@@ -106,9 +106,9 @@ def _frame(item: object) -> tuple[dict[str, Any], bytes | None]:
     return dict(frame), engine_bytes(frame, "b64_json", "a video frame")
 
 
-def mjpeg_part(jpeg: bytes) -> bytes:
-    """One frame of an MJPEG body."""
-    head = f"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n"
+def mjpeg_part(jpeg: bytes, content_type: str = "image/jpeg") -> bytes:
+    """One frame of an MJPEG body (a JSON one carries an error)."""
+    head = f"--frame\r\nContent-Type: {content_type}\r\nContent-Length: {len(jpeg)}\r\n\r\n"
     return head.encode() + jpeg + b"\r\n"
 
 
@@ -179,5 +179,4 @@ class MjpegStream:
 
     def fail(self, status: int, message: str) -> bytes:
         body = json.dumps(openai_error_body(status, message), separators=(",", ":")).encode()
-        head = f"--frame\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        return head.encode() + body + b"\r\n"
+        return mjpeg_part(body, "application/json")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Final, final, get_args
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -23,7 +23,7 @@ from ._buckets import (
     REQUEST_DURATION_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
 )
-from ._lifecycle import _Lifecycle
+from ._lifecycle import LabelChildren, _Lifecycle
 from ._names import (
     ERROR_TYPE_CANCELLED,
     ERROR_TYPE_INTERNAL,
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 _ROUTE_LABELS: Final = (LABEL_MODEL, LABEL_FRONTEND_ENDPOINT, LABEL_REQUEST_TYPE)
 _STATUSES: Final = frozenset(get_args(FrontendStatus))
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
 @final
@@ -75,76 +76,73 @@ class FrontendMetrics:
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-        self._requests = Counter(
+
+        def family(
+            kind: type[_M], name: str, doc: str, labels: tuple[str, ...] = (LABEL_MODEL,), **kw: Any
+        ) -> _M:
+            return kind(name, doc, labels, registry=registry, **kw)
+
+        self._requests = family(
+            Counter,
             FRONTEND_REQUESTS_TOTAL,
             "Requests that ended, by status and error type",
             (*_ROUTE_LABELS, LABEL_STATUS, LABEL_ERROR_TYPE),
-            registry=registry,
         )
-        self._inflight = Gauge(
-            FRONTEND_INFLIGHT_REQUESTS,
-            "Requests being served",
-            (LABEL_MODEL,),
-            registry=registry,
-            multiprocess_mode="livesum",  # with --http-workers: the live processes' sum
+        # With --http-workers: the live processes' sum.
+        self._inflight = family(
+            Gauge, FRONTEND_INFLIGHT_REQUESTS, "Requests being served", multiprocess_mode="livesum"
         )
-        self._duration = Histogram(
+        self._duration = family(
+            Histogram,
             FRONTEND_REQUEST_DURATION_SECONDS,
             "Seconds from receiving a request to its end",
-            (LABEL_MODEL,),
-            registry=registry,
             buckets=REQUEST_DURATION_BUCKETS,
         )
-        self._ttft = Histogram(
+        self._ttft = family(
+            Histogram,
             FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
             "Seconds from receiving a request to its first output token",
-            (LABEL_MODEL,),
-            registry=registry,
             buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
         )
-        self._itl = Histogram(
+        self._itl = family(
+            Histogram,
             FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
             "Seconds between consecutive output tokens",
-            (LABEL_MODEL,),
-            registry=registry,
             buckets=INTER_TOKEN_LATENCY_BUCKETS,
         )
-        self._output_tokens = Counter(
-            FRONTEND_OUTPUT_TOKENS_TOTAL,
-            "Output tokens sent",
-            (LABEL_MODEL,),
-            registry=registry,
-        )
-        self._cancellations = Counter(
+        self._output_tokens = family(Counter, FRONTEND_OUTPUT_TOKENS_TOTAL, "Output tokens sent")
+        self._cancellations = family(
+            Counter,
             FRONTEND_MODEL_CANCELLATION_TOTAL,
             "Requests cancelled, each counted once",
             _ROUTE_LABELS,
-            registry=registry,
         )
-        self._cancelled_by_reason = Counter(
+        self._cancelled_by_reason = family(
+            Counter,
             FRONTEND_CANCELLED_REQUESTS_TOTAL,
             "Requests cancelled, each counted once, by the first cancellation reason",
             (*_ROUTE_LABELS, LABEL_REASON),
-            registry=registry,
         )
-        self._cancellation_latency = Histogram(
+        self._cancellation_latency = family(
+            Histogram,
             FRONTEND_CANCELLATION_LATENCY_SECONDS,
             "Seconds from noticing a cancellation to the request having ended",
             (LABEL_MODEL, LABEL_REASON),
-            registry=registry,
             buckets=CANCELLATION_LATENCY_BUCKETS,
         )
-        self._migrations = Counter(
+        self._migrations = family(
+            Counter,
             FRONTEND_MODEL_MIGRATION_TOTAL,
             "Requests moved to another worker because theirs failed or was lost",
             (LABEL_MODEL, LABEL_MIGRATION_TYPE, LABEL_REASON),
-            registry=registry,
         )
-        self._disconnected = Gauge(
+        # With --http-workers: every process's, dead ones too.
+        self._disconnected = family(
+            Gauge,
             FRONTEND_DISCONNECTED_CLIENTS,
             "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
-            registry=registry,
-            multiprocess_mode="sum",  # with --http-workers: every process's, dead ones too
+            (),
+            multiprocess_mode="sum",
         )
         self._routes: dict[tuple[str, str, str], _Route] = {}
 
@@ -185,7 +183,6 @@ class _Route:
         "duration",
         "inflight",
         "itl",
-        "key",
         "latency",
         "metrics",
         "output_tokens",
@@ -195,7 +192,6 @@ class _Route:
     def __init__(self, metrics: FrontendMetrics, key: tuple[str, str, str]) -> None:
         model = key[0]
         self.metrics = metrics
-        self.key = key
         self.inflight = metrics._inflight.labels(model)
         self.duration = metrics._duration.labels(model)
         self.ttft = metrics._ttft.labels(model)
@@ -203,32 +199,9 @@ class _Route:
         self.output_tokens = metrics._output_tokens.labels(model)
         # Bound now so the series reads 0 before the first cancellation.
         self.cancellations = metrics._cancellations.labels(*key)
-        self.by_status: dict[tuple[str, str], Counter] = {}
-        self.by_reason: dict[str, Counter] = {}
-        self.latency: dict[str, Histogram] = {}
-
-    def requests(self, status: str, error_type: str) -> Counter:
-        child = self.by_status.get((status, error_type))
-        if child is None:
-            child = self.metrics._requests.labels(*self.key, status, error_type)
-            self.by_status[status, error_type] = child
-        return child
-
-    def cancelled(self, reason: str) -> Counter:
-        child = self.by_reason.get(reason)
-        if child is None:
-            child = self.by_reason[reason] = self.metrics._cancelled_by_reason.labels(
-                *self.key, reason
-            )
-        return child
-
-    def cancellation_latency(self, reason: str) -> Histogram:
-        child = self.latency.get(reason)
-        if child is None:
-            child = self.latency[reason] = self.metrics._cancellation_latency.labels(
-                self.key[0], reason
-            )
-        return child
+        self.by_status = LabelChildren(metrics._requests, *key)
+        self.by_reason = LabelChildren(metrics._cancelled_by_reason, *key)
+        self.latency = LabelChildren(metrics._cancellation_latency, model)
 
 
 @final
@@ -285,7 +258,7 @@ class FrontendRequestTracker(_Lifecycle):
         if signal is None:
             return
         route.cancellations.inc()
-        route.cancelled(signal.reason).inc()
+        route.by_reason[signal.reason].inc()
         if signal.reason == CancelReason.CLIENT_DISCONNECT:
             route.metrics._disconnected.inc()
 
@@ -308,12 +281,12 @@ class FrontendRequestTracker(_Lifecycle):
         now = route.metrics._clock()
         if signal is not None:
             status, error_type = STATUS_ERROR, ERROR_TYPE_CANCELLED
-            route.cancellation_latency(signal.reason).observe(now - signal.at)
+            route.latency[signal.reason].observe(now - signal.at)
         elif status == STATUS_ERROR:
             error_type = error_type or ERROR_TYPE_INTERNAL
         else:
             error_type = ERROR_TYPE_NONE
-        route.requests(status, error_type).inc()
+        route.by_status[status, error_type].inc()
         route.inflight.dec()
         route.duration.observe(now - self._started)
 

@@ -9,9 +9,29 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from ._names import UNKNOWN_REASON
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics import MetricWrapperBase
+
+_Child = TypeVar("_Child", bound="MetricWrapperBase")
+
+
+class LabelChildren(dict[str | tuple[str, ...], _Child]):
+    """A family's children under fixed leading labels, each bound on first use: a dict
+    lookup on the hot path instead of ``labels()`` and its lock."""
+
+    def __init__(self, family: _Child, *leading: str) -> None:
+        super().__init__()
+        self._family = family
+        self._leading = leading
+
+    def __missing__(self, key: str | tuple[str, ...]) -> _Child:
+        rest = key if isinstance(key, tuple) else (key,)
+        child = self[key] = self._family.labels(*self._leading, *rest)
+        return child
 
 
 @dataclass(frozen=True, slots=True)

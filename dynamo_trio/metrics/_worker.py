@@ -20,7 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from ._buckets import CANCELLATION_LATENCY_BUCKETS, REQUEST_DURATION_BUCKETS
-from ._lifecycle import CancelSignal, _Lifecycle
+from ._lifecycle import CancelSignal, LabelChildren, _Lifecycle
 from ._names import (
     COMPONENT_CANCELLATION_LATENCY_SECONDS,
     COMPONENT_CANCELLATION_TOTAL,
@@ -88,8 +88,7 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
 
     ValueError for an invalid, reserved (set by dynamo-trio itself) or repeated name.
     """
-    checked: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    checked: dict[str, str] = {}
     for entry in labels:
         if not isinstance(entry, tuple | list) or len(entry) != 2:
             raise ValueError(f"metrics labels are (name, value) pairs, not {entry!r}")
@@ -103,11 +102,10 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
                 f"the label {name!r} is set by dynamo-trio itself and cannot be given "
                 "in metrics_labels"
             )
-        if name in seen:
+        if name in checked:
             raise ValueError(f"the label {name!r} is given twice in metrics_labels")
-        seen.add(name)
-        checked.append((name, value))
-    return tuple(checked)
+        checked[name] = value
+    return tuple(checked.items())
 
 
 @final
@@ -181,14 +179,10 @@ class EndpointMetrics:
         self._key: Final = (namespace, component, endpoint)
         self.worker_id: Final = worker_id
         self.extra_labels: Final = dict(extra)
-        names = list(_LABELS)
-        values = [namespace, component, endpoint]
-        if worker_id is not None:
-            names.append(LABEL_WORKER_ID)
-            values.append(worker_id)
-        names += [name for name, _ in extra]
-        values += [value for _, value in extra]
-        self._values: Final = tuple(values)
+        worker = [] if worker_id is None else [(LABEL_WORKER_ID, worker_id)]
+        bound = [*zip(_LABELS, self._key, strict=True), *worker, *extra]
+        names = [name for name, _ in bound]
+        self._values: Final = tuple(value for _, value in bound)
         # Not registered anywhere: WorkerMetrics collects them, in _FAMILIES order.
         requests = Counter(*_spec(0, names), registry=None)
         inflight = Gauge(*_spec(1, names), registry=None)
@@ -208,11 +202,9 @@ class EndpointMetrics:
         self._duration: Final = duration.labels(*self._values)
         self._cancellations: Final = cancellations.labels(*self._values)
         self._cancelling: Final = cancelling.labels(*self._values)
-        self._errors_family: Final = errors
-        self._by_reason_family: Final = by_reason
-        self._latency_family: Final = latency
-        self._errors: dict[str, Counter] = {}
-        self._by_reason: dict[str, tuple[Counter, Histogram]] = {}
+        self._errors: Final = LabelChildren(errors, *self._values)
+        self._by_reason: Final = LabelChildren(by_reason, *self._values)
+        self._latency: Final = LabelChildren(latency, *self._values)
 
     @property
     def labels(self) -> tuple[str, str, str]:
@@ -238,28 +230,14 @@ class EndpointMetrics:
         if signal is not None:
             self._cancelling.dec()
         if outcome == "error":
-            self._error(error_type or ERROR_TYPE_GENERATE).inc()
+            self._errors[error_type or ERROR_TYPE_GENERATE].inc()
         if outcome in _CUT_SHORT or (outcome == "error" and signal is not None):
             self._cancellations.inc()
-            by_reason, latency = self._reason(signal.reason if signal else UNKNOWN_REASON)
-            by_reason.inc()
+            reason = signal.reason if signal else UNKNOWN_REASON
+            self._by_reason[reason].inc()
+            latency = self._latency[reason]  # bound even unobserved: its series shows
             if signal is not None:
                 latency.observe(now - signal.at)
-
-    def _error(self, error_type: str) -> Counter:
-        child = self._errors.get(error_type)
-        if child is None:
-            child = self._errors[error_type] = self._errors_family.labels(*self._values, error_type)
-        return child
-
-    def _reason(self, reason: str) -> tuple[Counter, Histogram]:
-        children = self._by_reason.get(reason)
-        if children is None:
-            children = self._by_reason[reason] = (
-                self._by_reason_family.labels(*self._values, reason),
-                self._latency_family.labels(*self._values, reason),
-            )
-        return children
 
 
 @final

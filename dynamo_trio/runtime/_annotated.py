@@ -47,14 +47,10 @@ class Annotated:
         )
         return f"Annotated({self._data!r}{extras})"
 
+    def _fields(self) -> tuple[Any, str | None, str | None, list[str] | None]:
+        return self._data, self.id, self.event, self.comment
+
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Annotated):
-            return NotImplemented
-        return (self._data, self.id, self.event, self.comment) == (
-            other._data,
-            other.id,
-            other.event,
-            other.comment,
-        )
+        return self._fields() == other._fields() if isinstance(other, Annotated) else NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

@@ -318,7 +318,7 @@ class Client:
 
     async def wait_for_instances(self) -> list[int]:
         """Wait until at least one instance is registered; return their ids."""
-        await self._view.wait_until(lambda items: bool(items))
+        await self._view.wait_until(bool)
         return self.instance_ids()
 
     def live_instance_ids(self) -> list[int]:
@@ -388,24 +388,12 @@ class Client:
         context: Context | None = None,
     ) -> ResponseStream | DataStream:
         """Send ``request`` to one instance (``NoInstances`` if it is not listed)."""
-        annotated = _annotated(annotated)
-        child = self._child_context(context)
-        if child is None:
-            return self._empty(context, annotated)
-        try:
-            instance = self._instances().get(instance_id)
-            if instance is None:
-                raise NoInstances(f"no instance {instance_id:x} serves {self._path}")
-            return await self._send(
-                request, annotated, child, (self._path, instance_id), instance.address
-            )
-        except BaseException:
-            child.finish()
-            raise
+        return await self._routed(request, _annotated(annotated), context, instance_id)
 
     async def _routed(
-        self, request: Any, annotated: bool, context: Context | None, mode: RouterMode
+        self, request: Any, annotated: bool, context: Context | None, to: RouterMode | int
     ) -> ResponseStream | DataStream:
+        """Send where the router chooses in mode ``to``, or to the instance ``to``."""
         child = self._child_context(context)
         if child is None:
             return self._empty(context, annotated)
@@ -419,11 +407,18 @@ class Client:
             return await self._send(request, annotated, child, target, addresses[target])
 
         try:
+            if isinstance(to, int):
+                instance = self._instances().get(to)
+                if instance is None:
+                    raise NoInstances(f"no instance {to:x} serves {self._path}")
+                return await self._send(
+                    request, annotated, child, (self._path, to), instance.address
+                )
             return await self._router.send(
                 targets,
                 send,
                 set(),
-                mode=mode,
+                mode=to,
                 turn=self._path,
                 attempts=_CONNECT_ATTEMPTS,
                 nobody=f"no live instance serves {self._path}",

@@ -10,7 +10,7 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .._context import Context
+    from .._context import CancelReason, Context
 
 
 class InflightRequests:
@@ -25,6 +25,10 @@ class InflightRequests:
 
     def __iter__(self) -> Iterator[Context]:
         return iter(tuple(self._contexts))
+
+    def kill_all(self, reason: CancelReason) -> None:
+        for context in self:
+            context.kill(reason)
 
     def add(self, context: Context) -> None:
         self._contexts.add(context)

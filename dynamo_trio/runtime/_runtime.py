@@ -60,6 +60,7 @@ _log = logging.getLogger("dynamo_trio.runtime")
 
 _DEREGISTER_TIMEOUT: Final = 2.0
 _KILL_SETTLE_TIMEOUT: Final = 5.0
+_NOT_OPEN: Final = "the runtime is not open: use 'async with DistributedRuntime()'"
 
 
 class Transport(Protocol):
@@ -134,7 +135,15 @@ class DistributedRuntime:
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._nursery.start_soon(self._shutdown_when_requested)
             if self.config.system.port >= 0:
-                self._status_url = await self._nursery.start(self._serve_status)
+                status = functools.partial(
+                    serve_status,
+                    self.config.system,
+                    self.registry,
+                    health=self.health,
+                    inflight=self.inflight,
+                    shutdown_trigger=self._status_stop.wait,
+                )
+                self._status_url = await self._nursery.start(status)
         except BaseException as exc:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -155,8 +164,7 @@ class DistributedRuntime:
             await self._deregister_all()
             if exc_type is None:
                 await self._finish_calls()
-        for context in tuple(self._inflight):
-            context.kill(CancelReason.SHUTDOWN)
+        self._inflight.kill_all(CancelReason.SHUTDOWN)
         if self._server is not None:
             self._server.close_all()
         if self._connection_pool is not None:
@@ -168,11 +176,13 @@ class DistributedRuntime:
     @property
     def instance_id(self) -> int:
         """This process's instance id (its discovery lease id)."""
-        return self._require_discovery().lease_id
+        return self.discovery.lease_id
 
     @property
     def discovery(self) -> Discovery:
-        return self._require_discovery()
+        if self._discovery is None:
+            raise RuntimeError(_NOT_OPEN)
+        return self._discovery
 
     @property
     def status_url(self) -> str | None:
@@ -188,14 +198,9 @@ class DistributedRuntime:
     def shutting_down(self) -> bool:
         return self._shutdown_requested.is_set()
 
-    def _require_discovery(self) -> Discovery:
-        if self._discovery is None:
-            raise RuntimeError("the runtime is not open: use 'async with DistributedRuntime()'")
-        return self._discovery
-
     def _require_nursery(self) -> trio.Nursery:
         if self._nursery is None or self._stack is None:
-            raise RuntimeError("the runtime is not open: use 'async with DistributedRuntime()'")
+            raise RuntimeError(_NOT_OPEN)
         return self._nursery
 
     # ------------------------------------------------------------------ naming
@@ -249,45 +254,8 @@ class DistributedRuntime:
             on_exit_request=self.shutdown,
         )
 
-    async def _serve(
-        self,
-        endpoint: Endpoint,
-        handler: Callable[..., Any],
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-        *,
-        graceful_shutdown: bool = True,
-        metrics_labels: Iterable[tuple[str, str]] | None = None,
-    ) -> None:
-        if self.shutting_down:
-            raise RuntimeError("the runtime is shutting down")
-        if endpoint.path in self._endpoints:
-            raise RuntimeError(f"{endpoint.path} is already served by this process")
-        metrics = self.metrics.endpoint(
-            endpoint.namespace,
-            endpoint.component,
-            endpoint.name,
-            worker_id=f"{self.instance_id:x}",
-            labels=metrics_labels or (),
-        )
-        served = ServedEndpoint(
-            endpoint.path, handler, metrics, graceful_shutdown=graceful_shutdown
-        )
-        address = await self._ensure_server()
-        self._endpoints[endpoint.path] = served
-        instance = Instance(
-            namespace=endpoint.namespace,
-            component=endpoint.component,
-            endpoint=endpoint.name,
-            instance_id=self.instance_id,
-            address=address,
-        )
-        await self._register(instance.key, encode_record(instance))
-        _log.info("serving %s as instance %x at %s", endpoint.path, self.instance_id, address)
-        task_status.started()
-        await self._shutdown_done.wait()
-
     async def _register(self, key: str, value: bytes) -> None:
-        await self._require_discovery().put(key, value)
+        await self.discovery.put(key, value)
         self._registrations[key] = value
 
     async def _deregister_all(self) -> None:
@@ -368,7 +336,7 @@ class DistributedRuntime:
         if server is not None:
             server.go_away()
             server.stop_accepting()
-        for context in tuple(self._inflight):
+        for context in self._inflight:
             served = self._endpoints.get(context.attributes.get("endpoint", ""))
             if served is not None and not served.graceful_shutdown:
                 context.kill(CancelReason.SHUTDOWN)  # serve_endpoint(graceful_shutdown=False)
@@ -382,8 +350,7 @@ class DistributedRuntime:
                 len(self._inflight),
                 grace,
             )
-            for context in tuple(self._inflight):
-                context.kill(CancelReason.SHUTDOWN)
+            self._inflight.kill_all(CancelReason.SHUTDOWN)
             with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
                 await self._inflight.wait_empty()
         if server is not None:
@@ -433,16 +400,6 @@ class DistributedRuntime:
                 if at == address:
                     self.router.failed(target, reason, expected=drained)
 
-    async def _client(self, endpoint: Endpoint) -> Client:
-        client = self._clients.get(endpoint.path)
-        if client is None:
-            prefix = instance_prefix(endpoint.namespace, endpoint.component, endpoint.name)
-            view: PrefixView[Instance] = await self.watch_prefix(prefix, decode_instance)
-            client = self._clients.setdefault(
-                endpoint.path, Client(endpoint.path, view, self.router, self._connect)
-            )
-        return client
-
     async def _watch(
         self,
         prefix: str,
@@ -450,7 +407,7 @@ class DistributedRuntime:
         *,
         task_status: trio.TaskStatus[PrefixView[Any]],
     ) -> None:
-        async with view_prefix(self._require_discovery(), prefix, decode) as view:
+        async with view_prefix(self.discovery, prefix, decode) as view:
             task_status.started(view)
             await trio.sleep_forever()
 
@@ -477,16 +434,6 @@ class DistributedRuntime:
         """Ready while serving at least one endpoint and not shutting down."""
         ready = not self.shutting_down
         return StatusReport.from_endpoints(dict.fromkeys(self._endpoints, ready))
-
-    async def _serve_status(self, *, task_status: trio.TaskStatus[str]) -> None:
-        await serve_status(
-            self.config.system,
-            self.registry,
-            health=self.health,
-            inflight=self.inflight,
-            task_status=task_status,
-            shutdown_trigger=self._status_stop.wait,
-        )
 
 
 @final
@@ -545,13 +492,33 @@ class Endpoint:
         a shutdown kills this endpoint's requests instead of draining them.
         ``metrics_labels`` are extra labels on its ``dynamo_component_*`` series.
         """
-        await self.runtime._serve(
-            self,
-            handler,
-            task_status,
-            graceful_shutdown=graceful_shutdown,
-            metrics_labels=metrics_labels,
+        runtime = self.runtime
+        if runtime.shutting_down:
+            raise RuntimeError("the runtime is shutting down")
+        if self.path in runtime._endpoints:
+            raise RuntimeError(f"{self.path} is already served by this process")
+        instance_id = runtime.instance_id
+        metrics = runtime.metrics.endpoint(
+            self.namespace,
+            self.component,
+            self.name,
+            worker_id=f"{instance_id:x}",
+            labels=metrics_labels or (),
         )
+        served = ServedEndpoint(self.path, handler, metrics, graceful_shutdown=graceful_shutdown)
+        address = await runtime._ensure_server()
+        runtime._endpoints[self.path] = served
+        instance = Instance(
+            namespace=self.namespace,
+            component=self.component,
+            endpoint=self.name,
+            instance_id=instance_id,
+            address=address,
+        )
+        await runtime._register(instance.key, encode_record(instance))
+        _log.info("serving %s as instance %x at %s", self.path, instance_id, address)
+        task_status.started()
+        await runtime._shutdown_done.wait()
 
     def connection_id(self) -> int:
         """This worker's instance id (Dynamo's name; ``worker_id`` labels show it in hex)."""
@@ -559,7 +526,15 @@ class Endpoint:
 
     async def client(self) -> Client:
         """A client for this endpoint's instances (shared within the runtime)."""
-        return await self.runtime._client(self)
+        runtime = self.runtime
+        client = runtime._clients.get(self.path)
+        if client is None:
+            prefix = instance_prefix(self.namespace, self.component, self.name)
+            view: PrefixView[Instance] = await runtime.watch_prefix(prefix, decode_instance)
+            client = runtime._clients.setdefault(
+                self.path, Client(self.path, view, runtime.router, runtime._connect)
+            )
+        return client
 
     async def register_model(
         self,
@@ -654,12 +629,8 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     Lines are prefixed ``[service_name:worker_id]`` when given; call it before ``trio.run``.
     """
     level = Config.from_env().log_level
-    prefix = "" if service_name is None else service_name
-    if worker_id is not None:
-        prefix += f":{worker_id}"
-    text = (
-        LOG_FORMAT if not prefix else LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s")
-    )
+    prefix = (service_name or "") + ("" if worker_id is None else f":{worker_id}")
+    text = LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s") if prefix else LOG_FORMAT
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)

@@ -40,14 +40,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("dynamo_trio.runtime")
 
 
-def _wants_context(handler: Callable[..., Any]) -> bool:
-    """Dynamo's rule: pass ``context=`` iff the handler has a parameter named ``context``."""
-    try:
-        return "context" in inspect.signature(handler).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class ServedEndpoint:
     """An endpoint this process serves: the handler, how to call it, its metrics."""
 
@@ -64,7 +56,11 @@ class ServedEndpoint:
         self.path: Final = path
         self.handler: Final = handler
         self.metrics: Final = metrics
-        self.wants_context: Final = _wants_context(handler)
+        try:  # Dynamo's rule: pass ``context=`` iff the handler has a ``context`` parameter
+            wants_context = "context" in inspect.signature(handler).parameters
+        except (TypeError, ValueError):
+            wants_context = False
+        self.wants_context: Final = wants_context
         self.graceful_shutdown: Final = graceful_shutdown
         """Whether a graceful shutdown lets this endpoint's requests drain (else kills them)."""
 
