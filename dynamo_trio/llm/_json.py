@@ -8,6 +8,7 @@ import json
 import math
 import re
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
@@ -29,8 +30,13 @@ _LONE_SURROGATE: Final = re.compile(
     rb"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
 )
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")  # (a quick first look)
 _BYTE_OFFSET: Final = re.compile(r"\(byte (\d+)\)")
 _NOT_FINITE: Final = "NaN and Infinity are not JSON numbers"
+_PATH_SEARCH_BYTES: Final = 1 << 20
+"""The largest body whose error is explained in detail (a NaN's path, a lone surrogate)."""
+_PATH_SEARCH_VALUES: Final = 20_000
+"""The values searched for a NaN's path."""
 _CONTAINERS: Final[frozenset[type]] = frozenset({dict, list})
 # Above this many items, a container is first checked for sub-containers in C.
 _SCAN_IN_C: Final = 16
@@ -172,17 +178,24 @@ def _not_json(body: bytes, reason: str) -> RequestError:
 
 
 def _non_finite_path(body: bytes) -> str | None:
-    """The path of the first NaN or Infinity in ``body``, if the body is JSON but for them."""
+    """The path of the first NaN or Infinity in ``body``, if the body is JSON but for them,
+    found among its first :data:`_PATH_SEARCH_VALUES` values; ``None`` for a body over
+    :data:`_PATH_SEARCH_BYTES` (an error's detail is not worth a long stall of the loop)."""
+    if len(body) > _PATH_SEARCH_BYTES:
+        return None
     try:
         lenient = json.loads(body)  # Python's json reads NaN and Infinity
     except (ValueError, RecursionError):
         return None
     pending: deque[tuple[object, str]] = deque([(lenient, "")])
+    budget = _PATH_SEARCH_VALUES
     while pending:
         value, path = pending.popleft()
         if isinstance(value, float) and not math.isfinite(value):
             return path or None
-        pending.extend(_children(value, path))
+        before = len(pending)
+        pending.extend(islice(_children(value, path), budget))
+        budget -= len(pending) - before
     return None
 
 
@@ -194,7 +207,11 @@ def _explain(body: bytes, reason: str) -> str:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         return f"it is not UTF-8 (invalid byte at byte {exc.start})"
-    surrogate = _LONE_SURROGATE.search(body)
+    surrogate = (
+        _LONE_SURROGATE.search(body)
+        if len(body) <= _PATH_SEARCH_BYTES and _SURROGATE_ESCAPE.search(body)
+        else None
+    )
     if surrogate is not None:
         escape = surrogate.group(1).decode("ascii")
         return (

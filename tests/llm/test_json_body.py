@@ -283,6 +283,32 @@ def test_nan_and_infinity_name_their_parameter(body: bytes, param: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b"1," * 30_000 + b"NaN]",  # past the values searched
+        b'{"a": "' + b"x" * (1 << 20) + b'", "b": NaN}',  # past the bytes searched
+    ],
+)
+def test_a_nan_deep_in_a_large_body_is_refused_without_its_path(body: bytes) -> None:
+    """Naming the path takes a lenient decode and a walk: bounded, so that a large body
+    cannot hold the event loop for seconds; the message still says where (a byte offset)."""
+    with pytest.raises(RequestError) as caught:
+        decode_json_body(body, max_depth=64)
+    assert (caught.value.status, caught.value.param) == (400, None)
+    assert "NaN and Infinity are not JSON numbers (byte" in caught.value.message
+
+
+def test_a_lone_surrogate_is_named_in_a_body_of_at_most_a_mebibyte() -> None:
+    small = b'["' + b"a" * 1000 + b'\\ud800"]'
+    large = b'["' + b"a" * (1 << 20) + b'\\ud800"]'
+    for body, named in ((small, True), (large, False)):
+        with pytest.raises(RequestError) as caught:
+            decode_json_body(body, max_depth=64)
+        assert caught.value.status == 400
+        assert ("half of a UTF-16 surrogate pair" in caught.value.message) is named
+
+
 @pytest.mark.parametrize("opener", [b"[", b'{"a":'])
 @pytest.mark.parametrize("levels", [65, 1_000, 100_000])
 def test_deep_nesting_is_a_400_not_a_recursion_error(opener: bytes, levels: int) -> None:
