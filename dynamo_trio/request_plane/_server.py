@@ -62,13 +62,6 @@ _RUNTIME_CANCELS: Final = frozenset(
 )
 
 
-def _reason(value: str, default: CancelReason) -> CancelReason:
-    try:
-        return CancelReason(value)
-    except ValueError:
-        return default
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe(exc.exceptions[0])
@@ -129,9 +122,10 @@ class ServerStream:
 
     def _apply_control(self, frame: Control) -> None:
         kill = frame.action == "kill"
-        reason = _reason(
-            frame.reason, CancelReason.KILL_REQUESTED if kill else CancelReason.STOP_REQUESTED
-        )
+        try:
+            reason = CancelReason(frame.reason)
+        except ValueError:
+            reason = CancelReason.KILL_REQUESTED if kill else CancelReason.STOP_REQUESTED
         self._note_cancel_signal(reason)
         (self.context.kill if kill else self.context.stop)(reason)
 
@@ -419,12 +413,10 @@ class _Session:
             self.retire_if_drained()
 
     def retire_if_drained(self) -> None:
-        """After ``goaway``, close the connection once no stream is left (last frames go first)."""
-        connection = self.connection
-        if connection is None or self.streams or connection.closed:
-            return
-        if self.protocol.goaway:
-            connection.shutdown("goaway sent and no stream is left")
+        if self.connection is not None:
+            self.connection.retire_if_drained(
+                len(self.streams), "goaway sent and no stream is left"
+            )
 
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
