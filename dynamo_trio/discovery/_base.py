@@ -117,10 +117,7 @@ def log_repairs(repairs: Repairs, lease_id: int) -> None:
 
 def random_lease_id() -> int:
     """A random positive 63-bit lease id (for backends without a lease server)."""
-    while True:
-        lease_id = secrets.randbits(63)
-        if lease_id:
-            return lease_id
+    return secrets.randbelow(2**63 - 1) + 1
 
 
 class Discovery(abc.ABC):

@@ -401,7 +401,17 @@ class Scanner:
             self._state = self._collect(alive)
         self._reporter.end_batch()
         self._lease_reporter.end_batch()
-        self._report_collected()
+        # One line for the entries of dead leases this scan collected, however many.
+        collected, self._collected = self._collected, []
+        if collected:
+            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
+            more = len(collected) - _COLLECTED_NAMED
+            logger.info(
+                "discovery: collected %d entries of dead leases: %s%s",
+                len(collected),
+                named,
+                f" and {more} more" if more > 0 else "",
+            )
         return self._state
 
     def _listing_is_stale(self, now: float) -> bool:
@@ -483,19 +493,6 @@ class Scanner:
                 self._collected.append(entry.key)
                 del self._entries[name]
         return state
-
-    def _report_collected(self) -> None:
-        """One line for the entries of dead leases this scan collected, however many."""
-        collected, self._collected = self._collected, []
-        if collected:
-            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
-            more = len(collected) - _COLLECTED_NAMED
-            logger.info(
-                "discovery: collected %d entries of dead leases: %s%s",
-                len(collected),
-                named,
-                f" and {more} more" if more > 0 else "",
-            )
 
     def _live_leases(self, now: float) -> frozenset[int]:
         """Which of the leases the entries name are alive (one ``lstat`` each)."""

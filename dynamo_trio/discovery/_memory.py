@@ -194,21 +194,18 @@ class MemoryDiscovery(Discovery):
             await trio.sleep(self._ttl / 3)
             if self._closed:
                 return
-            self._repair()
-
-    def _repair(self) -> None:
-        store = self._store
-        found = {key: stored for key in self._owned if (stored := store.lookup(key)) is not None}
-        repairs = plan_repairs(self._owned, self._lease_id, found, store.lease_alive)
-        if not store.lease_alive(self._lease_id):
-            store.restore_lease(self._lease_id)
-        if not repairs:
-            return
-        log_repairs(repairs, self._lease_id)
-        for key in repairs.relinquish:
-            del self._owned[key]
-        for key in repairs.rewrite:
-            store.put(key, self._owned[key], self._lease_id)
+            store = self._store
+            owned = self._owned
+            found = {key: stored for key in owned if (stored := store.lookup(key)) is not None}
+            repairs = plan_repairs(owned, self._lease_id, found, store.lease_alive)
+            if not store.lease_alive(self._lease_id):
+                store.restore_lease(self._lease_id)
+            if repairs:
+                log_repairs(repairs, self._lease_id)
+                for key in repairs.relinquish:
+                    del owned[key]
+                for key in repairs.rewrite:
+                    store.put(key, owned[key], self._lease_id)
 
     async def _revoke_lease(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
     from ._base import Discovery
-    from ._watch import Watch, WatchEvent
+    from ._watch import WatchEvent
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,6 @@ class PrefixView(Generic[T]):
             await self._changed.wait()
         return dict(self._records)
 
-    def _load(self, initial: Mapping[str, bytes]) -> None:
-        for key in sorted(initial):
-            self._store(key, initial[key])
-        self._report.end_batch()
-
     def _apply(self, events: list[WatchEvent]) -> None:
         changed = False
         for event in events:
@@ -87,10 +82,6 @@ class PrefixView(Generic[T]):
         self._report.end_batch()
         if changed:
             self._bump()
-
-    def _end(self, reason: str) -> None:
-        self._ended = reason
-        self._bump()
 
     def _store(self, key: str, value: bytes) -> bool:
         if self._raw.get(key) == value:
@@ -119,12 +110,6 @@ class PrefixView(Generic[T]):
             raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
 
 
-async def _pump(view: PrefixView[T], watch: Watch) -> None:
-    async for event in watch:
-        view._apply([event, *watch.pending()])
-    view._end("the backend stopped sending events")
-
-
 @asynccontextmanager
 async def view_prefix(
     discovery: Discovery, prefix: str, decode: Callable[[bytes], T]
@@ -133,8 +118,17 @@ async def view_prefix(
     logged and skipped)."""
     view: PrefixView[T] = PrefixView(prefix, decode)
     async with discovery.watch_prefix(prefix) as watch, trio.open_nursery() as nursery:
-        view._load(watch.initial)
-        nursery.start_soon(_pump, view, watch)
+        for key in sorted(watch.initial):
+            view._store(key, watch.initial[key])
+        view._report.end_batch()
+
+        async def pump() -> None:
+            async for event in watch:
+                view._apply([event, *watch.pending()])
+            view._ended = "the backend stopped sending events"
+            view._bump()
+
+        nursery.start_soon(pump)
         try:
             yield view
         finally:
