@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import secrets
 from contextlib import closing, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
 
 from .._errors import (
@@ -274,15 +275,13 @@ def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return hmac.digest(token.encode(), _SERVER_LABEL + server_nonce + client_nonce, hashlib.sha256)
 
 
+@dataclass(slots=True)
 class _StreamState:
     """Per-stream bookkeeping: credits left (server) or granted and received (client)."""
 
-    __slots__ = ("credits", "granted", "received")
-
-    def __init__(self, window: int) -> None:
-        self.credits = window
-        self.granted = window
-        self.received = 0
+    credits: int
+    granted: int
+    received: int = 0
 
 
 class ProtocolConnection:
@@ -412,7 +411,7 @@ class ProtocolConnection:
             raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
         self._encode(frame)
         self._last_sid = frame.sid
-        self._streams[frame.sid] = _StreamState(frame.window)
+        self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return True
 
     def _send_item(self, frame: Item) -> bool:
@@ -496,7 +495,15 @@ class ProtocolConnection:
         return result
 
     def _on_violation(self, frame: WireFrame) -> NoReturn:
-        raise ProtocolError(self._violation(frame))
+        tag = frame_tag(frame)
+        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
+        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
+            other = "server" if self.role is Role.CLIENT else "client"
+            raise ProtocolError(f"a {other} may not send {tag!r} frames")
+        expected = _EXPECTED.get(self.state)
+        if expected is not None:
+            raise ProtocolError(f"expected {expected}, got a {tag!r} frame")
+        raise ProtocolError(f"an unexpected {tag!r} frame: the handshake is over")
 
     def _on_peer_close(self, frame: Close) -> Close:
         self.close_frame = frame
@@ -509,17 +516,6 @@ class ProtocolConnection:
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
         return frame
-
-    def _violation(self, frame: WireFrame) -> str:
-        tag = frame_tag(frame)
-        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
-        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
-            other = "server" if self.role is Role.CLIENT else "client"
-            return f"a {other} may not send {tag!r} frames"
-        expected = _EXPECTED.get(self.state)
-        if expected is not None:
-            return f"expected {expected}, got a {tag!r} frame"
-        return f"an unexpected {tag!r} frame: the handshake is over"
 
     def _fail(self, code: str, message: str) -> None:
         if self.state is not _S.CLOSED:
@@ -626,7 +622,7 @@ class ProtocolConnection:
                 ),
             )
             return None
-        self._streams[frame.sid] = _StreamState(frame.window)
+        self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return frame
 
     def _refuse(self, sid: int, error: DynamoError) -> None:
