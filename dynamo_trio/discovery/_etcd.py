@@ -107,7 +107,7 @@ class EtcdDiscovery(Discovery):
                 # Recovery re-grants the lease and re-puts every owned key, this one included.
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
-                if not await self._recover_locked():
+                if not await self._recover_locked(gateway):
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
     async def delete(self, key: str) -> None:
@@ -153,16 +153,14 @@ class EtcdDiscovery(Discovery):
             self._etcd_lease = self._lease_id
             self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
-            async with self._run_while_open(self._keepalive):
+            async with self._run_while_open(lambda: self._keepalive(gateway)):
                 yield
         finally:  # shielded: a cancelled exit still closes every connection
             with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 await client.aclose()
 
-    async def _keepalive(self) -> None:
+    async def _keepalive(self, gateway: EtcdGateway) -> None:
         """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         due = self._granted_at + self._ttl / 3
         while True:
             # Due after the last attempt began, so a stalled loop refreshes as soon as it resumes.
@@ -184,16 +182,14 @@ class EtcdDiscovery(Discovery):
                 self._lease_lost = True
             async with self._lock:
                 if self._lease_lost or self._keys_lost:
-                    await self._recover_locked()
+                    await self._recover_locked(gateway)
                 else:
-                    await self._repair_keys_locked()
+                    await self._repair_keys_locked(gateway)
 
-    async def _repair_keys_locked(self) -> None:
+    async def _repair_keys_locked(self, gateway: EtcdGateway) -> None:
         """Re-put the owned keys etcd lost while the lease lived (lock held; failures logged)."""
         if self._closed or not self._owned:
             return
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         owned = dict(self._owned)
         try:
             stored = await gateway.get_keys(list(owned))
@@ -216,18 +212,16 @@ class EtcdDiscovery(Discovery):
                     return
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
-                await self._recover_locked()
+                await self._recover_locked(gateway)
                 return
 
-    async def _recover_locked(self) -> bool:
+    async def _recover_locked(self, gateway: EtcdGateway) -> bool:
         """Re-grant the lease and re-put every owned key (lock held); whether all are back.
 
         Failures are logged and leave the repair pending for the next keepalive tick.
         """
         if self._closed:
             return False
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         try:
             if self._lease_lost:
                 try:
