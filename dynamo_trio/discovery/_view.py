@@ -58,19 +58,20 @@ class PrefixView(Generic[T]):
     async def wait_changed(self, since_version: int) -> int:
         """Wait until :attr:`version` differs from ``since_version``; return it (DiscoveryError
         if the watch ended)."""
-        await trio.lowlevel.checkpoint()
-        while self._version == since_version:
-            self._check_alive()
-            await self._changed.wait()
+        await self._wait(lambda: self._version != since_version)
         return self._version
 
     async def wait_until(self, predicate: Callable[[Mapping[str, T]], bool]) -> dict[str, T]:
         """Wait until ``predicate(records)`` holds; return a copy (DiscoveryError: watch ended)."""
-        await trio.lowlevel.checkpoint()
-        while not predicate(self._records):
-            self._check_alive()
-            await self._changed.wait()
+        await self._wait(lambda: predicate(self._records))
         return dict(self._records)
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        await trio.lowlevel.checkpoint()
+        while not done():
+            if self._ended is not None:
+                raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
+            await self._changed.wait()
 
     def _apply(self, events: list[WatchEvent]) -> None:
         changed = False
@@ -104,10 +105,6 @@ class PrefixView(Generic[T]):
         self._version += 1
         self._changed.set()
         self._changed = trio.Event()
-
-    def _check_alive(self) -> None:
-        if self._ended is not None:
-            raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
 
 
 @asynccontextmanager

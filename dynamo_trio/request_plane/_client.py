@@ -109,10 +109,7 @@ class ClientStream:
             return
         self._discarding = True
         for frame in self._queue:
-            if isinstance(frame, Item):
-                self._took_items(1)
-            else:
-                self._done = True
+            self._deliver(frame)  # discarded as if it arrived now
         self._queue.clear()
 
     def _connection_lost(self, reason: str) -> None:
