@@ -42,8 +42,7 @@ class MemoryStore:
     """The keys, leases and watches of the ``mem`` backend (per process or test; one trio run)."""
 
     def __init__(self) -> None:
-        self._values: dict[str, bytes] = {}
-        self._owner: dict[str, int] = {}
+        self._entries: dict[str, tuple[bytes, int]] = {}  # key -> (value, lease)
         self._leases: set[int] = set()
         self._subscribers: set[_Subscriber] = set()
 
@@ -62,29 +61,26 @@ class MemoryStore:
         self._leases.add(lease_id)
 
     def lookup(self, key: str) -> tuple[bytes, int] | None:
-        value = self._values.get(key)
-        return None if value is None else (value, self._owner[key])
+        return self._entries.get(key)
 
     def put(self, key: str, value: bytes, lease_id: int) -> None:
         """Set ``key`` and attach it to ``lease_id`` (the last writer's lease wins)."""
-        self._values[key] = value
-        self._owner[key] = lease_id
+        self._entries[key] = (value, lease_id)
         self._notify(WatchEvent("put", key, value))
 
     def delete(self, key: str) -> None:
         """Remove ``key``; watchers hear only of keys that existed."""
-        if self._values.pop(key, None) is not None:
-            del self._owner[key]
+        if self._entries.pop(key, None) is not None:
             self._notify(WatchEvent("delete", key, None))
 
     def revoke(self, lease_id: int) -> None:
         """End ``lease_id``: every key attached to it is deleted at once."""
         self._leases.discard(lease_id)
-        for key in sorted(key for key, owner in self._owner.items() if owner == lease_id):
+        for key in sorted(key for key, (_, owner) in self._entries.items() if owner == lease_id):
             self.delete(key)
 
     def snapshot(self, prefix: str) -> dict[str, bytes]:
-        return {key: value for key, value in self._values.items() if key.startswith(prefix)}
+        return {key: value for key, (value, _) in self._entries.items() if key.startswith(prefix)}
 
     def subscribe(
         self, prefix: str, send_channel: trio.MemorySendChannel[WatchEvent]
