@@ -26,7 +26,7 @@ from ._base import (
 )
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
-from ._watch import Watch, WatchEvent
+from ._watch import WATCH_BUFFER, Watch, WatchEvent
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 _REQUEST_TIMEOUT: Final = 5.0
 """Bounds, in seconds, of one unary request to one endpoint ("Timeouts follow the TTL")."""
 _MIN_REQUEST_TIMEOUT: Final = 0.5
-
-_WATCH_BUFFER: Final = 64
-"""Events a watch may queue ahead of its reader before it stops reading etcd."""
 
 
 def _lease_gone(exc: DiscoveryError) -> bool:
@@ -128,7 +125,7 @@ class EtcdDiscovery(Discovery):
         check_key(prefix)
         gateway = self._gateway
         initial, revision = await gateway.range_prefix(prefix)
-        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
         pump = WatchPump(gateway, prefix, dict(initial), revision + 1, send_channel)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pump.run)
