@@ -131,11 +131,12 @@ class Discovery(abc.ABC):
         self._started = False
         self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
+        self._lease_id = 0  # set by the backend, at construction or (etcd) on entry
 
     @property
-    @abc.abstractmethod
     def lease_id(self) -> int:
         """This instance's positive 63-bit id; it never changes (etcd's exists once entered)."""
+        return self._lease_id
 
     @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:

@@ -57,8 +57,7 @@ class EtcdDiscovery(Discovery):
         self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
-        self._lease_id = 0  # the first lease's id: this instance's identity
-        self._etcd_lease = 0  # the lease keys are attached to now (normally the same)
+        self._etcd_lease = 0  # the lease keys are attached to now (normally the first, _lease_id)
         self._owned: dict[str, bytes] = {}
         self._lock = trio.Lock()  # put/delete against lease recovery and revocation
         self._lease_lost = False  # re-grant it, then re-put every owned key

@@ -57,10 +57,6 @@ class FileDiscovery(Discovery):
         self._watches = 0
         self._watch_opened = trio.Event()  # set and replaced: the poll runs only while watched
 
-    @property
-    def lease_id(self) -> int:
-        return self._lease_id
-
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
         value = check_value(value)

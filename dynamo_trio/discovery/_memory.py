@@ -141,10 +141,6 @@ class MemoryDiscovery(Discovery):
         self._ttl = lease_ttl
         self._owned: dict[str, bytes] = {}
 
-    @property
-    def lease_id(self) -> int:
-        return self._lease_id
-
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
         value = check_value(value, self._max_record_size)
