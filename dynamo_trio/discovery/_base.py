@@ -132,6 +132,7 @@ class Discovery(abc.ABC):
         self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
         self._lease_id = 0  # set by the backend, at construction or (etcd) on entry
+        self._owned: dict[str, bytes] = {}  # what this owner put: written back if lost
 
     @property
     def lease_id(self) -> int:

@@ -58,7 +58,6 @@ class EtcdDiscovery(Discovery):
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
         self._etcd_lease = 0  # the lease keys are attached to now (normally the first, _lease_id)
-        self._owned: dict[str, bytes] = {}
         self._lock = trio.Lock()  # put/delete against lease recovery and revocation
         self._lease_lost = False  # re-grant it, then re-put every owned key
         self._keys_lost = False  # re-put the owned keys under the current lease

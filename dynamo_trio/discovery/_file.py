@@ -44,7 +44,6 @@ class FileDiscovery(Discovery):
         self._ttl = config.lease_ttl
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
-        self._owned: dict[str, bytes] = {}
         self._written: dict[str, Signature] = {}  # each owned file as last written or checked
         self._lock = trio.Lock()  # writes against lease recovery and revocation
         self._last_problem: str | None = None  # keepalive failures are logged once each

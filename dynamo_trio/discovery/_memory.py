@@ -139,7 +139,6 @@ class MemoryDiscovery(Discovery):
         self._store = default_memory_store() if store is None else store
         self._lease_id = self._store.new_lease()
         self._ttl = lease_ttl
-        self._owned: dict[str, bytes] = {}
 
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
