@@ -117,10 +117,7 @@ def log_repairs(repairs: Repairs, lease_id: int) -> None:
 
 def random_lease_id() -> int:
     """A random positive 63-bit lease id (for backends without a lease server)."""
-    while True:
-        lease_id = secrets.randbits(63)
-        if lease_id:
-            return lease_id
+    return secrets.randbelow(2**63 - 1) + 1
 
 
 class Discovery(abc.ABC):
@@ -134,11 +131,13 @@ class Discovery(abc.ABC):
         self._started = False
         self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
+        self._lease_id = 0  # set by the backend, at construction or (etcd) on entry
+        self._owned: dict[str, bytes] = {}  # what this owner put: written back if lost
 
     @property
-    @abc.abstractmethod
     def lease_id(self) -> int:
         """This instance's positive 63-bit id; it never changes (etcd's exists once entered)."""
+        return self._lease_id
 
     @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:

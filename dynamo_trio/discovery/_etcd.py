@@ -26,7 +26,7 @@ from ._base import (
 )
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
-from ._watch import Watch, WatchEvent
+from ._watch import WATCH_BUFFER, Watch, WatchEvent
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 _REQUEST_TIMEOUT: Final = 5.0
 """Bounds, in seconds, of one unary request to one endpoint ("Timeouts follow the TTL")."""
 _MIN_REQUEST_TIMEOUT: Final = 0.5
-
-_WATCH_BUFFER: Final = 64
-"""Events a watch may queue ahead of its reader before it stops reading etcd."""
 
 
 def _lease_gone(exc: DiscoveryError) -> bool:
@@ -60,9 +57,7 @@ class EtcdDiscovery(Discovery):
         self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
-        self._lease_id = 0  # the first lease's id: this instance's identity
-        self._etcd_lease = 0  # the lease keys are attached to now (normally the same)
-        self._owned: dict[str, bytes] = {}
+        self._etcd_lease = 0  # the lease keys are attached to now (normally the first, _lease_id)
         self._lock = trio.Lock()  # put/delete against lease recovery and revocation
         self._lease_lost = False  # re-grant it, then re-put every owned key
         self._keys_lost = False  # re-put the owned keys under the current lease
@@ -107,7 +102,7 @@ class EtcdDiscovery(Discovery):
                 # Recovery re-grants the lease and re-puts every owned key, this one included.
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
-                if not await self._recover_locked():
+                if not await self._recover_locked(gateway):
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
     async def delete(self, key: str) -> None:
@@ -128,7 +123,7 @@ class EtcdDiscovery(Discovery):
         check_key(prefix)
         gateway = self._gateway
         initial, revision = await gateway.range_prefix(prefix)
-        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
         pump = WatchPump(gateway, prefix, dict(initial), revision + 1, send_channel)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pump.run)
@@ -153,16 +148,14 @@ class EtcdDiscovery(Discovery):
             self._etcd_lease = self._lease_id
             self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
-            async with self._run_while_open(self._keepalive):
+            async with self._run_while_open(lambda: self._keepalive(gateway)):
                 yield
         finally:  # shielded: a cancelled exit still closes every connection
             with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 await client.aclose()
 
-    async def _keepalive(self) -> None:
+    async def _keepalive(self, gateway: EtcdGateway) -> None:
         """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         due = self._granted_at + self._ttl / 3
         while True:
             # Due after the last attempt began, so a stalled loop refreshes as soon as it resumes.
@@ -184,16 +177,14 @@ class EtcdDiscovery(Discovery):
                 self._lease_lost = True
             async with self._lock:
                 if self._lease_lost or self._keys_lost:
-                    await self._recover_locked()
+                    await self._recover_locked(gateway)
                 else:
-                    await self._repair_keys_locked()
+                    await self._repair_keys_locked(gateway)
 
-    async def _repair_keys_locked(self) -> None:
+    async def _repair_keys_locked(self, gateway: EtcdGateway) -> None:
         """Re-put the owned keys etcd lost while the lease lived (lock held; failures logged)."""
         if self._closed or not self._owned:
             return
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         owned = dict(self._owned)
         try:
             stored = await gateway.get_keys(list(owned))
@@ -216,18 +207,16 @@ class EtcdDiscovery(Discovery):
                     return
                 logger.warning("discovery: lease lost (%s); re-granting it", exc)
                 self._lease_lost = True
-                await self._recover_locked()
+                await self._recover_locked(gateway)
                 return
 
-    async def _recover_locked(self) -> bool:
+    async def _recover_locked(self, gateway: EtcdGateway) -> bool:
         """Re-grant the lease and re-put every owned key (lock held); whether all are back.
 
         Failures are logged and leave the repair pending for the next keepalive tick.
         """
         if self._closed:
             return False
-        assert self._gateway_or_none is not None
-        gateway = self._gateway_or_none
         try:
             if self._lease_lost:
                 try:

@@ -332,24 +332,23 @@ class EtcdGateway:
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 error = _error_from(response, path)
-                if not _is_unavailable(response, error):
+                # Another endpoint might answer: this member is down, has no leader, ...
+                unavailable = response.status_code in _FAILOVER_HTTP_STATUS
+                if not unavailable and error.code != GRPC_UNAVAILABLE:
                     raise error
                 reason = str(error)
             failures.append(f"{endpoint}: {reason}")
-            self._fail_over(endpoint, reason)
+            if len(self._endpoints) > 1:
+                self._current = (self._current + 1) % len(self._endpoints)
+                self._moved.set()
+                self._moved = trio.Event()
+                logger.warning(
+                    "discovery: etcd %s failed (%s); trying %s",
+                    endpoint,
+                    reason,
+                    self._endpoints[self._current],
+                )
         raise DiscoveryError(f"no etcd endpoint answered {path}: {'; '.join(failures)}")
-
-    def _fail_over(self, endpoint: str, reason: str) -> None:
-        if len(self._endpoints) > 1:
-            self._current = (self._current + 1) % len(self._endpoints)
-            self._moved.set()
-            self._moved = trio.Event()
-            logger.warning(
-                "discovery: etcd %s failed (%s); trying %s",
-                endpoint,
-                reason,
-                self._endpoints[self._current],
-            )
 
 
 def decode_key(raw: bytes) -> str | None:
@@ -359,11 +358,6 @@ def decode_key(raw: bytes) -> str | None:
     except UnicodeDecodeError:
         logger.warning("discovery: skipping non-UTF-8 etcd key %r", raw)
         return None
-
-
-def _is_unavailable(response: httpx.Response, error: EtcdError) -> bool:
-    """Whether another endpoint might answer (this member is down, has no leader, ...)."""
-    return response.status_code in _FAILOVER_HTTP_STATUS or error.code == GRPC_UNAVAILABLE
 
 
 def _error_from(response: httpx.Response, path: str) -> EtcdError:

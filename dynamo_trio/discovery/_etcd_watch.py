@@ -127,36 +127,36 @@ class WatchPump:
         """Handle one line of the stream; cancel ``own_scope`` to drop the stream."""
         if not line.strip():
             return
-        try:
-            result = self._result_of(line)
-        except _DropStream as drop:
-            self._stop_reason = str(drop)
-            own_scope.cancel(reason=self._stop_reason)
+        result = self._result_of(line)
+        if isinstance(result, str):
+            self._stop_reason = result
+            own_scope.cancel(reason=result)
             return
         self._progress = True
         self._apply(result)
 
-    def _result_of(self, line: str) -> WatchResult:
+    def _result_of(self, line: str) -> WatchResult | str:
+        """The line's watch result, or why the stream must be dropped."""
         try:
             message = _watch_decoder.decode(line)
         except msgspec.DecodeError as exc:
-            raise _DropStream(f"etcd sent an unreadable watch message: {exc}") from None
+            return f"etcd sent an unreadable watch message: {exc}"
         if message.error is not None:
-            raise _DropStream(f"etcd ended the watch: {message.error.message}")
+            return f"etcd ended the watch: {message.error.message}"
         result = message.result
         if result is None:
-            raise _DropStream("etcd sent a watch message without a result")
+            return "etcd sent a watch message without a result"
         if result.compact_revision:
             self._must_resync = True
-            raise _DropStream(f"history up to revision {result.compact_revision} was compacted")
+            return f"history up to revision {result.compact_revision} was compacted"
         if result.created and 0 < result.header.revision < self.next_revision - 1:
             self._must_resync = True
-            raise _DropStream(
+            return (
                 f"etcd's revision went back from {self.next_revision - 1} to "
                 f"{result.header.revision} (a new cluster?)"
             )
         if result.canceled:
-            raise _DropStream(f"etcd cancelled the watch: {result.cancel_reason or '?'}")
+            return f"etcd cancelled the watch: {result.cancel_reason or '?'}"
         return result
 
     def _apply(self, result: WatchResult) -> None:
@@ -217,7 +217,3 @@ class WatchPump:
                     self._delivered.pop(event.key, None)
                 else:
                     self._delivered[event.key] = event.value
-
-
-class _DropStream(Exception):
-    """Internal: the current stream must be abandoned (the message says why)."""

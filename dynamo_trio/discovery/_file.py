@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, final
 
 import trio
 
@@ -24,7 +24,7 @@ from ._base import (
     random_lease_id,
 )
 from ._file_store import FileLayout, Scanner, Signature
-from ._watch import Watch, WatchEvent, diff_events
+from ._watch import WATCH_BUFFER, Watch, WatchEvent, diff_events
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from .._config import DiscoveryConfig
 
 logger = logging.getLogger(__name__)
-
-_WATCH_BUFFER: Final = 64
-"""Events a watch may queue ahead of its reader before polling pauses."""
 
 
 @final
@@ -47,7 +44,6 @@ class FileDiscovery(Discovery):
         self._ttl = config.lease_ttl
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
-        self._owned: dict[str, bytes] = {}
         self._written: dict[str, Signature] = {}  # each owned file as last written or checked
         self._lock = trio.Lock()  # writes against lease recovery and revocation
         self._last_problem: str | None = None  # keepalive failures are logged once each
@@ -59,10 +55,6 @@ class FileDiscovery(Discovery):
         self._scanned = trio.Event()
         self._watches = 0
         self._watch_opened = trio.Event()  # set and replaced: the poll runs only while watched
-
-    @property
-    def lease_id(self) -> int:
-        return self._lease_id
 
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
@@ -131,7 +123,7 @@ class FileDiscovery(Discovery):
         self._check_open()
         initial = _under(await self._scan(), prefix)
         version = self._version
-        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](_WATCH_BUFFER)
+        send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
         self._watches += 1
         opened, self._watch_opened = self._watch_opened, trio.Event()
         opened.set()

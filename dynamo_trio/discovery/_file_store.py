@@ -401,7 +401,17 @@ class Scanner:
             self._state = self._collect(alive)
         self._reporter.end_batch()
         self._lease_reporter.end_batch()
-        self._report_collected()
+        # One line for the entries of dead leases this scan collected, however many.
+        collected, self._collected = self._collected, []
+        if collected:
+            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
+            more = len(collected) - _COLLECTED_NAMED
+            logger.info(
+                "discovery: collected %d entries of dead leases: %s%s",
+                len(collected),
+                named,
+                f" and {more} more" if more > 0 else "",
+            )
         return self._state
 
     def _listing_is_stale(self, now: float) -> bool:
@@ -484,36 +494,21 @@ class Scanner:
                 del self._entries[name]
         return state
 
-    def _report_collected(self) -> None:
-        """One line for the entries of dead leases this scan collected, however many."""
-        collected, self._collected = self._collected, []
-        if collected:
-            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
-            more = len(collected) - _COLLECTED_NAMED
-            logger.info(
-                "discovery: collected %d entries of dead leases: %s%s",
-                len(collected),
-                named,
-                f" and {more} more" if more > 0 else "",
-            )
-
     def _live_leases(self, now: float) -> frozenset[int]:
         """Which of the leases the entries name are alive (one ``lstat`` each)."""
-        lease_dir = self._layout.lease_dir
         if now - self._lease_swept_when >= self._full_rescan:
             self._lease_swept_when = now
             self._sweep_leases()
-        alive: set[int] = set()
         wall = time.time()
-        for lease_id in self._wanted:
-            if not 0 < lease_id < 2**64:
-                continue
-            name = f"{lease_id:016x}{_LEASE_SUFFIX}"
-            if self._lease_is_alive(lease_dir / name, name, wall):
-                alive.add(lease_id)
-        return frozenset(alive)
+        return frozenset(
+            lease_id
+            for lease_id in self._wanted
+            if 0 < lease_id < 2**64
+            and self._lease_is_alive(self._layout.lease_path(lease_id), wall)
+        )
 
-    def _lease_is_alive(self, path: Path, name: str, wall: float) -> bool:
+    def _lease_is_alive(self, path: Path, wall: float) -> bool:
+        name = path.name
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -570,7 +565,7 @@ class Scanner:
             except ValueError:
                 continue
             seen.add(name)
-            self._lease_is_alive(self._layout.lease_dir / name, name, wall)
+            self._lease_is_alive(self._layout.lease_dir / name, wall)
         for name in self._lease_ttls.keys() - seen:
             del self._lease_ttls[name]
 

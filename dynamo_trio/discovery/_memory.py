@@ -42,8 +42,7 @@ class MemoryStore:
     """The keys, leases and watches of the ``mem`` backend (per process or test; one trio run)."""
 
     def __init__(self) -> None:
-        self._values: dict[str, bytes] = {}
-        self._owner: dict[str, int] = {}
+        self._entries: dict[str, tuple[bytes, int]] = {}  # key -> (value, lease)
         self._leases: set[int] = set()
         self._subscribers: set[_Subscriber] = set()
 
@@ -62,29 +61,26 @@ class MemoryStore:
         self._leases.add(lease_id)
 
     def lookup(self, key: str) -> tuple[bytes, int] | None:
-        value = self._values.get(key)
-        return None if value is None else (value, self._owner[key])
+        return self._entries.get(key)
 
     def put(self, key: str, value: bytes, lease_id: int) -> None:
         """Set ``key`` and attach it to ``lease_id`` (the last writer's lease wins)."""
-        self._values[key] = value
-        self._owner[key] = lease_id
+        self._entries[key] = (value, lease_id)
         self._notify(WatchEvent("put", key, value))
 
     def delete(self, key: str) -> None:
         """Remove ``key``; watchers hear only of keys that existed."""
-        if self._values.pop(key, None) is not None:
-            del self._owner[key]
+        if self._entries.pop(key, None) is not None:
             self._notify(WatchEvent("delete", key, None))
 
     def revoke(self, lease_id: int) -> None:
         """End ``lease_id``: every key attached to it is deleted at once."""
         self._leases.discard(lease_id)
-        for key in sorted(key for key, owner in self._owner.items() if owner == lease_id):
+        for key in sorted(key for key, (_, owner) in self._entries.items() if owner == lease_id):
             self.delete(key)
 
     def snapshot(self, prefix: str) -> dict[str, bytes]:
-        return {key: value for key, value in self._values.items() if key.startswith(prefix)}
+        return {key: value for key, (value, _) in self._entries.items() if key.startswith(prefix)}
 
     def subscribe(
         self, prefix: str, send_channel: trio.MemorySendChannel[WatchEvent]
@@ -143,11 +139,6 @@ class MemoryDiscovery(Discovery):
         self._store = default_memory_store() if store is None else store
         self._lease_id = self._store.new_lease()
         self._ttl = lease_ttl
-        self._owned: dict[str, bytes] = {}
-
-    @property
-    def lease_id(self) -> int:
-        return self._lease_id
 
     async def put(self, key: str, value: bytes) -> None:
         check_key(key)
@@ -194,21 +185,18 @@ class MemoryDiscovery(Discovery):
             await trio.sleep(self._ttl / 3)
             if self._closed:
                 return
-            self._repair()
-
-    def _repair(self) -> None:
-        store = self._store
-        found = {key: stored for key in self._owned if (stored := store.lookup(key)) is not None}
-        repairs = plan_repairs(self._owned, self._lease_id, found, store.lease_alive)
-        if not store.lease_alive(self._lease_id):
-            store.restore_lease(self._lease_id)
-        if not repairs:
-            return
-        log_repairs(repairs, self._lease_id)
-        for key in repairs.relinquish:
-            del self._owned[key]
-        for key in repairs.rewrite:
-            store.put(key, self._owned[key], self._lease_id)
+            store = self._store
+            owned = self._owned
+            found = {key: stored for key in owned if (stored := store.lookup(key)) is not None}
+            repairs = plan_repairs(owned, self._lease_id, found, store.lease_alive)
+            if not store.lease_alive(self._lease_id):
+                store.restore_lease(self._lease_id)
+            if repairs:
+                log_repairs(repairs, self._lease_id)
+                for key in repairs.relinquish:
+                    del owned[key]
+                for key in repairs.rewrite:
+                    store.put(key, owned[key], self._lease_id)
 
     async def _revoke_lease(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -56,12 +56,6 @@ def _check_instance_id(instance_id: int) -> None:
         raise ValueError(f"instance_id must be a positive 63-bit integer, not {instance_id}")
 
 
-def _check_address(address: str) -> None:
-    host, sep, port = address.rpartition(":")
-    if not (host and sep and port.isdigit() and 0 < int(port) <= 65535):
-        raise ValueError(f"address must be 'host:port', not {address!r}")
-
-
 class Instance(msgspec.Struct, frozen=True):
     """One worker process serving one endpoint, at ``address`` (``host:port``) on the request plane.
 
@@ -77,7 +71,9 @@ class Instance(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         _check_segments(namespace=self.namespace, component=self.component, endpoint=self.endpoint)
         _check_instance_id(self.instance_id)
-        _check_address(self.address)
+        host, sep, port = self.address.rpartition(":")
+        if not (host and sep and port.isdigit() and 0 < int(port) <= 65535):
+            raise ValueError(f"address must be 'host:port', not {self.address!r}")
 
     @property
     def key(self) -> str:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
     from ._base import Discovery
-    from ._watch import Watch, WatchEvent
+    from ._watch import WatchEvent
 
 logger = logging.getLogger(__name__)
 
@@ -58,24 +58,20 @@ class PrefixView(Generic[T]):
     async def wait_changed(self, since_version: int) -> int:
         """Wait until :attr:`version` differs from ``since_version``; return it (DiscoveryError
         if the watch ended)."""
-        await trio.lowlevel.checkpoint()
-        while self._version == since_version:
-            self._check_alive()
-            await self._changed.wait()
+        await self._wait(lambda: self._version != since_version)
         return self._version
 
     async def wait_until(self, predicate: Callable[[Mapping[str, T]], bool]) -> dict[str, T]:
         """Wait until ``predicate(records)`` holds; return a copy (DiscoveryError: watch ended)."""
-        await trio.lowlevel.checkpoint()
-        while not predicate(self._records):
-            self._check_alive()
-            await self._changed.wait()
+        await self._wait(lambda: predicate(self._records))
         return dict(self._records)
 
-    def _load(self, initial: Mapping[str, bytes]) -> None:
-        for key in sorted(initial):
-            self._store(key, initial[key])
-        self._report.end_batch()
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        await trio.lowlevel.checkpoint()
+        while not done():
+            if self._ended is not None:
+                raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
+            await self._changed.wait()
 
     def _apply(self, events: list[WatchEvent]) -> None:
         changed = False
@@ -87,10 +83,6 @@ class PrefixView(Generic[T]):
         self._report.end_batch()
         if changed:
             self._bump()
-
-    def _end(self, reason: str) -> None:
-        self._ended = reason
-        self._bump()
 
     def _store(self, key: str, value: bytes) -> bool:
         if self._raw.get(key) == value:
@@ -114,16 +106,6 @@ class PrefixView(Generic[T]):
         self._changed.set()
         self._changed = trio.Event()
 
-    def _check_alive(self) -> None:
-        if self._ended is not None:
-            raise DiscoveryError(f"the watch of {self.prefix!r} ended: {self._ended}")
-
-
-async def _pump(view: PrefixView[T], watch: Watch) -> None:
-    async for event in watch:
-        view._apply([event, *watch.pending()])
-    view._end("the backend stopped sending events")
-
 
 @asynccontextmanager
 async def view_prefix(
@@ -133,8 +115,17 @@ async def view_prefix(
     logged and skipped)."""
     view: PrefixView[T] = PrefixView(prefix, decode)
     async with discovery.watch_prefix(prefix) as watch, trio.open_nursery() as nursery:
-        view._load(watch.initial)
-        nursery.start_soon(_pump, view, watch)
+        for key in sorted(watch.initial):
+            view._store(key, watch.initial[key])
+        view._report.end_batch()
+
+        async def pump() -> None:
+            async for event in watch:
+                view._apply([event, *watch.pending()])
+            view._ended = "the backend stopped sending events"
+            view._bump()
+
+        nursery.start_soon(pump)
         try:
             yield view
         finally:

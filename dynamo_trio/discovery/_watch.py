@@ -7,13 +7,16 @@ into a memory channel whose receiving end the :class:`Watch` holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, final
+from typing import TYPE_CHECKING, Final, Literal, final
 
 import trio
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Self
+
+WATCH_BUFFER: Final = 64
+"""Events a backend's watch may queue ahead of its reader before it stops reading changes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,10 +109,7 @@ class ClientStream:
             return
         self._discarding = True
         for frame in self._queue:
-            if isinstance(frame, Item):
-                self._took_items(1)
-            else:
-                self._done = True
+            self._deliver(frame)  # discarded as if it arrived now
         self._queue.clear()
 
     def _connection_lost(self, reason: str) -> None:
@@ -230,7 +227,7 @@ class ClientStream:
             return
         self._killed = True
         self._queue.clear()
-        self._connection._forget(self.sid)
+        self._connection._streams.pop(self.sid, None)
         self._connection._send_quietly(Control(self.sid, "kill", reason.value), at_once=True)
         self._connection._retire_if_drained()
         self._wake()
@@ -388,7 +385,9 @@ class ClientConnection:
             if protocol.is_established:
                 return []
             if protocol.state is ConnectionState.CLOSED:
-                raise self._refused(protocol)
+                close = protocol.close_frame
+                why = describe_close(close) if close is not None else "it closed the connection"
+                raise CannotConnect(f"the worker at {self.address} refused the connection: {why}")
             chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
             if not chunk:
                 tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
@@ -397,21 +396,14 @@ class ClientConnection:
                 )
             try:
                 frames = protocol.receive_data(chunk)
-            except ProtocolError as exc:
+            except ProtocolError:
                 with trio.move_on_after(0.1):  # tell the worker why, best effort
                     await stream.send_all(protocol.data_to_send())
-                raise CannotConnect(
-                    f"handshake with the worker at {self.address} failed: {printable(exc.message)}"
-                ) from None
+                raise
             if protocol.is_established:
                 # Anything right behind the welcome (a goaway) is served as usual.
                 welcome = next(i for i, frame in enumerate(frames) if isinstance(frame, Welcome))
                 return frames[welcome + 1 :]
-
-    def _refused(self, protocol: ProtocolConnection) -> CannotConnect:
-        close = protocol.close_frame
-        why = describe_close(close) if close is not None else "it closed the connection"
-        return CannotConnect(f"the worker at {self.address} refused the connection: {why}")
 
     @property
     def drained(self) -> bool:
@@ -442,12 +434,10 @@ class ClientConnection:
                 self._retire_if_drained()
 
     def _retire_if_drained(self) -> None:
-        """After ``goaway``, close the connection once no stream is left (queued frames go out)."""
-        connection = self._connection
-        if connection is None or self._streams or connection.closed:
-            return
-        if connection.protocol.goaway:
-            connection.shutdown("the worker said goaway and no stream is left")
+        if self._connection is not None:
+            self._connection.retire_if_drained(
+                len(self._streams), "the worker said goaway and no stream is left"
+            )
 
     def open_stream(
         self,
@@ -500,9 +490,6 @@ class ClientConnection:
     def streams(self) -> list[ClientStream]:
         """The streams open on this connection (not yet ended, killed or lost)."""
         return list(self._streams.values())
-
-    def _forget(self, sid: int) -> None:
-        self._streams.pop(sid, None)
 
     def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
         """Send a control-path frame; a closed connection makes it moot, not an error.

@@ -114,6 +114,11 @@ class FrameConnection:
         self._wake_writer(at_once)
         return True
 
+    def retire_if_drained(self, streams_left: int, reason: str) -> None:
+        """After ``goaway``, shut down once no stream is left (queued frames go out first)."""
+        if not streams_left and self.close_reason is None and self.protocol.goaway:
+            self.shutdown(reason)
+
     def close(self, reason: str) -> None:
         """End the connection now, sending nothing more (idempotent, synchronous)."""
         self._declare_closed(reason)
@@ -213,19 +218,18 @@ class FrameConnection:
             return  # the writer is busy (or already woken): it sends what is queued
         if (
             self._socket is not None
-            and (self._may_write_at_once() if at_once else self._may_write_directly())
+            and not self._draining
+            and self.close_reason is None
+            and (at_once or self._may_write_directly())
             and self._write_directly()
         ):
             return
         self._writer_wakeup = None
         wakeup.set()
 
-    def _may_write_at_once(self) -> bool:
-        return not self._draining and self.close_reason is None
-
     def _may_write_directly(self) -> bool:
-        if self._draining or self.close_reason is not None or self.protocol.open_streams > 1:
-            return False  # (many streams' frames: the writer coalesces them)
+        if self.protocol.open_streams > 1:
+            return False  # many streams' frames: the writer coalesces them
         left = self._direct_left
         if left == _DIRECT_BURST:  # the first of an allowance: its period starts
             self._direct_since = time.perf_counter()

@@ -218,9 +218,9 @@ class FrameDecoder:
                     break
                 (size,) = _HEADER.unpack_from(buffer, position)
                 if size > self.max_frame_size:
-                    hint = ""
-                    if _is_tls(buffer, position):
-                        hint = " (a TLS handshake? this end does not use TLS)"
+                    # A TLS record starts with content type 22 (handshake), major version 3.
+                    tls = buffer[position] == 0x16 and buffer[position + 1] == 0x03
+                    hint = " (a TLS handshake? this end does not use TLS)" if tls else ""
                     raise ProtocolError(
                         f"peer announced a frame of {size} bytes; "
                         f"the limit is {self.max_frame_size} bytes{hint}"
@@ -241,8 +241,3 @@ class FrameDecoder:
         # Everything whole has been taken: drop it, once per batch.
         del buffer[: self._position]
         self._position = 0
-
-
-def _is_tls(buffer: bytearray, position: int) -> bool:
-    # A TLS record starts with content type 22 (handshake) and major version 3.
-    return buffer[position] == 0x16 and buffer[position + 1] == 0x03

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import secrets
 from contextlib import closing, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
 
 from .._errors import (
@@ -106,9 +107,7 @@ class Send(enum.Enum):
 
     BUG = "raise RuntimeError: this role never sends it here (a local bug)"
     DROP = "drop it silently, return False: the connection is closed or closing"
-    PLAIN = "queue it"
-    CLOSE = "queue it, the connection is closed"
-    GOAWAY = "queue it, no new streams from now on"
+    PLAIN = "queue it (the table's next state does the rest: close, goaway)"
     REQUEST = "open the stream, queue it"
     ITEM = "spend a credit, queue it"
     TERMINAL = "end the stream, queue it"
@@ -162,7 +161,8 @@ _CTL: Final[_Transition] = (Receive.STREAM_CONTROL, None)
 _RESP: Final[_Transition] = (Receive.STREAM_RESPONSE, None)
 
 # fmt: off
-_SERVER_RECEIVES: Final = _table(Role.SERVER, SERVER_STATES, {
+RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
+**_table(Role.SERVER, SERVER_STATES, {
     #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
     Hello:      (_HELLO,      _V,         _V,             _V,     _V,       _DROP),
     Challenge:  (_V,          _V,         _V,             _V,     _V,       _DROP),
@@ -177,9 +177,8 @@ _SERVER_RECEIVES: Final = _table(Role.SERVER, SERVER_STATES, {
     Error:      (_V,          _V,         _V,             _V,     _V,       _DROP),
     Control:    (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
     Credit:     (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
-})
-
-_CLIENT_RECEIVES: Final = _table(Role.CLIENT, CLIENT_STATES, {
+}),
+**_table(Role.CLIENT, CLIENT_STATES, {
     #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
     Hello:      (_V,              _V,            _V,      _V,       _DROP),
     Challenge:  (_CHALL,          _V,            _V,      _V,       _DROP),
@@ -194,13 +193,9 @@ _CLIENT_RECEIVES: Final = _table(Role.CLIENT, CLIENT_STATES, {
     Error:      (_V,              _V,            _RESP,   _RESP,    _DROP),
     Control:    (_V,              _V,            _V,      _V,       _DROP),
     Credit:     (_V,              _V,            _V,      _V,       _DROP),
-})
-# fmt: on
-
-RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
-    **_SERVER_RECEIVES,
-    **_CLIENT_RECEIVES,
+}),
 }
+# fmt: on
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
 # The cells of the send tables.
@@ -208,8 +203,8 @@ _SendRule = tuple[Send, ConnectionState | None]
 _BUG: Final[_SendRule] = (Send.BUG, None)
 _GONE: Final[_SendRule] = (Send.DROP, None)
 _PLAIN: Final[_SendRule] = (Send.PLAIN, None)
-_SHUT: Final[_SendRule] = (Send.CLOSE, _S.CLOSED)
-_GO: Final[_SendRule] = (Send.GOAWAY, _S.DRAINING)
+_SHUT: Final[_SendRule] = (Send.PLAIN, _S.CLOSED)
+_GO: Final[_SendRule] = (Send.PLAIN, _S.DRAINING)
 _ITEM: Final[_SendRule] = (Send.ITEM, None)
 _TERM: Final[_SendRule] = (Send.TERMINAL, None)
 _OPEN: Final[_SendRule] = (Send.REQUEST, None)
@@ -219,7 +214,8 @@ _CRED: Final[_SendRule] = (Send.CREDIT, None)
 # Handshake frames are queued by the machine itself (start(), the receive
 # actions, authenticate()): sending one through send() is a bug in any state.
 # fmt: off
-_SERVER_SENDS: Final = _table(Role.SERVER, SERVER_STATES, {
+SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
+**_table(Role.SERVER, SERVER_STATES, {
     #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
     Hello:      (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
     Challenge:  (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
@@ -234,9 +230,8 @@ _SERVER_SENDS: Final = _table(Role.SERVER, SERVER_STATES, {
     Error:      (_BUG,        _BUG,       _BUG,           _TERM,  _TERM,    _GONE),
     Control:    (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
     Credit:     (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
-})
-
-_CLIENT_SENDS: Final = _table(Role.CLIENT, CLIENT_STATES, {
+}),
+**_table(Role.CLIENT, CLIENT_STATES, {
     #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
     Hello:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
     Challenge:  (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
@@ -251,13 +246,9 @@ _CLIENT_SENDS: Final = _table(Role.CLIENT, CLIENT_STATES, {
     Error:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
     Control:    (_BUG,            _BUG,          _CTRL,   _CTRL,    _GONE),
     Credit:     (_BUG,            _BUG,          _CRED,   _CRED,    _GONE),
-})
-# fmt: on
-
-SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
-    **_SERVER_SENDS,
-    **_CLIENT_SENDS,
+}),
 }
+# fmt: on
 """``(role, state, sent frame type) -> (action, next state or None)``; ``req`` is
 keyed by :class:`RawRequest`, the wire type of the ``req`` tag."""
 
@@ -284,15 +275,13 @@ def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return hmac.digest(token.encode(), _SERVER_LABEL + server_nonce + client_nonce, hashlib.sha256)
 
 
+@dataclass(slots=True)
 class _StreamState:
     """Per-stream bookkeeping: credits left (server) or granted and received (client)."""
 
-    __slots__ = ("credits", "granted", "received")
-
-    def __init__(self, window: int) -> None:
-        self.credits = window
-        self.granted = window
-        self.received = 0
+    credits: int
+    granted: int
+    received: int = 0
 
 
 class ProtocolConnection:
@@ -347,6 +336,10 @@ class ProtocolConnection:
         self._state = state
         self._on_receive = _RECEIVE_DISPATCH[self.role, state]
         self._on_send = _SEND_DISPATCH[self.role, state]
+        if state is _S.OPEN:
+            self._decoder.max_frame_size = self._max_frame_size
+        elif state is _S.DRAINING:
+            self.goaway = True
 
     @property
     def closed(self) -> bool:
@@ -398,7 +391,7 @@ class ProtocolConnection:
         if not on_send(self, frame):
             return False
         if next_state is not None:
-            self._enter(next_state)
+            self.state = next_state
         return True
 
     def _send_bug(self, frame: Frame) -> NoReturn:
@@ -413,14 +406,12 @@ class ProtocolConnection:
         self._encode(frame)
         return True
 
-    _send_close = _send_goaway = _send_plain
-
     def _send_request(self, frame: Request) -> bool:
         if frame.sid <= self._last_sid or frame.window <= 0:
             raise RuntimeError(f"bad stream id {frame.sid} or window {frame.window}")
         self._encode(frame)
         self._last_sid = frame.sid
-        self._streams[frame.sid] = _StreamState(frame.window)
+        self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return True
 
     def _send_item(self, frame: Item) -> bool:
@@ -500,11 +491,19 @@ class ProtocolConnection:
         result = on_receive(self, frame)
         self.frames_received += 1
         if next_state is not None:
-            self._enter(next_state)
+            self.state = next_state
         return result
 
     def _on_violation(self, frame: WireFrame) -> NoReturn:
-        raise ProtocolError(self._violation(frame))
+        tag = frame_tag(frame)
+        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
+        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
+            other = "server" if self.role is Role.CLIENT else "client"
+            raise ProtocolError(f"a {other} may not send {tag!r} frames")
+        expected = _EXPECTED.get(self.state)
+        if expected is not None:
+            raise ProtocolError(f"expected {expected}, got a {tag!r} frame")
+        raise ProtocolError(f"an unexpected {tag!r} frame: the handshake is over")
 
     def _on_peer_close(self, frame: Close) -> Close:
         self.close_frame = frame
@@ -517,24 +516,6 @@ class ProtocolConnection:
 
     def _on_goaway(self, frame: GoAway) -> GoAway:
         return frame
-
-    def _enter(self, state: ConnectionState) -> None:
-        self.state = state
-        if state is _S.OPEN:
-            self._decoder.max_frame_size = self._max_frame_size
-        elif state is _S.DRAINING:
-            self.goaway = True
-
-    def _violation(self, frame: WireFrame) -> str:
-        tag = frame_tag(frame)
-        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
-        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
-            other = "server" if self.role is Role.CLIENT else "client"
-            return f"a {other} may not send {tag!r} frames"
-        expected = _EXPECTED.get(self.state)
-        if expected is not None:
-            return f"expected {expected}, got a {tag!r} frame"
-        return f"an unexpected {tag!r} frame: the handshake is over"
 
     def _fail(self, code: str, message: str) -> None:
         if self.state is not _S.CLOSED:
@@ -551,19 +532,19 @@ class ProtocolConnection:
                 f"this {self.role.value} speaks version {PROTOCOL_VERSION}"
             )
 
-    def _on_hello(self, frame: Hello) -> None:
+    def _take_nonce(self, frame: Hello | Challenge) -> None:
         self._check_version(frame.version)
         if len(frame.nonce) != NONCE_SIZE:
-            raise ProtocolError(f"a hello nonce must be {NONCE_SIZE} bytes")
+            raise ProtocolError(f"a {frame_tag(frame)} nonce must be {NONCE_SIZE} bytes")
         self._peer_nonce = frame.nonce
+
+    def _on_hello(self, frame: Hello) -> None:
+        self._take_nonce(frame)
         self.peer_name = frame.peer[:200]
         self._encode(Challenge(PROTOCOL_VERSION, self._nonce))
 
     def _on_challenge(self, frame: Challenge) -> None:
-        self._check_version(frame.version)
-        if len(frame.nonce) != NONCE_SIZE:
-            raise ProtocolError(f"a challenge nonce must be {NONCE_SIZE} bytes")
-        self._peer_nonce = frame.nonce
+        self._take_nonce(frame)
         proof = None if self._token is None else client_proof(self._token, frame.nonce, self._nonce)
         self._encode(Auth(proof))
 
@@ -587,7 +568,7 @@ class ProtocolConnection:
                     else "this worker requires a request-plane token (DYN_REQUEST_PLANE_TOKEN)",
                 )
                 return False
-        self._enter(_S.OPEN)
+        self.state = _S.OPEN
         self._encode(
             Welcome(
                 PROTOCOL_VERSION,
@@ -641,7 +622,7 @@ class ProtocolConnection:
                 ),
             )
             return None
-        self._streams[frame.sid] = _StreamState(frame.window)
+        self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return frame
 
     def _refuse(self, sid: int, error: DynamoError) -> None:

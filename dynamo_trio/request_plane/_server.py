@@ -62,13 +62,6 @@ _RUNTIME_CANCELS: Final = frozenset(
 )
 
 
-def _reason(value: str, default: CancelReason) -> CancelReason:
-    try:
-        return CancelReason(value)
-    except ValueError:
-        return default
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe(exc.exceptions[0])
@@ -129,9 +122,10 @@ class ServerStream:
 
     def _apply_control(self, frame: Control) -> None:
         kill = frame.action == "kill"
-        reason = _reason(
-            frame.reason, CancelReason.KILL_REQUESTED if kill else CancelReason.STOP_REQUESTED
-        )
+        try:
+            reason = CancelReason(frame.reason)
+        except ValueError:
+            reason = CancelReason.KILL_REQUESTED if kill else CancelReason.STOP_REQUESTED
         self._note_cancel_signal(reason)
         (self.context.kill if kill else self.context.stop)(reason)
 
@@ -218,7 +212,6 @@ class _Session:
         self._nursery: trio.Nursery | None = None
         self._gate_scope = trio.CancelScope()
         self._gate_deadline = float("inf")
-        self.counted_as_handshaking = True
         self.awaiting_turn = False  # its proof waits to be judged (see ._throttle)
         self.source: Final = source_key(peer.rpartition(":")[0].strip("[]") or peer)
 
@@ -241,7 +234,7 @@ class _Session:
             on_close=self._connection_lost,
             name=self.peer,
         )
-        self.server._handshake_done(self)
+        self.server._gated.pop(self, None)  # its handshake slot is free
         if self.server.draining:
             self.go_away()
         async with trio.open_nursery() as nursery:
@@ -419,12 +412,10 @@ class _Session:
             self.retire_if_drained()
 
     def retire_if_drained(self) -> None:
-        """After ``goaway``, close the connection once no stream is left (last frames go first)."""
-        connection = self.connection
-        if connection is None or self.streams or connection.closed:
-            return
-        if self.protocol.goaway:
-            connection.shutdown("goaway sent and no stream is left")
+        if self.connection is not None:
+            self.connection.retire_if_drained(
+                len(self.streams), "goaway sent and no stream is left"
+            )
 
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
@@ -459,7 +450,6 @@ class RequestPlaneServer:
         )
         self._sessions: set[_Session] = set()
         self._gated: dict[_Session, None] = {}  # sessions in their handshake, oldest first
-        self._handshaking = 0
         self._refusing = 0
         self._listen_scope: trio.CancelScope | None = None
 
@@ -471,7 +461,7 @@ class RequestPlaneServer:
     @property
     def handshaking(self) -> int:
         """Connections held now that have not completed the handshake."""
-        return self._handshaking
+        return len(self._gated)
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         """Listen and serve until cancelled; ``task_status.started((host, port))``."""
@@ -519,7 +509,7 @@ class RequestPlaneServer:
             why = f"too many connections (limit {config.max_connections})"
             await self._refuse(stream, peer, why)
             return
-        if self._handshaking >= config.max_handshakes:
+        if len(self._gated) >= config.max_handshakes:
             if not self._gated:  # a cap of 0: nobody may be in a handshake
                 await self._refuse(stream, peer, "no connection may be in its handshake")
                 return
@@ -527,7 +517,6 @@ class RequestPlaneServer:
         session = _Session(self, stream, peer)
         self._sessions.add(session)
         self._gated[session] = None
-        self._handshaking += 1
 
         def escaped(exc: BaseException) -> None:
             limited_log.error(
@@ -542,14 +531,8 @@ class RequestPlaneServer:
             with contain(escaped):
                 await session.run()
         finally:
-            self._handshake_done(session)
-            self._sessions.discard(session)
-
-    def _handshake_done(self, session: _Session) -> None:
-        if session.counted_as_handshaking:
-            session.counted_as_handshaking = False
-            self._handshaking -= 1
             self._gated.pop(session, None)
+            self._sessions.discard(session)
 
     def _evict_oldest_handshake(self, newcomer: str) -> None:
         """Make room for ``newcomer``: drop the connection longest in its handshake.
@@ -570,7 +553,7 @@ class RequestPlaneServer:
             oldest.peer,
             newcomer,
         )
-        self._handshake_done(oldest)  # its slot is the newcomer's from now on
+        del self._gated[oldest]  # its slot is the newcomer's from now on
         oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:

@@ -57,10 +57,6 @@ class AuthTurns:
     def __len__(self) -> int:  # connections waiting for their turn
         return sum(len(waiting) for waiting in self._sources.values())
 
-    def _free_at(self) -> float:
-        """When the next failure may be judged (a burst may come early)."""
-        return self._due - (self.burst - 1) * self.interval
-
     def _head(self) -> _Waiter | None:
         for waiting in self._sources.values():
             return waiting[0]
@@ -95,7 +91,8 @@ class AuthTurns:
                 now = trio.current_time()
                 wake_at = deadline
                 if self._head() is waiter:
-                    free_at = self._free_at()
+                    # When the next failure may be judged (a burst may come early).
+                    free_at = self._due - (self.burst - 1) * self.interval
                     if now >= free_at:
                         self._leave(waiter)
                         judged = verdict()
