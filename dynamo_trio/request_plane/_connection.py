@@ -79,6 +79,7 @@ class FrameConnection:
         self._last_received = 0.0
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
+        self._closed_hard = False  # close() (not shutdown()) was called
         # A plain TCP socket can take a frame from the sender's task (docs/protocol.md,
         # "One connection's tasks"); a TLS stream always goes through the writer.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -122,6 +123,7 @@ class FrameConnection:
     def close(self, reason: str) -> None:
         """End the connection now, sending nothing more (idempotent, synchronous)."""
         self._declare_closed(reason)
+        self._closed_hard = True
         if self._scope is not None:
             self._scope.cancel()
 
@@ -148,7 +150,7 @@ class FrameConnection:
         self._last_received = trio.current_time()
         try:
             with trio.CancelScope() as self._scope:
-                if self.close_reason is not None:
+                if self._closed_hard:  # closed before it ran (a shutdown still flushes)
                     self._scope.cancel()
                 async with trio.open_nursery() as nursery:
                     heartbeat = trio.CancelScope()

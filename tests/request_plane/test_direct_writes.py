@@ -294,3 +294,28 @@ async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned
     with trio.fail_after(5):
         assert await stream.receive() is not None
     pool.close_all()
+
+
+async def test_a_connection_shut_down_before_it_runs_still_sends_what_was_queued() -> None:
+    """A draining worker queues a goaway on a connection it has just accepted and shuts it
+    down at once: the frames queued before ``run`` go out before the connection closes
+    (a ``close`` before ``run`` sends nothing)."""
+    for shut, expected in (("shutdown", [Item(1, "queued")]), ("close", [])):
+        ours, theirs = trio.testing.memory_stream_pair()
+        connection = FrameConnection(
+            ours, open_server(), CONFIG, on_frames=lambda frames: None, name="test"
+        )
+        assert connection.send(Item(1, "queued"))
+        getattr(connection, shut)("draining")
+        received = bytearray()
+
+        async def read(stream: trio.abc.ReceiveStream = theirs, into: bytearray = received) -> None:
+            while data := await stream.receive_some():
+                into += data
+
+        with trio.fail_after(10):  # a hang guard only
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                await connection.run()
+                await theirs.send_stream.aclose()  # (the peer's EOF: lingering ends)
+        assert FrameDecoder(LIMIT).feed(received) == expected, shut
