@@ -70,6 +70,25 @@ StartStack = Callable[..., Awaitable[Served]]
 StartProcStack = Callable[..., Awaitable[Stack]]
 
 
+@pytest.fixture(autouse=True)
+def _sdk_platform_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The openai and anthropic clients look their platform up in a worker thread on their
+    first request.  On the autojump clock, the thread's real time lets virtual time run
+    through every deadline (on a busy machine a 6.5 s bound fired while the thread ran):
+    the lookup runs inline instead, as any other blocking call of the SDKs does."""
+    import anthropic._base_client
+    import openai._base_client
+
+    def inline(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(openai._base_client, "asyncify", inline)
+    monkeypatch.setattr(anthropic._base_client, "asyncify", inline)
+
+
 @pytest.fixture
 async def stack(nursery: trio.Nursery, env: dict[str, str]) -> StartStack:
     """``await stack(*frontend_flags, inter_token_latency_ms=, frontend_env=, memory=)``: a
