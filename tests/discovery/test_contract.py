@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio.discovery import (
     DiscoveryError,
@@ -359,11 +360,20 @@ async def _catch_up(watch: Watch, state: dict[str, bytes], quiet: float = 0.15) 
         return
 
 
+@pytest.fixture
+def mem_in_virtual_time(backend: str) -> trio.testing.MockClock | None:
+    """The autojump clock for the ``mem`` backend (trio's time only: its waits for lease
+    checks take no real time, and what follows a check is exact); none for ``file`` and
+    ``etcd``, whose stores answer in real time (threads, another process)."""
+    return trio.testing.MockClock(autojump_threshold=0) if backend == "mem" else None
+
+
 async def test_owned_keys_lost_by_the_store_are_written_back_within_a_ttl(
     open_instance: OpenInstance,
     prefix: str,
     discovery_config: DiscoveryConfig,
     store_faults: StoreFaults,
+    mem_in_virtual_time: trio.testing.MockClock | None,
 ) -> None:
     """Whatever the store loses while its owner lives comes back within one lease TTL:
     same keys, values, lease and instance id, nothing else, and only once."""
