@@ -302,22 +302,26 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
     }
     config = Config.from_env(env)
     # Every process starts at once (the frontends list the models once the workers are up).
-    started: dict[str, Any] = {}
+    procs: dict[str, Any] = {}
 
     async def keep(name: str, start: Awaitable[Any]) -> None:
-        started[name] = await start
+        procs[name] = await start
 
     flags = ("--migration-limit", "3")
     async with trio.open_nursery() as nursery:
         for name in ("stable 0", "stable 1", "chaos 0"):
-            worker = start_worker(spawn, env, name=name, inter_token_latency_ms=TOKEN_MS)
-            nursery.start_soon(keep, name, worker)
+            nursery.start_soon(
+                keep, name, start_worker(spawn, env, name=name, inter_token_latency_ms=TOKEN_MS)
+            )
         nursery.start_soon(keep, "kill", start_frontend(spawn, env, *flags))
-        stop = start_frontend(spawn, env, *flags, "--on-disconnect", "stop", "--stop-grace", "5")
-        nursery.start_soon(keep, "stop", stop)
-    stable: list[tuple[Proc, dict[str, Any]]] = [started["stable 0"], started["stable 1"]]
-    chaos: list[tuple[Proc, dict[str, Any]]] = [started["chaos 0"]]
-    (kill_frontend, kill_url), (stop_frontend, stop_url) = started["kill"], started["stop"]
+        nursery.start_soon(
+            keep,
+            "stop",
+            start_frontend(spawn, env, *flags, "--on-disconnect", "stop", "--stop-grace", "5"),
+        )
+    stable: list[tuple[Proc, dict[str, Any]]] = [procs["stable 0"], procs["stable 1"]]
+    chaos: list[tuple[Proc, dict[str, Any]]] = [procs["chaos 0"]]
+    (kill_frontend, kill_url), (stop_frontend, stop_url) = procs["kill"], procs["stop"]
     frontends = {kill_url: kill_frontend, stop_url: stop_frontend}
     tally = Tally()
 
