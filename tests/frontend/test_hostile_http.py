@@ -258,7 +258,10 @@ async def test_a_client_that_stops_reading_does_not_stop_sigterm(
 ) -> None:
     # hypercorn shields its socket writes: a stream to a client that reads
     # nothing blocks for ever unless the server closes the socket itself.
-    running = await proc_stack(inter_token_latency_ms=0.05)
+    # The grace ends with the connection still stuck: the shorter it is, the sooner.
+    running = await proc_stack(
+        inter_token_latency_ms=0.05, frontend_env={"DYN_SHUTDOWN_GRACE_SECS": "0.5"}
+    )
     stream = await open_raw(running.url)
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps({**CHAT_BODY, "max_tokens": 16_000, "stream": True}).encode()
