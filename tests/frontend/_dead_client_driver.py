@@ -148,9 +148,7 @@ async def main(out: Path, seconds: float, control_wait: float) -> None:
     tmp.mkdir(exist_ok=True)
     # The frontends' connections to the worker must outlive any stall of a busy machine:
     # a request's end is then only ever the frontend's verdict on its client.
-    # The shutdown at the end closes the control's silent streams after the grace: no
-    # need to wait the suite's 2 s for them.
-    env = e2e_environment(tmp, DYN_HEARTBEAT_TIMEOUT_SECS="60", DYN_SHUTDOWN_GRACE_SECS="0.5")
+    env = e2e_environment(tmp, DYN_HEARTBEAT_TIMEOUT_SECS="60")
     results: dict[str, Any] = {"seconds": seconds, "bounded": {}, "control": {}}
     async with trio.open_nursery() as nursery:
         worker = await start(nursery, env, str(MODEL_WORKER), "--inter-token-latency-ms", "20")
