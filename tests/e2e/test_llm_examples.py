@@ -138,8 +138,8 @@ async def test_toy_worker_serves_deterministic_text(
     worker = await spawn(
         str(LLM / "worker.py"), "--decode-ms-per-token", "2", env=env, name="toy worker"
     )
+    url = await start_frontend(spawn, env, "toy")  # beside the worker: it lists the model
     await wait_for_line(worker, "Toy: serving model 'toy' at dynamo/toy/generate")
-    url = await start_frontend(spawn, env, "toy")
     text, last = await expected_toy_text(
         SamplingParams(max_tokens=24).chat_request("toy", QUESTION)
     )
@@ -185,8 +185,8 @@ async def test_toy_worker_is_cancelled_when_a_stream_hangs_up(
     worker = await spawn(
         str(LLM / "worker.py"), "--decode-ms-per-token", "20", env=env, name="toy worker"
     )
-    worker_status = await status_url(worker, "Toy")
     url = await start_frontend(spawn, env, "toy", "--on-disconnect", policy)
+    worker_status = await status_url(worker, "Toy")
     request_id = f"toy-{uuid.uuid4()}"
     body = {
         "model": "toy",
@@ -220,11 +220,12 @@ async def test_toy_worker_is_cancelled_when_a_stream_hangs_up(
 async def start_disaggregated(
     spawn: Callable[..., Any], env: dict[str, str], *prefill_flags: str
 ) -> tuple[Proc, Proc, str]:
-    """Prefill worker, decode worker, frontend: the three commands of the README."""
+    """Prefill worker, decode worker, frontend: the three commands of the README, started
+    at once (the decode worker serves once it sees a prefill worker, the frontend lists
+    the model once the decode worker serves it)."""
     prefill = await spawn(
         str(DISAGGREGATED / "prefill_worker.py"), *prefill_flags, env=env, name="prefill"
     )
-    await wait_for_line(prefill, "Prefill: serving dynamo/prefill/generate")
     decode = await spawn(
         str(DISAGGREGATED / "decode_worker.py"),
         "--decode-ms-per-token",
@@ -232,8 +233,9 @@ async def start_disaggregated(
         env=env,
         name="decode",
     )
-    await wait_for_line(decode, "Decode: serving model 'disagg' at dynamo/decode/generate")
     url = await start_frontend(spawn, env, "disagg")
+    await wait_for_line(prefill, "Prefill: serving dynamo/prefill/generate")
+    await wait_for_line(decode, "Decode: serving model 'disagg' at dynamo/decode/generate")
     return prefill, decode, url
 
 

@@ -34,6 +34,20 @@ async def start_worker(
     )
 
 
+async def start_workers(spawn: Callable[..., Any], env: dict[str, str], *names: str) -> list[Proc]:
+    """Model workers named ``names``, started side by side; returned (in that order) once
+    every one has registered (a frontend started after sees them all at once)."""
+    started: dict[str, Proc] = {}
+
+    async def one(name: str) -> None:
+        started[name], _ = await start_worker(spawn, env, name=name)
+
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(one, name)
+    return [started[name] for name in names]
+
+
 async def serving(workers: list[Proc], request_id: str) -> Proc:
     """The live worker whose handler started ``request_id`` (its current one: a request
     moves only away from a worker that died)."""

@@ -29,7 +29,7 @@ import trio
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).with_name("_dead_client_driver.py")
-BOUND = 3.0
+BOUND = 2.0
 """``DYN_HTTP_DEAD_CLIENT_SECS`` for the test: short, so the test is too."""
 SLACK = 3.0
 """Seconds past the bound by which a dead client must have been found out (scheduling

@@ -17,7 +17,7 @@ import trio
 
 from tests.e2e.conftest import scrape
 
-from ._faults import migrations, serving, start_frontend, start_worker
+from ._faults import migrations, serving, start_frontend, start_workers
 from .test_media import parts_of
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 async def test_an_image_whose_worker_dies_during_its_steps_is_made_by_another(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(2)]
+    workers = await start_workers(spawn, env, "worker 0", "worker 1")
     _, url = await start_frontend(spawn, env)
     body = {
         "model": "mock-image",
@@ -65,7 +65,7 @@ async def test_an_image_whose_worker_dies_during_its_steps_is_made_by_another(
 async def test_a_partly_streamed_video_whose_worker_dies_ends_with_an_error_part(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(2)]
+    workers = await start_workers(spawn, env, "worker 0", "worker 1")
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     body = {"model": "mock-video", "prompt": "p", "size": "8x8", "nvext": {"num_frames": 5000}}
     received = b""

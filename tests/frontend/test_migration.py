@@ -33,6 +33,7 @@ from ._faults import (
     serving,
     start_frontend,
     start_worker,
+    start_workers,
 )
 from .conftest import CHAT_BODY, assert_openai_error
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 5
+ROUNDS = 4
+"""Each of the three workers is a victim once, then a restarted one (worker 0's) too."""
 STREAMS = 24
 UNARY = 6
 
@@ -161,10 +163,7 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     rng = random.Random(11)
-    workers: list[Proc] = []
-    for index in range(3):
-        worker, _ = await start_worker(spawn, env, name=f"worker {index}")
-        workers.append(worker)
+    workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     everyone = list(workers)  # the dead too: their events stay
     moved_total = 0
@@ -232,7 +231,7 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
 async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[str, str]) -> None:
     """Each of ``--http-workers``' processes migrates its own requests; the counter is
     the sum over them."""
-    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(3)]
+    workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "2", "--http-workers", "2")
     plan = await _plan(random.Random(5), 0, streams=12, unary=4)
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
@@ -246,7 +245,7 @@ async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[
 async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    workers = [(await start_worker(spawn, env, name=f"worker {index}"))[0] for index in range(3)]
+    workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "1")
     body = {**CHAT_BODY, "max_tokens": 400, "stream": True, "seed": 1}
     moved = LiveStream("/v1/chat/completions", body, "moves-once")
@@ -343,8 +342,7 @@ async def test_a_cancelled_request_is_never_migrated(
     spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     # "prefill" ignores a stop: its request stays on the worker, stopped, until killed.
-    first, _ = await start_worker(spawn, env, name="first worker")
-    second, _ = await start_worker(spawn, env, name="second worker")
+    first, second = await start_workers(spawn, env, "first worker", "second worker")
     _, url = await start_frontend(
         spawn, env, "--migration-limit", "3", "--on-disconnect", "stop", "--stop-grace", "30"
     )

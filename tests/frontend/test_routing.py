@@ -1,5 +1,5 @@
-"""Routing by model: mockers (``python -m dynamo_trio mocker``) in the test's process, and
-real mocker processes for a worker that dies.
+"""Routing by model: mockers (``python -m dynamo_trio mocker``) in the test's process (over
+memory streams), and real mocker processes for a worker that dies.
 
 Which worker answered is read from each worker's own request counter
 (``dynamo_component_requests_total`` on its status port): the mockers'
@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from dynamo_trio.metrics._names import COMPONENT_REQUESTS_TOTAL
+from tests._memhttp import http_client
 from tests._metrics import scrape
 from tests._procs import start_frontend as start_frontend_process
+from tests._serving import Cluster
 from tests.discovery._etcd_server import free_port
 
 from .conftest import wait_for_models
@@ -26,7 +29,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tests._procs import Proc
-    from tests._serving import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -82,10 +84,14 @@ def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
-async def test_each_model_is_answered_only_by_its_own_workers(cluster: Cluster) -> None:
+async def test_each_model_is_answered_only_by_its_own_workers(
+    nursery: trio.Nursery, env: dict[str, str], autojump_clock: trio.testing.MockClock
+) -> None:
     """Three mockers on one endpoint (``dynamo/mocker/generate``): alpha, beta, gamma; the
     gamma worker also serves ``alpha`` as an embeddings model (a name clash between types).
-    In the test's process: what is tested is where requests go, not processes."""
+    In the test's process, over memory streams on the autojump clock: what is tested is
+    where requests go, not processes."""
+    cluster = Cluster(nursery, env, memory=True)
     workers: dict[str, str] = {}  # name: status URL
     for name, *flags in (
         ("alpha", "--model-name", "alpha"),
@@ -93,12 +99,11 @@ async def test_each_model_is_answered_only_by_its_own_workers(cluster: Cluster) 
         ("gamma", "--model-name", "gamma", "--embedding-model-name", "alpha"),
     ):
         runtime = await cluster.mocker("--ttft-ms", "20", "--inter-token-latency-ms", "5", *flags)
-        assert runtime.status_url is not None
-        workers[name] = runtime.status_url
+        workers[name] = await cluster.status_url(runtime)
     url = await cluster.frontend()
     await wait_for_models(url, {"alpha", "beta", "gamma"}, within=15)
     embed = {"model": "alpha", "input": "hi"}
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         for model in ("alpha", "beta", "gamma"):
             await until_served(http, "/v1/chat/completions", chat(model))
         await until_served(http, "/v1/embeddings", embed)
