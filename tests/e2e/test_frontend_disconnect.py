@@ -75,7 +75,9 @@ async def hang_up(stream: Any, how: str) -> None:
     await stream.aclose()
 
 
-async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: float = 2.0) -> None:
+async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: float = 15.0) -> None:
+    """The worker's handler ended ``request_id`` killed for a client disconnect (``within``
+    is a hang guard: the state and reason, not a time, say the hang-up did it)."""
     try:
         exit_event = await stack.worker.wait_for("exit", id=request_id, within=within)
     except trio.TooSlowError:

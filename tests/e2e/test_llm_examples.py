@@ -203,11 +203,10 @@ async def test_toy_worker_is_cancelled_when_a_stream_hangs_up(
             assert chunk, received
             received += chunk
     await stream.aclose()
-    hung_up = trio.current_time()
     # kill: cancelled mid-await; stop: the engine drains (a last "cancelled" item, usage).
     outcome = "killed" if policy == "kill" else "stopped"
-    line = await wait_for_line(worker, f"Toy: {outcome} {request_id} after", within=2)
-    assert trio.current_time() - hung_up < 2
+    # (the reason, not a time, says it was the hang-up: a bound here is a hang guard)
+    line = await wait_for_line(worker, f"Toy: {outcome} {request_id} after", within=15)
     assert line.endswith("tokens (client disconnect)"), line
     labels = {"model": "toy", "endpoint": "chat_completions", "request_type": "stream"}
     assert await metric(url, "dynamo_frontend_model_cancellation_total", **labels) == 1
@@ -282,11 +281,9 @@ async def test_hang_up_during_prefill_cancels_prefill_and_decode(
     await wait_for_line(prefill, f"Prefill: started {request_id}")
     await wait_for_line(decode, f"Decode: waiting for prefill {request_id}")
     await client.aclose()  # the client hangs up before any byte of the response
-    hung_up = trio.current_time()
 
-    await wait_for_line(prefill, f"Prefill: cancelled {request_id} (client disconnect)", within=2)
-    await wait_for_line(decode, f"Decode: cancelled {request_id} (client disconnect)", within=2)
-    assert trio.current_time() - hung_up < 2
+    await wait_for_line(prefill, f"Prefill: cancelled {request_id} (client disconnect)", within=15)
+    await wait_for_line(decode, f"Decode: cancelled {request_id} (client disconnect)", within=15)
     assert not any(f"done {request_id}" in line for line in prefill.stdout_lines)
     assert not any(f"prefill done {request_id}" in line for line in decode.stdout_lines)
     labels = {
