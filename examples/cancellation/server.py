@@ -28,7 +28,9 @@ async def generate(request: Any, context: Context) -> AsyncIterator[int]:
             print(f"Server: Sending {i}", flush=True)
             yield i
             i += 1
-    except trio.Cancelled:
+    except (trio.Cancelled, GeneratorExit):
+        # A kill lands as Cancelled while the handler awaits, or as GeneratorExit
+        # while it waits at a yield for the runtime to take its item.
         print(f"Server: Killed at iteration {i} ({context.reason})", flush=True)
         raise
 

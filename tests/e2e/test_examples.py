@@ -50,12 +50,11 @@ async def test_cancellation_example_direct(spawn: Callable[..., Any], env: dict[
 
     client = await run_client(spawn, env, "--kill")
     await wait_for_line(client, "Client: Stream ended after 3 responses (killed)")
-    # The server may have slept past its next item before the kill frame arrives on a
-    # busy machine, so the iteration is 3 or later; the reason is what the test is about.
+    # Where the kill lands (its sleep, or its yield) and so the iteration it names depend
+    # on the machine's timing; the reason is what the test is about.
     await wait_for_line(server, "(kill requested)")
     killed = [line for line in server.stdout_lines if "Server: Killed at iteration" in line]
-    assert len(killed) == 1
-    assert int(killed[0].split("iteration ")[1].split()[0]) >= 3
+    assert len(killed) == 1 and killed[0].endswith("(kill requested)"), killed
 
     server.signal(signal.SIGINT)
     assert await server.wait_exit() == 0
