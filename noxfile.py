@@ -51,11 +51,10 @@ def tests(session: nox.Session) -> None:
     # afresh; where PYTHONDONTWRITEBYTECODE is set nothing caches their bytecode,
     # so each would compile every module again (~0.3 s of CPU a process).
     session.run("python", "-m", "compileall", "-q", "dynamo_trio", "tests", "examples")
-    # Two pytest processes (pytest-xdist; `-- -n 0` for one): one keeps about one core
-    # busy (93% of a core, measured), a test and the processes it starts taking turns,
-    # so two fill a 2-core machine (the suite: 739 s -> 449 s).  Work stealing keeps
-    # both busy to the end.
-    session.run("pytest", "-n", "2", "--dist", "worksteal", *session.posargs)
+    # Three pytest processes (pytest-xdist; `-- -n 0` for one): much of the suite waits
+    # on other processes and on real time, so two leave a 2-core machine half idle and
+    # three fill it; four are no faster.  Work stealing keeps them busy to the end.
+    session.run("pytest", "-n", "3", "--dist", "worksteal", *session.posargs)
 
 
 # The engines sessions' libraries.  torch comes from the local CPU wheel (pip's find-links
