@@ -34,6 +34,38 @@ _MAX_TXN_OPS: Final = 64
 _M = TypeVar("_M")
 
 
+@final
+class RequestBody(httpx.AsyncByteStream):
+    """A request's bytes, sent once per send, that a send cancelled midway leaves nothing of:
+    httpx's own body is an async generator, which a cancelled send leaves suspended for the
+    garbage collector to finalize (and trio to warn about)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+@final
+class _Once:
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+
 class EtcdError(DiscoveryError):
     """etcd answered with an error; ``code`` is its gRPC status (0 if none)."""
 
@@ -320,6 +352,7 @@ class EtcdGateway:
                 headers={"content-type": "application/json"},
                 timeout=http_timeout,
             )
+            http_request.stream = RequestBody(content)
             try:
                 response = await self._client.send(http_request, stream=stream)
                 if response.status_code == httpx.codes.OK:

@@ -268,13 +268,6 @@ async def test_concurrent_watchers_see_the_same_changes(
     assert results == [[put(key, b"v") for key in keys]] * 4
 
 
-# A watch left mid-request (the point here) abandons httpx's request-body generator
-# inside httpcore (encode/httpx#3777): the etcd backend's watches are httpx streams. When
-# the collector finds it during the test, trio warns; that generator, and nothing else.
-@pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object ByteStream\.__aiter__ at"
-    r":pytest.PytestUnraisableExceptionWarning"
-)
 async def test_leaving_a_watch_releases_it(
     open_instance: OpenInstance, prefix: str, backend: str, memory_store: MemoryStore
 ) -> None:

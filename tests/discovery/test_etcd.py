@@ -4,6 +4,7 @@ failover, and an etcd that answers garbage."""
 from __future__ import annotations
 
 import base64
+import inspect
 import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,12 @@ import trio.testing
 
 from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
-from dynamo_trio.discovery._etcd_gateway import EtcdError, EtcdGateway, prefix_range
+from dynamo_trio.discovery._etcd_gateway import (
+    EtcdError,
+    EtcdGateway,
+    RequestBody,
+    prefix_range,
+)
 from dynamo_trio.discovery._etcd_watch import WatchPump
 
 from ._etcd_server import EtcdServer, free_port
@@ -430,3 +436,32 @@ async def test_a_consumer_far_behind_gets_coalesced_changes(
         nursery.cancel_scope.cancel()
     assert state == {"p/old": b"x", **{f"p/{i}": b"v" for i in range(1, 10)}}
     assert "coalescing" in caplog.text
+
+
+async def test_a_send_cancelled_while_writing_its_body_leaves_no_generator_behind() -> None:
+    """The gateway's request bodies are read by a plain iterator: a send cancelled between
+    its body's chunks (as a watch left mid-request is) leaves no suspended async generator
+    for the garbage collector to finalize (httpx's own body is one, encode/httpx#3777)."""
+    iterators: list[object] = []
+
+    class StuckTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            assert isinstance(request.stream, httpx.AsyncByteStream)
+            iterator = aiter(request.stream)
+            iterators.append(iterator)
+            async for _chunk in iterator:
+                await trio.sleep_forever()  # (the write of the chunk, cancelled)
+            raise AssertionError("not reached")
+
+    async with httpx.AsyncClient(transport=StuckTransport()) as client:
+        gateway = EtcdGateway(client, ("http://etcd.test:2379",), timeout=5.0)
+        with trio.move_on_after(0.01):
+            async with gateway.watch("/dynamo/", 1):
+                raise AssertionError("not reached")
+        with trio.move_on_after(0.01):
+            await gateway.revoke(7)
+    assert len(iterators) == 2
+    assert not any(inspect.isasyncgen(iterator) for iterator in iterators)
+    body = RequestBody(b'{"key": "a"}')
+    assert [chunk async for chunk in body] == [b'{"key": "a"}']
+    assert [chunk async for chunk in body] == [b'{"key": "a"}']  # once per send
