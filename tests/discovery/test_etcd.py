@@ -441,7 +441,7 @@ async def test_a_consumer_far_behind_gets_coalesced_changes(
 async def test_a_send_cancelled_while_writing_its_body_leaves_no_generator_behind() -> None:
     """The gateway's request bodies are read by a plain iterator: a send cancelled between
     its body's chunks (as a watch left mid-request is) leaves no suspended async generator
-    for the garbage collector to finalize (httpx's own body is one, encode/httpx#3777)."""
+    for the garbage collector to finalize (httpx's own body is an async generator)."""
     iterators: list[object] = []
 
     class StuckTransport(httpx.AsyncBaseTransport):

@@ -74,7 +74,7 @@ StartProcStack = Callable[..., Awaitable[Stack]]
 def _sdk_platform_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The openai and anthropic clients look their platform up in a worker thread on their
     first request.  On the autojump clock, the thread's real time lets virtual time run
-    through every deadline (on a busy machine a 6.5 s bound fired while the thread ran):
+    through every deadline (on a busy machine a test's bound fired while the thread ran):
     the lookup runs inline instead, as any other blocking call of the SDKs does."""
     import anthropic._base_client
     import openai._base_client
