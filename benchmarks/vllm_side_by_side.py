@@ -20,7 +20,9 @@ runs alternate between them.  Per run and system:
   fast as one scrape allows;
 - **with --timeline**, when each step of those hang-ups happened: our frontend's and
   worker's Context killed, ``AsyncLLM.abort`` called, vLLM's stat logger told 0
-  running (``_timeline/sitecustomize.py`` marks them in every process).
+  running (``_timeline/sitecustomize.py`` marks them in every process); and the same
+  steps for a second, *quiet* hang-up a run, during which nothing scrapes ``/metrics``
+  (a scrape is milliseconds of the serving process's CPU: polling slows what it times).
 
 Prints the median and max of each, and the median of the per-run ratios
 (dynamo-trio over vLLM's server: runs next to each other share the machine's
@@ -147,8 +149,15 @@ def tree_cpu(pid: int) -> dict[str, float]:
 
 
 async def hang_up_to_idle(
-    http: httpx.AsyncClient, url: str, metrics_url: str, closes: list[float] | None = None
+    http: httpx.AsyncClient,
+    url: str,
+    metrics_url: str,
+    closes: list[float] | None = None,
+    *,
+    poll: bool = True,
 ) -> float:
+    """Seconds from a hang-up until ``/metrics`` shows 0 running; with ``poll=False``
+    nothing is scraped for ``QUIET`` seconds (the marks time the steps), then once."""
     stream = await open_stream(url, 1500)
     received = b""
     while received.count(b"data: ") < 5:
@@ -157,9 +166,16 @@ async def hang_up_to_idle(
     await stream.aclose()
     if closes is not None:
         closes.append(closed)
+    if not poll:
+        await trio.sleep(QUIET)
+        if await running(http, metrics_url):
+            raise RuntimeError(f"{url}: still running {QUIET} s after a hang-up")
     while await running(http, metrics_url):
         pass
     return time.perf_counter() - closed
+
+
+QUIET = 0.3
 
 
 # A hang-up's steps, as --timeline reads them from each process's marks.
@@ -189,13 +205,15 @@ def timeline(
     steps_of: list[tuple[str, str]],
     pids: dict[str, int],
     closes: list[float],
+    every: list[float],
 ) -> dict[str, list[float]]:
-    """For each of a system's steps (``steps_of``: its process role and mark) in its
-    hang-ups, the ms from the client's close to the first such mark after it (before
-    the next close)."""
+    """For each of a system's steps (``steps_of``: its process role and mark) in the
+    hang-ups ``closes``, the ms from the client's close to the first such mark after it
+    (before the next of ``every`` close)."""
     steps: dict[str, list[float]] = {}
-    bounds = [*closes[1:], float("inf")]
-    for closed, until in zip(closes, bounds, strict=True):
+    later = sorted(every)
+    for closed in closes:
+        until = next((t for t in later if t > closed), float("inf"))
         for role, what in steps_of:
             at = next(
                 (t for t, w in marks.get(pids[role], []) if w == what and closed <= t < until),
@@ -253,6 +271,7 @@ async def main(args: argparse.Namespace) -> None:
         }
         cpu: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
         closes: dict[str, list[float]] = {name: [] for name in systems}
+        quiet_closes: dict[str, list[float]] = {name: [] for name in systems}
         measures = [f"tokens/s, {n} stream{'s' if n > 1 else ''}" for n in args.streams]
         measures.append("hang-up to idle (ms)")
         results: dict[str, dict[str, list[float]]] = {
@@ -278,6 +297,9 @@ async def main(args: argparse.Namespace) -> None:
                                     cpu[name].setdefault(f"{role} {comm}", []).append(per_token)
                     idle = await hang_up_to_idle(http, url, f"{metrics}/metrics", closes[name])
                     figures["hang-up to idle (ms)"].append(idle * 1000)
+                    if marks_dir is not None:
+                        quiet = quiet_closes[name]
+                        await hang_up_to_idle(http, url, f"{metrics}/metrics", quiet, poll=False)
         for name, figures in results.items():
             for what, values in figures.items():
                 print(
@@ -297,12 +319,16 @@ async def main(args: argparse.Namespace) -> None:
             )
         if marks_dir is not None:
             marks = read_marks(marks_dir)
-            for name, pids in roots.items():
-                for step, values in timeline(marks, STEPS[name], pids, closes[name]).items():
-                    print(
-                        f"{name:12} hang-up -> {step:22} median {statistics.median(values):6.2f} ms"
-                        f"  (min {min(values):.2f}, max {max(values):.2f}, {len(values)} hang-ups)"
-                    )
+            for label, hang_ups in (("polled", closes), ("quiet", quiet_closes)):
+                for name, pids in roots.items():
+                    every = closes[name] + quiet_closes[name]
+                    steps = timeline(marks, STEPS[name], pids, hang_ups[name], every)
+                    for step, values in steps.items():
+                        print(
+                            f"{name:12} {label:6} hang-up -> {step:15} "
+                            f"median {statistics.median(values):6.2f} ms  (min {min(values):.2f},"
+                            f" max {max(values):.2f}, {len(values)} hang-ups)"
+                        )
         ours, theirs = results["dynamo-trio"], results["vLLM server"]
         for what in measures:
             ratios = [a / b for a, b in zip(ours[what], theirs[what], strict=True)]
