@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import trio
 
+from ._contain import collapse
 from ._tracing import REQUEST_ID, TraceContext
 
 if TYPE_CHECKING:
@@ -578,7 +579,7 @@ class Context:
                 finally:
                     self._work_over()
         except BaseExceptionGroup as group:
-            raise _collapse(group) from None
+            raise collapse(group) or group from None
         finally:
             self.finish()
 
@@ -618,7 +619,7 @@ class Context:
                 finally:
                     self._work_over()
         except BaseExceptionGroup as group:
-            raise _collapse(group) from None
+            raise collapse(group) or group from None
         finally:
             self.finish()
         return result  # None if killed: the scope absorbed the cancellation
@@ -949,11 +950,3 @@ def _is_failure(exc: BaseException) -> bool:
 
 def _to_trio_time(deadline: float) -> float:
     return trio.current_time() + (deadline - time.monotonic())
-
-
-def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """Unwrap nursery groups that hold a single exception, so the body's error surfaces as is."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc

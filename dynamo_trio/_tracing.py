@@ -60,10 +60,6 @@ class ParsedTraceParent:
     parent_id: str
     flags: int
 
-    @property
-    def sampled(self) -> bool:
-        return bool(self.flags & _SAMPLED)
-
 
 def parse_traceparent(value: str | None) -> ParsedTraceParent | None:
     """The fields of a W3C ``traceparent`` header, or ``None`` if it is absent or invalid."""

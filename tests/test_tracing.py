@@ -44,7 +44,6 @@ HEX = re.compile(r"[0-9a-f]+")
 def test_a_valid_traceparent_is_parsed() -> None:
     assert parse_traceparent(VALID) == ParsedTraceParent(0, TRACE, PARENT, 1)
     assert parse_traceparent(f"00-{TRACE}-{PARENT}-00") == ParsedTraceParent(0, TRACE, PARENT, 0)
-    assert not ParsedTraceParent(0, TRACE, PARENT, 0).sampled
     # Optional whitespace around a header value is not part of it.
     assert parse_traceparent(f" \t{VALID} ") == ParsedTraceParent(0, TRACE, PARENT, 1)
 

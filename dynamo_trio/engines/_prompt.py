@@ -3,6 +3,7 @@
 Chat messages go through the model's chat template (with the generation
 prompt); a model without one (a base model) gets plain ``role: content``
 turns.  A completion prompt is encoded with the tokenizer's special tokens.
+A text engine registers its model for both kinds of request the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..llm import ContextLengthExceeded
 
 if TYPE_CHECKING:
     from ..llm import GenerateRequest
+    from ..runtime import Endpoint
 
 
 def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
@@ -48,3 +50,14 @@ def output_budget(
     if requested is not None:
         return requested
     return room if default is None else min(default, room)
+
+
+async def register_text_model(served: Endpoint, model_name: str, context_length: int) -> None:
+    """Register ``model_name`` on ``served`` for chat and completions; the engine takes
+    continuations (a request moved from a failed worker resumes here)."""
+    await served.register_model(
+        model_name, "chat", context_length=context_length, accepts_continuation=True
+    )
+    await served.register_model(
+        model_name, "completions", context_length=context_length, accepts_continuation=True
+    )

@@ -25,7 +25,7 @@ from ..llm import (
 )
 from ._detokenize import Detokenizer
 from ._metrics import EngineMetrics
-from ._prompt import output_budget, prompt_ids
+from ._prompt import output_budget, prompt_ids, register_text_model
 from ._thread import stream_from_thread
 
 if TYPE_CHECKING:
@@ -372,12 +372,7 @@ async def serve_transformers(
     served = runtime.endpoint(endpoint)
     async with trio.open_nursery() as nursery:
         await nursery.start(served.serve_endpoint, engine.generate)
-        card: dict[str, Any] = {
-            "context_length": engine.context_length,
-            "accepts_continuation": True,
-        }
-        await served.register_model(model_name, "chat", **card)
-        await served.register_model(model_name, "completions", **card)
+        await register_text_model(served, model_name, engine.context_length)
         embed = runtime.endpoint(f"{endpoint.rsplit('.', 1)[0]}.embed")
         await nursery.start(embed.serve_endpoint, engine.embed)
         await embed.register_model(model_name, "embeddings", context_length=engine.context_length)

@@ -21,7 +21,7 @@ from ..llm import StopMatcher, validate_generate_request
 from ..runtime._runtime import dynamo_worker
 from ._asyncio import AsyncioLoop, open_asyncio_loop
 from ._detokenize import Detokenizer
-from ._prompt import output_budget, prompt_ids
+from ._prompt import output_budget, prompt_ids, register_text_model
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -215,8 +215,12 @@ async def run_vllm_worker(
             engine, tokenizer = await bridge.run(partial(_start_engine, str(model_dir), args))
             try:
                 runtime.registry.register(_VllmCollector())
-                served = VllmEngine(bridge, engine, tokenizer)
-                await _serve(runtime, served, model_name, endpoint)
+                handler = VllmEngine(bridge, engine, tokenizer)
+                served = runtime.endpoint(endpoint)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(served.serve_endpoint, handler.generate)
+                    await register_text_model(served, model_name, handler.context_length)
+                    _log.info("serving %s (chat, completions) at %s", model_name, served.path)
             finally:
                 with trio.CancelScope(shield=True):
                     await bridge.run(partial(_stop_engine, engine))
@@ -238,18 +242,3 @@ async def _start_engine(model_dir: str, args: dict[str, Any]) -> tuple[Any, Any]
 async def _stop_engine(engine: Any) -> None:
     """On the loop: shut the engine down; its engine-core process exits."""
     engine.shutdown()
-
-
-async def _serve(
-    runtime: DistributedRuntime, engine: VllmEngine, model_name: str, endpoint: str
-) -> None:
-    served = runtime.endpoint(endpoint)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(served.serve_endpoint, engine.generate)
-        card: dict[str, Any] = {
-            "context_length": engine.context_length,
-            "accepts_continuation": True,
-        }
-        await served.register_model(model_name, "chat", **card)
-        await served.register_model(model_name, "completions", **card)
-        _log.info("serving %s (chat, completions) at %s", model_name, served.path)

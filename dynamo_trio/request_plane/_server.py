@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._contain import contain, split_live_cancellation
+from .._contain import collapse, contain, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from .._hostport import host_port
@@ -63,8 +63,7 @@ _RUNTIME_CANCELS: Final = frozenset(
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return _describe(exc.exceptions[0])
+    exc = collapse(exc) or exc
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
