@@ -91,11 +91,6 @@ def kserve_dtype(name: str) -> DType:
     return dtype
 
 
-def dynamo_dtype(name: str) -> str:
-    """``name`` (either spelling) as a worker spells it (raises ``ValueError``)."""
-    return kserve_dtype(name).dynamo
-
-
 def _invalid(message: str) -> GrpcError:
     return GrpcError(Status.INVALID_ARGUMENT, message)
 
