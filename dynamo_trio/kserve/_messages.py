@@ -1,14 +1,9 @@
-"""The KServe v2 messages of ``inference.GRPCInferenceService``, described here.
+"""The messages of KServe's ``inference.GRPCInferenceService`` (Triton's ``grpc_service.proto``
+and the part of ``model_config.proto`` ``ModelConfig`` needs), as a table of fields.
 
-The protocol is KServe's "Open Inference Protocol" (Triton's
-``grpc_service.proto`` and the part of ``model_config.proto`` that
-``ModelConfig`` answers need).  Its messages are described below as a table
-of ``(number, name, type, repeated)`` fields, from which a
-``FileDescriptorProto`` is built at import, in a descriptor pool of its own
-(so a process that also imports a Triton client's generated classes has no
-clash).  Names and field numbers are the protocol's, so any KServe or Triton
-client interoperates; only the messages and fields this server reads or
-writes are described (unknown fields a client sends are skipped by protobuf).
+A ``FileDescriptorProto`` is built from the table at import, in a descriptor pool of its
+own, so a Triton client's generated classes in the same process do not clash.  Names and
+numbers are the protocol's; only the fields this server reads or writes are described.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The KServe v2 gRPC server of the frontend: ``inference.GRPCInferenceService`` as ASGI.
 
-It runs on the HTTP edge's hypercorn (HTTP/2, full duplex, trailers).  One call is
-one :class:`_Call`: in the call's own nursery a reader deframes the request's DATA
-and watches for the client's end of the call while the method's handler runs.
-Each inference has its own :class:`~dynamo_trio.Context` with the call's
-``grpc-timeout`` as its deadline, and a client's cancel applies the frontend's
-hang-up rule to it, counted once under ``endpoint="tensor"``.  Failures end a
-call with a status through one mapping (:func:`~._status.status_for`); see
-docs/kserve.md.
+One call is one :class:`_Call`: in the call's nursery a reader deframes the request's
+DATA and watches for the client leaving while the handler runs.  Each inference has its
+own :class:`~dynamo_trio.Context` (the call's ``grpc-timeout`` its deadline), to which a
+client's cancel applies the frontend's hang-up rule, counted once under
+``endpoint="tensor"``; failures end a call through :func:`~._status.status_for`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Tensors between KServe's messages and a worker's requests (Dynamo's tensor shape).
 
-A worker serving a ``tensor`` model receives and yields dicts with ``id``, ``model``,
-``tensors`` (each ``{"metadata": {name, data_type, shape}, "data": {data_type,
-values}}``, values flat and row-major), ``parameters`` and ``outputs``, as Dynamo's
-``NvCreateTensorRequest``.  A request in the raw form (``raw_input_contents``) is
-answered in it, and so is one with ``FP16``/``BF16`` outputs.  What a client can get
-wrong is an ``INVALID_ARGUMENT`` here, before any worker is called; docs/kserve.md
-shows the shapes.
+A worker receives and yields dicts with ``id``, ``model``, ``tensors`` (each
+``{"metadata": {name, data_type, shape}, "data": {data_type, values}}``, values flat and
+row-major), ``parameters`` and ``outputs``.  A raw request (``raw_input_contents``), or
+one with ``FP16``/``BF16`` outputs, is answered raw.  A client's mistake is an
+``INVALID_ARGUMENT`` here, before any worker is called; docs/kserve.md shows the shapes.
 """
 
 from __future__ import annotations
