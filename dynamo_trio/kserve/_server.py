@@ -484,11 +484,7 @@ class KServeApp:
                 call.give(len(data))
 
     async def _run_inference(
-        self,
-        call: _Call,
-        request: Any,
-        request_type: Any,
-        send: Callable[[Any], Awaitable[None]],
+        self, call: _Call, request: Any, request_type: Any, send: Callable[[Any], Awaitable[None]]
     ) -> None:
         """One inference: validated, sent to a worker under its own context, its
         responses passed to ``send``; counted and ended as the module docstring says.
