@@ -106,8 +106,6 @@ def _elements(name: str, shape: list[int]) -> int:
 
 
 def _unpack_array(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * dtype.size:
-        raise ValueError(f"{len(raw)} raw bytes ({count * dtype.size} expected)")
     values = array(dtype.code, raw)
     if _SWAP:
         values.byteswap()
@@ -124,8 +122,6 @@ def _pack_array(dtype: DType, values: list[Any]) -> bytes:
 
 
 def _unpack_fp16(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * 2:
-        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
     return list(struct.unpack(f"<{count}e", raw))
 
 
@@ -146,8 +142,6 @@ def _half(value: float) -> bytes:
 
 
 def _unpack_bf16(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * 2:
-        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
     halves = array("H", raw)
     if _SWAP:
         halves.byteswap()
@@ -212,6 +206,8 @@ _CODECS: Final = {
 
 def _unpack(dtype: DType, raw: bytes, count: int) -> list[Any]:
     """The worker's values of ``count`` elements in ``raw`` (``ValueError``: a wrong size)."""
+    if dtype.size and len(raw) != count * dtype.size:
+        raise ValueError(f"{len(raw)} raw bytes ({count * dtype.size} expected)")
     unpack, _ = _CODECS.get(dtype.kserve, (_unpack_array, _pack_array))
     return unpack(dtype, raw, count)
 
