@@ -316,12 +316,7 @@ class EtcdGateway:
             with trio.move_on_after(self._timeout, shield=True):
                 await response.aclose()
 
-    async def _call(
-        self,
-        path: str,
-        request: object,
-        response_type: type[_M],
-    ) -> _M:
+    async def _call(self, path: str, request: object, response_type: type[_M]) -> _M:
         response = await self._send(path, request, http_timeout=self._timeout)
         try:
             return msgspec.json.decode(response.content, type=response_type, strict=False)

@@ -13,14 +13,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._base import (
-    Discovery,
-    check_key,
-    check_value,
-    log_repairs,
-    plan_repairs,
-    random_lease_id,
-)
+from ._base import Discovery, check_key, check_value, log_repairs, plan_repairs, random_lease_id
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:

@@ -23,9 +23,7 @@ def make_discovery(
     match config.backend:
         case "mem":
             return MemoryDiscovery(
-                memory_store,
-                lease_ttl=config.lease_ttl,
-                max_record_size=config.max_record_size,
+                memory_store, lease_ttl=config.lease_ttl, max_record_size=config.max_record_size
             )
         case "file":
             return FileDiscovery(config)

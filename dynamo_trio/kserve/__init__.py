@@ -1,11 +1,7 @@
 """The KServe v2 gRPC frontend: tensor models behind ``inference.GRPCInferenceService``.
 
-``--kserve-grpc-port`` on ``dynamo-trio frontend`` (or ``run``) serves it beside
-HTTP, in the same process and over the same model registry, metrics and
-drain: :func:`serve_kserve`.  The modules: ``_wire`` (gRPC framing),
-``_messages`` (the protocol's messages), ``_tensors`` (tensors to and from a
-worker's requests), ``_status`` (failures to status codes) and ``_server``
-(the calls).
+``--kserve-grpc-port`` on ``dynamo-trio frontend`` (or ``run``) serves it beside HTTP, in
+the same process and over the same model registry, metrics and drain: :func:`serve_kserve`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The KServe v2 messages of ``inference.GRPCInferenceService``, described here.
+"""The messages of KServe's ``inference.GRPCInferenceService`` (Triton's ``grpc_service.proto``
+and the part of ``model_config.proto`` ``ModelConfig`` needs), as a table of fields.
 
-The protocol is KServe's "Open Inference Protocol" (Triton's
-``grpc_service.proto`` and the part of ``model_config.proto`` that
-``ModelConfig`` answers need).  Its messages are described below as a table
-of ``(number, name, type, repeated)`` fields, from which a
-``FileDescriptorProto`` is built at import, in a descriptor pool of its own
-(so a process that also imports a Triton client's generated classes has no
-clash).  Names and field numbers are the protocol's, so any KServe or Triton
-client interoperates; only the messages and fields this server reads or
-writes are described (unknown fields a client sends are skipped by protobuf).
+A ``FileDescriptorProto`` is built from the table at import, in a descriptor pool of its
+own, so a Triton client's generated classes in the same process do not clash.  Names and
+numbers are the protocol's; only the fields this server reads or writes are described.
 """
 
 from __future__ import annotations
@@ -41,20 +36,31 @@ Field = tuple[int, str, str, bool]
 enum name (``.inference.X``), ``map<string,X>`` a map."""
 
 _PARAMETERS: Final[Field] = (4, "parameters", "map<string,InferParameter>", False)
+_NAME_VERSION: Final[list[Field]] = [(1, "name", "string", False), (2, "version", "string", False)]
+_TENSOR: Final[list[Field]] = [
+    (1, "name", "string", False),
+    (2, "datatype", "string", False),
+    (3, "shape", "int64", True),
+    _PARAMETERS,
+    (5, "contents", "InferTensorContents", False),
+]
+"""An input or output tensor of an infer call; its first three fields are a tensor's metadata."""
+_INFER: Final[list[Field]] = [
+    (1, "model_name", "string", False),
+    (2, "model_version", "string", False),
+    (3, "id", "string", False),
+    _PARAMETERS,
+]
 
 MESSAGES: Final[dict[str, list[Field]]] = {
     "ServerLiveRequest": [],
     "ServerLiveResponse": [(1, "live", "bool", False)],
     "ServerReadyRequest": [],
     "ServerReadyResponse": [(1, "ready", "bool", False)],
-    "ModelReadyRequest": [(1, "name", "string", False), (2, "version", "string", False)],
+    "ModelReadyRequest": _NAME_VERSION,
     "ModelReadyResponse": [(1, "ready", "bool", False)],
-    "ModelMetadataRequest": [(1, "name", "string", False), (2, "version", "string", False)],
-    "ModelMetadataResponse.TensorMetadata": [
-        (1, "name", "string", False),
-        (2, "datatype", "string", False),
-        (3, "shape", "int64", True),
-    ],
+    "ModelMetadataRequest": _NAME_VERSION,
+    "ModelMetadataResponse.TensorMetadata": _TENSOR[:3],
     "ModelMetadataResponse": [
         (1, "name", "string", False),
         (2, "versions", "string", True),
@@ -79,38 +85,20 @@ MESSAGES: Final[dict[str, list[Field]]] = {
         (7, "fp64_contents", "double", True),
         (8, "bytes_contents", "bytes", True),
     ],
-    "ModelInferRequest.InferInputTensor": [
-        (1, "name", "string", False),
-        (2, "datatype", "string", False),
-        (3, "shape", "int64", True),
-        _PARAMETERS,
-        (5, "contents", "InferTensorContents", False),
-    ],
+    "ModelInferRequest.InferInputTensor": _TENSOR,
     "ModelInferRequest.InferRequestedOutputTensor": [
         (1, "name", "string", False),
         (2, "parameters", "map<string,InferParameter>", False),
     ],
     "ModelInferRequest": [
-        (1, "model_name", "string", False),
-        (2, "model_version", "string", False),
-        (3, "id", "string", False),
-        _PARAMETERS,
+        *_INFER,
         (5, "inputs", "ModelInferRequest.InferInputTensor", True),
         (6, "outputs", "ModelInferRequest.InferRequestedOutputTensor", True),
         (7, "raw_input_contents", "bytes", True),
     ],
-    "ModelInferResponse.InferOutputTensor": [
-        (1, "name", "string", False),
-        (2, "datatype", "string", False),
-        (3, "shape", "int64", True),
-        _PARAMETERS,
-        (5, "contents", "InferTensorContents", False),
-    ],
+    "ModelInferResponse.InferOutputTensor": _TENSOR,
     "ModelInferResponse": [
-        (1, "model_name", "string", False),
-        (2, "model_version", "string", False),
-        (3, "id", "string", False),
-        _PARAMETERS,
+        *_INFER,
         (5, "outputs", "ModelInferResponse.InferOutputTensor", True),
         (6, "raw_output_contents", "bytes", True),
     ],
@@ -118,7 +106,7 @@ MESSAGES: Final[dict[str, list[Field]]] = {
         (1, "error_message", "string", False),
         (2, "infer_response", "ModelInferResponse", False),
     ],
-    "ModelConfigRequest": [(1, "name", "string", False), (2, "version", "string", False)],
+    "ModelConfigRequest": _NAME_VERSION,
     "ModelInput": [
         (1, "name", "string", False),
         (2, "data_type", "enum DataType", False),

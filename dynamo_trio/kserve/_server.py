@@ -1,13 +1,10 @@
 """The KServe v2 gRPC server of the frontend: ``inference.GRPCInferenceService`` as ASGI.
 
-It runs on the HTTP edge's hypercorn (HTTP/2, full duplex, trailers).  One call is
-one :class:`_Call`: in the call's own nursery a reader deframes the request's DATA
-and watches for the client's end of the call while the method's handler runs.
-Each inference has its own :class:`~dynamo_trio.Context` with the call's
-``grpc-timeout`` as its deadline, and a client's cancel applies the frontend's
-hang-up rule to it, counted once under ``endpoint="tensor"``.  Failures end a
-call with a status through one mapping (:func:`~._status.status_for`); see
-docs/kserve.md.
+One call is one :class:`_Call`: in the call's nursery a reader deframes the request's
+DATA and watches for the client leaving while the handler runs.  Each inference has its
+own :class:`~dynamo_trio.Context` (the call's ``grpc-timeout`` its deadline), to which a
+client's cancel applies the frontend's hang-up rule, counted once under
+``endpoint="tensor"``; failures end a call through :func:`~._status.status_for`.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ if TYPE_CHECKING:
 
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
-    from ..discovery import ModelCard, TensorSpec
+    from ..discovery import ModelCard, TensorModelConfig, TensorSpec
     from ..frontend._models import ModelRoute
     from ..frontend._pipeline import Pipeline
 
@@ -280,10 +277,6 @@ async def _one_message(call: _Call) -> bytes:
     return found
 
 
-def _decode(message_type: type[Any], data: bytes) -> Any:
-    return message_type.FromString(data)
-
-
 @dataclass(frozen=True, slots=True)
 class _Method:
     """One unary method of the service: its request type, and what answers it
@@ -363,7 +356,7 @@ class KServeApp:
         method = _METHODS.get(name) if service == SERVICE else None
         if method is None:
             raise GrpcError(Status.UNIMPLEMENTED, f"no method {path[:100]!r} is served")
-        request = _decode(message_class(method.request), await _one_message(call))
+        request = message_class(method.request).FromString(await _one_message(call))
         await call.answer(await method.respond(self, call, request))
 
     # ------------------------------------------------------------------ metadata
@@ -378,19 +371,17 @@ class KServeApp:
         ready = bool(self._pipeline.models.cards(request.name, "tensor"))
         return message_class("ModelReadyResponse")(ready=ready)
 
-    def _card(self, name: str) -> ModelCard:
+    def _card(self, name: str) -> tuple[ModelCard, TensorModelConfig]:
         card = self._route(name).card
         if card.tensor_model_config is None:
             raise GrpcError(Status.INTERNAL, f"the model {name!r} has no tensor_model_config")
-        return card
+        return card, card.tensor_model_config
 
     def _route(self, name: str) -> ModelRoute:
         return self._pipeline.models.route(name, "tensor")
 
     async def _model_metadata(self, call: _Call, request: Any) -> Any:
-        card = self._card(request.name)
-        config = card.tensor_model_config
-        assert config is not None
+        card, config = self._card(request.name)
         response = message_class("ModelMetadataResponse")(
             name=card.name, versions=["1"], platform="dynamo"
         )
@@ -400,17 +391,14 @@ class KServeApp:
         return response
 
     async def _model_config(self, call: _Call, request: Any) -> Any:
-        card = self._card(request.name)
-        config = card.tensor_model_config
-        assert config is not None
+        card, config = self._card(request.name)
         response = message_class("ModelConfigResponse")()
-        response.config.name = card.name
-        response.config.platform = "dynamo"
-        response.config.backend = "dynamo"
-        for spec in config.inputs:
-            response.config.input.add(name=spec.name, data_type=_enum(spec), dims=list(spec.shape))
-        for spec in config.outputs:
-            response.config.output.add(name=spec.name, data_type=_enum(spec), dims=list(spec.shape))
+        model = response.config
+        model.name = card.name
+        model.platform = model.backend = "dynamo"
+        for specs, into in ((config.inputs, model.input), (config.outputs, model.output)):
+            for spec in specs:
+                into.add(name=spec.name, data_type=_enum(spec), dims=list(spec.shape))
         return response
 
     # ------------------------------------------------------------------ inference
@@ -464,7 +452,7 @@ class KServeApp:
         else:
             call.give(len(data))
         try:
-            request = _decode(_ModelInferRequest, data)
+            request = _ModelInferRequest.FromString(data)
             request_id = request.id
             if too_many:
                 raise GrpcError(
@@ -496,11 +484,7 @@ class KServeApp:
                 call.give(len(data))
 
     async def _run_inference(
-        self,
-        call: _Call,
-        request: Any,
-        request_type: Any,
-        send: Callable[[Any], Awaitable[None]],
+        self, call: _Call, request: Any, request_type: Any, send: Callable[[Any], Awaitable[None]]
     ) -> None:
         """One inference: validated, sent to a worker under its own context, its
         responses passed to ``send``; counted and ended as the module docstring says.

@@ -1,10 +1,7 @@
 """gRPC status codes, and the one mapping from a failure to the status a call ends with.
 
-Every failure of a call goes through :func:`status_for`: the frontend's own
-errors keep the HTTP status the OpenAI routes would answer with
-(:func:`~dynamo_trio.llm.status_for_error`), and that status is translated
-once, in :data:`_FROM_HTTP`, so the two frontends never disagree on what a
-failure means.
+The frontend's own errors keep the HTTP status the OpenAI routes answer with, translated
+once in :data:`_FROM_HTTP`, so the two frontends never disagree on what a failure means.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Tensors between KServe's messages and a worker's requests (Dynamo's tensor shape).
 
-A worker serving a ``tensor`` model receives and yields dicts with ``id``, ``model``,
-``tensors`` (each ``{"metadata": {name, data_type, shape}, "data": {data_type,
-values}}``, values flat and row-major), ``parameters`` and ``outputs``, as Dynamo's
-``NvCreateTensorRequest``.  A request in the raw form (``raw_input_contents``) is
-answered in it, and so is one with ``FP16``/``BF16`` outputs.  What a client can get
-wrong is an ``INVALID_ARGUMENT`` here, before any worker is called; docs/kserve.md
-shows the shapes.
+A worker receives and yields dicts with ``id``, ``model``, ``tensors`` (each
+``{"metadata": {name, data_type, shape}, "data": {data_type, values}}``, values flat and
+row-major), ``parameters`` and ``outputs``.  A raw request (``raw_input_contents``), or
+one with ``FP16``/``BF16`` outputs, is answered raw.  A client's mistake is an
+``INVALID_ARGUMENT`` here, before any worker is called; docs/kserve.md shows the shapes.
 """
 
 from __future__ import annotations
@@ -91,11 +89,6 @@ def kserve_dtype(name: str) -> DType:
     return dtype
 
 
-def dynamo_dtype(name: str) -> str:
-    """``name`` (either spelling) as a worker spells it (raises ``ValueError``)."""
-    return kserve_dtype(name).dynamo
-
-
 def _invalid(message: str) -> GrpcError:
     return GrpcError(Status.INVALID_ARGUMENT, message)
 
@@ -113,8 +106,6 @@ def _elements(name: str, shape: list[int]) -> int:
 
 
 def _unpack_array(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * dtype.size:
-        raise ValueError(f"{len(raw)} raw bytes ({count * dtype.size} expected)")
     values = array(dtype.code, raw)
     if _SWAP:
         values.byteswap()
@@ -131,8 +122,6 @@ def _pack_array(dtype: DType, values: list[Any]) -> bytes:
 
 
 def _unpack_fp16(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * 2:
-        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
     return list(struct.unpack(f"<{count}e", raw))
 
 
@@ -153,8 +142,6 @@ def _half(value: float) -> bytes:
 
 
 def _unpack_bf16(dtype: DType, raw: bytes, count: int) -> list[Any]:
-    if len(raw) != count * 2:
-        raise ValueError(f"{len(raw)} raw bytes ({count * 2} expected)")
     halves = array("H", raw)
     if _SWAP:
         halves.byteswap()
@@ -219,6 +206,8 @@ _CODECS: Final = {
 
 def _unpack(dtype: DType, raw: bytes, count: int) -> list[Any]:
     """The worker's values of ``count`` elements in ``raw`` (``ValueError``: a wrong size)."""
+    if dtype.size and len(raw) != count * dtype.size:
+        raise ValueError(f"{len(raw)} raw bytes ({count * dtype.size} expected)")
     unpack, _ = _CODECS.get(dtype.kserve, (_unpack_array, _pack_array))
     return unpack(dtype, raw, count)
 

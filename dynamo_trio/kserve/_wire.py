@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import zlib
 from typing import TYPE_CHECKING, Final, final
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -166,8 +166,3 @@ def parse_timeout(value: str) -> float:
 def encode_grpc_message(text: str) -> str:
     """``grpc-message`` as sent: percent-encoded, printable ASCII only."""
     return quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
-
-
-def decode_grpc_message(value: str) -> str:
-    """The text of a received ``grpc-message``."""
-    return unquote(value)

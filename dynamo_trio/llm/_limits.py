@@ -27,11 +27,7 @@ class TokenLimits(Protocol):
 
 
 def check_output_tokens(
-    limits: TokenLimits,
-    requested: dict[str, int | None],
-    *,
-    model: str,
-    anthropic: bool = False,
+    limits: TokenLimits, requested: dict[str, int | None], *, model: str, anthropic: bool = False
 ) -> None:
     """Refuse (400 naming it) the first of ``requested`` (``{param: count or None}``) over the
     model's limits, worded as Anthropic's API does if ``anthropic``."""

@@ -298,11 +298,7 @@ class _ChunkStream(EventStream):
     _id_prefix: str
 
     def __init__(
-        self,
-        request: _OpenAIRequest,
-        request_id: str,
-        *,
-        created: int | None = None,
+        self, request: _OpenAIRequest, request_id: str, *, created: int | None = None
     ) -> None:
         super().__init__()
         self._id = self._id_prefix + request_id

@@ -24,10 +24,7 @@ def _field(name: bytes, value: str) -> bytes:
 
 
 def encode_event(
-    data: str | bytes | Mapping[str, object],
-    event: str | None = None,
-    *,
-    id: str | None = None,
+    data: str | bytes | Mapping[str, object], event: str | None = None, *, id: str | None = None
 ) -> bytes:
     """The bytes of one SSE event: ``data`` a JSON object (compact) or text (maybe multi-line).
 

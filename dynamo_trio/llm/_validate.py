@@ -41,42 +41,31 @@ def join(prefix: str, key: str | int) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
+def _bad_request(param: str | None, message: str, code: str) -> RequestError:
+    return RequestError(400, message, param=param, code=code)
+
+
 def invalid_type(param: str | None, expected: str, value: object) -> RequestError:
     """The error for a value of the wrong JSON type (``param=None`` is the whole body)."""
     where = f"'{param}'" if param else "the request body"
-    return RequestError(
-        400,
-        f"Invalid type for {where}: expected {expected}, but got {describe(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
+    message = f"Invalid type for {where}: expected {expected}, but got {describe(value)} instead."
+    return _bad_request(param, message, "invalid_type")
 
 
 def invalid_value(param: str, detail: str) -> RequestError:
     """The error for a value of the right type that is not allowed."""
-    return RequestError(
-        400, f"Invalid value for '{param}': {detail}", param=param, code="invalid_value"
-    )
+    return _bad_request(param, f"Invalid value for '{param}': {detail}", "invalid_value")
 
 
 def missing(param: str) -> RequestError:
     """The error for an absent (or null) required parameter."""
-    return RequestError(
-        400,
-        f"Missing required parameter: '{param}'.",
-        param=param,
-        code="missing_required_parameter",
-    )
+    message = f"Missing required parameter: '{param}'."
+    return _bad_request(param, message, "missing_required_parameter")
 
 
 def unsupported(param: str, detail: str) -> RequestError:
     """The error for a valid value that this server does not implement."""
-    return RequestError(
-        400,
-        f"Unsupported value for '{param}': {detail}",
-        param=param,
-        code="unsupported_value",
-    )
+    return _bad_request(param, f"Unsupported value for '{param}': {detail}", "unsupported_value")
 
 
 def expect_object(value: object, param: str | None) -> JsonObject:

@@ -125,8 +125,9 @@ class MockEngine:
                 f"embedding size ({full})"
             )
         context_length = self._settings.context_length
-        for text in valid["input"]:
-            tokens = count_tokens(text)
+        inputs = valid["input"]
+        counts = [count_tokens(text) for text in inputs]
+        for tokens in counts:
             if tokens > context_length:
                 raise ContextLengthExceeded(
                     context_length=context_length,
@@ -136,10 +137,9 @@ class MockEngine:
                 )
         if await wait_until(trio.current_time() + self._first_delay, context):
             return
-        inputs = valid["input"]
         yield {
             "embeddings": [_embedding(text, full, dimensions) for text in inputs],
-            "usage": {"prompt_tokens": sum(count_tokens(text) for text in inputs)},
+            "usage": {"prompt_tokens": sum(counts)},
         }
 
 

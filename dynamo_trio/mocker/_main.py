@@ -86,11 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     @dynamo_worker(config)
     async def worker(runtime: DistributedRuntime) -> None:
         await serve_mocker(
-            runtime,
-            engine,
-            **names,
-            namespace=config.frontend.namespace,
-            component=args.component,
+            runtime, engine, **names, namespace=config.frontend.namespace, component=args.component
         )
 
     trio.run(worker)

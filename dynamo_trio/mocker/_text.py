@@ -26,7 +26,6 @@ VOCABULARY: Final = (
 )  # fmt: skip
 """The 64 words the mock engine speaks; token id ``i`` is ``VOCABULARY[i]``."""
 
-_FIRST: Final = VOCABULARY
 _NEXT: Final = tuple(" " + word for word in VOCABULARY)
 _INDEX_BITS: Final = 6  # 2**6 == len(VOCABULARY)
 _TOKEN_PATTERN: Final = re.compile(r"\w+|[^\w\s]")
@@ -61,5 +60,5 @@ class TokenSource:
         index = self._random.getrandbits(_INDEX_BITS)
         if self._first:
             self._first = False
-            return index, _FIRST[index]
+            return index, VOCABULARY[index]
         return index, _NEXT[index]

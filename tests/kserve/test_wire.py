@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import zlib
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -14,7 +15,6 @@ from hypothesis import given, settings, strategies as st
 from dynamo_trio.kserve._wire import (
     Deframer,
     WireError,
-    decode_grpc_message,
     encode_grpc_message,
     frame,
     parse_timeout,
@@ -195,4 +195,4 @@ def test_invalid_grpc_timeouts(header: str) -> None:
 def test_grpc_message_round_trips_as_printable_ascii(text: str) -> None:
     encoded = encode_grpc_message(text)
     assert encoded.isascii() and all(0x20 <= ord(c) <= 0x7E for c in encoded)
-    assert decode_grpc_message(encoded) == text
+    assert unquote(encoded) == text  # as a gRPC client decodes it
