@@ -46,7 +46,12 @@ class Mocker:
         self.status_url = status_url
 
     async def requests(self) -> float:
-        return await handled(self.status_url)
+        """Requests it handled so far; 0 while its status server is not listening yet
+        (its model may be listed, by its other endpoint's registration, a moment sooner)."""
+        try:
+            return await handled(self.status_url)
+        except httpx.ConnectError:
+            return 0.0
 
 
 async def start_mocker(
