@@ -5,9 +5,9 @@ Run: ``python3 benchmarks/suite.py [--coverage] [-- PYTEST ARGS]`` (default ``-n
 every test that starts a process (fixtures included), and prints:
 
 - the wall time and pytest's summary line;
-- **real-process share**: the lines of the test functions that started a process, over
-  all lines under ``tests/``; and the same with the process harnesses added (helper
-  modules under ``tests/`` that start processes themselves);
+- **real-process share**: the lines of the test functions that started a process (or
+  used a fixture that did), over all lines under ``tests/``; and the same with the
+  process harnesses added (helper modules under ``tests/`` that start processes);
 - with ``--coverage``, branch coverage of ``dynamo_trio`` (subprocesses included).
 
 Skipped tests start nothing: run it under an environment with the engines (the
@@ -43,6 +43,18 @@ def test_functions(path: Path) -> dict[str, int]:
         ):
             lengths[node.name] = node.end_lineno - node.lineno + 1
     return lengths
+
+
+def spawning_tests(lines: list[str]) -> set[str]:
+    """The node ids of the tests that started a process, or used a fixture that did."""
+    tests = {line[5:] for line in lines if line.startswith("test ")}
+    fixtures = {line[8:] for line in lines if line.startswith("fixture ")}
+    for line in lines:
+        if line.startswith("uses "):
+            _, nodeid, *used = line.split(" ")
+            if fixtures.intersection(used):
+                tests.add(nodeid)
+    return tests
 
 
 def share(spawned: set[str]) -> None:
@@ -106,8 +118,7 @@ def main() -> None:
         wall = time.perf_counter() - started
         summary = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
         print(f"wall time: {wall:.1f} s; pytest: {summary[0]} (exit {result.returncode})")
-        spawned = set(log.read_text().split()) if log.exists() else set()
-        share(spawned)
+        share(spawning_tests(log.read_text().splitlines() if log.exists() else []))
         if args.coverage:
             coverage = [sys.executable, "-m", "coverage"]
             subprocess.run([*coverage, "combine", "-q"], cwd=REPO, env=env, check=True)
