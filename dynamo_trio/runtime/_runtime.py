@@ -488,13 +488,16 @@ class Endpoint:
     ) -> None:
         """Serve ``handler(request[, context])`` here until the runtime shuts down.
 
-        ``nursery.start`` returns once registered.  ``graceful_shutdown=False``:
-        a shutdown kills this endpoint's requests instead of draining them.
-        ``metrics_labels`` are extra labels on its ``dynamo_component_*`` series.
+        ``nursery.start`` returns once registered (at once, registering nothing, if the
+        shutdown began first: a signal during a worker's start-up ends it cleanly).
+        ``graceful_shutdown=False``: a shutdown kills this endpoint's requests instead
+        of draining them.  ``metrics_labels`` are extra labels on its
+        ``dynamo_component_*`` series.
         """
         runtime = self.runtime
         if runtime.shutting_down:
-            raise RuntimeError("the runtime is shutting down")
+            task_status.started()
+            return
         if self.path in runtime._endpoints:
             raise RuntimeError(f"{self.path} is already served by this process")
         instance_id = runtime.instance_id

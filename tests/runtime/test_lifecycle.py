@@ -225,3 +225,22 @@ async def test_an_idle_worker_says_goaway_before_closing(
             await trio.sleep(0.01)
     assert connection.drained  # the goaway reached us before the connection closed
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+async def test_an_endpoint_served_after_the_shutdown_began_serves_nothing(
+    cluster: Cluster,
+) -> None:
+    """A signal during a worker's start-up: its endpoint is never registered, and serving
+    it returns at once rather than failing the worker."""
+
+    async def handler(request: Any) -> AsyncIterator[Any]:
+        yield request
+
+    worker = cluster.worker
+    worker.shutdown()
+    endpoint = worker.namespace("dynamo").component("late").endpoint("generate")
+    with trio.fail_after(30):  # a hang guard only
+        async with trio.open_nursery() as nursery:
+            await nursery.start(endpoint.serve_endpoint, handler)
+    assert not [key for key in cluster.store.snapshot("") if "late" in key]
+    assert "dynamo/late/generate" not in worker._endpoints
