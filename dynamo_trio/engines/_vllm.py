@@ -212,7 +212,15 @@ async def run_vllm_worker(
 
         @dynamo_worker(config)
         async def worker(runtime: DistributedRuntime) -> None:
-            engine, tokenizer = await bridge.run(partial(_start_engine, str(model_dir), args))
+            try:
+                engine, tokenizer = await bridge.run(partial(_start_engine, str(model_dir), args))
+            except Exception as exc:
+                if not runtime.shutting_down:
+                    raise
+                # Ctrl-C reaches the engine-core process too, and its start fails: that
+                # is the shutdown asked for, not a crash.
+                _log.warning("shut down while the engine was starting (it reported: %s)", exc)
+                return
             try:
                 runtime.registry.register(_VllmCollector())
                 handler = VllmEngine(bridge, engine, tokenizer)

