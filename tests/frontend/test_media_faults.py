@@ -49,14 +49,20 @@ async def streamed(
 
 
 def recorded(handler: Callable[..., Any], ended: list[Context]) -> Callable[..., Any]:
-    """``handler``, appending its context to ``ended`` once it has ended."""
+    """``handler``, appending its context to ``ended`` once it has ended (closing the
+    handler's generator when it is closed itself: ``async for`` would leave it to the
+    garbage collector, and trio's warning about it to whichever test runs then)."""
 
     async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
+        items = handler(request, context)
         try:
-            async for item in handler(request, context):
+            async for item in items:
                 yield item
         finally:
-            ended.append(context)
+            try:
+                await items.aclose()
+            finally:
+                ended.append(context)
 
     return wrapped
 
