@@ -8,6 +8,7 @@ up mid-stream, counted once on each side, the engine idle after.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -237,7 +238,10 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
     whole, texts = await trio.to_thread.run_sync(chat_then_hang_ups, url, hang_ups)
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 5
-    assert len(whole.choices[0].message.content.split()) == 5  # a word per token
+    # A word per token, except that a special token (sampled at about 1.5% a step: the
+    # weights are random) decodes to none.
+    words = whole.choices[0].message.content.split()
+    assert 1 <= len(words) <= 5 and all(re.fullmatch(r"w\d+", word) for word in words), words
     assert len(texts) == hang_ups and all(texts)
     async with httpx.AsyncClient(base_url=url) as http:  # the same model, as embeddings
         body = {"model": "tiny", "input": ["hello", "tell me"], "dimensions": 8}
