@@ -3,8 +3,9 @@
 ``write_tiny_model(directory)`` saves a 2-layer Llama with random weights
 (hidden size 128, 2 heads of head_dim 64: vLLM's CPU attention refuses
 smaller heads), float32, and a word-level tokenizer built with ``tokenizers``
-whose chat template renders ``role : content`` turns.  Generated words are
-``w0`` .. ``w255``: each token decodes to one word, so each is one SSE chunk.
+whose chat template renders ``role : content`` turns.  Each token decodes to
+one word (``w0`` .. ``w255`` or a prompt word), so each is one SSE chunk; the
+weights are random, so any of them, special tokens too, may be generated.
 Needs torch, transformers and tokenizers.
 """
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 WORDS = 256
 PROMPT_WORDS = ["user", "assistant", "system", ":", "hello", "tell", "me", "a", "long", "story"]
+VOCABULARY_WORDS = frozenset([f"w{i}" for i in range(WORDS)] + PROMPT_WORDS)
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ message['role'] }} : {{ message['content'] }} "
