@@ -27,6 +27,7 @@ from ._gc import tune_gc
 from ._lifeline import lifeline
 from ._malloc import give_back_large_buffers
 from ._signals import killed_on_forced_exit
+from ._startup import run_command
 from .frontend._main import run_frontend, run_workers
 from .mocker._main import MODELS, add_mocker_flags, mocker_argv
 from .runtime._runtime import configure_logging
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
         give_back_large_buffers()
         models = {getattr(args, name) for name in served}
-        trio.run(_run_all, config, worker, args.workers, models)
+        run_command(parser.prog, _run_all, config, worker, args.workers, models)
     finally:
         if kv is not None:
             shutil.rmtree(kv, ignore_errors=True)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from .._startup import CannotServe
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from contextlib import AbstractAsyncContextManager
@@ -30,7 +32,7 @@ CLOSE_TIMEOUT: Final = 5.0
 logger = logging.getLogger("dynamo_trio.discovery")
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(CannotServe):
     """The backend is unreachable, refused the request, or is closed.
 
     Corrupt data found while reading is never raised: it is logged and skipped.

@@ -34,6 +34,7 @@ from hypercorn.utils import repr_socket_addr
 
 from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
+from .._startup import CannotServe
 from ._chunks import CONNECTION_WRITER
 from ._gone import CONNECTION_GONE, ConnectionGone
 from ._guard import GuardedProtocol
@@ -58,7 +59,7 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
     processes may bind the same port and share its connections.
 
     Raises:
-        OSError: if an address cannot be bound (the sockets made so far are closed).
+        CannotServe: if an address cannot be bound (the sockets made so far are closed).
     """
     sockets: list[socket.socket] = []
     try:
@@ -71,7 +72,10 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, int(port)))
+            try:
+                sock.bind((host, int(port)))
+            except OSError as exc:
+                raise CannotServe(f"cannot listen on {bind}: {exc.strerror or exc}") from exc
             sock.setblocking(False)
     except BaseException:
         for sock in sockets:

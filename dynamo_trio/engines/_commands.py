@@ -13,9 +13,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
 from .._config import add_flags, config_from_args
+from .._startup import run_command
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -100,7 +99,7 @@ def transformers_main(argv: Sequence[str] | None = None) -> None:
             default_max_tokens=args.default_max_tokens,
         )
 
-    trio.run(worker)
+    run_command(parser.prog, worker)
 
 
 def vllm_main(argv: Sequence[str] | None = None) -> None:
@@ -120,7 +119,8 @@ def vllm_main(argv: Sequence[str] | None = None) -> None:
     args = _parse(parser, argv, needs=("torch", "transformers", "vllm"))
     from ._vllm import run_vllm_worker
 
-    trio.run(
+    run_command(
+        parser.prog,
         partial(
             run_vllm_worker,
             args.config,
@@ -130,5 +130,5 @@ def vllm_main(argv: Sequence[str] | None = None) -> None:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
-        )
+        ),
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
 
+from .._startup import CannotServe
 from ..llm import (
     ContextLengthExceeded,
     StopMatcher,
@@ -368,7 +369,12 @@ async def serve_transformers(
     shuts down; its metrics go to the runtime's registry."""
     metrics = EngineMetrics(runtime.registry, model_name)
     load = partial(TransformersEngine.load, model_dir, dtype=dtype, metrics=metrics, **settings)
-    engine = await trio.to_thread.run_sync(load)
+    try:
+        engine = await trio.to_thread.run_sync(load)
+    except Exception as exc:
+        raise CannotServe(f"transformers could not load {model_dir}: {exc}") from exc
+    if runtime.shutting_down:  # a signal came while the model loaded
+        return
     served = runtime.endpoint(endpoint)
     async with trio.open_nursery() as nursery:
         await nursery.start(served.serve_endpoint, engine.generate)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
+from .._startup import CannotServe
 from ..llm import StopMatcher, validate_generate_request
 from ..runtime._runtime import dynamo_worker
 from ._asyncio import AsyncioLoop, open_asyncio_loop
@@ -216,7 +217,7 @@ async def run_vllm_worker(
                 engine, tokenizer = await bridge.run(partial(_start_engine, str(model_dir), args))
             except Exception as exc:
                 if not runtime.shutting_down:
-                    raise
+                    raise CannotServe(f"vLLM could not start on {model_dir}: {exc}") from exc
                 # Ctrl-C reaches the engine-core process too, and its start fails: that
                 # is the shutdown asked for, not a crash.
                 _log.warning("shut down while the engine was starting (it reported: %s)", exc)

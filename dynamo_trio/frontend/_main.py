@@ -21,6 +21,7 @@ from .._gc import tune_gc
 from .._hostport import host_port
 from .._malloc import give_back_large_buffers
 from .._signals import shut_down_on_signals
+from .._startup import run_command
 from ..edge import Edge, listen_sockets, serve_http, status_routes
 from ..runtime import DistributedRuntime
 from ..runtime._runtime import configure_logging
@@ -66,11 +67,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             int(supervisor) if supervisor else None,
         )
         with holding_shared(view.shared):
-            trio.run(partial(run_frontend, config, view=view))
+            run_command(parser.prog, partial(run_frontend, config, view=view))
     elif config.frontend.http_workers > 1:
-        trio.run(run_workers, config, argv)
+        run_command(parser.prog, run_workers, config, argv)
     else:
-        trio.run(run_frontend, config)
+        run_command(parser.prog, run_frontend, config)
 
 
 async def run_frontend(

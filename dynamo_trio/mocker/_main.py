@@ -11,11 +11,10 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Final
 
-import trio
-
 from .._config import add_flags, config_from_args
 from .._gc import tune_gc
 from .._malloc import give_back_large_buffers
+from .._startup import run_command
 from ..runtime._runtime import dynamo_worker
 from ._settings import MockerSettings
 from ._worker import serve_mocker
@@ -89,4 +88,4 @@ def main(argv: Sequence[str] | None = None) -> None:
             runtime, engine, **names, namespace=config.frontend.namespace, component=args.component
         )
 
-    trio.run(worker)
+    run_command(parser.prog, worker)

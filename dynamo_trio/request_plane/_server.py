@@ -21,6 +21,7 @@ from .._contain import collapse, contain, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from .._hostport import host_port
+from .._startup import CannotServe
 from ._connection import FrameConnection, limited_log, linger, printable
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -464,7 +465,12 @@ class RequestPlaneServer:
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         """Listen and serve until cancelled; ``task_status.started((host, port))``."""
-        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        except OSError as exc:
+            where = host_port(self.config.host or "*", self.config.port)
+            message = f"cannot listen for the request plane on {where}: {exc.strerror or exc}"
+            raise CannotServe(message) from exc
         address = listeners[0].socket.getsockname()
         async with trio.open_nursery() as nursery:
             with trio.CancelScope() as self._listen_scope:

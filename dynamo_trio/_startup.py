@@ -1,0 +1,53 @@
+"""A command's process that cannot serve for a reason outside the program (a port in use,
+an engine that did not load, discovery out of reach) ends with one line on stderr and
+status 1; a bug still ends with its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["CannotServe", "run_command"]
+
+
+class CannotServe(Exception):
+    """This process cannot serve, for a reason its operator must fix (the message says which)."""
+
+
+def run_command(prog: str, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+    """``trio.run(fn, *args)``; a :class:`CannotServe` (alone, or all that a group of
+    errors holds) ends the process with ``prog: error: message`` and status 1."""
+    try:
+        trio.run(fn, *args)
+    except BaseException as exc:
+        reasons = _reasons(exc)
+        if not reasons:
+            raise
+        for reason in dict.fromkeys(reasons):  # (each once: tasks may share a cause)
+            print(f"{prog}: error: {reason}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def _reasons(exc: BaseException) -> list[str]:
+    """The messages of ``exc``'s :class:`CannotServe` errors if it holds nothing else."""
+    if isinstance(exc, CannotServe):
+        return [str(exc)]
+    if not isinstance(exc, BaseExceptionGroup):
+        return []
+    found, rest = exc.split(CannotServe)
+    if found is None or rest is not None:
+        return []
+    return [str(leaf) for leaf in _leaves(found)]
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return leaves
