@@ -48,12 +48,15 @@ class VllmEngine:
         tokenizer: The model's Hugging Face tokenizer (for the chat template).
     """
 
-    __slots__ = ("_bridge", "_engine", "_tokenizer", "context_length")
+    __slots__ = ("_bridge", "_engine", "_tokenizer", "_tokenizing", "context_length")
 
     def __init__(self, bridge: AsyncioLoop, engine: Any, tokenizer: Any) -> None:
         self._bridge = bridge
         self._engine = engine
         self._tokenizer = tokenizer
+        # Prompts are tokenized in a thread, one at a time (a Hugging Face tokenizer is
+        # not safe to share between threads): a long prompt holds up neither loop.
+        self._tokenizing = trio.CapacityLimiter(1)
         self.context_length = int(engine.model_config.max_model_len)
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
@@ -71,13 +74,14 @@ class VllmEngine:
         continuation = valid.get("continuation")
         done = list(continuation["token_ids"]) if continuation else []
         plan: dict[str, Any] = {"prompt_tokens": 0, "new_tokens": 1, "held": ""}
+        prompt = await trio.to_thread.run_sync(
+            prompt_ids, tokenizer, valid, limiter=self._tokenizing
+        )
 
-        def start() -> AsyncIterator[Any]:
-            # On the engine's loop: tokenizing a long prompt never holds up the trio thread.
+        def start() -> AsyncIterator[Any]:  # on the engine's loop
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
 
-            prompt = prompt_ids(tokenizer, valid)
             budget = output_budget(valid, len(prompt), context_length, None)
             plan["prompt_tokens"], plan["new_tokens"] = len(prompt), budget - len(done)
             if continuation:
@@ -243,9 +247,10 @@ async def _start_engine(model_dir: str, args: dict[str, Any]) -> tuple[Any, Any]
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model_dir, **args))
+    # The tokenizer first, and the engine in no local: a library keeps the frames of its
+    # lazy imports (an error's traceback), and with them their callers' locals.
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    return engine, tokenizer
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model_dir, **args)), tokenizer
 
 
 async def _stop_engine(engine: Any) -> None:

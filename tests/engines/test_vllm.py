@@ -254,3 +254,42 @@ async def test_a_continuation_resumes_the_generation_in_vllm(
             assert text_of(rest) == ""
         finally:
             await bridge.run(partial(_stop_engine, engine))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+async def test_a_long_prompt_holds_up_no_other_stream(
+    tiny_model: Path, rpc_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt is tokenized in a thread: a long one (refused once tokenized: it is over
+    the context) leaves the engine's loop to stream everyone else's tokens meanwhile."""
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
+    args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
+    async with open_asyncio_loop() as bridge:
+        engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
+        try:
+            served = VllmEngine(bridge, engine, tokenizer)
+            steady = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
+            steady |= {"max_tokens": 2000, "ignore_eos": True}
+            long = {"model": "tiny", "request_type": "completion", "max_tokens": 1}
+            long["prompt"] = "hello tell me a long story " * 40_000
+            seen: list[Any] = []
+            streaming = trio.Event()
+
+            async def count_steady(context: Context) -> None:
+                async with context.scope():
+                    async for item in served.generate(steady, context):
+                        seen.append(item)
+                        if len(seen) == 3:
+                            streaming.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(count_steady, Context())
+                await streaming.wait()
+                before = len(seen)
+                with pytest.raises(ValueError, match="context length"):
+                    await consume(served.generate(long, Context()), Context())
+                during = len(seen) - before
+                nursery.cancel_scope.cancel()
+            assert during >= 3, during
+        finally:
+            await bridge.run(partial(_stop_engine, engine))
