@@ -319,3 +319,50 @@ async def test_a_connection_shut_down_before_it_runs_still_sends_what_was_queued
                 await connection.run()
                 await theirs.send_stream.aclose()  # (the peer's EOF: lingering ends)
         assert FrameDecoder(LIMIT).feed(received) == expected, shut
+
+
+class RecordedReads(trio.abc.Stream):
+    """``stream``, noting how many bytes each read asked for."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.asked: list[int | None] = []
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        self.asked.append(max_bytes)
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def test_reads_grow_while_each_fills_then_shrink_back() -> None:
+    """A large frame is read in fewer, larger reads; once a read finds less, the next
+    is the usual size again."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    recorded = RecordedReads(ours)
+    connection = FrameConnection(
+        recorded, open_server(), CONFIG, on_frames=lambda frames: None, name="test"
+    )
+    requests = [Request(sid, "generate", 1, f"r{sid}", "x" * 600_000, 8) for sid in (3, 5, 7)]
+    blob = wire(*requests)  # about 1.8 MB, waiting before the first read
+    await theirs.send_all(blob)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.protocol.open_streams == 4
+        size, read = _connection._RECEIVE_SIZE, 0
+        expected: list[int | None] = []
+        while read < len(blob):
+            expected.append(size)
+            read += size
+            size = min(size * 2, _connection._RECEIVE_MAX)
+        expected.append(_connection._RECEIVE_SIZE)  # the last read found less: waiting now
+        assert recorded.asked == expected
+        connection.close("test over")
