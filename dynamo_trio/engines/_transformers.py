@@ -370,6 +370,7 @@ async def serve_transformers(
     shuts down; its metrics go to the runtime's registry."""
     metrics = EngineMetrics(runtime.registry, model_name)
     load = partial(TransformersEngine.load, model_dir, dtype=dtype, metrics=metrics, **settings)
+    _log.info("loading %s from %s", model_name, model_dir)
     try:
         engine = await trio.to_thread.run_sync(load)
     except Exception as exc:
