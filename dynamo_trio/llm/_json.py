@@ -8,7 +8,7 @@ import json
 import math
 import re
 from collections import deque
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
@@ -38,6 +38,7 @@ _PATH_SEARCH_BYTES: Final = 1 << 20
 _PATH_SEARCH_VALUES: Final = 20_000
 """The values searched for a NaN's path."""
 _CONTAINERS: Final[frozenset[type]] = frozenset({dict, list})
+_OBJECTS: Final[frozenset[type]] = frozenset({dict})
 # Above this many items, a container is first checked for sub-containers in C.
 _SCAN_IN_C: Final = 16
 _NUMBERS: Final[frozenset[type]] = frozenset({int, float, bool})
@@ -102,6 +103,15 @@ def _scan(value: dict[str, object] | list[object], max_depth: int) -> tuple[int,
             if types.isdisjoint(_CONTAINERS):
                 outside = outside or (int in types and _may_be_outside(children, types))
                 continue
+            if types == _OBJECTS and depth < max_depth:
+                # So is a long run of objects of scalars (chat messages, say).
+                objects = cast("Collection[dict[str, object]]", children)
+                values = list(chain.from_iterable(map(dict.values, objects)))
+                types = set(map(type, values))
+                if types.isdisjoint(_CONTAINERS):
+                    members += sum(map(len, objects))
+                    outside = outside or (int in types and _may_be_outside(values, types))
+                    continue
         for child in children:
             if isinstance(child, dict | list):
                 pending.append((child, depth + 1))

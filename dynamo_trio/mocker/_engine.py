@@ -22,7 +22,7 @@ from ..llm import (
     validate_generate_request,
 )
 from ._settings import MockerSettings
-from ._text import TokenSource, count_tokens, render_prompt
+from ._text import TokenSource, count_tokens_yielding, render_prompt
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -60,7 +60,7 @@ class MockEngine:
         """
         valid = validate_generate_request(request)
         prompt = render_prompt(valid)
-        prompt_tokens = count_tokens(prompt)
+        prompt_tokens = await count_tokens_yielding(prompt)
         max_tokens = self._max_tokens(valid.get("max_tokens"), prompt_tokens, valid["request_type"])
         min_tokens = valid.get("min_tokens") or 0
         tokens = TokenSource(prompt, valid.get("seed"))
@@ -126,7 +126,7 @@ class MockEngine:
             )
         context_length = self._settings.context_length
         inputs = valid["input"]
-        counts = [count_tokens(text) for text in inputs]
+        counts = [await count_tokens_yielding(text) for text in inputs]
         for tokens in counts:
             if tokens > context_length:
                 raise ContextLengthExceeded(

@@ -163,7 +163,7 @@ def test_no_repeated_key_is_reported_where_there_is_none(
 
 @given(
     st.one_of(st.integers(max_value=LOW - 1), st.integers(min_value=HIGH + 1)),
-    st.sampled_from(["top", "seed", "nested", "array", "long-array"]),
+    st.sampled_from(["top", "seed", "nested", "array", "long-array", "objects"]),
 )
 @example(LOW - 1, "seed")
 @example(HIGH + 1, "seed")
@@ -175,6 +175,7 @@ def test_an_integer_outside_64_bits_is_refused_naming_its_path(number: int, wher
         "nested": ({"a": [{"b": 1}, {"c": number}]}, "a[1].c"),
         "array": ({"xs": [1, 2, number]}, "xs[2]"),
         "long-array": ({"xs": [*range(40), number, 1.5]}, "xs[40]"),
+        "objects": ({"messages": [{"role": "user"}] * 20 + [{"n": number}]}, "messages[20].n"),
     }[where]
     with pytest.raises(RequestError) as caught:
         decode_json_body(json.dumps(body).encode(), max_depth=64)
@@ -184,6 +185,26 @@ def test_an_integer_outside_64_bits_is_refused_naming_its_path(number: int, wher
         "invalid_value",
     )
     assert "between -2**63 and 2**64-1" in caught.value.message
+
+
+@given(st.lists(st.dictionaries(keys, scalars, max_size=3), min_size=17, max_size=40), st.data())
+@settings(max_examples=50)
+def test_a_long_run_of_objects_is_checked_as_any_other(
+    objects: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """Chat messages, say: checked in bulk, with the same answers as one by one."""
+    text = encode({"messages": objects}, data).encode()
+    assert decode_json_body(text, max_depth=3) == {"messages": objects}  # objects at depth 3
+    with pytest.raises(RequestError, match="more than 2 levels deep"):
+        decode_json_body(text, max_depth=2)
+    with pytest.raises(RequestError, match="more than 3 levels deep"):
+        decode_json_body(b"[" + text + b"]", max_depth=3)
+    at = data.draw(st.integers(0, len(objects) - 1))
+    parts = [json.dumps(obj) for obj in objects]
+    parts[at] = '{"k": 1, "k": 2' + (", " + parts[at][1:] if objects[at] else "}")
+    twice = ('{"messages": [' + ", ".join(parts) + "]}").encode()
+    with pytest.raises(RequestError, match="more than once"):
+        decode_json_body(twice, max_depth=3)
 
 
 def test_the_integer_range_itself_is_accepted() -> None:

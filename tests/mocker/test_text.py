@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import trio
 from hypothesis import given, strategies as st
 
 from dynamo_trio.llm import StopMatcher
 from dynamo_trio.mocker import VOCABULARY, TokenSource, count_tokens, render_prompt
+from dynamo_trio.mocker._text import count_tokens_yielding
 
 
 def test_count_tokens_counts_words_and_punctuation() -> None:
@@ -112,3 +114,29 @@ def test_released_text_never_contains_a_stop(texts: list[str], stop_list: list[s
         assert released == full
     else:
         assert full.startswith(released + found)
+
+
+@given(st.lists(st.sampled_from(["word", "x" * 70_000, " ", "\n", ",", "é", "  "]), max_size=12))
+def test_counting_in_pieces_counts_the_same(parts: list[str]) -> None:
+    text = "".join(parts)
+    assert trio.run(count_tokens_yielding, text) == count_tokens(text)
+
+
+async def test_a_long_text_is_counted_in_turns_with_other_tasks() -> None:
+    text = "hello, world " * 100_000  # 1.3 MB: about 20 pieces
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        await trio.lowlevel.checkpoint()
+        before = ticks
+        assert await count_tokens_yielding(text) == 300_000
+        during = ticks - before
+        nursery.cancel_scope.cancel()
+    assert during >= 10
