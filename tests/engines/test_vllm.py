@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from ._clients import MESSAGES, chat_then_hang_ups
 from .test_asyncio_bridge import consume
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
 pytestmark = pytest.mark.engines
@@ -202,6 +203,22 @@ def ids_of(items: list[Any]) -> list[int]:
     return [token for item in items for token in item.get("token_ids", ())]
 
 
+@asynccontextmanager
+async def vllm_in_process(
+    tiny_model: Path, rpc_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[VllmEngine, Any]]:
+    """The worker's handler and tokenizer over an ``AsyncLLM`` on the tiny model, on a
+    loop of its own; the engine is shut down on the way out."""
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
+    args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
+    async with open_asyncio_loop() as bridge:
+        engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
+        try:
+            yield VllmEngine(bridge, engine, tokenizer), tokenizer
+        finally:
+            await bridge.run(partial(_stop_engine, engine))
+
+
 # In process, vLLM's imports (torch's compiler among them) warn about their own APIs.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 async def test_a_continuation_resumes_the_generation_in_vllm(
@@ -210,51 +227,44 @@ async def test_a_continuation_resumes_the_generation_in_vllm(
     """Request migration into vLLM: the earlier attempt's tokens continue the prompt (and
     count against ``max_tokens``); the two attempts' items read as one generation, usage
     included, and text held back for a possible stop sequence is sent first."""
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
-    args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
-    async with open_asyncio_loop() as bridge:
-        engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
-        try:
-            served = VllmEngine(bridge, engine, tokenizer)
+    async with vllm_in_process(tiny_model, rpc_dir, monkeypatch) as (served, _):
 
-            async def run(request: dict[str, Any]) -> list[Any]:
-                context = Context()
-                return await consume(served.generate(request, context), context)
+        async def run(request: dict[str, Any]) -> list[Any]:
+            context = Context()
+            return await consume(served.generate(request, context), context)
 
-            chat = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
-            request = {**chat, "max_tokens": 10, "ignore_eos": True, "temperature": 0}
-            whole = await run(request)
-            assert len(ids_of(whole)) == 10
-            for cut in sorted({1, len(whole) // 2, len(whole) - 1, len(whole)}):
-                done = whole[:cut]
-                continuation = {"text": text_of(done), "token_ids": ids_of(done)}
-                rest = await run({**request, "continuation": continuation})
-                assert text_of(done) + text_of(rest) == text_of(whole)
-                assert ids_of(done) + ids_of(rest) == ids_of(whole)
-                assert rest[-1]["finish_reason"] == "length"
-                assert rest[-1]["usage"] == whole[-1]["usage"]
-
-            # Held text: the earlier attempt was sent everything but its last word.
-            text = text_of(whole)
-            spans = [match.span() for match in re.finditer(r"\S+", text)]  # a word a token
-            words = [text[start:end] for start, end in spans]
-            k = next(i for i in range(1, 9) if words[i] not in words[:i])
-            stopping = {**request, "stop": [f" {words[k]} never"]}
-            ids = ids_of(whole)[: k + 1]
-            sent = text[: spans[k][0] - 1]  # all but " " + words[k]
-            rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
-            assert rest[0]["text"].startswith(f" {words[k]}")
-            assert sent + text_of(rest) == text_of(whole)
+        chat = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
+        request = {**chat, "max_tokens": 10, "ignore_eos": True, "temperature": 0}
+        whole = await run(request)
+        assert len(ids_of(whole)) == 10
+        for cut in sorted({1, len(whole) // 2, len(whole) - 1, len(whole)}):
+            done = whole[:cut]
+            continuation = {"text": text_of(done), "token_ids": ids_of(done)}
+            rest = await run({**request, "continuation": continuation})
+            assert text_of(done) + text_of(rest) == text_of(whole)
+            assert ids_of(done) + ids_of(rest) == ids_of(whole)
+            assert rest[-1]["finish_reason"] == "length"
             assert rest[-1]["usage"] == whole[-1]["usage"]
 
-            # A stop sequence across the boundary: it begins in the earlier attempt.
-            stopping = {**request, "stop": [f" {words[k]} {words[k + 1]}"]}
-            rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
-            assert rest[-1]["finish_reason"] == "stop"
-            assert rest[-1]["stop_sequence"] == f" {words[k]} {words[k + 1]}"
-            assert text_of(rest) == ""
-        finally:
-            await bridge.run(partial(_stop_engine, engine))
+        # Held text: the earlier attempt was sent everything but its last word.
+        text = text_of(whole)
+        spans = [match.span() for match in re.finditer(r"\S+", text)]  # a word a token
+        words = [text[start:end] for start, end in spans]
+        k = next(i for i in range(1, 9) if words[i] not in words[:i])
+        stopping = {**request, "stop": [f" {words[k]} never"]}
+        ids = ids_of(whole)[: k + 1]
+        sent = text[: spans[k][0] - 1]  # all but " " + words[k]
+        rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
+        assert rest[0]["text"].startswith(f" {words[k]}")
+        assert sent + text_of(rest) == text_of(whole)
+        assert rest[-1]["usage"] == whole[-1]["usage"]
+
+        # A stop sequence across the boundary: it begins in the earlier attempt.
+        stopping = {**request, "stop": [f" {words[k]} {words[k + 1]}"]}
+        rest = await run({**stopping, "continuation": {"text": sent, "token_ids": ids}})
+        assert rest[-1]["finish_reason"] == "stop"
+        assert rest[-1]["stop_sequence"] == f" {words[k]} {words[k + 1]}"
+        assert text_of(rest) == ""
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
@@ -264,40 +274,33 @@ async def test_a_long_prompt_holds_up_no_other_stream(
     """A prompt is tokenized in a thread: a long one (refused once tokenized: it is over
     the context) leaves the engine's loop to stream everyone else's tokens meanwhile; a
     longer one still is refused by its characters, untokenized."""
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
-    args = {"dtype": "float32", "max_model_len": 2048, "gpu_memory_utilization": 0.1}
-    async with open_asyncio_loop() as bridge:
-        engine, tokenizer = await bridge.run(partial(_start_engine, str(tiny_model), args))
-        try:
-            served = VllmEngine(bridge, engine, tokenizer)
-            # As if the vocabulary had a 1,000-character entry (byte-level vocabularies
-            # have long ones): the prompt below is then tokenized, not refused unread.
-            monkeypatch.setitem(_LONGEST, tokenizer, 1_000)
-            steady = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
-            steady |= {"max_tokens": 2000, "ignore_eos": True}
-            long = {"model": "tiny", "request_type": "completion", "max_tokens": 1}
-            long["prompt"] = "hello tell me a long story " * 40_000
-            seen: list[Any] = []
-            streaming = trio.Event()
+    async with vllm_in_process(tiny_model, rpc_dir, monkeypatch) as (served, tokenizer):
+        # As if the vocabulary had a 1,000-character entry (byte-level vocabularies
+        # have long ones): the prompt below is then tokenized, not refused unread.
+        monkeypatch.setitem(_LONGEST, tokenizer, 1_000)
+        steady = {"model": "tiny", "request_type": "chat", "messages": MESSAGES}
+        steady |= {"max_tokens": 2000, "ignore_eos": True}
+        long = {"model": "tiny", "request_type": "completion", "max_tokens": 1}
+        long["prompt"] = "hello tell me a long story " * 40_000
+        seen: list[Any] = []
+        streaming = trio.Event()
 
-            async def count_steady(context: Context) -> None:
-                async with context.scope():
-                    async for item in served.generate(steady, context):
-                        seen.append(item)
-                        if len(seen) == 3:
-                            streaming.set()
+        async def count_steady(context: Context) -> None:
+            async with context.scope():
+                async for item in served.generate(steady, context):
+                    seen.append(item)
+                    if len(seen) == 3:
+                        streaming.set()
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(count_steady, Context())
-                await streaming.wait()
-                before = len(seen)
-                with pytest.raises(ValueError, match="context length"):
-                    await consume(served.generate(long, Context()), Context())
-                during = len(seen) - before
-                monkeypatch.delitem(_LONGEST, tokenizer)
-                with pytest.raises(ValueError, match="characters"):
-                    await consume(served.generate(long, Context()), Context())
-                nursery.cancel_scope.cancel()
-            assert during >= 3, during
-        finally:
-            await bridge.run(partial(_stop_engine, engine))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(count_steady, Context())
+            await streaming.wait()
+            before = len(seen)
+            with pytest.raises(ValueError, match="context length"):
+                await consume(served.generate(long, Context()), Context())
+            during = len(seen) - before
+            monkeypatch.delitem(_LONGEST, tokenizer)
+            with pytest.raises(ValueError, match="characters"):
+                await consume(served.generate(long, Context()), Context())
+            nursery.cancel_scope.cancel()
+        assert during >= 3, during
