@@ -36,14 +36,10 @@ def run_command(prog: str, fn: Callable[..., Awaitable[object]], *args: Any) -> 
 
 def _reasons(exc: BaseException) -> list[str]:
     """The messages of ``exc``'s :class:`CannotServe` errors if it holds nothing else."""
-    if isinstance(exc, CannotServe):
-        return [str(exc)]
-    if not isinstance(exc, BaseExceptionGroup):
+    leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    if not all(isinstance(leaf, CannotServe) for leaf in leaves):
         return []
-    found, rest = exc.split(CannotServe)
-    if found is None or rest is not None:
-        return []
-    return [str(leaf) for leaf in _leaves(found)]
+    return [str(leaf) for leaf in leaves]
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

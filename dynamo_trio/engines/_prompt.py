@@ -52,13 +52,14 @@ def check_length(tokenizer: Any, text: str, context_length: int, kind: str) -> N
     longest = _LONGEST.get(tokenizer)
     if longest is None:
         longest = _LONGEST[tokenizer] = max(map(len, tokenizer.get_vocab()), default=1)
-    if len(text) > context_length * longest:
+    most = context_length * longest
+    if len(text) > most:
         raise ContextLengthExceeded(
             context_length=context_length,
             prompt_tokens=None,
             max_tokens=None,
             prompt_kind=kind,
-            prompt_chars=(len(text), context_length * longest),
+            prompt_chars=(len(text), most),
         )
 
 

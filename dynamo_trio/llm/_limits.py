@@ -71,7 +71,9 @@ class ContextLengthExceeded(ValueError):
     ) -> None:
         start = f"This model's maximum context length is {context_length} tokens. However, "
         if prompt_tokens is None:
-            chars, most = prompt_chars or (0, 0)
+            if prompt_chars is None:
+                raise TypeError("a prompt refused untokenized is told by its prompt_chars")
+            chars, most = prompt_chars
             message = (
                 f"{start}your {prompt_kind} contains {chars} characters (more than {most}, "
                 f"the most that {context_length} tokens can hold). Please reduce the length "
