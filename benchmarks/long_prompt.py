@@ -13,16 +13,20 @@ two chunks before and while that request ran, and how long the request took.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import httpx
 import trio
-from vllm_side_by_side import REPO, free_port, wait_ready
+from vllm_side_by_side import (
+    commands,
+    environment,
+    free_port,
+    remove_directories,
+    start,
+    stop,
+    wait_ready,
+)
 
 
 async def one_round(http: httpx.AsyncClient, url: str, words: int) -> tuple[float, float, float]:
@@ -62,62 +66,34 @@ async def one_round(http: httpx.AsyncClient, url: str, words: int) -> tuple[floa
 
 
 async def main(args: argparse.Namespace) -> None:
-    kv = tempfile.mkdtemp(prefix="bench-kv-")
-    rpc = tempfile.mkdtemp(prefix="v-", dir="/tmp")
-    env = {
-        **os.environ,
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": kv,
-        "VLLM_RPC_BASE_PATH": rpc,
-        "PYTHONPATH": str(REPO),
-    }
+    env = environment()
     frontend_port, vllm_port = free_port(), free_port()
-    engine = ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
-    python = [sys.executable, "-m"]
-    name = ["--served-model-name", "tiny"]
-    server = [*python, "vllm.entrypoints.openai.api_server", "--port", str(vllm_port)]
-    commands = [
-        [*python, "dynamo_trio", "vllm", "--model", args.model, *name, *engine],
-        [*python, "dynamo_trio", "frontend", "--http-port", str(frontend_port)],
-        [*server, "--model", args.model, *name, *engine],
-    ]
+    argvs = commands(args.model, frontend_port, vllm_port)
     systems = {
         "dynamo-trio": f"http://127.0.0.1:{frontend_port}",
         "vLLM server": f"http://127.0.0.1:{vllm_port}",
     }
     results: dict[str, list[tuple[float, float, float]]] = {system: [] for system in systems}
-    async with trio.open_nursery() as nursery:
-        processes = [
-            await trio.lowlevel.open_process(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for argv in commands
-        ]
-        try:
-            async with httpx.AsyncClient(timeout=120) as http:
-                for url in systems.values():
-                    await wait_ready(http, url)
-                for round_ in range(args.rounds):
-                    for system, url in systems.items():
-                        figures = await one_round(http, url, args.words)
-                        results[system].append(figures)
-                        before, during, took = figures
-                        print(
-                            f"round {round_ + 1} {system:12} longest gap before {before * 1e3:7.1f}"
-                            f" ms, during {during * 1e3:7.1f} ms; long request {took:5.2f} s",
-                            flush=True,
-                        )
-        finally:
-            for process in processes:
-                process.terminate()
-            with trio.move_on_after(60):
-                for process in processes:
-                    await process.wait()
-            nursery.cancel_scope.cancel()
+    processes: list[trio.Process] = []
+    try:
+        for argv in argvs.values():
+            processes.append(await start(argv, env))
+        async with httpx.AsyncClient(timeout=120) as http:
+            for url in systems.values():
+                await wait_ready(http, url)
+            for round_ in range(args.rounds):
+                for system, url in systems.items():
+                    figures = await one_round(http, url, args.words)
+                    results[system].append(figures)
+                    before, during, took = figures
+                    print(
+                        f"round {round_ + 1} {system:12} longest gap before {before * 1e3:7.1f}"
+                        f" ms, during {during * 1e3:7.1f} ms; long request {took:5.2f} s",
+                        flush=True,
+                    )
+    finally:
+        await stop(processes)
+        remove_directories(env)
     print(f"\nmedians over {args.rounds} rounds ({args.words} words):")
     for system, rows in results.items():
         before, during, took = (statistics.median(column) for column in zip(*rows, strict=True))

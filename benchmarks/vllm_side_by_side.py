@@ -224,43 +224,71 @@ def timeline(
     return steps
 
 
-async def main(args: argparse.Namespace) -> None:
-    kv = tempfile.mkdtemp(prefix="bench-kv-")
-    rpc = tempfile.mkdtemp(prefix="v-", dir="/tmp")
-    marks_dir = tempfile.mkdtemp(prefix="bench-timeline-") if args.timeline else None
-    env = {
+def environment() -> dict[str, str]:
+    """Both systems' environment: file discovery and vLLM's IPC sockets in new temporary
+    directories (a short path: a Unix socket's has at most 107 bytes), this checkout."""
+    return {
         **os.environ,
         "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": kv,
-        "VLLM_RPC_BASE_PATH": rpc,
+        "DYN_FILE_KV": tempfile.mkdtemp(prefix="bench-kv-"),
+        "VLLM_RPC_BASE_PATH": tempfile.mkdtemp(prefix="v-", dir="/tmp"),
         "PYTHONPATH": str(REPO),
     }
-    if marks_dir is not None:
-        env["PYTHONPATH"] = f"{REPO / 'benchmarks' / '_timeline'}:{REPO}"
-        env["DYN_BENCH_TIMELINE"] = marks_dir
-    status_port, frontend_port, vllm_port = free_port(), free_port(), free_port()
+
+
+async def stop(processes: list[trio.Process]) -> None:
+    """SIGTERM to each process still running, then wait for them all (at most 60 s)."""
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    with trio.CancelScope(shield=True), trio.move_on_after(60):
+        for process in processes:
+            await process.wait()
+
+
+def remove_directories(env: dict[str, str]) -> None:
+    """Remove the temporary directories :func:`environment` made."""
+    for key in ("DYN_FILE_KV", "VLLM_RPC_BASE_PATH"):
+        shutil.rmtree(env[key], ignore_errors=True)
+
+
+def commands(model: str, frontend_port: int, vllm_port: int) -> dict[str, list[str]]:
+    """Our vLLM worker, our frontend and vLLM's own server on ``model``, each a command."""
     engine = ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
     python = [sys.executable, "-m"]
     name = ["--served-model-name", "tiny"]
     server = [*python, "vllm.entrypoints.openai.api_server", "--port", str(vllm_port)]
-    commands = {
-        "worker": [*python, "dynamo_trio", "vllm", "--model", args.model, *name, *engine],
+    return {
+        "worker": [*python, "dynamo_trio", "vllm", "--model", model, *name, *engine],
         "frontend": [*python, "dynamo_trio", "frontend", "--http-port", str(frontend_port)],
-        "vllm": [*server, "--model", args.model, *name, *engine],
+        "vllm": [*server, "--model", model, *name, *engine],
     }
+
+
+async def start(argv: list[str], env: dict[str, str]) -> trio.Process:
+    """``argv`` started with ``env``, its standard streams closed."""
+    return await trio.lowlevel.open_process(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    marks_dir = tempfile.mkdtemp(prefix="bench-timeline-") if args.timeline else None
+    env = environment()
+    if marks_dir is not None:
+        env["PYTHONPATH"] = f"{REPO / 'benchmarks' / '_timeline'}:{REPO}"
+        env["DYN_BENCH_TIMELINE"] = marks_dir
+    status_port, frontend_port, vllm_port = free_port(), free_port(), free_port()
+    argvs = commands(args.model, frontend_port, vllm_port)
     processes = []
     try:
-        for name, argv in commands.items():
+        for name, argv in argvs.items():
             child_env = {**env, "DYN_SYSTEM_PORT": str(status_port)} if name == "worker" else env
-            processes.append(
-                await trio.lowlevel.open_process(
-                    argv,
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            processes.append(await start(argv, child_env))
         systems = {
             "dynamo-trio": (f"http://127.0.0.1:{frontend_port}", f"http://127.0.0.1:{status_port}"),
             "vLLM server": (f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{vllm_port}"),
@@ -336,16 +364,10 @@ async def main(args: argparse.Namespace) -> None:
                 f"ratio        {what:22} median {statistics.median(ratios):8.3f}  (ours / vLLM's)"
             )
     finally:
-        for process in processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        with trio.CancelScope(shield=True), trio.move_on_after(60):
-            for process in processes:
-                await process.wait()
-        shutil.rmtree(kv, ignore_errors=True)
+        await stop(processes)
+        remove_directories(env)
         if marks_dir is not None:
             shutil.rmtree(marks_dir, ignore_errors=True)
-        shutil.rmtree(rpc, ignore_errors=True)
 
 
 if __name__ == "__main__":
