@@ -1,6 +1,4 @@
-"""The LLM wire shapes, sans-IO: the engine protocol and the HTTP APIs translated into it
-(docs/llm.md).
-"""
+"""The LLM wire shapes, sans-IO: the engine protocol and the HTTP APIs (docs/llm.md)."""
 
 from ._anthropic import (
     MessagesRequest,

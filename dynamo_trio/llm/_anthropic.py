@@ -1,6 +1,4 @@
-"""The Anthropic Messages API (``POST /v1/messages``): parsing and response shapes
-(docs/llm.md).
-"""
+"""The Anthropic Messages API (``POST /v1/messages``): parsing, shapes (docs/llm.md)."""
 
 from __future__ import annotations
 

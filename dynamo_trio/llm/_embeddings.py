@@ -1,6 +1,4 @@
-"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing and the response shape
-(docs/llm.md).
-"""
+"""The OpenAI embeddings API (``POST /v1/embeddings``): parsing, shape (docs/llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Folding a stream of engine output items into one generation: text, finish reason, usage
-(docs/llm.md).
-"""
+"""Folding engine output items into one generation: text, finish, usage (docs/llm.md)."""
 
 from __future__ import annotations
 

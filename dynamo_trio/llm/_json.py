@@ -1,6 +1,4 @@
-"""Decoding JSON request bodies: msgspec's decoder plus the checks it does not make
-(docs/llm.md, "Request bodies").
-"""
+"""Decoding JSON request bodies: msgspec plus the checks it does not make (docs/llm.md)."""
 
 from __future__ import annotations
 

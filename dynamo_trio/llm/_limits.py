@@ -1,6 +1,4 @@
-"""A model's token limits, and the errors for requests that ask for more than it can give
-(docs/llm.md, "Token limits").
-"""
+"""A model's token limits, and the errors for requests over them (docs/llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The OpenAI chat completions, completions and models APIs: parsing and response shapes
-(docs/llm.md).
-"""
+"""The OpenAI chat completions, completions and models APIs: parsing, shapes (docs/llm.md)."""
 
 from __future__ import annotations
 
@@ -319,6 +317,9 @@ class _ChunkStream(EventStream):
             chunk["usage"] = None
         return chunk | usage
 
+    def _choice(self, reason: OpenAIFinishReason | None, **content: object) -> dict[str, object]:
+        return self._chunk({"index": 0, **content, "logprobs": None, "finish_reason": reason})
+
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
         raise NotImplementedError
 
@@ -354,10 +355,7 @@ class _ChunkStream(EventStream):
         return self._template
 
     def finish(self) -> list[dict[str, object]]:
-        """The chunks that end the stream (a finish chunk if none yet, the usage chunk if asked).
-
-        Send ``data: [DONE]`` after them.
-        """
+        """The chunks that end the stream (finish, usage if asked); send ``data: [DONE]`` after."""
         chunks = super().finish()
         if self._include_usage:
             chunks.append(self._chunk(None, usage=openai_usage(self._generation.usage)))
@@ -391,14 +389,10 @@ class ChatCompletionStream(_ChunkStream):
     _id_prefix = "chatcmpl-"
 
     def _opening(self) -> list[dict[str, object]]:
-        delta = {"role": "assistant", "content": ""}
-        return [self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})]
+        return [self._choice(None, delta={"role": "assistant", "content": ""})]
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
-        delta = {"content": text} if text else {}
-        return self._chunk(
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        )
+        return self._choice(finish_reason, delta={"content": text} if text else {})
 
 
 class CompletionStream(_ChunkStream):
@@ -409,9 +403,7 @@ class CompletionStream(_ChunkStream):
     _id_prefix = "cmpl-"
 
     def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
-        return self._chunk(
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        )
+        return self._choice(finish_reason, text=text)
 
 
 def model_object(

@@ -1,6 +1,4 @@
-"""The engine protocol: what the frontend sends a worker, and what the worker streams back
-(docs/llm.md).
-"""
+"""The engine protocol: what a worker is sent and what it streams back (docs/llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The OpenAI Responses API (``POST /v1/responses``): parsing and response shapes
-(docs/llm.md).
-"""
+"""The OpenAI Responses API (``POST /v1/responses``): parsing, shapes (docs/llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Server-sent events: the bytes of one event, a comment, the end of a stream
-(docs/llm.md, "Server-sent events").
-"""
+"""Server-sent events: an event's bytes, a comment, a stream's end (docs/llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Reading typed fields out of a decoded JSON body, with 400 errors that name the parameter
-(docs/llm.md, "Request bodies").
-"""
+"""Typed fields of a decoded JSON body; 400s name the parameter (docs/llm.md)."""
 
 from __future__ import annotations
 
