@@ -80,10 +80,8 @@ def parse_messages_request(body: object) -> MessagesRequest:
             temperature=optional_number(obj, "temperature", minimum=0.0, maximum=1.0),
             top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
             top_k=optional_int(obj, "top_k", minimum=0),
-            stop=tuple(
-                stop_sequences(
-                    obj, "stop_sequences", max_items=_MAX_STOP_SEQUENCES, allow_string=False
-                )
+            stop=stop_sequences(
+                obj, "stop_sequences", max_items=_MAX_STOP_SEQUENCES, allow_string=False
             ),
         ),
         stream=bool(optional_bool(obj, "stream")),

@@ -221,7 +221,7 @@ def _sampling(obj: JsonObject) -> SamplingParams:
         temperature=optional_number(obj, "temperature", minimum=0.0, maximum=2.0),
         top_p=optional_number(obj, "top_p", minimum=0.0, maximum=1.0),
         seed=optional_int(obj, "seed"),
-        stop=tuple(stop_sequences(obj, "stop", max_items=_MAX_STOP_SEQUENCES, allow_string=True)),
+        stop=stop_sequences(obj, "stop", max_items=_MAX_STOP_SEQUENCES, allow_string=True),
         ignore_eos=bool(optional_bool(obj, "ignore_eos")),
     )
 

@@ -129,7 +129,6 @@ def too_long(param: str, max_length: int, value: str) -> RequestError:
 
 
 def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
-    """An optional string field."""
     value = body.get(key)
     if value is None or isinstance(value, str):
         return value
@@ -137,7 +136,6 @@ def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
 
 
 def optional_bool(body: JsonObject, key: str, prefix: str = "") -> bool | None:
-    """An optional boolean field."""
     value = body.get(key)
     if value is None or isinstance(value, bool):
         return value
@@ -145,7 +143,6 @@ def optional_bool(body: JsonObject, key: str, prefix: str = "") -> bool | None:
 
 
 def optional_object(body: JsonObject, key: str, prefix: str = "") -> JsonObject | None:
-    """An optional object field."""
     value = body.get(key)
     return None if value is None else expect_object(value, join(prefix, key))
 
@@ -209,12 +206,14 @@ def optional_number(
     return float(value)
 
 
-def stop_sequences(body: JsonObject, key: str, *, max_items: int, allow_string: bool) -> list[str]:
+def stop_sequences(
+    body: JsonObject, key: str, *, max_items: int, allow_string: bool
+) -> tuple[str, ...]:
     """A stop-sequence field: an array of at most ``max_items`` strings, or (``allow_string``)
     one string; each non-empty and at most :data:`MAX_STOP_SEQUENCE_LENGTH` characters."""
     value = body.get(key)
     if value is None:
-        return []
+        return ()
     if isinstance(value, list):
         items: list[object] = value
     elif allow_string and isinstance(value, str):
@@ -235,7 +234,7 @@ def stop_sequences(body: JsonObject, key: str, *, max_items: int, allow_string: 
         if len(item) > MAX_STOP_SEQUENCE_LENGTH:
             raise too_long(param, MAX_STOP_SEQUENCE_LENGTH, item)
         strings.append(item)
-    return strings
+    return tuple(strings)
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:

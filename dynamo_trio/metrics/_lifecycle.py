@@ -1,9 +1,4 @@
-"""The once-only bookkeeping behind both request trackers.
-
-Whether a request was told to cancel, and whether it has ended, are each decided
-exactly once, under one lock, so a signal racing the end (from any thread) is
-still counted once.
-"""
+"""The once-only bookkeeping behind both request trackers (docs/cancellation.md)."""
 
 from __future__ import annotations
 
@@ -63,7 +58,7 @@ class _Lifecycle:
         return self._finished
 
     def _mark_cancelled(self, reason: str, at: float) -> CancelSignal | None:
-        """Record the signal if it is the first and the request runs; it if recorded, else None."""
+        """Record the signal if it is the first and the request runs: it if recorded, else None."""
         with self._lock:
             if self._finished or self._cancel is not None:
                 return None

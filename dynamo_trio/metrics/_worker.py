@@ -1,8 +1,7 @@
 """Worker-side request metrics: Dynamo's ``dynamo_component_*`` families, counted exactly.
 
-One :class:`WorkerMetrics` per process, one :class:`EndpointMetrics` per served
-endpoint, one :class:`RequestTracker` per request; the request's *outcome*
-decides whether it was cancelled (docs/cancellation.md, "Counting cancellations")::
+One :class:`WorkerMetrics` per process, one :class:`EndpointMetrics` per served endpoint,
+one :class:`RequestTracker` per request (docs/cancellation.md, "Counting cancellations")::
 
     with generate.start_request() as tracker:
         ctx.add_cancel_callback(lambda _ctx, _state, reason: tracker.cancelled(reason))
@@ -242,10 +241,7 @@ class EndpointMetrics:
 
 @final
 class RequestTracker(_Lifecycle):
-    """One request on a worker: told to cancel at most once, finished exactly once.
-
-    Thread-safe: the first signal counts, :meth:`finish` acts once, later signals are ignored.
-    """
+    """One request on a worker: told to cancel at most once, finished exactly once (thread-safe)."""
 
     __slots__ = ("_endpoint", "_started")
 
@@ -257,18 +253,14 @@ class RequestTracker(_Lifecycle):
     def cancelled(self, reason: str) -> None:
         """A cancel signal (a low-cardinality ``reason``) reached the worker; the first wins.
 
-        Starts the latency clock and the cancelling gauge; :meth:`finish`
-        counts it if it cut the work short.  Sync and checkpoint-free.
+        Starts the latency clock and the cancelling gauge.  Sync and checkpoint-free.
         """
         if self._mark_cancelled(str(reason), self._endpoint._clock()) is not None:
             self._endpoint._cancelling.inc()
 
     def finish(self, outcome: WorkerOutcome = "complete", error_type: str | None = None) -> None:
-        """Record how the work *fully* ended (the first call counts; durations end here).
-
-        ``stopped``/``killed`` count one cancellation, ``error`` one if a signal
-        had arrived; ``error_type`` only with ``error`` (default ``generate``).
-        """
+        """Record how the work *fully* ended (the first call counts; docs/cancellation.md);
+        ``error_type`` only with ``error`` (default ``generate``)."""
         if outcome not in _OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {sorted(_OUTCOMES)}")
         if error_type is not None and outcome != "error":
