@@ -176,19 +176,6 @@ class FrontendMetrics:
 class _Route:
     """Label children of one ``(model, endpoint, request_type)``, bound once."""
 
-    __slots__ = (
-        "by_reason",
-        "by_status",
-        "cancellations",
-        "duration",
-        "inflight",
-        "itl",
-        "latency",
-        "metrics",
-        "output_tokens",
-        "ttft",
-    )
-
     def __init__(self, metrics: FrontendMetrics, key: tuple[str, str, str]) -> None:
         model = key[0]
         self.metrics = metrics
@@ -263,9 +250,8 @@ class FrontendRequestTracker(_Lifecycle):
             route.metrics._disconnected.inc()
 
     def finish(self, status: FrontendStatus = "success", error_type: str | None = None) -> None:
-        """Record the end of the request; only the first call counts.
+        """Record the end of the request; only the first call counts (docs/cancellation.md).
 
-        A cancelled request is ``("error", "cancelled")`` whatever is passed;
         ``error_type`` (Dynamo's, default ``internal``) goes only with ``"error"``.
         """
         if status not in _STATUSES:
