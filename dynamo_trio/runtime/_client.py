@@ -1,9 +1,6 @@
-"""Calling an endpoint: linked contexts and response streams.
-
-A call links a child context with the caller's id under ``ctx`` (so its
-deadline, stop and kill reach the worker as ``stop``/``kill`` frames), sends
-the request where the router chooses, and returns a :class:`ResponseStream`.
-"""
+"""Calling an endpoint: a child context linked under the caller's (its deadline, stop
+and kill reach the worker as frames), sent where the router chooses, read as a
+:class:`ResponseStream`."""
 
 from __future__ import annotations
 
@@ -75,13 +72,18 @@ class ResponseStream:
         if stream is None:
             context.finish()
             return
+
         # The callback holds the wire stream, not self, so that dropping self finalises it.
-        self._cancel_callback = _wire_callback(stream)
-        context.add_cancel_callback(self._cancel_callback)
+        def on_cancel(context: Context, state: ContextState, reason: CancelReason) -> None:
+            if state is ContextState.KILLED:
+                stream.kill(reason)
+            else:
+                stream.stop(reason)
+
+        self._cancel_callback = on_cancel
+        context.add_cancel_callback(on_cancel)
         if context.is_stopped():  # cancelled while we were connecting
-            self._cancel_callback(
-                context, context.state, context.reason or CancelReason.KILL_REQUESTED
-            )
+            on_cancel(context, context.state, context.reason or CancelReason.KILL_REQUESTED)
 
     @property
     def context(self) -> Context:
@@ -125,12 +127,10 @@ class ResponseStream:
     async def receive_batch(
         self, *, idle_timeout: float | None = None, keep_if_cancelled: bool = False
     ) -> list[Any]:
-        """The data of every item that has arrived (at least one); ``[]`` once ended,
-        or when :meth:`nudge` woke the wait (then :attr:`done` is false).
+        """The data of every item that has arrived (at least one, annotations dropped);
+        ``[]`` once ended, or when :meth:`nudge` woke the wait (then :attr:`done` is false).
 
-        As iterating, in batches (one wakeup per batch); annotations are dropped.
-        ``keep_if_cancelled``: a cancellation while waiting leaves the stream open,
-        for its owner to go on reading or to close.
+        ``keep_if_cancelled``: a cancellation while waiting leaves the stream open.
         """
         frames = await self._next(ClientStream.receive_many, idle_timeout, keep_if_cancelled)
         return [] if frames is None else [frame.data for frame in frames]
@@ -269,18 +269,6 @@ class DataStream(ResponseStream):
             return data
 
 
-def _wire_callback(stream: ClientStream) -> Callable[[Context, ContextState, CancelReason], None]:
-    """The call context's cancel callback: ``stop``/``kill`` on the wire."""
-
-    def on_cancel(context: Context, state: ContextState, reason: CancelReason) -> None:
-        if state is ContextState.KILLED:
-            stream.kill(reason)
-        else:
-            stream.stop(reason)
-
-    return on_cancel
-
-
 def _abandon_reason(exc: BaseException) -> CancelReason:
     """Why a stream left by ``exc`` is killed: a cancelled consumer scope, or just closed."""
     cancelled = find_cancelled(exc)
@@ -345,7 +333,7 @@ class Client:
         self, request: Any, annotated: bool | None = True, context: Context | None = None
     ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
-        return await self._routed(request, _annotated(annotated), context, "random")
+        return await self._routed(request, _stream_type(annotated), context, "random")
 
     generate = random
     """Same as :meth:`random` (Dynamo's default)."""
@@ -362,7 +350,7 @@ class Client:
         self, request: Any, annotated: bool | None = True, context: Context | None = None
     ) -> ResponseStream | DataStream:
         """Send ``request`` to the next live instance in turn."""
-        return await self._routed(request, _annotated(annotated), context, "round-robin")
+        return await self._routed(request, _stream_type(annotated), context, "round-robin")
 
     @overload
     async def direct(
@@ -388,23 +376,27 @@ class Client:
         context: Context | None = None,
     ) -> ResponseStream | DataStream:
         """Send ``request`` to one instance (``NoInstances`` if it is not listed)."""
-        return await self._routed(request, _annotated(annotated), context, instance_id)
+        return await self._routed(request, _stream_type(annotated), context, instance_id)
 
     async def _routed(
-        self, request: Any, annotated: bool, context: Context | None, to: RouterMode | int
-    ) -> ResponseStream | DataStream:
+        self,
+        request: Any,
+        stream_type: type[ResponseStream],
+        context: Context | None,
+        to: RouterMode | int,
+    ) -> ResponseStream:
         """Send where the router chooses in mode ``to``, or to the instance ``to``."""
         child = self._child_context(context)
         if child is None:
-            return self._empty(context, annotated)
+            return stream_type(Context(context.id() if context else None), None, instance_id=None)
         addresses: dict[Target, str] = {}
 
         async def targets() -> dict[Target, str]:
             addresses.update(self.targets())
             return addresses
 
-        async def send(target: Target) -> ResponseStream | DataStream:
-            return await self._send(request, annotated, child, target, addresses[target])
+        async def send(target: Target) -> ResponseStream:
+            return await self._send(request, stream_type, child, target, addresses[target])
 
         try:
             if isinstance(to, int):
@@ -412,7 +404,7 @@ class Client:
                 if instance is None:
                     raise NoInstances(f"no instance {to:x} serves {self._path}")
                 return await self._send(
-                    request, annotated, child, (self._path, to), instance.address
+                    request, stream_type, child, (self._path, to), instance.address
                 )
             return await self._router.send(
                 targets,
@@ -442,20 +434,15 @@ class Client:
         parent.link_child(child)
         return child
 
-    def _empty(self, context: Context | None, annotated: bool) -> ResponseStream | DataStream:
-        stream_type = ResponseStream if annotated else DataStream
-        return stream_type(Context(context.id() if context else None), None, instance_id=None)
-
     async def _send(
         self,
         request: Any,
-        annotated: bool,
+        stream_type: type[ResponseStream],
         child: Context,
         target: Target,
         address: str,
-    ) -> ResponseStream | DataStream:
+    ) -> ResponseStream:
         """Open the call's stream on ``target`` (the caller finishes ``child`` on an error)."""
-        stream_type = ResponseStream if annotated else DataStream
         instance_id = target[1]
         try:
             connection = await self._connect(address)
@@ -487,13 +474,13 @@ class Client:
         return stream_type(child, stream, instance_id=instance_id, on_lost=on_lost)
 
 
-def _annotated(value: object) -> bool:
-    """Dynamo's ``annotated``: ``True``, ``False``, or ``None`` (which means ``False``)."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
+def _stream_type(annotated: object) -> type[ResponseStream]:
+    """The stream for Dynamo's ``annotated``: ``True``, ``False``, or ``None`` (``False``)."""
+    if annotated is None or isinstance(annotated, bool):
+        return ResponseStream if annotated else DataStream
     raise TypeError(
-        f"annotated must be a bool or None, not {type(value).__name__}"
-        + (": pass the context as context=..." if isinstance(value, Context) else "")
+        f"annotated must be a bool or None, not {type(annotated).__name__}"
+        + (": pass the context as context=..." if isinstance(annotated, Context) else "")
     )
 
 

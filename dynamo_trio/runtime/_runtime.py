@@ -1,13 +1,8 @@
 """``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
 
 Everything a runtime starts runs in its own nursery, so leaving ``async with
-DistributedRuntime(...)`` leaves nothing behind: not a task, not a socket, not
-a registration.  Graceful shutdown (``runtime.shutdown()``, SIGINT/SIGTERM under
-``@dynamo_worker()``, or the death of the supervisor that started the process)
-deregisters every endpoint and model, sends ``goaway`` on every connection
-(requests still arriving are refused with ``EngineShutdown``), stops every
-in-flight request (reason ``shutdown``) so handlers drain, kills what still
-runs after ``shutdown_grace`` seconds, and closes the connections.
+DistributedRuntime(...)`` leaves no task, socket or registration behind.  Graceful
+shutdown is described in ``docs/porting.md`` ("The entry point").
 """
 
 from __future__ import annotations
@@ -64,10 +59,8 @@ _NOT_OPEN: Final = "the runtime is not open: use 'async with DistributedRuntime(
 
 
 class Transport(Protocol):
-    """Where a runtime's request plane listens and how it reaches others (TCP by default).
-
-    Injected, it lets runtimes of one trio run talk without sockets (tests).
-    """
+    """Where a runtime's request plane listens and how it reaches others (TCP by default;
+    tests inject one so that runtimes of one trio run talk without sockets)."""
 
     async def open(self, address: str) -> trio.abc.Stream:
         """A new connection to the server at ``address`` (``host:port``)."""
@@ -76,9 +69,8 @@ class Transport(Protocol):
     async def listen(
         self, server: RequestPlaneServer, *, task_status: trio.TaskStatus[tuple[str, int]]
     ) -> None:
-        """Hand ``server`` (``handle_connection``) each connection made to a new address
-        until cancelled, refusing new ones once it is ``draining``;
-        ``task_status.started((host, port))``."""
+        """Hand ``server.handle_connection`` each connection to a new address until
+        cancelled, refusing them once it is ``draining``; ``started((host, port))``."""
         ...
 
 
@@ -123,12 +115,8 @@ class DistributedRuntime:
         self._status_url: str | None = None
         self._status_stop = trio.Event()
 
-    # ------------------------------------------------------------------ lifetime
-
     async def __aenter__(self) -> Self:
-        stack = AsyncExitStack()
-        await stack.__aenter__()
-        try:
+        async with AsyncExitStack() as stack:
             self._discovery = await stack.enter_async_context(
                 open_discovery(self.config.discovery, memory_store=self._memory_store)
             )
@@ -144,10 +132,7 @@ class DistributedRuntime:
                     shutdown_trigger=self._status_stop.wait,
                 )
                 self._status_url = await self._nursery.start(status)
-        except BaseException as exc:
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._stack = stack
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -203,8 +188,6 @@ class DistributedRuntime:
             raise RuntimeError(_NOT_OPEN)
         return self._nursery
 
-    # ------------------------------------------------------------------ naming
-
     def namespace(self, name: str) -> Namespace:
         """``runtime.namespace("dynamo").component("backend").endpoint("generate")``."""
         return Namespace(self, name)
@@ -219,8 +202,6 @@ class DistributedRuntime:
                 f"invalid endpoint path {path!r}: expected '[dyn://]namespace.component.endpoint'"
             )
         return self.namespace(parts[0]).component(parts[1]).endpoint(parts[2])
-
-    # ------------------------------------------------------------------ serving
 
     async def _ensure_server(self) -> str:
         async with self._server_lock:
@@ -306,8 +287,6 @@ class DistributedRuntime:
         )
         await self._register(card.key, encode_record(card))
 
-    # ------------------------------------------------------------------ shutdown
-
     def shutdown(self) -> None:
         """Begin a graceful shutdown (synchronous; see the module docstring)."""
         self._shutdown_requested.set()
@@ -374,8 +353,6 @@ class DistributedRuntime:
             ):
                 await trio.sleep(0.01)
 
-    # ------------------------------------------------------------------ calling
-
     def _pool(self) -> ConnectionPool:
         if self._connection_pool is None:
             self._connection_pool = ConnectionPool(
@@ -419,8 +396,6 @@ class DistributedRuntime:
         """A live view of discovery records under ``prefix``, kept for the runtime's life."""
         view: PrefixView[Any] = await self._require_nursery().start(self._watch, prefix, decode)
         return view
-
-    # ------------------------------------------------------------------ introspection
 
     def track(self, context: Context) -> AbstractContextManager[Context]:
         """Count ``context`` as in flight (listed on ``/debug/requests``) for the block."""
