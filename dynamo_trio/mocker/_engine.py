@@ -1,10 +1,5 @@
-"""The mock LLM engine: deterministic text and embeddings at a configurable pace.
-
-It stands in for a real engine so the runtime, the frontend and cancellation can
-be tested without a GPU: a stop ends generation with a last ``"cancelled"``
-item, a kill arrives as ``trio.Cancelled`` at the next token, and a continuation
-replays the interrupted attempt exactly (docs/mocker.md has the rules).
-"""
+"""The mock LLM engine: deterministic text and embeddings at a configurable pace
+(``docs/mocker.md`` has the rules for text, timing, cancellation and continuations)."""
 
 from __future__ import annotations
 
@@ -52,11 +47,11 @@ class MockEngine:
         return self._settings
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
-        """Generate text for an engine request, one item per token (docs/mocker.md).
+        """Generate text for an engine request, one item per token.
 
-        ``text`` may be empty while held back as a possible stop sequence; the
-        last item carries ``finish_reason`` and ``usage``.  ValueError for an
-        invalid request or one over the limits (:class:`ContextLengthExceeded`).
+        ``text`` may be empty while held back as a possible stop sequence; the last
+        item carries ``finish_reason`` and ``usage``.  ``ValueError`` for an invalid
+        request or one over the limits (:class:`ContextLengthExceeded`).
         """
         valid = validate_generate_request(request)
         prompt = render_prompt(valid)

@@ -1,8 +1,7 @@
 """``dynamo-trio mocker`` (``python -m dynamo_trio.mocker``): one mock worker process.
 
-Its flags are the settings' (:func:`~dynamo_trio._config.add_flags`), the names of
-the models to serve, and one per field of :class:`MockerSettings`, which
-``dynamo-trio run`` accepts too and passes on to its workers (:func:`mocker_argv`).
+Its flags: the settings' (``add_flags``), the models to serve, and one per field of
+:class:`MockerSettings`, which ``dynamo-trio run`` passes on to its workers too.
 """
 
 from __future__ import annotations

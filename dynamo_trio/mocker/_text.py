@@ -1,8 +1,5 @@
-"""Deterministic text for the mock engine: a pseudo-tokenizer, prompts, tokens, stop sequences.
-
-Nothing here is a real model: the same rendered prompt and seed always give the
-same text, so tests can predict the output exactly (docs/mocker.md).
-"""
+"""Deterministic text for the mock engine: a pseudo-tokenizer, prompts and tokens; the same
+rendered prompt and seed always give the same text (``docs/mocker.md``)."""
 
 from __future__ import annotations
 

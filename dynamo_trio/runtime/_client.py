@@ -222,10 +222,7 @@ class ResponseStream:
             self._context.finish()
 
     def _abandon(self, reason: CancelReason = CancelReason.STREAM_CLOSED) -> None:
-        if self._done:
-            return
-        stream = self._stream
-        if stream is not None and not stream.done:
+        if not self._done and self._stream is not None and not self._stream.done:
             self._context.kill(reason)
         self._finish()
 
@@ -420,10 +417,8 @@ class Client:
             raise
 
     def _child_context(self, parent: Context | None) -> Context | None:
-        """The call's context, linked under ``parent``; ``None`` if ``parent`` is cancelled.
-
-        Without a trace of its own it continues the current request's trace.
-        """
+        """The call's context, linked under ``parent`` and in its trace (else the current
+        request's); ``None`` if ``parent`` is cancelled."""
         if parent is None:
             return Context(trace=_current_trace())
         if parent.is_stopped():

@@ -1,11 +1,7 @@
 """Which instance a call goes to: the one router of a process, for clients and the frontend.
 
-A *target* is ``(endpoint path, instance id)``.  A call offers its candidate
-targets; the router picks a live one it has not tried (in turn, or at random),
-else one out of rotation whose rest is over, and moves on to the next while
-connections fail.  The rotation (which targets are out, for how long, and the
-probes that bring them back) is :class:`Router`'s; why it works that way is
-in ``docs/architecture.md`` ("Rotation").
+The rules (candidates, turns, rotation, probes) and why are in ``docs/architecture.md``
+("Routing").
 """
 
 from __future__ import annotations
@@ -41,12 +37,10 @@ _MAX_DOWN_FOR: Final = 8.0
 
 @dataclass(slots=True)
 class _Resting:
-    """A target out of rotation."""
+    """A target out of rotation until (``time.monotonic()``) a probe may try it again."""
 
     until: float
-    """When (``time.monotonic()``) a probe may try it again."""
-    failures: int = 1
-    """Failures in a row (the first, then each failed probe)."""
+    failures: int = 1  # in a row: the first, then each failed probe
     probing: bool = False
 
 
@@ -101,7 +95,7 @@ class Router:
     def _split(
         self, candidates: Mapping[Target, str], tried: Collection[Target]
     ) -> tuple[list[Target], list[tuple[float, Target]]]:
-        """The untried candidates in rotation, and those whose rest is over (with when
+        """The untried live candidates, and the untried ones whose rest is over (with when
         it ended); starts the probes that are due."""
         now = time.monotonic()
         live: list[Target] = []

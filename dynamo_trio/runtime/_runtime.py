@@ -1,8 +1,7 @@
 """``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
 
 Everything a runtime starts runs in its own nursery, so leaving ``async with
-DistributedRuntime(...)`` leaves no task, socket or registration behind.  Graceful
-shutdown is described in ``docs/porting.md`` ("The entry point").
+DistributedRuntime(...)`` leaves no task, socket or registration behind.
 """
 
 from __future__ import annotations
@@ -288,7 +287,8 @@ class DistributedRuntime:
         await self._register(card.key, encode_record(card))
 
     def shutdown(self) -> None:
-        """Begin a graceful shutdown (synchronous; see the module docstring)."""
+        """Begin a graceful shutdown (synchronous): deregister, send ``goaway``, stop what is in
+        flight, kill what is left after ``shutdown_grace`` seconds, close the connections."""
         self._shutdown_requested.set()
 
     async def wait_shut_down(self) -> None:

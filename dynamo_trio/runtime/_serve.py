@@ -85,7 +85,7 @@ async def serve_stream(
     *,
     drain_grace: float,
     inflight: InflightRequests,
-    on_exit_request: Callable[[], None] | None = None,
+    on_exit_request: Callable[[], None],
 ) -> None:
     """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once.
 
@@ -132,7 +132,7 @@ def _outcome_of(
     exc: BaseException,
     context: Context,
     path: str,
-    on_exit_request: Callable[[], None] | None,
+    on_exit_request: Callable[[], None],
 ) -> DynamoError | None:
     """The error a handler's exception ends its stream with; ``None`` for a clean end."""
     exc = collapse(exc) or exc
@@ -153,14 +153,13 @@ def _outcome_of(
             path,
             _name(exc),
         )
-        if on_exit_request is not None:
-            on_exit_request()
+        on_exit_request()
         return EngineShutdown("the worker is shutting down", caused_by=_name(exc))
     error = error_from_exception(exc)
     if isinstance(exc, DynamoError) or isinstance(error, InvalidArgument):
         _log.info("request %s on %s failed: %s", context.id(), path, error)
     else:
-        _handler_bugs.report(path, exc, context.id(), error)
+        _report_bug(path, exc, context.id(), error)
     return error
 
 
@@ -168,35 +167,30 @@ def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class _BugLog:
-    """A handler's own failures: one traceback per endpoint and type per interval, then counts."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}
-
-    def report(self, path: str, exc: BaseException, request_id: str, error: DynamoError) -> None:
-        key = (path, _name(exc))
-        now = time.monotonic()
-        last, suppressed = self._last.get(key, (-math.inf, 0))
-        if now - last < self._interval:
-            self._last[key] = (last, suppressed + 1)
-            return
-        if len(self._last) > 1024:  # bounded, whatever the handlers raise
-            self._last.clear()
-        self._last[key] = (now, 0)
-        more = f" ({suppressed} more since the last report)" if suppressed else ""
-        _log.error(
-            "request %s on %s failed: %s%s",
-            request_id,
-            path,
-            error,
-            more,
-            exc_info=(type(exc), exc, exc.__traceback__),
-        )
+_BUG_INTERVAL: Final = 60.0
+_bugs_reported: dict[tuple[str, str], tuple[float, int]] = {}  # (path, type): (when, since)
 
 
-_handler_bugs: Final = _BugLog(interval=60.0)
+def _report_bug(path: str, exc: BaseException, request_id: str, error: DynamoError) -> None:
+    """A handler's own failure: one traceback per endpoint and type per interval, then counts."""
+    key = (path, _name(exc))
+    now = time.monotonic()
+    last, suppressed = _bugs_reported.get(key, (-math.inf, 0))
+    if now - last < _BUG_INTERVAL:
+        _bugs_reported[key] = (last, suppressed + 1)
+        return
+    if len(_bugs_reported) > 1024:  # bounded, whatever the handlers raise
+        _bugs_reported.clear()
+    _bugs_reported[key] = (now, 0)
+    more = f" ({suppressed} more since the last report)" if suppressed else ""
+    _log.error(
+        "request %s on %s failed: %s%s",
+        request_id,
+        path,
+        error,
+        more,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
 
 
 def _finish(
@@ -224,10 +218,8 @@ def _finish(
 
 
 class _StaleCancelled(Exception):
-    """A stale :class:`trio.Cancelled` from the handler, carried out of the context's nursery
-
-    (which would absorb it as its own) as the handler's way of saying "cancelled".
-    """
+    """A stale :class:`trio.Cancelled` from the handler (its way of saying "cancelled"),
+    carried out of the context's nursery, which would absorb it as its own."""
 
 
 async def _relay(stream: ServerStream, endpoint: ServedEndpoint, context: Context) -> None:
