@@ -61,9 +61,7 @@ class MockEngine:
         tokens = TokenSource(prompt, valid.get("seed"))
         stops = StopMatcher(valid.get("stop", ()))
         continuation = valid.get("continuation")
-        generated = 0
-        if continuation is not None:
-            generated = _replay(continuation, tokens, stops, min_tokens)
+        generated = 0 if continuation is None else _replay(continuation, tokens, stops, min_tokens)
         deadline = trio.current_time() + self._first_delay
         if generated >= max_tokens:  # the earlier attempt produced every token but not the end
             await wait_until(deadline, context)  # a kill lands here

@@ -4,6 +4,7 @@ and kill reach the worker as frames), sent where the router chooses, read as a
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
@@ -400,9 +401,8 @@ class Client:
                 instance = self._instances().get(to)
                 if instance is None:
                     raise NoInstances(f"no instance {to:x} serves {self._path}")
-                return await self._send(
-                    request, stream_type, child, (self._path, to), instance.address
-                )
+                addresses[self._path, to] = instance.address
+                return await send((self._path, to))
             return await self._router.send(
                 targets,
                 send,
@@ -462,10 +462,7 @@ class Client:
         except (Disconnected, EngineShutdown) as exc:
             self._router.failed(target, str(exc))
             raise CannotConnect(str(exc)) from None
-
-        def on_lost(reason: str) -> None:
-            self._router.failed(target, reason)
-
+        on_lost = functools.partial(self._router.failed, target)
         return stream_type(child, stream, instance_id=instance_id, on_lost=on_lost)
 
 
