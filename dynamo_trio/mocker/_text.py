@@ -75,7 +75,6 @@ class TokenSource:
     def next(self) -> tuple[int, str]:
         """The next ``(token_id, text)``."""
         index = self._random.getrandbits(_INDEX_BITS)
-        if self._first:
-            self._first = False
-            return index, VOCABULARY[index]
-        return index, _NEXT[index]
+        words = VOCABULARY if self._first else _NEXT
+        self._first = False
+        return index, words[index]

@@ -1,8 +1,5 @@
-"""Which instance a call goes to: the one router of a process, for clients and the frontend.
-
-The rules (candidates, turns, rotation, probes) and why are in ``docs/architecture.md``
-("Routing").
-"""
+"""Which instance a call goes to: the one router of a process, for clients and the frontend
+(its rules, and why, are in ``docs/architecture.md``, "Routing")."""
 
 from __future__ import annotations
 
@@ -46,10 +43,8 @@ class _Resting:
 
 @final
 class Router:
-    """Chooses targets and keeps the rotation, for every caller of one runtime.
-
-    Probes ``connect`` to resting targets in ``nursery()``.
-    """
+    """Chooses targets and keeps the rotation, for every caller of one runtime (probing
+    resting targets with ``connect``, in ``nursery()``)."""
 
     def __init__(
         self, connect: Callable[[str], Awaitable[object]], nursery: Callable[[], trio.Nursery]
