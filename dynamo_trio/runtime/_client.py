@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
 
 import trio
 
@@ -317,31 +317,62 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    # Dynamo's arguments, in its order; annotated=False/None gives a DataStream (a
-    # ResponseStream of the data alone).
+    # Dynamo's arguments, in its order; annotated=False/None gives a DataStream.
 
+    @overload
+    async def random(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def random(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
     async def random(
         self, request: Any, annotated: bool | None = True, context: Context | None = None
-    ) -> ResponseStream:
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to a random live instance."""
         return await self._routed(request, _stream_type(annotated), context, "random")
 
     generate = random
     """Same as :meth:`random` (Dynamo's default)."""
 
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: Literal[True] = True, context: Context | None = None
+    ) -> ResponseStream: ...
+    @overload
+    async def round_robin(
+        self, request: Any, annotated: bool | None, context: Context | None = None
+    ) -> ResponseStream | DataStream: ...
     async def round_robin(
         self, request: Any, annotated: bool | None = True, context: Context | None = None
-    ) -> ResponseStream:
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to the next live instance in turn."""
         return await self._routed(request, _stream_type(annotated), context, "round-robin")
 
+    @overload
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: Literal[True] = True,
+        context: Context | None = None,
+    ) -> ResponseStream: ...
+    @overload
+    async def direct(
+        self,
+        request: Any,
+        instance_id: int,
+        annotated: bool | None,
+        context: Context | None = None,
+    ) -> ResponseStream | DataStream: ...
     async def direct(
         self,
         request: Any,
         instance_id: int,
         annotated: bool | None = True,
         context: Context | None = None,
-    ) -> ResponseStream:
+    ) -> ResponseStream | DataStream:
         """Send ``request`` to one instance (``NoInstances`` if it is not listed)."""
         return await self._routed(request, _stream_type(annotated), context, instance_id)
 
