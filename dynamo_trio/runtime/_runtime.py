@@ -298,43 +298,40 @@ class DistributedRuntime:
     async def _shutdown_when_requested(self) -> None:
         await self._shutdown_requested.wait()
         try:
-            await self._graceful_shutdown()
-        finally:
-            self._shutdown_done.set()
-
-    async def _graceful_shutdown(self) -> None:
-        grace = self.config.worker.shutdown_grace
-        _log.info(
-            "shutting down: deregistering, refusing new requests, draining %d in-flight "
-            "request(s) for up to %.1fs",
-            len(self._inflight),
-            grace,
-        )
-        await self._deregister_all()
-        server = self._server
-        if server is not None:
-            server.go_away()
-            server.stop_accepting()
-        for context in self._inflight:
-            served = self._endpoints.get(context.attributes.get("endpoint", ""))
-            if served is not None and not served.graceful_shutdown:
-                context.kill(CancelReason.SHUTDOWN)  # serve_endpoint(graceful_shutdown=False)
-            else:
-                context.stop(CancelReason.SHUTDOWN)
-        with trio.move_on_after(grace):
-            await self._inflight.wait_empty()
-        if self._inflight:
-            _log.warning(
-                "killing %d request(s) still running after the %.1fs shutdown grace",
+            grace = self.config.worker.shutdown_grace
+            _log.info(
+                "shutting down: deregistering, refusing new requests, draining %d in-flight "
+                "request(s) for up to %.1fs",
                 len(self._inflight),
                 grace,
             )
-            self._inflight.kill_all(CancelReason.SHUTDOWN)
-            with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
+            await self._deregister_all()
+            server = self._server
+            if server is not None:
+                server.go_away()
+                server.stop_accepting()
+            for context in self._inflight:
+                served = self._endpoints.get(context.attributes.get("endpoint", ""))
+                if served is not None and not served.graceful_shutdown:
+                    context.kill(CancelReason.SHUTDOWN)  # serve_endpoint(graceful_shutdown=False)
+                else:
+                    context.stop(CancelReason.SHUTDOWN)
+            with trio.move_on_after(grace):
                 await self._inflight.wait_empty()
-        if server is not None:
-            server.close_all(graceful=True)
-        self._status_stop.set()
+            if self._inflight:
+                _log.warning(
+                    "killing %d request(s) still running after the %.1fs shutdown grace",
+                    len(self._inflight),
+                    grace,
+                )
+                self._inflight.kill_all(CancelReason.SHUTDOWN)
+                with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
+                    await self._inflight.wait_empty()
+            if server is not None:
+                server.close_all(graceful=True)
+            self._status_stop.set()
+        finally:
+            self._shutdown_done.set()
 
     async def _finish_calls(self) -> None:
         """Kill live calls; give stopped ones the drain grace (closing would kill them)."""
