@@ -40,10 +40,7 @@ class DiscoveryError(CannotServe):
 
 
 def check_key(key: str) -> str:
-    """Return ``key`` (or a prefix) if it is a ``str`` without NUL that encodes as UTF-8.
-
-    Raises TypeError or ValueError otherwise.
-    """
+    """Return ``key`` (or a prefix) if it is a ``str`` without NUL that encodes as UTF-8."""
     if not isinstance(key, str):
         raise TypeError(f"discovery keys are str, not {type(key).__name__}")
     if "\0" in key:
@@ -101,20 +98,6 @@ def plan_repairs(
         elif stored[0] != value:
             rewrite.append(key)
     return Repairs(tuple(rewrite), tuple(relinquish))
-
-
-def log_repairs(repairs: Repairs, lease_id: int) -> None:
-    """Say what an owner is about to repair (once per repair, never per check)."""
-    if repairs.rewrite:
-        logger.warning(
-            "discovery: %d key(s) of lease %x were lost from the store; writing them back: %s",
-            len(repairs.rewrite),
-            lease_id,
-            ", ".join(repr(key) for key in repairs.rewrite[:5])
-            + (" ..." if len(repairs.rewrite) > 5 else ""),
-        )
-    for key in repairs.relinquish:
-        logger.info("discovery: %r was overwritten by another instance; no longer ours", key)
 
 
 def random_lease_id() -> int:
@@ -198,6 +181,27 @@ class Discovery(abc.ABC):
             return
         self._closed = True
         await self._revoke_lease()
+
+    def _repair(
+        self,
+        lease_id: int,
+        found: Mapping[str, tuple[bytes, int]],
+        lease_alive: Callable[[int], bool] = lambda lease: True,
+    ) -> Repairs:
+        """:func:`plan_repairs` for the owned keys, logged; the relinquished keys are forgotten."""
+        repairs = plan_repairs(self._owned, lease_id, found, lease_alive)
+        if repairs.rewrite:
+            logger.warning(
+                "discovery: %d key(s) of lease %x were lost from the store; writing them back: %s",
+                len(repairs.rewrite),
+                lease_id,
+                ", ".join(repr(key) for key in repairs.rewrite[:5])
+                + (" ..." if len(repairs.rewrite) > 5 else ""),
+            )
+        for key in repairs.relinquish:
+            logger.info("discovery: %r was overwritten by another instance; no longer ours", key)
+            del self._owned[key]
+        return repairs
 
     def _check_open(self) -> None:
         """Raise :class:`DiscoveryError` unless the context is entered and not closed."""

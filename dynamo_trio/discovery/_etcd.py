@@ -21,8 +21,6 @@ from ._base import (
     DiscoveryError,
     check_key,
     check_value,
-    log_repairs,
-    plan_repairs,
 )
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
@@ -100,9 +98,7 @@ class EtcdDiscovery(Discovery):
                         self._owned[key] = previous
                     raise
                 # Recovery re-grants the lease and re-puts every owned key, this one included.
-                logger.warning("discovery: lease lost (%s); re-granting it", exc)
-                self._lease_lost = True
-                if not await self._recover_locked(gateway):
+                if not await self._regrant_locked(gateway, exc):
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
     async def delete(self, key: str) -> None:
@@ -185,30 +181,27 @@ class EtcdDiscovery(Discovery):
         """Re-put the owned keys etcd lost while the lease lived (lock held; failures logged)."""
         if self._closed or not self._owned:
             return
-        owned = dict(self._owned)
         try:
-            stored = await gateway.get_keys(list(owned))
+            stored = await gateway.get_keys(list(self._owned))
         except DiscoveryError as exc:
             logger.warning("discovery: cannot check the owned keys (will retry): %s", exc)
             return
         found = {key: (kv.value, kv.lease) for key, kv in stored.items()}
-        repairs = plan_repairs(owned, self._etcd_lease, found)
-        if not repairs:
-            return
-        log_repairs(repairs, self._etcd_lease)
-        for key in repairs.relinquish:
-            self._owned.pop(key, None)
-        for key in repairs.rewrite:
+        for key in self._repair(self._etcd_lease, found).rewrite:
             try:
-                await gateway.put(key, owned[key], self._etcd_lease)
+                await gateway.put(key, self._owned[key], self._etcd_lease)
             except DiscoveryError as exc:
-                if not _lease_gone(exc):
+                if _lease_gone(exc):
+                    await self._regrant_locked(gateway, exc)
+                else:
                     logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
-                    return
-                logger.warning("discovery: lease lost (%s); re-granting it", exc)
-                self._lease_lost = True
-                await self._recover_locked(gateway)
                 return
+
+    async def _regrant_locked(self, gateway: EtcdGateway, exc: DiscoveryError) -> bool:
+        """A request found the lease gone: recover it now (lock held); whether all is back."""
+        logger.warning("discovery: lease lost (%s); re-granting it", exc)
+        self._lease_lost = True
+        return await self._recover_locked(gateway)
 
     async def _recover_locked(self, gateway: EtcdGateway) -> bool:
         """Re-grant the lease and re-put every owned key (lock held); whether all are back.

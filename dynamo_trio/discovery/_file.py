@@ -19,8 +19,6 @@ from ._base import (
     DiscoveryError,
     check_key,
     check_value,
-    log_repairs,
-    plan_repairs,
     random_lease_id,
 )
 from ._file_store import FileLayout, Scanner, Signature
@@ -238,22 +236,17 @@ class FileDiscovery(Discovery):
 
     async def _repair_entries(self) -> None:
         """Write back the owned entries the directory lost; the caller holds the lock."""
-        owned = dict(self._owned)
         found, signatures, alive = await trio.to_thread.run_sync(
-            self._layout.audit, owned, dict(self._written), self._lease_id
+            self._layout.audit, dict(self._owned), dict(self._written), self._lease_id
         )
         self._written.update(signatures)
-        repairs = plan_repairs(owned, self._lease_id, found, alive.__contains__)
-        if not repairs:
-            return
-        log_repairs(repairs, self._lease_id)
+        repairs = self._repair(self._lease_id, found, alive.__contains__)
         for key in repairs.relinquish:
-            self._owned.pop(key, None)
             self._written.pop(key, None)
         for key in repairs.rewrite:
             self._written.pop(key, None)
             self._written[key] = await trio.to_thread.run_sync(
-                self._layout.write_entry, key, owned[key], self._lease_id
+                self._layout.write_entry, key, self._owned[key], self._lease_id
             )
 
     def _recover(self, owned: dict[str, bytes]) -> dict[str, Signature]:

@@ -8,26 +8,16 @@ from __future__ import annotations
 
 import math
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._base import Discovery, check_key, check_value, log_repairs, plan_repairs, random_lease_id
+from ._base import Discovery, check_key, check_value, random_lease_id
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
-
-
-@final
-@dataclass(frozen=True, eq=False, slots=True)
-class _Subscriber:
-    """One open watch: its prefix and the channel its events go to."""
-
-    prefix: str
-    send_channel: trio.MemorySendChannel[WatchEvent]
 
 
 @final
@@ -37,7 +27,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._entries: dict[str, tuple[bytes, int]] = {}  # key -> (value, lease)
         self._leases: set[int] = set()
-        self._subscribers: set[_Subscriber] = set()
+        self._watches: dict[trio.MemorySendChannel[WatchEvent], str] = {}  # channel -> prefix
 
     def new_lease(self) -> int:
         while True:
@@ -77,27 +67,26 @@ class MemoryStore:
 
     def subscribe(
         self, prefix: str, send_channel: trio.MemorySendChannel[WatchEvent]
-    ) -> tuple[dict[str, bytes], _Subscriber]:
+    ) -> dict[str, bytes]:
         """Snapshot ``prefix`` and register ``send_channel`` for every later change, atomically."""
-        subscriber = _Subscriber(prefix, send_channel)
-        self._subscribers.add(subscriber)
-        return self.snapshot(prefix), subscriber
+        self._watches[send_channel] = prefix
+        return self.snapshot(prefix)
 
-    def unsubscribe(self, subscriber: _Subscriber) -> None:
-        self._subscribers.discard(subscriber)
+    def unsubscribe(self, send_channel: trio.MemorySendChannel[WatchEvent]) -> None:
+        self._watches.pop(send_channel, None)
 
     @property
     def watch_count(self) -> int:
         """How many watches are open (tests use it to check that watches release)."""
-        return len(self._subscribers)
+        return len(self._watches)
 
     def _notify(self, event: WatchEvent) -> None:
-        for subscriber in list(self._subscribers):
-            if event.key.startswith(subscriber.prefix):
+        for send_channel, prefix in list(self._watches.items()):
+            if event.key.startswith(prefix):
                 try:
-                    subscriber.send_channel.send_nowait(event)
+                    send_channel.send_nowait(event)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._subscribers.discard(subscriber)
+                    self.unsubscribe(send_channel)
 
 
 _default_store: MemoryStore | None = None
@@ -161,11 +150,11 @@ class MemoryDiscovery(Discovery):
         await trio.lowlevel.checkpoint()
         self._check_open()
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](math.inf)
-        initial, subscriber = self._store.subscribe(prefix, send_channel)
+        initial = self._store.subscribe(prefix, send_channel)
         try:
             yield Watch(initial, receive_channel)
         finally:
-            self._store.unsubscribe(subscriber)
+            self._store.unsubscribe(send_channel)
             send_channel.close()
             receive_channel.close()
 
@@ -179,17 +168,10 @@ class MemoryDiscovery(Discovery):
             if self._closed:
                 return
             store = self._store
-            owned = self._owned
-            found = {key: stored for key in owned if (stored := store.lookup(key)) is not None}
-            repairs = plan_repairs(owned, self._lease_id, found, store.lease_alive)
-            if not store.lease_alive(self._lease_id):
-                store.restore_lease(self._lease_id)
-            if repairs:
-                log_repairs(repairs, self._lease_id)
-                for key in repairs.relinquish:
-                    del owned[key]
-                for key in repairs.rewrite:
-                    store.put(key, owned[key], self._lease_id)
+            found = {key: stored for key in self._owned if (stored := store.lookup(key))}
+            store.restore_lease(self._lease_id)
+            for key in self._repair(self._lease_id, found, store.lease_alive).rewrite:
+                store.put(key, self._owned[key], self._lease_id)
 
     async def _revoke_lease(self) -> None:
         await trio.lowlevel.checkpoint()
