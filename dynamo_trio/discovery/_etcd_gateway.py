@@ -74,7 +74,7 @@ class EtcdError(DiscoveryError):
         self.code = code
 
 
-# Messages (only the fields this package reads), then requests.
+# Answers, with only the fields this package reads (requests are plain dicts).
 
 
 class _Header(msgspec.Struct, frozen=True):
@@ -158,48 +158,6 @@ class WatchMessage(msgspec.Struct, frozen=True):
     error: _StreamError | None = None
 
 
-class _RangeRequest(msgspec.Struct, frozen=True, omit_defaults=True):
-    key: bytes
-    range_end: bytes = b""
-
-
-class _TxnOp(msgspec.Struct, frozen=True):
-    request_range: _RangeRequest
-
-
-class _TxnRequest(msgspec.Struct, frozen=True):
-    success: list[_TxnOp]
-
-
-class _PutRequest(msgspec.Struct, frozen=True, omit_defaults=True):
-    key: bytes
-    value: bytes
-    lease: str = "0"
-
-
-class _GrantRequest(msgspec.Struct, frozen=True, omit_defaults=True):
-    TTL: str
-    ID: str = "0"
-
-
-class _LeaseRequest(msgspec.Struct, frozen=True):
-    ID: str
-
-
-class _CompactionRequest(msgspec.Struct, frozen=True):
-    revision: str
-
-
-class _WatchCreate(msgspec.Struct, frozen=True, omit_defaults=True):
-    key: bytes
-    range_end: bytes = b""
-    start_revision: str = "0"
-
-
-class _WatchRequest(msgspec.Struct, frozen=True):
-    create_request: _WatchCreate
-
-
 _encoder = msgspec.json.Encoder()
 
 
@@ -240,9 +198,8 @@ class EtcdGateway:
     async def range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
         """Every key under ``prefix`` (non-UTF-8 ones logged and skipped) and its revision."""
         key, range_end = prefix_range(prefix)
-        response = await self._call(
-            "/v3/kv/range", _RangeRequest(key=key, range_end=range_end), _RangeResponse
-        )
+        request = {"key": key, "range_end": range_end}
+        response = await self._call("/v3/kv/range", request, _RangeResponse)
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
         kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
@@ -253,8 +210,8 @@ class EtcdGateway:
         found: dict[str, KeyValue] = {}
         for start in range(0, len(keys), _MAX_TXN_OPS):
             batch = keys[start : start + _MAX_TXN_OPS]
-            ops = [_TxnOp(_RangeRequest(key=key.encode())) for key in batch]
-            response = await self._call("/v3/kv/txn", _TxnRequest(success=ops), _TxnResponse)
+            ops = [{"request_range": {"key": key.encode()}} for key in batch]
+            response = await self._call("/v3/kv/txn", {"success": ops}, _TxnResponse)
             if not response.succeeded or len(response.responses) != len(batch):
                 raise DiscoveryError(f"etcd answered a read of {len(batch)} keys with {response}")
             for key, op in zip(batch, response.responses, strict=True):
@@ -264,16 +221,16 @@ class EtcdGateway:
         return found
 
     async def put(self, key: str, value: bytes, lease_id: int) -> None:
-        request = _PutRequest(key=key.encode(), value=value, lease=str(lease_id))
+        request = {"key": key.encode(), "value": value, "lease": str(lease_id)}
         await self._call("/v3/kv/put", request, _Empty)
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (absent is fine)."""
-        await self._call("/v3/kv/deleterange", _RangeRequest(key=key.encode()), _Empty)
+        await self._call("/v3/kv/deleterange", {"key": key.encode()}, _Empty)
 
     async def grant(self, ttl: int, lease_id: int = 0) -> tuple[int, int]:
         """Create a lease (``lease_id`` 0: etcd picks); ``(id, ttl)``, etcd may raise the ttl."""
-        request = _GrantRequest(TTL=str(ttl), ID=str(lease_id))
+        request = {"TTL": str(ttl), "ID": str(lease_id)}
         response = await self._call("/v3/lease/grant", request, _GrantResponse)
         if response.error or response.ID <= 0 or response.TTL <= 0:
             raise EtcdError(f"etcd refused the lease: {response.error or response}", 0)
@@ -281,17 +238,17 @@ class EtcdGateway:
 
     async def keepalive(self, lease_id: int) -> int:
         """Refresh a lease once; returns its remaining TTL (0 or less: the lease is gone)."""
-        request = _LeaseRequest(ID=str(lease_id))
+        request = {"ID": str(lease_id)}
         response = await self._call("/v3/lease/keepalive", request, _KeepAliveResponse)
         return response.result.TTL
 
     async def revoke(self, lease_id: int) -> None:
         """End a lease now; every key attached to it is deleted in one revision."""
-        await self._call("/v3/lease/revoke", _LeaseRequest(ID=str(lease_id)), _Empty)
+        await self._call("/v3/lease/revoke", {"ID": str(lease_id)}, _Empty)
 
     async def compact(self, revision: int) -> None:
         """Discard history before ``revision`` (used by tests to force a resync)."""
-        await self._call("/v3/kv/compaction", _CompactionRequest(str(revision)), _Empty)
+        await self._call("/v3/kv/compaction", {"revision": str(revision)}, _Empty)
 
     @asynccontextmanager
     async def watch(
@@ -299,9 +256,8 @@ class EtcdGateway:
     ) -> AsyncIterator[tuple[str, AsyncIterator[str]]]:
         """Yield ``(endpoint, lines)`` of a watch of ``prefix``; leaving closes the connection."""
         key, range_end = prefix_range(prefix)
-        body = _WatchRequest(
-            _WatchCreate(key=key, range_end=range_end, start_revision=str(start_revision))
-        )
+        create = {"key": key, "range_end": range_end, "start_revision": str(start_revision)}
+        body = {"create_request": create}
         http_timeout = httpx.Timeout(self._timeout, read=None)
         response = await self._send("/v3/watch", body, http_timeout=http_timeout, stream=True)
         url = str(response.request.url)
