@@ -272,6 +272,4 @@ class FileDiscovery(Discovery):
 
 
 def _under(entries: dict[str, bytes], prefix: str) -> dict[str, bytes]:
-    if not prefix:
-        return dict(entries)
     return {key: value for key, value in entries.items() if key.startswith(prefix)}

@@ -438,22 +438,13 @@ class Scanner:
         now = time.time()
         old = self._entries
         new: dict[str, _Verdict] = {}
-        changed = False
         for dirent in listing:
-            name = dirent.name
-            if name.startswith("."):
+            if dirent.name.startswith("."):
                 _remove_if_abandoned(dirent, now)
-                continue
-            verdict = self._judge(dirent, old.get(name))
-            if verdict is None:
-                continue  # vanished
-            new[name] = verdict
-            if old.get(name) != verdict:
-                changed = True
-        if old.keys() - new.keys():
-            changed = True
+            elif (verdict := self._judge(dirent, old.get(dirent.name))) is not None:  # not vanished
+                new[dirent.name] = verdict
         self._entries = new
-        if changed:
+        if changed := new != old:
             self._wanted = frozenset(e.lease for _, e in new.values() if e is not None)
         return changed
 

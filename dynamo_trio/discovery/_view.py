@@ -97,9 +97,7 @@ class PrefixView(Generic[T]):
         return True
 
     def _forget(self, key: str) -> bool:
-        if self._raw.pop(key, None) is None:
-            return False
-        return self._records.pop(key, None) is not None
+        return self._raw.pop(key, None) is not None and self._records.pop(key, None) is not None
 
     def _bump(self) -> None:
         self._version += 1
