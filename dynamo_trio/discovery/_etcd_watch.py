@@ -106,8 +106,15 @@ class WatchPump:
                     try:
                         async for line in lines:
                             # No await and no raise in here (docs/discovery.md, "Watches").
-                            if not own_scope.cancel_called:
-                                self._take(line, own_scope)
+                            if own_scope.cancel_called or not line.strip():
+                                continue
+                            result = self._result_of(line)
+                            if isinstance(result, str):
+                                self._stop_reason = result
+                                own_scope.cancel(reason=result)
+                            else:
+                                self._progress = True
+                                self._apply(result)
                     except (httpx.TransportError, httpx.StreamError) as exc:
                         broke = exc
                     nursery.cancel_scope.cancel()
@@ -122,18 +129,6 @@ class WatchPump:
         await self._gateway.wait_moved_from(endpoint)
         self._stop_reason = f"requests failed over from {endpoint} to {self._gateway.endpoint}"
         own_scope.cancel(reason=self._stop_reason)
-
-    def _take(self, line: str, own_scope: trio.CancelScope) -> None:
-        """Handle one line of the stream; cancel ``own_scope`` to drop the stream."""
-        if not line.strip():
-            return
-        result = self._result_of(line)
-        if isinstance(result, str):
-            self._stop_reason = result
-            own_scope.cancel(reason=result)
-            return
-        self._progress = True
-        self._apply(result)
 
     def _result_of(self, line: str) -> WatchResult | str:
         """The line's watch result, or why the stream must be dropped."""
