@@ -48,9 +48,8 @@ class FileDiscovery(Discovery):
         self._touched_at = -math.inf  # trio clock
         self._scanner = Scanner(self._layout, self._ttl)  # one thread at a time: _scan_lock
         self._scan_lock = trio.Lock()
-        self._latest: dict[str, bytes] = {}
-        self._version = 0  # bumped, and _scanned set and replaced, when a scan's result changed
-        self._scanned = trio.Event()
+        self._latest: dict[str, bytes] = {}  # a new object whenever a scan's result changed
+        self._scanned = trio.Event()  # set and replaced when _latest is
         self._watches = 0
         self._watch_opened = trio.Event()  # set and replaced: the poll runs only while watched
 
@@ -119,15 +118,15 @@ class FileDiscovery(Discovery):
     async def watch_prefix(self, prefix: str) -> AsyncIterator[Watch]:
         check_key(prefix)
         self._check_open()
-        initial = _under(await self._scan(), prefix)
-        version = self._version
+        latest = await self._scan()
+        initial = _under(latest, prefix)
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
         self._watches += 1
         opened, self._watch_opened = self._watch_opened, trio.Event()
         opened.set()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._forward, prefix, dict(initial), version, send_channel)
+                nursery.start_soon(self._forward, prefix, latest, send_channel)
                 try:
                     yield Watch(initial, receive_channel)
                 finally:
@@ -145,7 +144,6 @@ class FileDiscovery(Discovery):
                 raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
             if latest is not self._latest:  # the scanner's way of saying "something changed"
                 self._latest = latest
-                self._version += 1
                 scanned, self._scanned = self._scanned, trio.Event()
                 scanned.set()
             return latest
@@ -176,18 +174,18 @@ class FileDiscovery(Discovery):
     async def _forward(
         self,
         prefix: str,
-        state: dict[str, bytes],
-        version: int,
+        seen: dict[str, bytes],
         send_channel: trio.MemorySendChannel[WatchEvent],
     ) -> None:
-        """Turn the scans' changes under ``prefix`` into one watch's events."""
+        """Turn the scans' changes under ``prefix`` since ``seen`` into one watch's events."""
+        state = _under(seen, prefix)
         async with send_channel:
             while True:
-                if version == self._version:
+                if seen is self._latest:
                     await self._scanned.wait()
                     continue
-                version = self._version
-                new_state = _under(self._latest, prefix)
+                seen = self._latest
+                new_state = _under(seen, prefix)
                 for event in diff_events(state, new_state):
                     await send_channel.send(event)
                 state = new_state
