@@ -1,9 +1,7 @@
 """The on-disk format of the ``file`` backend (blocking code: run it in a worker thread).
 
-Processes share a directory and no server, and may be SIGKILLed at any
-instruction: atomic renames, lease files whose mtime is the heartbeat, garbage
-collection by whoever notices, and a reader that trusts no file it finds
-(docs/discovery.md, "The file backend", has the numbered rules cited here).
+Writers may be SIGKILLed at any instruction and readers trust no file they find:
+docs/discovery.md, "The file backend", has the numbered rules cited here.
 """
 
 from __future__ import annotations

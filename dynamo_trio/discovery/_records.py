@@ -1,8 +1,6 @@
 """The records the runtime keeps in discovery, their keys and their encoding.
 
-Keys start with a version segment; values are JSON whose unknown fields are
-ignored; names are validated both when a record is built and when it is
-decoded (docs/discovery.md, "Records", has the layout).
+docs/discovery.md, "Records", has the layout and why it is versioned and validated twice.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Reporting bad records without flooding the log.
-
-Readers report each bad file or record once per version (they cache their
-verdicts), but a directory or prefix can hold thousands of them at once.  A
-:class:`BadRecordReport` names the first few of a batch (a scan, a burst of
-watch events) and counts the rest into one summary line when the batch ends.
-"""
+"""Reporting bad records without flooding the log: a batch (a scan, a burst of watch events)
+may hold thousands, each reported once per version by readers that cache their verdicts."""
 
 from __future__ import annotations
 
