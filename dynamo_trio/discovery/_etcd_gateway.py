@@ -350,7 +350,7 @@ def _error_from(response: httpx.Response, path: str) -> EtcdError:
         body = msgspec.json.decode(response.content, type=_ErrorBody, strict=False)
     except msgspec.DecodeError:
         body = _ErrorBody()
-    message = body.message or body.error
-    if not message:
-        message = f"HTTP {response.status_code} {response.content[:200]!r}"
+    message = (
+        body.message or body.error or f"HTTP {response.status_code} {response.content[:200]!r}"
+    )
     return EtcdError(f"etcd {path}: {message}", body.code)
