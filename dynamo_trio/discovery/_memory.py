@@ -6,6 +6,7 @@ atomic; watch channels are unbounded so a writer never waits for a reader.
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
@@ -89,15 +90,10 @@ class MemoryStore:
                     self.unsubscribe(send_channel)
 
 
-_default_store: MemoryStore | None = None
-
-
+@functools.cache
 def default_memory_store() -> MemoryStore:
     """The process-wide store used when none is given (``mem`` means one process)."""
-    global _default_store
-    if _default_store is None:
-        _default_store = MemoryStore()
-    return _default_store
+    return MemoryStore()
 
 
 @final
