@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, nullcontext, suppress
+from functools import partial
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import trio
@@ -31,9 +33,8 @@ _log = logging.getLogger("dynamo_trio.context")
 
 _T = TypeVar("_T")
 
-# One lock for all state marking.  Marking is a few attribute writes per
-# context, so contention is negligible, and one lock makes a transition of a
-# whole subtree atomic with respect to links and other transitions.
+# One lock for all state marking: a transition of a whole subtree is atomic
+# with respect to links and other transitions.
 _LOCK: Final = threading.RLock()
 
 
@@ -84,8 +85,7 @@ _ids: list[str] = []  # ready ids, taken from the end (list.pop is atomic)
 
 
 def _new_id() -> str:
-    """A fresh random UUIDv4, as text; the random bytes are drawn a batch at a time, so an id
-    costs no system call of its own (one per batch)."""
+    """A fresh random UUIDv4, as text (one system call per batch of ids)."""
     try:
         return _ids.pop()
     except IndexError:
@@ -169,16 +169,12 @@ class Context:
         self._finished = False
         self._deadline: float | None = None  # time.monotonic() seconds
         self._token = _current_token()
-        # Created lazily in the trio thread, only when someone waits or runs work.
-        # Set (and dropped) on every transition and deadline change: waiters re-check.
+        # Made lazily; set (and dropped) on every transition and deadline change.
         self._wakeup: trio.Event | None = None
         self._scope: trio.CancelScope | None = None
         self._scope_used = False
         self._exiting = False  # scope() is leaving on its own: its watcher's end is expected
         self._nursery: trio.Nursery | None = None
-        # The watcher task (see scope()) starts only when something must hear at once
-        # that the work was cancelled from outside, or a deadline or drain grace must
-        # be enforced; until then nothing runs beside the work.
         self._watchers: trio.Nursery | None = None  # open while scope() runs
         self._watcher: trio.CancelScope | None = None  # the watcher's, once started
         self._wants_watcher = False  # a child, waiter or callback came before scope()
@@ -308,12 +304,7 @@ class Context:
         """
         with _LOCK:
             changed = self._tighten_deadlines(deadline)
-        for ctx in changed:
-            ctx._run_in_trio(ctx._deadline_changed)
-
-    def _deadline_changed(self) -> None:
-        self._wake()
-        self._start_watcher()  # (if scope() runs: it enforces the deadline)
+        _deadlines_changed(changed)
 
     def _tighten_deadlines(self, deadline: float) -> list[Context]:
         changed = []
@@ -420,8 +411,7 @@ class Context:
                     child._tighten_deadlines(self._deadline) if self._deadline is not None else []
                 )
                 changed = child._mark(self._state, self._reason) if self._reason else []
-        for ctx in deadline_changed:
-            ctx._run_in_trio(ctx._deadline_changed)
+        _deadlines_changed(deadline_changed)
         if changed:
             _dispatch_effects(changed)
         if self._watchers is not None:
@@ -470,8 +460,8 @@ class Context:
             self._run_in_trio(self._start_watcher)
 
     def _add_exit_callback(self, callback: CancelCallback) -> None:
-        """:meth:`add_cancel_callback` for a callback content to hear of a cancellation
-        from outside the scope when the scope is left (starts no watcher)."""
+        """:meth:`add_cancel_callback`, starting no watcher: the callback hears of a
+        cancellation from outside only when the scope is left."""
         self._callbacks.append(callback)
 
     def remove_cancel_callback(self, callback: CancelCallback) -> None:
@@ -516,8 +506,10 @@ class Context:
             if self._wakeup is None:
                 self._wakeup = trio.Event()
             wakeup = self._wakeup
-            deadline = self._deadline
-            with trio.move_on_at(math.inf if deadline is None else _to_trio_time(deadline)):
+            deadline, at = self._deadline, math.inf
+            if deadline is not None:
+                at = trio.current_time() + (deadline - time.monotonic())
+            with trio.move_on_at(at):
                 await wakeup.wait()
             waited = True
         if not waited:
@@ -543,13 +535,10 @@ class Context:
         """Run the request's work under the context's cancel scope; yield its nursery (once).
 
         ``kill()`` cancels the scope (the block exits normally); work still running
-        ``drain_grace`` seconds after ``stop()`` is killed; the deadline is enforced;
-        a cancellation from outside kills the context, then propagates; on exit the
-        context is finished (docs/cancellation.md).
-
-        ``watchers``: a nursery around this call, with no cancel scope in between, to
-        run the watcher task in (when one is needed) instead of a nursery of its own:
-        one nursery fewer per scope for a caller that already has one at hand.
+        ``drain_grace`` seconds after ``stop()`` is killed; a cancellation from outside
+        kills the context, then propagates; on exit the context is finished.
+        ``watchers``: a nursery around this call, with no cancel scope in between, to run
+        the watcher task in instead of a nursery of its own (docs/cancellation.md).
         """
         # The steps are run()'s, around a yield (the two must stay alike).
         self._enter_scope(drain_grace)
@@ -590,12 +579,8 @@ class Context:
         drain_grace: float | None = None,
         watchers: trio.Nursery | None = None,
     ) -> _T | None:
-        """``await fn(*args)`` inside :meth:`scope` (``drain_grace`` and ``watchers`` as
-        there); ``None`` if the context was killed first.
-
-        The same steps as ``async with scope(): return await fn(*args)``, without the
-        context manager's own machinery (a request's work pays for it once per request).
-        """
+        """``async with scope(...): return await fn(*args)`` without the context manager's
+        own machinery (paid once per request); ``None`` if the context was killed."""
         self._enter_scope(drain_grace)
         body_failed = False
         result: _T | None = None
@@ -674,16 +659,12 @@ class Context:
         *args: Any,
         drain_grace: float | None = None,
     ) -> None:
-        """Link ``child`` and run ``fn(*args)`` under the child's scope, in this context's nursery.
-
-        The child's work then lives inside this context's task tree: killing this
-        context cancels it twice over (through the link and through the scope).
-        """
+        """Link ``child`` and run ``fn(*args)`` under the child's scope, in this context's
+        nursery: killing this context then cancels it through the link and the scope."""
         self.link_child(child)
-        self.start_soon(_run_discarding, child, fn, args, drain_grace)
+        self.start_soon(partial(child.run, fn, *args, drain_grace=drain_grace))
 
     def _start_watcher(self) -> None:
-        """Start the watcher task if :meth:`scope` runs and it has not started yet."""
         watchers = self._watchers
         if watchers is None or self._watcher is not None:
             return
@@ -693,8 +674,7 @@ class Context:
         watchers.start_soon(self._watch, self._drain_grace, scope)
 
     async def _watch(self, drain_grace: float | None, scope: trio.CancelScope) -> None:
-        """At most one task per scope: enforces the deadline and, after a stop, the
-        drain grace; and notices the moment an enclosing scope cancels the work."""
+        """Enforce the deadline and the drain grace; notice an enclosing scope's cancel."""
         with scope:
             try:
                 await self.stopped()
@@ -850,27 +830,30 @@ def _run_in(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *a
 
 def _run_is_alive(token: trio.lowlevel.TrioToken) -> bool:
     try:
-        token.run_sync_soon(_nothing)
+        token.run_sync_soon(lambda: None)
     except trio.RunFinishedError:
         return False
     return True
 
 
-def _nothing() -> None:
-    pass
+def _deadlines_changed(changed: list[Context]) -> None:
+    for ctx in changed:
+        ctx._run_in_trio(_deadline_changed, ctx)
+
+
+def _deadline_changed(ctx: Context) -> None:
+    ctx._wake()
+    ctx._start_watcher()  # (if scope() runs: it enforces the deadline)
 
 
 def _dispatch_effects(changed: list[Context]) -> None:
     """Apply the effects of ``changed`` (children first), each context's in its own run.
 
     Consecutive contexts of one run go together, so a tree owned by one run keeps its
-    order: children in link order, then the parent, whichever thread marked them.
+    order (children in link order, then the parent), whichever thread marked them.
     """
-    start = 0
-    for end in range(1, len(changed) + 1):
-        if end == len(changed) or changed[end]._token is not changed[start]._token:
-            _run_in(changed[start]._token, _apply_effects, changed[start:end])
-            start = end
+    for token, group in groupby(changed, key=lambda ctx: ctx._token):
+        _run_in(token, _apply_effects, list(group))
 
 
 def _apply_effects(changed: list[Context]) -> None:
@@ -910,16 +893,6 @@ def _is_ancestor(candidate: Context, ctx: Context) -> bool:
     return False
 
 
-async def _run_discarding(
-    ctx: Context,
-    fn: Callable[..., Awaitable[object]],
-    args: tuple[Any, ...],
-    drain_grace: float | None,
-) -> None:
-    async with ctx.scope(drain_grace=drain_grace):
-        await fn(*args)
-
-
 def reason_for_cancelled(cancelled: trio.Cancelled) -> CancelReason:
     """The reason a context records when ``cancelled`` (from a scope around it) ends its work."""
     if cancelled.source == "deadline":
@@ -946,7 +919,3 @@ def _is_failure(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(trio.Cancelled)[1] is not None
     return not isinstance(exc, trio.Cancelled)
-
-
-def _to_trio_time(deadline: float) -> float:
-    return trio.current_time() + (deadline - time.monotonic())
