@@ -10,16 +10,16 @@ work cancelled on the other side for its own reasons.  trio's own
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class DynamoError(Exception):
     """Base of every error this package raises for a request (docs/api.md has the tree).
 
-    Args:
-        message: What went wrong, for a human.
-        caused_by: The name of the remote exception type, if the error came
-            from a handler (e.g. ``"ValueError"``).
+    ``caused_by`` names the remote exception type if a handler raised it (``"ValueError"``).
     """
 
     error_type: ClassVar[str] = "Unknown"
@@ -124,24 +124,16 @@ class ProtocolError(TransportError):
     error_type = "ProtocolError"
 
 
-_BY_CODE: Final[dict[str, type[DynamoError]]] = {
-    cls.error_type: cls
-    for cls in (
-        DynamoError,
-        InvalidArgument,
-        Cancelled,
-        EngineShutdown,
-        ResourceExhausted,
-        ConnectionTimeout,
-        ResponseTimeout,
-        StreamIncomplete,
-        Unknown,
-        TransportError,
-        CannotConnect,
-        NoInstances,
-        Disconnected,
-        ProtocolError,
-    )
+def _defined(cls: type[DynamoError]) -> Iterator[type[DynamoError]]:
+    """``cls`` and its subclasses, in definition order."""
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _defined(sub)
+
+
+# Each class above that names a code (``Unknown`` wins over the base's "Unknown").
+_BY_CODE: Final = {
+    cls.error_type: cls for cls in _defined(DynamoError) if "error_type" in vars(cls)
 }
 
 
