@@ -1,17 +1,10 @@
 """Every limit, timeout and ``DYN_*`` environment variable, each declared once.
 
 A setting is a field of one of the frozen sections below, declared with
-:func:`_setting`: its environment variable, command-line flag (by default the
-variable's name without ``DYN_``: ``DYN_TCP_MAX_STREAMS`` is ``--tcp-max-streams``),
-default, parser and doc.  :meth:`Config.from_env`, every command's flags
-(:func:`add_flags`, :func:`config_from_args`) and the table of docs/settings.md
-(:func:`settings_table`) are read off those declarations.  Flags override the
-environment, which overrides the defaults; a flag's value is parsed and checked
-exactly as its variable's.
-
+:func:`_setting` (variable, flag, default, parser, doc); :meth:`Config.from_env`,
+every command's flags and docs/settings.md's table are read off those declarations.
 :class:`Config` is built once per process and passed down; nothing else in the
-package reads the environment.  ``dataclasses.replace`` makes a variant (tests
-shorten timeouts that way).
+package reads the environment.
 """
 
 from __future__ import annotations
@@ -93,8 +86,7 @@ def _bool(raw: str) -> bool:
 
 _positive = _number(0, strict=True)
 _non_negative = _number(0)
-_seconds = _number(0, finite=True)
-_milliseconds = _seconds  # (the same numbers: finite, 0 or more)
+_seconds = _number(0, finite=True)  # (milliseconds too)
 _positive_int = _integer(1)
 _non_negative_int = _integer(0)
 _port = _integer(0, 65535)
@@ -128,8 +120,7 @@ def _temporary_kv() -> Path:
 
 
 def _somaxconn() -> int:
-    """The kernel's cap on a listen backlog (a larger one is cut to it); Linux's own default
-    cap where the system does not say."""
+    """The kernel's cap on a listen backlog; Linux's default where the system does not say."""
     try:
         return max(1, int(_SOMAXCONN.read_text()))
     except (OSError, ValueError):
@@ -162,8 +153,7 @@ class Setting:
             raise ValueError(f"invalid {self.env}={raw!r}: {exc}") from None
 
     def check_flag(self, raw: str) -> str:
-        """``raw`` itself if it parses (argparse's ``type``): flags are kept as text and read
-        with the environment, so both go through :meth:`read`."""
+        """``raw`` itself if it parses (argparse's ``type``); flags are read as variables are."""
         try:
             self.parse(raw.strip())
         except ValueError as exc:
@@ -415,7 +405,7 @@ class FrontendConfig:
     stream_pass_budget_ms: float = _setting(
         "DYN_HTTP_STREAM_PASS_BUDGET_MS",
         1.0,
-        _milliseconds,
+        _seconds,
         "ms a scheduler pass runs before SSE streams take turns (0: always)",
         flag="--stream-pass-budget-ms",
     )
@@ -480,16 +470,12 @@ class Config:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Read every ``DYN_*`` (and ``ETCD_ENDPOINTS``) variable; unset ones keep defaults.
-
-        Raises:
-            ValueError: naming the variable, if a value cannot be parsed.
-        """
+        A value that cannot be parsed is a ValueError naming its variable."""
         environ = os.environ if environ is None else environ
         raw = {s.env: v for s in settings() if (v := environ.get(s.env, "")).strip()}
         if "DYN_TCP_TLS" not in raw and ("DYN_TCP_TLS_CERT" in raw or "DYN_TCP_TLS_CA" in raw):
             raw["DYN_TCP_TLS"] = "1"  # a TLS file turns TLS on unless told otherwise
-        config: Config = _build(cls, raw)
-        return config
+        return cast("Config", _build(cls, raw))
 
     def replace(self, **sections: object) -> Config:
         """A copy with whole sections replaced: ``config.replace(worker=WorkerConfig(...))``."""

@@ -1,8 +1,6 @@
-"""Trace context and request ids: parsed, chosen and formatted here, with no I/O.
-
-Plain data in, plain data out, so the frontend, the runtime and the tests share
-one set of rules: W3C ``traceparent`` parsing, which header names a request's
-id, and the headers a call carries on the request plane (docs/tracing.md).
+"""Trace context and request ids: parsed, chosen and formatted here, with no I/O
+(docs/tracing.md): W3C ``traceparent`` parsing, which header names a request's id,
+and the headers a call carries on the request plane.
 """
 
 from __future__ import annotations
@@ -84,16 +82,18 @@ def new_trace_id() -> str:
 
     Random, not secret (as OpenTelemetry's SDKs make them): Python's generator
     costs no system call per id, and is reseeded in a forked child."""
-    while not (bits := _random_bits(128)):  # pragma: no cover - 2**-128
-        pass
-    return f"{bits:032x}"
+    return _random_hex(128)
 
 
 def new_span_id() -> str:
     """A random W3C span id: 16 lowercase hex digits, never all zeros."""
-    while not (bits := _random_bits(64)):  # pragma: no cover - 2**-64
+    return _random_hex(64)
+
+
+def _random_hex(bits: int) -> str:
+    while not (value := _random_bits(bits)):  # pragma: no cover - 2**-64 at most
         pass
-    return f"{bits:016x}"
+    return f"{value:0{bits // 4}x}"
 
 
 def _clean_tracestate(value: str | None) -> str | None:
@@ -110,9 +110,8 @@ def _clean_tracestate(value: str | None) -> str | None:
 class TraceContext:
     """Where a request is in its trace, on one process: what a Context's trace fields read.
 
-    Built with :meth:`new` (a new trace) or :meth:`continued` (a span under an
-    incoming ``traceparent``); the request plane's receiving side uses the
-    latter, so every hop has a span of its own.
+    Built with :meth:`new` (a new trace) or :meth:`continued` (a span of its own under
+    an incoming ``traceparent``, as every hop has).
     """
 
     trace_id: str
@@ -209,10 +208,8 @@ def _given(header: str, value: str | None) -> str | None:
 
 
 def request_ids(x_request_id: str | None, x_dynamo_request_id: str | None) -> RequestIds:
-    """Decide a request's id from its ``x-request-id`` and ``x-dynamo-request-id`` headers.
-
-    Both are checked (InvalidRequestId), ``x-request-id`` first, whichever is used.
-    """
+    """Decide a request's id from its ``x-request-id`` and ``x-dynamo-request-id`` headers;
+    both are checked (InvalidRequestId), ``x-request-id`` first, whichever is used."""
     plain = _given(X_REQUEST_ID, x_request_id)
     dynamo = _given(X_DYNAMO_REQUEST_ID, x_dynamo_request_id)
     if dynamo is not None:
@@ -250,10 +247,8 @@ def _short(value: object) -> str:
 def request_headers(
     trace: TraceContext | None, metadata: Mapping[str, str]
 ) -> dict[str, str] | None:
-    """The ``headers`` of a call's ``req`` frame (``None`` when there is nothing to send).
-
-    ``metadata`` must have passed :func:`check_metadata`.
-    """
+    """The ``headers`` of a call's ``req`` frame (``None`` when there is nothing to send);
+    ``metadata`` must have passed :func:`check_metadata`."""
     if trace is None and not metadata:
         return None
     headers = trace.headers() if trace is not None else {}
@@ -263,10 +258,8 @@ def request_headers(
 
 
 def read_request_headers(headers: Mapping[str, str]) -> tuple[TraceContext, dict[str, str]]:
-    """A worker's own span of the caller's trace (or a new trace), and the caller's metadata.
-
-    Unknown header names are ignored (a newer caller may send more).
-    """
+    """A worker's own span of the caller's trace (or a new trace), and the caller's metadata;
+    unknown header names are ignored (a newer caller may send more)."""
     trace = TraceContext.continued(
         headers.get(TRACEPARENT),
         headers.get(TRACESTATE),
