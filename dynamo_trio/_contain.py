@@ -22,10 +22,8 @@ if TYPE_CHECKING:
 def split_live_cancellation(
     exc: BaseException,
 ) -> tuple[BaseException | None, BaseException | None]:
-    """Split ``exc`` into ``(live cancellation to re-raise, failure to contain)``.
-
-    Call it in the task that caught ``exc``; either part may be ``None``.
-    """
+    """Split ``exc`` into ``(live cancellation to re-raise, failure to contain)``, either
+    of them ``None``; call it in the task that caught ``exc``."""
     if trio.current_effective_deadline() != -math.inf:
         return None, exc  # nothing is cancelling this task: every Cancelled in exc is stale
     if isinstance(exc, trio.Cancelled):

@@ -331,17 +331,13 @@ class Context:
 
     def kill(self, reason: CancelReason = CancelReason.KILL_REQUESTED) -> None:
         """Hard cancel: abandon the remaining output now.  Idempotent and thread-safe.
-
-        Cancels the context's scope (the work gets :class:`trio.Cancelled` at its
-        next checkpoint) and reaches every linked child first, in link order.
-        """
+        Cancels the context's scope, after every linked child's, in link order."""
         self._transition(ContextState.KILLED, reason)
 
     def _transition(self, target: ContextState, reason: CancelReason) -> None:
         with _LOCK:
             changed = self._mark(target, reason)
-        if changed:
-            _dispatch_effects(changed)
+        _dispatch_effects(changed)
 
     def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
         """Move this subtree to ``target``; return the contexts that changed, children first.
@@ -376,9 +372,9 @@ class Context:
     def link_child(self, child: Context) -> None:
         """Put ``child`` in this context's scope: stop/kill of this context then reaches it.
 
-        The child inherits an earlier deadline and a cancelled state at once, and
-        is killed (``PARENT_FINISHED``) if unfinished when this context finishes.
-        ValueError for a cycle or a child linked elsewhere.
+        The child takes an earlier deadline and a cancelled state at once, and is killed
+        (``PARENT_FINISHED``) if unfinished when this context finishes.  ValueError for a
+        cycle or a child linked elsewhere.
         """
         if child is self:
             raise ValueError(f"cannot link context {self._id} to itself")
@@ -407,13 +403,11 @@ class Context:
                 child._parent = self
                 self._children[child] = None
                 self._wants_watcher = True
-                deadline_changed = (
-                    child._tighten_deadlines(self._deadline) if self._deadline is not None else []
-                )
+                deadline = self._deadline
+                deadline_changed = [] if deadline is None else child._tighten_deadlines(deadline)
                 changed = child._mark(self._state, self._reason) if self._reason else []
         _deadlines_changed(deadline_changed)
-        if changed:
-            _dispatch_effects(changed)
+        _dispatch_effects(changed)
         if self._watchers is not None:
             self._run_in_trio(self._start_watcher)
 
@@ -425,11 +419,8 @@ class Context:
                 child._parent = None
 
     def finish(self) -> None:
-        """Declare the work for this context over (idempotent; :meth:`scope` does on exit).
-
-        Unfinished linked children are killed (``PARENT_FINISHED``), in link
-        order; then this context leaves its parent.
-        """
+        """Declare the work for this context over (idempotent; :meth:`scope` does on exit):
+        unfinished linked children are killed (``PARENT_FINISHED``); it leaves its parent."""
         with _LOCK:
             changed: list[Context] = []
             for child in tuple(self._children):
@@ -439,8 +430,7 @@ class Context:
             if parent is not None:
                 del parent._children[self]
                 self._parent = None
-        if changed:
-            _dispatch_effects(changed)
+        _dispatch_effects(changed)
 
     def _subtree(self) -> Iterator[Context]:
         stack = [self]
@@ -450,10 +440,8 @@ class Context:
             stack.extend(ctx._children)
 
     def add_cancel_callback(self, callback: CancelCallback) -> None:
-        """Call ``callback(context, state, reason)`` in the trio thread on each later transition.
-
-        Callbacks must be quick and must not block (an exception is logged).
-        """
+        """Call ``callback(context, state, reason)`` in the trio thread on each later transition
+        (quick and non-blocking; an exception is logged)."""
         self._callbacks.append(callback)
         self._wants_watcher = True
         if self._watchers is not None:

@@ -16,10 +16,8 @@ DEFAULT_GEN0_THRESHOLD: Final = 10_000
 
 
 def tune_gc(gen0_threshold: int) -> None:
-    """Freeze the heap as it is and set the youngest generation's threshold (``0``: leave all).
-
-    Call once, before the process starts serving (its imports done).
-    """
+    """Freeze the heap and set the youngest generation's threshold (``0``: leave all).
+    Call once, before the process starts serving (its imports done)."""
     if gen0_threshold < 0:
         raise ValueError(f"a GC threshold must be 0 or more, not {gen0_threshold}")
     if gen0_threshold == 0:

@@ -1,15 +1,10 @@
 """Child processes that go down with their supervisor, however the supervisor ends.
 
-A supervisor (``dynamo-trio run``, ``--http-workers``) killed with SIGKILL runs
-no more code, so it cannot stop what it started.  Each child it starts gets a
-*lifeline* instead: the read end of a pipe whose only write end the supervisor
-holds, and on which nothing is ever written.  When the supervisor dies, however
-it dies, the kernel closes that write end; the child reads end-of-file
-(:func:`parent_gone`) and shuts down gracefully, as on SIGTERM.
-
-``prctl(PR_SET_PDEATHSIG)`` would not do: it fires when the *thread* that
-started the child exits, and trio starts processes from worker threads that
-come and go.
+Each child gets a *lifeline*: the read end of a pipe whose only write end the
+supervisor holds and never writes.  When the supervisor dies (SIGKILL included) the
+kernel closes it; the child reads end-of-file and shuts down as on SIGTERM.
+(``PR_SET_PDEATHSIG`` fires when the *thread* that started the child exits, and trio
+starts processes from worker threads that come and go.)
 """
 
 from __future__ import annotations
@@ -31,11 +26,8 @@ LIFELINE_ENV: Final = "DYN_LIFELINE_FD"
 @contextlib.contextmanager
 def lifeline(env: Mapping[str, str]) -> Iterator[dict[str, Any]]:
     """The ``env`` and ``pass_fds`` options of one child's ``open_process``, with a
-    lifeline in them; the supervisor's end stays open for the block.
-
-    Both ends are close-on-exec in the supervisor: only this child inherits the
-    read end, and no child inherits a write end (which would keep another
-    child's lifeline open).
+    lifeline in them; the supervisor's end stays open for the block.  Both ends are
+    close-on-exec: no other child inherits either (a write end would keep it open).
     """
     read, write = os.pipe()
     try:
@@ -46,11 +38,8 @@ def lifeline(env: Mapping[str, str]) -> Iterator[dict[str, Any]]:
 
 
 def take_lifeline() -> int | None:
-    """This process's lifeline, if its supervisor gave it one.
-
-    The variable is removed from the environment, so that the processes this
-    one starts do not take its number for a lifeline of their own.
-    """
+    """This process's lifeline, if its supervisor gave it one (the variable is removed,
+    so that the processes this one starts do not take it for their own)."""
     raw = os.environ.pop(LIFELINE_ENV, None)
     if raw is None or not raw.isdigit():
         return None

@@ -47,11 +47,8 @@ def _shown(value: str) -> str:
 
 @final
 class RequestLogFilter(logging.Filter):
-    """Adds ``request_id``, ``trace_id``, ``span_id`` and ``request_context`` to records.
-
-    Attach it to a *handler* to see every logger's records; it drops none.
-    Outside a request the ids are ``-`` and ``request_context`` is empty.
-    """
+    """Adds ``request_id``, ``trace_id``, ``span_id`` and ``request_context`` to records
+    (``-`` and empty outside a request); attach it to a *handler*.  It drops none."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if hasattr(record, "request_context"):

@@ -20,10 +20,8 @@ _M_MMAP_THRESHOLD: Final = -3
 
 
 def give_back_large_buffers() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD`; whether it could be set.
-
-    Call once, before the process starts serving.
-    """
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once, before serving);
+    whether it could be set."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

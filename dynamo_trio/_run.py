@@ -1,10 +1,8 @@
 """``dynamo-trio run``: the quick start, a frontend and N mock workers on one machine.
 
-They find each other through the embedded file discovery (a temporary directory,
-removed on the way out; no server to install) and run until Ctrl-C.  This process
-is the frontend (or, with ``--http-workers``, their supervisor); the workers are
-``python -m dynamo_trio.mocker`` processes, each holding a lifeline to it.  The
-settings' flags reach every process through the environment.
+They meet through file discovery in a temporary directory (removed on the way out)
+and run until Ctrl-C.  This process is the frontend (or its supervisor); the workers
+are ``python -m dynamo_trio.mocker`` processes, each holding a lifeline to it.
 """
 
 from __future__ import annotations
@@ -84,8 +82,6 @@ async def _run_all(config: Config, worker: list[str], workers: int, models: set[
             nursery.start_soon(_announce_ready, url, models)
 
         processes: list[trio.Process] = []
-        # Each worker holds a lifeline to this process: if it dies without
-        # stopping them (SIGKILL), they shut down on their own.
         with contextlib.ExitStack() as lifelines:
             for _ in range(workers):
                 options = lifelines.enter_context(lifeline(dict(os.environ)))
@@ -110,9 +106,8 @@ async def _run_all(config: Config, worker: list[str], workers: int, models: set[
 
 
 async def _announce_ready(url: str, models: set[str]) -> None:
-    """Print ``dynamo-trio ready: ...`` once the frontend at ``url`` lists ``models``
-    (the mock workers register a moment after the frontend listens; until then a
-    request for them is a 404), or warn after :data:`READY_TIMEOUT` seconds."""
+    """Print ``dynamo-trio ready: ...`` once the frontend at ``url`` lists ``models`` (the
+    workers register after it listens), or warn after :data:`READY_TIMEOUT` seconds."""
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=5.0) as http:

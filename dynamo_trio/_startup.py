@@ -36,14 +36,13 @@ def run_command(prog: str, fn: Callable[..., Awaitable[object]], *args: Any) -> 
 
 def _reasons(exc: BaseException) -> list[str]:
     """The messages of ``exc``'s :class:`CannotServe` errors if it holds nothing else."""
-    leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    leaves = _leaves(exc)
     if not all(isinstance(leaf, CannotServe) for leaf in leaves):
         return []
     return [str(leaf) for leaf in leaves]
 
 
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for exc in group.exceptions:
-        leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
-    return leaves
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]

@@ -1,11 +1,5 @@
 """The ``dynamo-trio`` command: ``argv[1]`` names the subcommand, whose ``main`` is
 imported only then, so that a command loads only what it runs.
-
-``run`` is the quick start (a frontend and N mock workers on one machine, until
-Ctrl-C); ``frontend`` and ``mocker`` run one process each, the way a deployment
-across machines runs them (with ``DYN_DISCOVERY_BACKEND=etcd`` and
-``ETCD_ENDPOINTS``).  Every command takes the settings' flags, which override the
-``DYN_*`` environment, which overrides the defaults (docs/settings.md).
 """
 
 from __future__ import annotations
