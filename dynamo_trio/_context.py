@@ -341,10 +341,7 @@ class Context:
 
     def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
         """Move this subtree to ``target``; return the contexts that changed, children first.
-
-        Relies on the tree invariant: below a context already at ``target``,
-        every context is at ``target`` too, so that subtree is skipped.
-        """
+        Below a context already at ``target`` all are (the invariant): that subtree is skipped."""
         if self._state >= target:
             return []
         now = time.monotonic()
@@ -863,11 +860,8 @@ def _apply_effects(changed: list[Context]) -> None:
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:
-    """Whether ``candidate`` is ``ctx`` or above it.
-
-    Walks up from ``ctx`` and down from ``candidate`` in lock step: the cost is
-    the smaller of ``ctx``'s depth and ``candidate``'s subtree.
-    """
+    """Whether ``candidate`` is ``ctx`` or above it, walking up from ``ctx`` and down from
+    ``candidate`` in lock step: the smaller of ``ctx``'s depth and ``candidate``'s subtree."""
     up: Context | None = ctx
     down = [candidate]
     while up is not None and down:
