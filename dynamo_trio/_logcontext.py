@@ -58,10 +58,8 @@ class RequestLogFilter(logging.Filter):
             record.request_id = record.trace_id = record.span_id = "-"
             record.request_context = ""
             return True
-        request_id = _shown(context.id())
-        trace_id = context.trace_id or "-"
-        record.request_id = request_id
-        record.trace_id = trace_id
+        record.request_id = request_id = _shown(context.id())
+        record.trace_id = trace_id = context.trace_id or "-"
         record.span_id = context.span_id or "-"
         record.request_context = f" [request_id={request_id} trace_id={trace_id}]"
         return True
