@@ -763,10 +763,8 @@ class ContextMetadata:
         return iter(list(self._items))
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ContextMetadata):
-            return self._items == other._items
-        if isinstance(other, Mapping):
-            return self._items == dict(other)
+        if isinstance(other, ContextMetadata | Mapping):
+            return self._items == dict(other)  # (a ContextMetadata has keys() too)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
