@@ -197,10 +197,8 @@ class Context:
 
     @property
     def metadata(self) -> ContextMetadata:
-        """Dynamo's propagated metadata: a live ``str -> str`` mapping that travels with calls.
-
-        Assigning a dict replaces the contents (views already taken see them).
-        """
+        """Dynamo's propagated metadata: a live ``str -> str`` mapping that travels with calls;
+        assigning a dict replaces the contents (views already taken see them)."""
         return ContextMetadata(self._metadata)
 
     @metadata.setter
@@ -298,10 +296,8 @@ class Context:
         return max(0.0, self._deadline - time.monotonic())
 
     def set_deadline(self, deadline: float) -> None:
-        """Give the context a deadline in ``time.monotonic()`` seconds (only ever earlier).
-
-        Linked children inherit it; when it passes the context is killed (``DEADLINE``).
-        """
+        """Give the context a deadline in ``time.monotonic()`` seconds (only ever earlier);
+        linked children inherit it; when it passes the context is killed (``DEADLINE``)."""
         with _LOCK:
             changed = self._tighten_deadlines(deadline)
         _deadlines_changed(changed)
