@@ -117,13 +117,13 @@ class Send(enum.Enum):
 
 _S = ConnectionState
 _Cell = TypeVar("_Cell")
-_Transition = tuple[Receive, ConnectionState | None]
-_V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
-_DROP: Final[_Transition] = (Receive.DROP, None)
-_CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
-_LIFE: Final[_Transition] = (Receive.LIFE, None)
-
 _FRAME_TYPES: Final = get_args(WireFrame)
+_HANDSHAKE: Final = (Hello, Challenge, Auth, Welcome)
+# The frames only one role sends.  In the other role's receive table they are a
+# violation in every live state (dropped once closed); in its send table, like the
+# handshake frames (queued by the machine itself), a bug in every state.
+_SERVER_ONLY: Final = (Challenge, Welcome, GoAway, Item, End, Error)
+_CLIENT_ONLY: Final = (Hello, Auth, RawRequest, Control, Credit)
 
 SERVER_STATES: Final = (
     _S.AWAIT_HELLO,
@@ -139,18 +139,27 @@ CLIENT_STATES: Final = (_S.AWAIT_CHALLENGE, _S.AWAIT_WELCOME, _S.OPEN, _S.DRAINI
 def _table(
     role: Role,
     states: tuple[ConnectionState, ...],
+    omitted: tuple[type, ...],
+    default: tuple[_Cell, _Cell],
     rows: Mapping[type, tuple[_Cell, ...]],
 ) -> dict[tuple[Role, ConnectionState, type], _Cell]:
-    assert set(rows) == set(_FRAME_TYPES), "every frame type has a row"
+    """``rows`` keyed by ``(role, state, frame type)``; each ``omitted`` frame type gets
+    ``default[0]`` in every state but ``CLOSED`` and ``default[1]`` there."""
+    assert set(rows).isdisjoint(omitted) and {*rows, *omitted} == set(_FRAME_TYPES)
+    filler = (default[0],) * (len(states) - 1) + (default[1],)
     table: dict[tuple[Role, ConnectionState, type], _Cell] = {}
-    for frame_type, cells in rows.items():
-        assert len(cells) == len(states), frame_type
-        for state, cell in zip(states, cells, strict=True):
+    for frame_type in _FRAME_TYPES:
+        for state, cell in zip(states, rows.get(frame_type, filler), strict=True):
             table[role, state, frame_type] = cell
     return table
 
 
 # The cells of the receive tables: (action, next state; None = unchanged).
+_Transition = tuple[Receive, ConnectionState | None]
+_V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
+_DROP: Final[_Transition] = (Receive.DROP, None)
+_CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
+_LIFE: Final[_Transition] = (Receive.LIFE, None)
 _HELLO: Final[_Transition] = (Receive.HELLO, _S.AWAIT_AUTH)
 _AUTH: Final[_Transition] = (Receive.AUTH, _S.AUTHENTICATING)
 _CHALL: Final[_Transition] = (Receive.CHALLENGE, _S.AWAIT_WELCOME)
@@ -159,44 +168,6 @@ _GOAWAY: Final[_Transition] = (Receive.GOAWAY, _S.DRAINING)
 _REQ: Final[_Transition] = (Receive.REQUEST, None)
 _CTL: Final[_Transition] = (Receive.STREAM_CONTROL, None)
 _RESP: Final[_Transition] = (Receive.STREAM_RESPONSE, None)
-
-# fmt: off
-RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
-**_table(Role.SERVER, SERVER_STATES, {
-    #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
-    Hello:      (_HELLO,      _V,         _V,             _V,     _V,       _DROP),
-    Challenge:  (_V,          _V,         _V,             _V,     _V,       _DROP),
-    Auth:       (_V,          _AUTH,      _V,             _V,     _V,       _DROP),
-    Welcome:    (_V,          _V,         _V,             _V,     _V,       _DROP),
-    Ping:       (_V,          _V,         _V,             _LIFE,  _LIFE,    _DROP),
-    GoAway:     (_V,          _V,         _V,             _V,     _V,       _DROP),
-    Close:      (_CLOSE,      _CLOSE,     _CLOSE,         _CLOSE, _CLOSE,   _DROP),
-    RawRequest: (_V,          _V,         _V,             _REQ,   _REQ,     _DROP),
-    Item:       (_V,          _V,         _V,             _V,     _V,       _DROP),
-    End:        (_V,          _V,         _V,             _V,     _V,       _DROP),
-    Error:      (_V,          _V,         _V,             _V,     _V,       _DROP),
-    Control:    (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
-    Credit:     (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
-}),
-**_table(Role.CLIENT, CLIENT_STATES, {
-    #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
-    Hello:      (_V,              _V,            _V,      _V,       _DROP),
-    Challenge:  (_CHALL,          _V,            _V,      _V,       _DROP),
-    Auth:       (_V,              _V,            _V,      _V,       _DROP),
-    Welcome:    (_V,              _WELC,         _V,      _V,       _DROP),
-    Ping:       (_V,              _V,            _LIFE,   _LIFE,    _DROP),
-    GoAway:     (_V,              _V,            _GOAWAY, _LIFE,    _DROP),
-    Close:      (_CLOSE,          _CLOSE,        _CLOSE,  _CLOSE,   _DROP),
-    RawRequest: (_V,              _V,            _V,      _V,       _DROP),
-    Item:       (_V,              _V,            _RESP,   _RESP,    _DROP),
-    End:        (_V,              _V,            _RESP,   _RESP,    _DROP),
-    Error:      (_V,              _V,            _RESP,   _RESP,    _DROP),
-    Control:    (_V,              _V,            _V,      _V,       _DROP),
-    Credit:     (_V,              _V,            _V,      _V,       _DROP),
-}),
-}
-# fmt: on
-"""``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
 # The cells of the send tables.
 _SendRule = tuple[Send, ConnectionState | None]
@@ -211,39 +182,49 @@ _OPEN: Final[_SendRule] = (Send.REQUEST, None)
 _CTRL: Final[_SendRule] = (Send.CONTROL, None)
 _CRED: Final[_SendRule] = (Send.CREDIT, None)
 
-# Handshake frames are queued by the machine itself (start(), the receive
-# actions, authenticate()): sending one through send() is a bug in any state.
+# fmt: off
+RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
+**_table(Role.SERVER, SERVER_STATES, _SERVER_ONLY, (_V, _DROP), {
+    #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
+    Hello:      (_HELLO,      _V,         _V,             _V,     _V,       _DROP),
+    Auth:       (_V,          _AUTH,      _V,             _V,     _V,       _DROP),
+    Ping:       (_V,          _V,         _V,             _LIFE,  _LIFE,    _DROP),
+    Close:      (_CLOSE,      _CLOSE,     _CLOSE,         _CLOSE, _CLOSE,   _DROP),
+    RawRequest: (_V,          _V,         _V,             _REQ,   _REQ,     _DROP),
+    Control:    (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
+    Credit:     (_V,          _V,         _V,             _CTL,   _CTL,     _DROP),
+}),
+**_table(Role.CLIENT, CLIENT_STATES, _CLIENT_ONLY, (_V, _DROP), {
+    #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
+    Challenge:  (_CHALL,          _V,            _V,      _V,       _DROP),
+    Welcome:    (_V,              _WELC,         _V,      _V,       _DROP),
+    Ping:       (_V,              _V,            _LIFE,   _LIFE,    _DROP),
+    GoAway:     (_V,              _V,            _GOAWAY, _LIFE,    _DROP),
+    Close:      (_CLOSE,          _CLOSE,        _CLOSE,  _CLOSE,   _DROP),
+    Item:       (_V,              _V,            _RESP,   _RESP,    _DROP),
+    End:        (_V,              _V,            _RESP,   _RESP,    _DROP),
+    Error:      (_V,              _V,            _RESP,   _RESP,    _DROP),
+}),
+}
+# fmt: on
+"""``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
+
 # fmt: off
 SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
-**_table(Role.SERVER, SERVER_STATES, {
+**_table(Role.SERVER, SERVER_STATES, (*_HANDSHAKE, *_CLIENT_ONLY), (_BUG, _BUG), {
     #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
-    Hello:      (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
-    Challenge:  (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
-    Auth:       (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
-    Welcome:    (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
     Ping:       (_BUG,        _BUG,       _BUG,           _PLAIN, _PLAIN,   _GONE),
     GoAway:     (_BUG,        _BUG,       _BUG,           _GO,    _GONE,    _GONE),
     Close:      (_SHUT,       _SHUT,      _SHUT,          _SHUT,  _SHUT,    _GONE),
-    RawRequest: (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
     Item:       (_BUG,        _BUG,       _BUG,           _ITEM,  _ITEM,    _GONE),
     End:        (_BUG,        _BUG,       _BUG,           _TERM,  _TERM,    _GONE),
     Error:      (_BUG,        _BUG,       _BUG,           _TERM,  _TERM,    _GONE),
-    Control:    (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
-    Credit:     (_BUG,        _BUG,       _BUG,           _BUG,   _BUG,     _BUG),
 }),
-**_table(Role.CLIENT, CLIENT_STATES, {
+**_table(Role.CLIENT, CLIENT_STATES, (*_HANDSHAKE, *_SERVER_ONLY), (_BUG, _BUG), {
     #            AWAIT_CHALLENGE  AWAIT_WELCOME  OPEN     DRAINING  CLOSED
-    Hello:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
-    Challenge:  (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
-    Auth:       (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
-    Welcome:    (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
     Ping:       (_BUG,            _BUG,          _PLAIN,  _PLAIN,   _GONE),
-    GoAway:     (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
     Close:      (_SHUT,           _SHUT,         _SHUT,   _SHUT,    _GONE),
     RawRequest: (_BUG,            _BUG,          _OPEN,   _GONE,    _GONE),
-    Item:       (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
-    End:        (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
-    Error:      (_BUG,            _BUG,          _BUG,    _BUG,     _BUG),
     Control:    (_BUG,            _BUG,          _CTRL,   _CTRL,    _GONE),
     Credit:     (_BUG,            _BUG,          _CRED,   _CRED,    _GONE),
 }),
@@ -496,8 +477,7 @@ class ProtocolConnection:
 
     def _on_violation(self, frame: WireFrame) -> NoReturn:
         tag = frame_tag(frame)
-        states = SERVER_STATES if self.role is Role.SERVER else CLIENT_STATES
-        if all(RECEIVE[self.role, state, type(frame)] == _V for state in states[:-1]):
+        if isinstance(frame, _SERVER_ONLY if self.role is Role.SERVER else _CLIENT_ONLY):
             other = "server" if self.role is Role.CLIENT else "client"
             raise ProtocolError(f"a {other} may not send {tag!r} frames")
         expected = _EXPECTED.get(self.state)
@@ -589,14 +569,9 @@ class ProtocolConnection:
         if token is not None:
             expected = server_proof(token, self._peer_nonce, self._nonce)
             if frame.proof is None or not hmac.compare_digest(frame.proof, expected):
-                self._fail(
-                    "unauthenticated",
-                    "the worker did not prove it knows the request-plane token",
-                )
-                raise ProtocolError(
-                    "the worker did not prove it knows the request-plane token "
-                    "(is DYN_REQUEST_PLANE_TOKEN the same on both sides?)"
-                )
+                why = "the worker did not prove it knows the request-plane token"
+                self._fail("unauthenticated", why)
+                raise ProtocolError(f"{why} (is DYN_REQUEST_PLANE_TOKEN the same on both sides?)")
         self.peer_name = frame.peer[:200]
         return frame
 
