@@ -132,17 +132,8 @@ class ClientStream:
         Raises the worker's error (its :class:`DynamoError` type), or
         :class:`Disconnected` if the connection was lost first.
         """
-        while True:
-            if self._queue and not self._killed:
-                frame = self._queue.popleft()
-                if isinstance(frame, Item):
-                    self._took_items(1)
-                    await self._fair_checkpoint()
-                    return frame
-                await self._terminal(frame)
-                return None
-            if await self._ended_or_wait():
-                return None
+        items = await self._receive(many=False)
+        return None if items is None else items[0]
 
     async def receive_many(self) -> list[Item] | None:
         """Every item queued (waiting for at least one), or ``None`` once ended; as :meth:`receive`.
@@ -150,20 +141,24 @@ class ClientStream:
         Batches pay the per-wakeup costs once per batch instead of once per item.
         ``[]`` if :meth:`nudge` came first.
         """
+        return await self._receive(many=True)
+
+    async def _receive(self, *, many: bool) -> list[Item] | None:
         queue = self._queue
         while True:
             if queue and not self._killed:
                 if not isinstance(queue[0], Item):
                     await self._terminal(queue.popleft())
                     return None
-                items: list[Item] = []
-                while queue and isinstance(queue[0], Item):
+                items: list[Item] = [queue.popleft()]  # type: ignore[list-item]
+                while many and queue and isinstance(queue[0], Item):
                     items.append(queue.popleft())  # type: ignore[arg-type]
                 self._took_items(len(items))
-                self._nudged = False
+                if many:
+                    self._nudged = False
                 await self._fair_checkpoint()
                 return items
-            if self._nudged and not self._killed and not self._done and self._lost is None:
+            if many and self._nudged and not self._killed and not self._done and not self._lost:
                 self._nudged = False
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return []
