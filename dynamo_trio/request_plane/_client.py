@@ -1,10 +1,5 @@
-"""The caller side of the request plane: pooled connections and their streams.
-
-One :class:`ClientConnection` per worker address multiplexes streams, each
-bounded by its credit window; :meth:`ClientStream.kill` is synchronous, and a
-lost connection reaches every stream on it as :class:`~dynamo_trio.Disconnected`
-(docs/protocol.md, "The caller side").
-"""
+"""The caller side of the request plane: pooled connections and their streams
+(docs/protocol.md, "The caller side")."""
 
 from __future__ import annotations
 
@@ -26,12 +21,7 @@ from .._errors import (
     ProtocolError,
     error_from_wire,
 )
-from ._connection import (
-    FrameConnection,
-    describe_close,
-    limited_log,
-    printable,
-)
+from ._connection import NETWORK_ERRORS, FrameConnection, describe_close, limited_log, printable
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Control,
@@ -365,7 +355,7 @@ class ClientConnection:
                 else " (is the worker serving TLS, and does it want a client certificate?)"
             )
             return CannotConnect(f"TLS handshake with {address} failed: {detail}{hint}")
-        if isinstance(exc, _TRANSPORT_ERRORS):
+        if isinstance(exc, (*NETWORK_ERRORS, ValueError)):
             return CannotConnect(f"cannot connect to {address}: {detail}")
         return CannotConnect(f"cannot connect to {address}: {type(exc).__name__}: {detail}")
 
@@ -446,9 +436,8 @@ class ClientConnection:
     ) -> ClientStream:
         """Send a ``req`` frame and return its stream; never blocks.
 
-        ``timeout``: seconds left to the caller's deadline (a past one is sent
-        as 0).  Raises :class:`Disconnected`, :class:`EngineShutdown` after
-        ``goaway``, :class:`InvalidArgument` for a bad payload or timeout.
+        ``timeout``: seconds left to the caller's deadline (a past one is sent as 0).
+        Raises Disconnected, EngineShutdown after ``goaway``, InvalidArgument.
         """
         connection = self._connection
         if connection is None or connection.closed:
@@ -487,11 +476,8 @@ class ClientConnection:
         return list(self._streams.values())
 
     def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
-        """Send a control-path frame; a closed connection makes it moot, not an error.
-
-        ``at_once`` as in :meth:`FrameConnection.send` (a stop or kill: the worker
-        hears of it without waiting for the writer's turn).
-        """
+        """Send a control-path frame (``at_once`` as in :meth:`FrameConnection.send`);
+        a closed connection makes it moot, not an error."""
         connection = self._connection
         if connection is not None:
             connection.send(frame, at_once=at_once)
@@ -499,9 +485,6 @@ class ClientConnection:
     def close(self, reason: str) -> None:
         if self._connection is not None:
             self._connection.close(reason)
-
-
-_TRANSPORT_ERRORS: Final = (OSError, ValueError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 async def _open_tcp(address: str) -> trio.abc.Stream:

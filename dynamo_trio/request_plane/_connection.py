@@ -32,6 +32,8 @@ _log = logging.getLogger("dynamo_trio.request_plane")
 limited_log: Final = LogLimiter(_log)
 """Rate-limited lines for events a peer can cause at will (one process-wide limiter)."""
 
+NETWORK_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+"""How a network failure reaches this layer (it ends a connection, never escapes)."""
 _RECEIVE_SIZE: Final = 65536
 _RECEIVE_MAX: Final = 1 << 20
 """The most bytes read at once: reads grow to it while each fills (a large frame)."""
@@ -184,7 +186,7 @@ class FrameConnection:
         while True:
             try:
                 data = await self._stream.receive_some(size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            except NETWORK_ERRORS as exc:
                 self._declare_closed(f"connection lost: {str(exc) or type(exc).__name__}")
                 return
             if not data:
@@ -289,7 +291,7 @@ class FrameConnection:
                 continue
             try:
                 await self._stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            except NETWORK_ERRORS as exc:
                 self.close(f"connection lost while writing: {str(exc) or type(exc).__name__}")
                 return
 
@@ -322,10 +324,7 @@ async def linger(stream: trio.abc.Stream, *, limit: int | None = None) -> None:
     Unread input would make the kernel reset, destroying our close frame in
     flight.  Bounded by a short timeout; the caller still closes ``stream``.
     """
-    with (
-        trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True),
-        suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
-    ):
+    with trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True), suppress(*NETWORK_ERRORS):
         if isinstance(stream, trio.abc.HalfCloseableStream):
             await stream.send_eof()
         discarded = 0

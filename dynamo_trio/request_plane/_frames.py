@@ -131,23 +131,11 @@ class Credit(_Frame, tag="credit", frozen=True):
     items: int
 
 
-_NotRequest = (
-    Hello
-    | Challenge
-    | Auth
-    | Welcome
-    | Ping
-    | GoAway
-    | Close
-    | Item
-    | End
-    | Error
-    | Control
-    | Credit
-)
-Frame = _NotRequest | Request
+_ConnectionFrame = Hello | Challenge | Auth | Welcome | Ping | GoAway | Close
+_StreamFrame = Item | End | Error | Control | Credit  # ``req`` aside
+Frame = _ConnectionFrame | Request | _StreamFrame
 """Every frame type, as this end builds and sends them."""
-WireFrame = _NotRequest | RawRequest
+WireFrame = _ConnectionFrame | RawRequest | _StreamFrame
 """Every frame type, as :class:`FrameDecoder` returns them (``req`` not yet validated)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -201,11 +189,8 @@ class FrameDecoder:
 
     def frames(self, data: bytes | bytearray | memoryview) -> Generator[WireFrame]:
         """Add received bytes; iterate over the frames they complete, decoding each on demand."""
-        self._buffer += data
-        return self._next_frames()
-
-    def _next_frames(self) -> Generator[WireFrame]:
         buffer = self._buffer
+        buffer += data
         decode = self._decoder.decode
         # One view for the whole batch (the buffer is not resized until the batch is
         # over), released before the consumed bytes are dropped.

@@ -1,11 +1,5 @@
-"""The worker side of the request plane: listening, sessions, and served streams.
-
-Each connection is a session whose nursery owns its I/O tasks and one task per
-open stream; a connection passes caps, a handshake deadline and paced
-authentication before it may open a stream, and each ``req`` becomes a
-:class:`ServerStream` driving a worker-side :class:`~dynamo_trio.Context`
-(docs/protocol.md, "The worker side").
-"""
+"""The worker side of the request plane: listening, sessions (a connection's gate,
+then its streams) and served streams (docs/protocol.md, "The worker side")."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from .._hostport import host_port
 from .._startup import CannotServe
-from ._connection import FrameConnection, limited_log, linger, printable
+from ._connection import NETWORK_ERRORS, FrameConnection, limited_log, linger, printable
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Close,
@@ -259,7 +253,7 @@ class _Session:
                     await tls.do_handshake()
                     framed = True
                 return await self._handshake()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            except NETWORK_ERRORS as exc:
                 cause = exc.__cause__ or exc
                 limited_log.warning(
                     "handshake-failed" if framed else "tls-failed",
@@ -278,10 +272,7 @@ class _Session:
         if framed and self.protocol.send(
             Close("timeout", f"no complete handshake within {config.handshake_timeout}s")
         ):
-            with (
-                trio.move_on_after(_REFUSAL_TIMEOUT),
-                suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
-            ):
+            with trio.move_on_after(_REFUSAL_TIMEOUT), suppress(*NETWORK_ERRORS):
                 await self._stream.send_all(self.protocol.data_to_send())
         return False
 
@@ -540,12 +531,7 @@ class RequestPlaneServer:
             self._sessions.discard(session)
 
     def _evict_oldest_handshake(self, newcomer: str) -> None:
-        """Make room for ``newcomer``: drop the connection longest in its handshake.
-
-        A flood of stalling connections only pushes out its own.  Proofs waiting
-        their turn are kept while a staller is left; failing that, the source
-        with the most waiting proofs gives one up.
-        """
+        """Make room for ``newcomer`` (docs/protocol.md, "The worker side")."""
         oldest = next((session for session in self._gated if not session.awaiting_turn), None)
         if oldest is None:
             counts = Counter(session.source for session in self._gated)
@@ -562,10 +548,8 @@ class RequestPlaneServer:
         oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
-        """Tell a connection beyond a cap why it is refused (in plaintext only), and drop it.
-
-        A few refusals at a time linger so the frame arrives; a flood is dropped at once.
-        """
+        """Tell a connection beyond a cap why (in plaintext only; a few at a time linger so
+        the frame arrives), and drop it."""
         limited_log.warning("connection-refused", "refusing a connection from %s: %s", peer, why)
         self._refusing += 1
         try:
@@ -576,7 +560,7 @@ class RequestPlaneServer:
                     await stream.send_all(out)
                 if self._refusing <= _MAX_LINGERING_REFUSALS:
                     await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        except NETWORK_ERRORS:
             pass
         finally:
             self._refusing -= 1
