@@ -306,11 +306,10 @@ class ClientConnection:
 
         Raises only :class:`CannotConnect` (or ``trio.Cancelled``).
         """
-        timeout = self._config.connect_timeout
         stream: trio.abc.Stream | None = None
         step = "connect"
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(self._config.connect_timeout):
                 stream = await self._open_transport(self.address)
                 if self._ssl_context is not None:
                     step = "TLS handshake"

@@ -1,9 +1,5 @@
-"""The trio edge of one request-plane connection: reader, coalescing writer, heartbeats.
-
-:class:`FrameConnection` runs the three tasks of an authenticated connection in
-its own nursery until the connection ends, for whatever reason; network failures
-end it and never escape as exceptions (docs/protocol.md, "One connection's tasks").
-"""
+"""The trio edge of one request-plane connection: reader, coalescing writer, heartbeats
+(docs/protocol.md, "One connection's tasks")."""
 
 from __future__ import annotations
 
@@ -95,13 +91,11 @@ class FrameConnection:
         return self.close_reason is not None
 
     def send(self, frame: Frame, *, at_once: bool = False) -> bool:
-        """Queue ``frame`` for the writer; never blocks.  Whether it was queued.
+        """Queue ``frame`` for the writer; never blocks.  Whether it was queued (a closed
+        connection drops it); InvalidArgument for a frame that cannot be encoded.
 
         ``at_once``: an idle writer's socket takes it from this task now, however many
-        streams are open (for a frame that starts or ends the peer's work: a request, a
-        stop, a kill).
-        A closed connection drops it (the peer's doing, not an error);
-        InvalidArgument for a frame that cannot be encoded (the connection stays usable).
+        streams are open (a frame that starts or ends the peer's work: ``req``, ``ctl``).
         """
         if self.close_reason is not None:
             return False

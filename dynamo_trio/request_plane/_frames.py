@@ -1,8 +1,5 @@
-"""The request plane's wire format: frame types and the length-prefixed codec.
-
-Each frame is a big-endian ``u32`` length and a msgpack array body, tagged by
-frame type; docs/protocol.md has the frames, the handshake and the stream rules.
-"""
+"""The request plane's wire format: frame types and the length-prefixed codec
+(docs/protocol.md, "Frames")."""
 
 from __future__ import annotations
 

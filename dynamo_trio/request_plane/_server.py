@@ -556,12 +556,11 @@ class RequestPlaneServer:
             if self.ssl_context is None:
                 out = bytearray()
                 encode_frame(Close("unavailable", why), out, HANDSHAKE_MAX_FRAME_SIZE)
-                with trio.move_on_after(_REFUSAL_TIMEOUT):
-                    await stream.send_all(out)
-                if self._refusing <= _MAX_LINGERING_REFUSALS:
-                    await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
-        except NETWORK_ERRORS:
-            pass
+                with suppress(*NETWORK_ERRORS):
+                    with trio.move_on_after(_REFUSAL_TIMEOUT):
+                        await stream.send_all(out)
+                    if self._refusing <= _MAX_LINGERING_REFUSALS:
+                        await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
         finally:
             self._refusing -= 1
             await trio.aclose_forcefully(stream)

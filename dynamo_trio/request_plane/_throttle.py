@@ -1,9 +1,5 @@
-"""Pacing failed authentications in total, without locking anyone out.
-
-Guessing a worker's token must be slow, and a peer that guesses must not keep
-out one that knows the token, even from the same address: :class:`AuthTurns`
-paces judged failures in total and takes turns round the sources
-(docs/protocol.md, "The worker side").
+"""Pacing failed authentications in total, without locking anyone out: guessing a token
+is slow, and guessers cannot keep out a peer that knows it (docs/protocol.md, "The worker side").
 """
 
 from __future__ import annotations
@@ -41,11 +37,8 @@ class _Waiter:
 
 @final
 class AuthTurns:
-    """Whose proof is judged next, and when (docs/protocol.md, "The worker side").
-
-    Failures are judged at most 16 per ``penalty`` seconds in total (0: no
-    pacing), after a ``burst`` judged back to back.
-    """
+    """Whose proof is judged next, and when: failures at most 16 per ``penalty`` seconds in
+    total (0: no pacing), after a ``burst`` judged back to back."""
 
     def __init__(self, penalty: float, *, burst: int = 4) -> None:
         self.interval: Final = penalty / 16

@@ -1,8 +1,4 @@
-"""TLS for the request plane: building the ``ssl.SSLContext`` of each side.
-
-Workers present a certificate and may demand one from callers (mutual TLS);
-callers verify the worker's.  Contexts are built once per server or pool.
-"""
+"""TLS for the request plane: the ``ssl.SSLContext`` of each side (docs/protocol.md, "TLS")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Checks on the fields of a received ``req`` frame, before a stream is opened.
-
-The decoder types only ``sid``; every other field is checked here, so a bad value
-fails that stream alone with an :class:`~dynamo_trio.InvalidArgument` naming the
-field (the accepted ranges are tabled in docs/protocol.md).
+"""Checks on the fields of a received ``req`` frame (the decoder types only ``sid``): a bad
+value fails that stream alone, naming the field (the ranges are tabled in docs/protocol.md).
 """
 
 from __future__ import annotations
