@@ -450,6 +450,7 @@ class ClientConnection:
             timeout = max(0.0, timeout)
         window = self._config.stream_window
         sid = protocol.next_sid()
+        request = Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
         stream = ClientStream(self, sid, window)
         # Registered first: a failed write in the send closes the connection, and
         # the loss must reach this stream like every other one.
@@ -457,10 +458,7 @@ class ClientConnection:
         try:
             # At once, not coalesced with other callers' requests: the worker starts on
             # it while this process goes on with its other work.
-            sent = connection.send(
-                Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers),
-                at_once=True,
-            )
+            sent = connection.send(request, at_once=True)
         except BaseException:
             self._streams.pop(sid, None)
             raise

@@ -536,26 +536,23 @@ class ProtocolConnection:
         """
         if self.role is not Role.SERVER or self.state is not _S.AUTHENTICATING:
             raise RuntimeError(f"authenticate() when {self.state.value}")
-        proof, self._proof = self._proof, None
-        token = self._token
-        if token is not None:
-            expected = client_proof(token, self._nonce, self._peer_nonce)
-            if proof is None or not hmac.compare_digest(proof, expected):
+        answer, self._proof = self._proof, None
+        proof = None  # ours, for welcome
+        if self._token is not None:
+            expected = client_proof(self._token, self._nonce, self._peer_nonce)
+            if answer is None or not hmac.compare_digest(answer, expected):
                 self._fail(
                     "unauthenticated",
                     "missing or wrong request-plane token"
-                    if proof is not None
+                    if answer is not None
                     else "this worker requires a request-plane token (DYN_REQUEST_PLANE_TOKEN)",
                 )
                 return False
+            proof = server_proof(self._token, self._nonce, self._peer_nonce)
         self.state = _S.OPEN
         self._encode(
             Welcome(
-                PROTOCOL_VERSION,
-                self._own_name,
-                self._max_streams,
-                self._max_frame_size,
-                None if token is None else server_proof(token, self._nonce, self._peer_nonce),
+                PROTOCOL_VERSION, self._own_name, self._max_streams, self._max_frame_size, proof
             )
         )
         return True
@@ -590,12 +587,8 @@ class ProtocolConnection:
             self._refuse(frame.sid, EngineShutdown("the worker is shutting down"))
             return None
         if len(self._streams) >= self._max_streams:
-            self._refuse(
-                frame.sid,
-                ResourceExhausted(
-                    f"too many concurrent streams on this connection (limit {self._max_streams})"
-                ),
-            )
+            why = f"too many concurrent streams on this connection (limit {self._max_streams})"
+            self._refuse(frame.sid, ResourceExhausted(why))
             return None
         self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return frame
