@@ -148,7 +148,7 @@ class ClientStream:
                     self._nudged = False
                 await self._fair_checkpoint()
                 return items
-            if many and self._nudged and not self._killed and not self._done and not self._lost:
+            if many and self._nudged and not self._killed and not self._done and self._lost is None:
                 self._nudged = False
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return []
@@ -456,8 +456,7 @@ class ClientConnection:
         # the loss must reach this stream like every other one.
         self._streams[sid] = stream
         try:
-            # At once, not coalesced with other callers' requests: the worker starts on
-            # it while this process goes on with its other work.
+            # At once: the worker starts on it while this process goes on (docs/protocol.md).
             sent = connection.send(request, at_once=True)
         except BaseException:
             self._streams.pop(sid, None)

@@ -80,8 +80,7 @@ class FrameConnection:
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
         self._closed_hard = False  # close() (not shutdown()) was called
-        # A plain TCP socket can take a frame from the sender's task (docs/protocol.md,
-        # "One connection's tasks"); a TLS stream always goes through the writer.
+        # Only a plain TCP socket takes frames from the sender's task (docs/protocol.md).
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._direct_left = _DIRECT_BURST
         self._direct_since = 0.0
@@ -278,9 +277,7 @@ class FrameConnection:
                 self._writer_wakeup = wakeup = trio.Event()
                 await wakeup.wait()
                 if self.protocol.open_streams > 1:
-                    # Other streams' tasks woke in the same turn as the one that woke us:
-                    # one more turn lets their frames (a reply's end behind its item,
-                    # other requests) join this write instead of trailing in more.
+                    # One more turn: the frames other woken tasks add join this write.
                     await trio.lowlevel.checkpoint()
                 continue
             try:
