@@ -96,9 +96,7 @@ class FrameConnection:
         ``at_once``: an idle writer's socket takes it from this task now, however many
         streams are open (a frame that starts or ends the peer's work: ``req``, ``ctl``).
         """
-        if self.close_reason is not None:
-            return False
-        if not self.protocol.send(frame):
+        if self.close_reason is not None or not self.protocol.send(frame):
             return False
         if self.protocol.outbox_size > self._config.max_write_buffer:
             limited_log.warning(
