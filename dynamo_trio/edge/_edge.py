@@ -44,8 +44,7 @@ LAST_SEND_SHIELD: Final = 5.0
 """The longest the last send of an HTTP/1.x response is shielded from cancellation."""
 
 _WEBSOCKET_RESPONSE: Final = "websocket.http.response"
-# A close code for "policy violation", used when the denial response extension is absent.
-_POLICY_VIOLATION: Final = 1008
+_POLICY_VIOLATION: Final = 1008  # the close code without the denial response extension
 _ECHO_LIMIT: Final = 200
 _JSON: Final = b"application/json"
 
@@ -99,10 +98,7 @@ Handler = Callable[[EdgeRequest], EdgeResponse | Awaitable[EdgeResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A route answered at the edge; its quick handler runs in the connection's task.
-
-    ``HEAD`` is answered wherever ``GET`` is, without the body.
-    """
+    """A route answered at the edge by a quick handler (``HEAD`` wherever ``GET`` is)."""
 
     path: str
     handler: Handler
@@ -113,10 +109,9 @@ class Route:
 class Edge:
     """The outermost ASGI app of an HTTP server (see the module docstring).
 
-    ``app=None`` answers 404 to what no route takes; ``max_body_size`` is the
-    largest body offered ahead (:class:`~._prefetch.BodyPrefetch`);
-    ``request_exit`` is called when a request raised ``KeyboardInterrupt`` or
-    ``SystemExit``.
+    ``app=None`` answers 404 to what no route takes; ``max_body_size`` is the largest
+    body offered ahead (:mod:`._prefetch`); ``request_exit`` is called when a request
+    raised ``KeyboardInterrupt`` or ``SystemExit``.
     """
 
     def __init__(
@@ -168,23 +163,29 @@ class Edge:
         if isinstance(failure, KeyboardInterrupt | SystemExit) and self.request_exit is not None:
             self.request_exit()
 
+    def _error(
+        self, path: str, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> EdgeResponse:
+        return EdgeResponse(status, self._error_body(path, status, message, None), headers=headers)
+
     async def _http(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         refusal = self._head_refusal(scope)
         if refusal is not None:
-            status, message = refusal
-            body = self._error_body(scope["path"], status, message, None)
-            await _respond(send, EdgeResponse(status, body), close=True)
+            await _respond(send, self._error(scope["path"], *refusal), close=True)
             return
+        http1 = scope.get("http_version", "1.1") in ("1.0", "1.1")
         route = self._routes.get(scope["path"])
         if route is not None:
-            if scope.get("http_version", "1.1") in ("1.0", "1.1"):
+            if http1:
                 await self._answer(route, scope, receive, send)
             else:
-                await _until_disconnect(self._answer, route, scope, receive, send)
+                await _until_disconnect(
+                    lambda inbox: self._answer(route, scope, inbox, send), receive
+                )
         elif self.app is not None:
-            if scope.get("http_version", "1.1") in ("1.0", "1.1"):
+            if http1:
                 send = _shielded_send(direct_chunks(scope, send))
             if self.max_body_size is not None:
                 receive = await BodyPrefetch.offer(
@@ -192,10 +193,9 @@ class Edge:
                 )
             await self.app(scope, receive, send)
         else:
-            path, method = shown(scope["path"]), shown(scope["method"])
-            body = self._error_body(scope["path"], 404, f"No route {method} {path}.", None)
+            message = f"No route {shown(scope['method'])} {shown(scope['path'])}."
             await _drain(receive)
-            await _respond(send, EdgeResponse(404, body))
+            await _respond(send, self._error(scope["path"], 404, message))
 
     def _head_refusal(self, scope: HTTPScope) -> tuple[int, str] | None:
         limit = self.max_header_size
@@ -212,21 +212,17 @@ class Edge:
     ) -> None:
         method = scope["method"]
         allowed = route.methods | ({"HEAD"} if "GET" in route.methods else set())
-        # A keep-alive connection is reused only once the body is read, and a body that
-        # never ends (an unterminated chunked one) must not hold the connection for ever.
+        # A keep-alive connection is reused only once the body is read, within a bound.
         with trio.move_on_after(self.body_timeout) as reading:
             await _drain(receive)
         if reading.cancelled_caught:
             message = body_timeout_message(self.body_timeout)
-            response = EdgeResponse(408, self._error_body(route.path, 408, message, None))
-            await _respond(send, response, close=True)
+            await _respond(send, self._error(route.path, 408, message), close=True)
             return
         if method not in allowed:
             message = f"Method {shown(method)} is not allowed on {shown(route.path)}."
             allow = ", ".join(sorted(allowed)).encode()
-            response = EdgeResponse(
-                405, self._error_body(route.path, 405, message, None), headers=((b"allow", allow),)
-            )
+            response = self._error(route.path, 405, message, ((b"allow", allow),))
         else:
             request = EdgeRequest(
                 method, scope["path"], scope["query_string"], dict(scope["headers"])
@@ -263,16 +259,10 @@ class Edge:
 
 
 async def _until_disconnect(
-    answer: Callable[[Route, HTTPScope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]],
-    route: Route,
-    scope: HTTPScope,
-    receive: ASGIReceiveCallable,
-    send: ASGISendCallable,
+    answer: Callable[[ASGIReceiveCallable], Awaitable[None]], receive: ASGIReceiveCallable
 ) -> None:
-    """``answer``, cancelled if the client goes away first.
-
-    For HTTP/2, whose last send waits for the stream to drain to the socket.
-    """
+    """``answer(receive)``, cancelled if the client goes away first (for HTTP/2, whose
+    last send waits for the stream to drain to the socket)."""
     messages: trio.MemorySendChannel[ASGIReceiveEvent]
     messages, inbox = trio.open_memory_channel(1)
 
@@ -287,7 +277,7 @@ async def _until_disconnect(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
-        await answer(route, scope, inbox.receive, send)
+        await answer(inbox.receive)
         nursery.cancel_scope.cancel()
 
 
@@ -297,12 +287,9 @@ def body_timeout_message(seconds: float) -> str:
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
-    """``send``, with the last send of an HTTP/1.x response shielded.
-
-    hypercorn restarts a keep-alive connection's idle timer inside that send, and
-    quart-trio cancels its request tasks once the response is out: unshielded,
-    an idle connection would stay open for ever.  Over h11 the send only queues.
-    """
+    """``send``, with the last send of an HTTP/1.x response shielded: hypercorn restarts
+    the idle timer inside it, and quart-trio cancels its tasks once the response is out
+    (unshielded, an idle connection would stay open for ever)."""
 
     async def send_last_shielded(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):

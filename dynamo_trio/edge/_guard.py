@@ -55,10 +55,8 @@ class ResetBudget:
 
 @final
 class GuardedProtocol:
-    """hypercorn's per-connection protocol (``wrapped``), with the switch to HTTP/2 decided here.
-
-    A client that resets more than ``max_resets`` streams in a burst gets ``GOAWAY``.
-    """
+    """hypercorn's per-connection protocol (``wrapped``), with the switch to HTTP/2 decided
+    here; a client that resets more than ``max_resets`` streams in a burst gets ``GOAWAY``."""
 
     def __init__(self, wrapped: ProtocolWrapper, *, cleartext_http2: bool, max_resets: int) -> None:
         self._wrapped = wrapped
@@ -121,8 +119,7 @@ class GuardedProtocol:
         return protocol
 
     def _guard(self, protocol: H2Protocol) -> None:
-        """Count the client's resets in whatever the connection receives; let a closed
-        stream's late data in (see :class:`_Streams`)."""
+        """Count the client's resets; let a closed stream's late data in (:class:`_Streams`)."""
         protocol.streams = _Streams(protocol.streams)
         connection = protocol.connection
         receive = connection.receive_data
@@ -140,8 +137,7 @@ class GuardedProtocol:
                     self._max_resets,
                 )
                 connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
-                # hypercorn's answer to a protocol error: send what is queued (the
-                # GOAWAY), then close; none of these events is acted on.
+                # hypercorn then sends what is queued (the GOAWAY) and closes.
                 raise h2.exceptions.ProtocolError("too many stream resets")
             return events
 
@@ -161,14 +157,9 @@ class GuardedProtocol:
 
 @final
 class _Streams(dict[int, Any]):
-    """hypercorn's open streams of an HTTP/2 connection, where a stream it closed (answered
-    before the client sent its whole request: a refusal from a body's first bytes) reads
-    as one that ignores what still comes for it.
-
-    hypercorn looks up the stream of each ``DATA`` frame without a guard: the rest
-    of an answered request was a ``KeyError`` that ended the whole connection, and
-    every other call on it.  Its flow control is still acknowledged (hypercorn does
-    that after the lookup).
+    """hypercorn's open streams of an HTTP/2 connection, where one it closed (answered before
+    the client sent its whole request) ignores what still comes for it: hypercorn's unguarded
+    lookup of a ``DATA`` frame's stream was a ``KeyError`` that ended the whole connection.
     """
 
     def __missing__(self, stream_id: int) -> _ClosedStream:

@@ -30,13 +30,10 @@ Headers = list[tuple[bytes, bytes]]
 async def send_whole_response(
     send: ASGISendCallable, headers: Headers, body: bytes, trailers: Headers
 ) -> bool:
-    """Send a ``200`` response with ``headers``, ``body`` and ``trailers`` on the HTTP/2
-    stream whose ASGI ``send`` this is, in one write; the stream is then closed.
-
-    ``False`` (nothing sent) when it cannot go that way: not hypercorn's HTTP/2 stream,
-    a response already started, a request without ``te: trailers``, a body larger than
-    the stream's flow control window.  The caller then sends it as ASGI.
-    """
+    """Send a ``200`` with ``headers``, ``body`` and ``trailers`` in one write on the HTTP/2
+    stream whose ASGI ``send`` this is, then close it; ``False`` (nothing sent, the caller
+    uses ASGI) if not hypercorn's HTTP/2 stream, already started, without ``te: trailers``,
+    or over the stream's flow control window."""
     stream = getattr(send, "__self__", None)
     if type(stream) is not HTTPStream or stream.closed or stream.state != ASGIHTTPState.REQUEST:
         return False
@@ -58,8 +55,7 @@ async def send_whole_response(
     head = build_and_validate_headers(headers)
     stream.response = {"type": "http.response.start", "status": 200, "headers": head}
     stream.state = ASGIHTTPState.CLOSED  # what the app sends from now on is an error
-    # The stream leaves the sending task's care before anything can yield (as when
-    # that task ends it), so it never finds the stream half gone.
+    # The stream leaves the sending task's care before anything can yield.
     del protocol.stream_buffers[stream_id]
     protocol.priority.remove_stream(stream_id)
     try:
@@ -81,18 +77,17 @@ async def send_whole_response(
 
 @final
 class RoundRobin:
-    """The active streams in turn (see the module docstring)."""
+    """The active streams in turn (see the module docstring); like the tree, each call but
+    :meth:`insert_stream` raises ``priority.MissingStreamError`` for a stream not in."""
 
     __slots__ = ("_active", "_queued", "_turns")
 
     def __init__(self) -> None:
-        self._active: dict[int, bool] = {}
-        """Every stream in the scheduler: whether it has something to send."""
+        self._active: dict[int, bool] = {}  # every stream: whether it has something to send
+        # The line: active streams in turn, and ones blocked or removed since they joined
+        # (dropped at its front); each is in it once (_queued).
         self._turns: Final[deque[int]] = deque()
-        """The line: active streams in the order they go, and streams blocked or removed
-        since they joined it (dropped when they reach its front)."""
         self._queued: Final[set[int]] = set()
-        """The streams in the line (each is in it once)."""
 
     def __len__(self) -> int:
         return len(self._active)
@@ -104,11 +99,7 @@ class RoundRobin:
         weight: int = 16,
         exclusive: bool = False,
     ) -> None:
-        """Add a stream, active (the tree's default).
-
-        Raises:
-            priority.DuplicateStreamError: it is already in.
-        """
+        """Add a stream, active (``DuplicateStreamError`` if it is in)."""
         if stream_id in self._active:
             raise DuplicateStreamError(f"stream {stream_id} is already scheduled")
         self._active[stream_id] = True
@@ -121,22 +112,21 @@ class RoundRobin:
         weight: int = 16,
         exclusive: bool = False,
     ) -> None:
-        """Ignored (every stream is equal), but for a stream not in: raises
-        ``priority.MissingStreamError``, as the tree does."""
+        """Ignored (every stream is equal)."""
         self._check(stream_id)
 
     def remove_stream(self, stream_id: int) -> None:
-        """Take a stream out (raises ``priority.MissingStreamError`` if it is not in)."""
+        """Take a stream out."""
         self._check(stream_id)
         del self._active[stream_id]
 
     def block(self, stream_id: int) -> None:
-        """The stream has nothing to send (raises ``priority.MissingStreamError``)."""
+        """The stream has nothing to send."""
         self._check(stream_id)
         self._active[stream_id] = False
 
     def unblock(self, stream_id: int) -> None:
-        """The stream has something to send (raises ``priority.MissingStreamError``)."""
+        """The stream has something to send."""
         self._check(stream_id)
         self._active[stream_id] = True
         self._join(stream_id)
@@ -145,11 +135,7 @@ class RoundRobin:
         return self
 
     def __next__(self) -> int:
-        """The next active stream; it goes to the back of the line.
-
-        Raises:
-            priority.DeadlockError: no stream is active.
-        """
+        """The next active stream, to the back of the line (``DeadlockError`` if none)."""
         turns = self._turns
         while turns:
             stream_id = turns.popleft()

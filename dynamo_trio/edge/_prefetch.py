@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import trio
 
-from ._extensions import offered, put_offer
-
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -41,10 +39,8 @@ def _declared_length(scope: HTTPScope) -> int | None:
 
 @final
 class BodyPrefetch:
-    """One request's body, taken from hypercorn's queue ahead of the app.
-
-    Made by :meth:`offer`; the app's view takes the body with :meth:`take`.
-    """
+    """One request's body, taken from hypercorn's queue ahead of the app by :meth:`offer`;
+    the app's view takes it with :meth:`take`."""
 
     __slots__ = ("_body", "_replay", "_taken")
 
@@ -62,10 +58,8 @@ class BodyPrefetch:
         limit: int,
         end_timeout: float,
     ) -> ASGIReceiveCallable:
-        """Take what is queued of the body; offer it if complete and within ``limit``.
-
-        Returns the ``receive`` to give the app.
-        """
+        """Take what is queued of the body, offer it if complete and within ``limit``, and
+        return the ``receive`` to give the app."""
         channel = getattr(receive, "__self__", None)
         if not isinstance(channel, trio.MemoryReceiveChannel):
             return receive
@@ -96,13 +90,15 @@ class BodyPrefetch:
             body = parts[0] if len(parts) == 1 else b"".join(parts)
         prefetch = cls(taken, body)
         if body is not None:
-            put_offer(scope, PREFETCHED_BODY, prefetch)
+            if scope.get("extensions") is None:
+                scope["extensions"] = {}
+            cast("dict[str, object]", scope["extensions"])[PREFETCHED_BODY] = prefetch
         return prefetch._receive_after(receive)
 
     @staticmethod
     def take(scope: Mapping[str, Any]) -> bytes | None:
         """The body the edge offered, once; ``None``: read it from the app's request."""
-        found = offered(scope, PREFETCHED_BODY)
+        found = (scope.get("extensions") or {}).get(PREFETCHED_BODY)
         if not isinstance(found, BodyPrefetch) or found._body is None:
             return None
         body, found._body = found._body, None

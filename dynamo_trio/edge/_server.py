@@ -1,16 +1,11 @@
 """Serving an ASGI app over HTTP with hypercorn, with a shutdown that always ends.
 
-hypercorn's own ``serve`` writes to sockets inside a shielded cancel scope,
-and a shielded write to a client that stopped reading waits for ever, so its
-graceful shutdown may never end.  :func:`serve_http` runs the same
-per-connection protocol code (hypercorn's ``TCPServer``: h11, h2, the ASGI
-lifespan) under its own accept loop and keeps each connection's socket: when
-the grace period ends it closes the sockets still open, a blocked write fails
-with ``ClosedResourceError``, and every task of the connection ends.  Silent
-clients are found out by the kernel (:func:`dead_peer_options`); several
-processes may serve one port (:func:`listen_sockets`); each connection's
-stream is :class:`_OrderedSends`.  Whatever a connection's code raises ends
-that connection only (logged at a bounded rate); a live cancellation goes on.
+hypercorn's own ``serve`` writes inside a shielded scope, so a client that stopped
+reading can hold its graceful shutdown for ever.  :func:`serve_http` runs hypercorn's
+per-connection code (``TCPServer``: h11, h2, the lifespan) under its own accept loop
+and closes the sockets still open when the grace ends: a blocked write then fails and
+the connection's tasks end.  Whatever a connection's code raises ends that connection
+only (logged at a bounded rate); a live cancellation goes on.
 """
 
 from __future__ import annotations
@@ -53,14 +48,8 @@ limited_log: Final = LogLimiter(_log)
 
 
 def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket.socket]:
-    """Bound (not yet listening) TCP sockets for ``host:port`` strings (``[v6]:port``).
-
-    With ``reuse_port`` each gets ``SO_REUSEPORT`` before binding, so that other
-    processes may bind the same port and share its connections.
-
-    Raises:
-        CannotServe: if an address cannot be bound (the sockets made so far are closed).
-    """
+    """Bound (not yet listening) TCP sockets for ``host:port`` strings (``[v6]:port``),
+    with ``SO_REUSEPORT`` if ``reuse_port``; ``CannotServe`` if one cannot be bound."""
     sockets: list[socket.socket] = []
     try:
         for bind in binds:
@@ -86,22 +75,9 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
 
 def dead_peer_options(timeout: float) -> list[tuple[int, int, int]]:
     """``(level, option, value)`` socket options that find a silent TCP peer in about
-    ``timeout`` seconds (Linux; options this platform lacks are left out).
-
-    Keepalive probes start after a third of the bound, one a sixth of it apart
-    (at least a second each), and ``TCP_USER_TIMEOUT`` gives up on a peer that
-    acknowledged nothing (probes or data) for the whole bound.  Without
-    ``TCP_USER_TIMEOUT``, the probe count ends the connection at about the
-    same time.
-
-    A client whose network went silent (no FIN, no RST) leaves probes or data
-    unacknowledged; the kernel errors the socket and the app gets
-    ``http.disconnect`` like for any hang-up (writing alone would not do: bytes
-    to a silent peer are retransmitted for many minutes).  A live client
-    acknowledges both, however slow, with one exception Linux (5.11 and later)
-    makes: one that stops *reading* until the server's data fills its window,
-    for longer than the bound, is cut like a dead one.
-    """
+    ``timeout`` seconds: keepalive probes from a third of it, a sixth apart, and
+    ``TCP_USER_TIMEOUT`` of it (options this platform lacks are left out; the trade-off
+    is docs/operations.md's "Clients that vanish")."""
     idle = max(1, int(timeout // 3))
     interval = max(1, int(timeout // 6))
     count = max(1, math.ceil((timeout - idle) / interval))
@@ -129,26 +105,19 @@ async def serve_http(
     http2_max_resets: int = 100,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` over plain HTTP until ``shutdown_trigger`` returns.
+    """Serve ``app`` over plain HTTP on ``sockets`` (else ``config.bind``) until
+    ``shutdown_trigger`` returns; the bound URLs go to ``task_status``.
 
-    Listens on ``sockets`` (bound sockets, see :func:`listen_sockets`; they are
-    closed when it returns) or else on ``config.bind``.  Reports the bound URLs
-    (``http://host:port``) through ``task_status``.  On shutdown: stop
-    accepting, let open connections finish for ``config.graceful_timeout``
-    seconds, then cancel them and close their sockets, however they are blocked.
-    ``dead_peer_timeout`` (seconds, 0 for none): find silent clients (see the
-    module docstring) on TCP connections.  ``cleartext_http2``: serve HTTP/2
-    without TLS (prior knowledge, ``Upgrade: h2c``); ``http2_max_resets``: the
-    stream resets an HTTP/2 client may make in a burst (see :mod:`._guard`).
+    On shutdown: stop accepting, let connections finish for ``config.graceful_timeout``,
+    then cancel them and close their sockets.  ``dead_peer_timeout`` (0: none): see
+    :func:`dead_peer_options`; ``cleartext_http2`` and ``http2_max_resets``: :mod:`._guard`.
     """
     wrapped = ASGIWrapper(app)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     open_streams: set[trio.SocketStream] = set()
-    # One hypercorn context per connection: its "terminated" closes the connection once
-    # idle.  The shutdown sets every one; the client's EOF sets its own, so that a
-    # keep-alive connection its client closed is closed now (hypercorn ignores an EOF
-    # on an idle connection until the keep-alive timeout: sockets piled up in CLOSE-WAIT).
+    # A context per connection, whose "terminated" closes it once idle: set by the
+    # shutdown, and by the client's EOF (hypercorn would wait for the keep-alive timeout).
     contexts: set[WorkerContext] = set()
     shutting_down = False
     peer_options = dead_peer_options(dead_peer_timeout) if dead_peer_timeout > 0 else []
@@ -223,12 +192,8 @@ async def serve_stream(
     cleartext_http2: bool = False,
     http2_max_resets: int = 100,
 ) -> None:
-    """Serve the one HTTP connection ``stream`` carries (any trio stream: tests use a
-    memory stream) until it ends, as :func:`serve_http` serves each of its own.
-
-    The app's lifespan is not run; the peer reads as ``127.0.0.1``.  Each write
-    waits its turn behind the others (a socket's may skip the queue).
-    """
+    """Serve the one HTTP connection ``stream`` carries (any trio stream) until it ends,
+    as :func:`serve_http` serves each of its own; no lifespan, the peer is ``127.0.0.1``."""
     context = WorkerContext(None)
     ordered = _OrderedStreamSends(stream, _NoSocket(), on_eof=context.terminated.set)
     await _serve_connection(
@@ -252,8 +217,7 @@ async def _serve_connection(
     cleartext_http2: bool,
     http2_max_resets: int,
 ) -> None:
-    """hypercorn's protocols over ``ordered`` until the connection ends; whatever its
-    code raises ends it (logged), a live cancellation goes on."""
+    """hypercorn's protocols over ``ordered`` until the connection ends (contained)."""
     try:
         # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
         tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
@@ -267,7 +231,7 @@ async def _serve_connection(
             cleartext_http2=cleartext_http2,
             http2_max_resets=http2_max_resets,
         )
-        state[CONNECTION_WRITER] = _ConnectionWriter(server, ordered).write  # ._chunks
+        state[CONNECTION_WRITER] = server.write  # ._chunks
         state[CONNECTION_GONE] = ordered.gone  # ._gone
         try:
             await server.run()
@@ -298,19 +262,13 @@ async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
 
 @final
 class _Connection(TCPServer):
-    """hypercorn's per-connection server (h11, h2, the ASGI app), with a cheaper idle timer.
+    """hypercorn's per-connection server, with a cheaper idle timer and writes.
 
-    hypercorn closes a keep-alive connection that stays idle for
-    ``keep_alive_timeout`` (at once when its context is terminated: a
-    shutdown, the client's EOF) with a task it starts each time the connection
-    goes idle and cancels when a request arrives: a lock and a
-    ``nursery.start`` in the path of every response, and a lock in front of
-    every request, each a pass or two of the scheduler that the request waits
-    for (under load every task of every stream runs once per pass).  Here one
-    task per connection (:class:`_IdleTimer`) sleeps until the idle deadline,
-    which a request moves without waking it.  And h11's end of a body whose
-    length was declared, an empty write, is not made (it took both send locks:
-    three more passes per response).  Everything else is hypercorn's.
+    hypercorn starts and cancels an idle task around every request (locks and a
+    ``nursery.start``: scheduler passes each request waits for); here one task per
+    connection (:class:`_IdleTimer`) sleeps until a deadline a request moves without
+    waking it.  Writes skip hypercorn's send lock (:class:`_OrderedSends` keeps them
+    whole and in order) and the empty one that ends a body of declared length.
     """
 
     def __init__(self, *args: Any, cleartext_http2: bool, http2_max_resets: int) -> None:
@@ -340,17 +298,15 @@ class _Connection(TCPServer):
             # its streams are sent in turn (see ._h2), not by hypercorn's priority tree.
             protocol.priority = RoundRobin()  # type: ignore[assignment]  # the tree's interface
         if isinstance(event, RawData):
-            # The ordered stream's send_all keeps writes whole and in order without
-            # hypercorn's send lock, whose acquire is a trip through the scheduler for
-            # every write.  (h11's end of a body whose length was declared is empty:
-            # nothing to write.)
             await trio.lowlevel.checkpoint_if_cancelled()
             if event.data:
-                await self._write(event.data)
+                await self.write(event.data)
             return
         await super().protocol_send(event)
 
-    async def _write(self, data: bytes) -> None:
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` (cancelled only before any byte); a failed write closes the
+        connection as hypercorn's own do, so the app gets ``http.disconnect``."""
         try:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -362,10 +318,6 @@ class _Connection(TCPServer):
             await super()._read_data()
         finally:
             self.idle_task.finish()  # type: ignore[attr-defined]
-
-    async def _close_when_idle(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self._initiate_server_close()
 
 
 @final
@@ -426,56 +378,19 @@ class _IdleTimer:
             if self._done:
                 return
             if self._idle and (self._terminated or trio.current_time() >= self._deadline):
-                await self._connection._close_when_idle()
+                with trio.CancelScope(shield=True):
+                    await self._connection._initiate_server_close()
                 return
 
 
-@final
-class _ConnectionWriter:
-    """Writes a response's body bytes straight to its connection (``direct_chunks``).
-
-    Each write is the connection's ordered ``send_all`` (:class:`_OrderedSends`):
-    in the usual case, a socket with room for the bytes, one non-blocking write,
-    without the locks, cancel scopes and trips through the scheduler a write
-    through hypercorn takes (they cost more CPU than the write).  A write that
-    fails closes the connection as hypercorn's own failed writes do: the app
-    gets ``http.disconnect``.
-    """
-
-    __slots__ = ("_server", "_stream")
-
-    def __init__(self, server: TCPServer, stream: _OrderedSends) -> None:
-        self._server = server
-        self._stream = stream
-
-    async def write(self, data: bytes) -> None:
-        """Write ``data``: a cancellation point (a cancellation lands before any byte
-        is written); it waits, yielding to the scheduler, only while the socket's
-        buffer is full, so a loop of writes must block elsewhere."""
-        try:
-            await self._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            async with self._server.send_lock:
-                await self._server.protocol.handle(Closed())
-
-
 class _OrderedSends(trio.abc.HalfCloseableStream):
-    """A socket stream on which ``send_eof`` never collides with a ``send_all``.
+    """A socket stream whose sends are whole and in order, and never collide with ``send_eof``
+    (hypercorn calls it without its send lock: trio raised ``BusyResourceError`` into the app).
 
-    hypercorn's ``TCPServer`` serializes ``send_all`` with a lock but calls
-    ``send_eof`` without it: a response going out while the reading task ends
-    the connection (a client that keeps sending after an early 414) met the EOF
-    in trio's conflict detector and raised ``BusyResourceError`` into the app.
-    It also writes at once, without a trip through the scheduler, when no other
-    send is under way and the socket has room.
-
-    A ``send_all`` that finds an EOF being sent waits for it (then fails as a
-    send after an EOF does: ``ClosedResourceError``, which hypercorn handles).
-    A ``send_eof`` that finds a ``send_all`` under way is refused with
-    ``BusyResourceError`` at once, as trio refuses it, and as hypercorn
-    expects (it ignores that error): it must not wait, since the send may be
-    blocked on a client that reads nothing, and the ``aclose`` that follows
-    the EOF is what unblocks it.
+    A ``send_all`` waits behind an EOF being sent (then fails: ``ClosedResourceError``).
+    A ``send_eof`` during a ``send_all`` is refused at once with ``BusyResourceError``,
+    which hypercorn ignores: the send may be blocked on a client that reads nothing, and
+    the ``aclose`` after the EOF is what unblocks it.
     """
 
     def __init__(
@@ -495,16 +410,9 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``; a cancellation lands before any byte is written.
 
-        When no other send is under way and the socket takes every byte at once
-        (a response head, a small body, an SSE chunk: the usual case), that is
-        one non-blocking write, no cancel scope and no trip through the
-        scheduler; otherwise the rest waits its turn behind the other sends,
-        shielded: never half a write on the wire (hypercorn shields its writes
-        too; closing the socket, as the shutdown does, ends the wait).  (The
-        two trips saved here are two of the dozen scheduler
-        passes between a request's bytes and its first SSE chunk, and two of a
-        response's end: on a busy frontend each pass runs every stream's
-        waiting tokens.)
+        The usual case (no other send under way, room in the socket) is one
+        non-blocking write without a trip through the scheduler; otherwise the rest
+        waits its turn, shielded (closing the socket, as the shutdown does, ends it).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         sent = self.send_nowait(data)
@@ -515,13 +423,9 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
                 await self._stream.send_all(memoryview(data)[sent:])
 
     def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
-        """Send what the socket takes at once, without blocking: the number of bytes
-        sent (0 while another send is under way, or the socket's buffer is full).
-
-        Raises:
-            trio.ClosedResourceError: the stream was closed, or its EOF sent.
-            trio.BrokenResourceError: the peer is gone.
-        """
+        """Send what the socket takes without blocking: the bytes sent (0 while another
+        send is under way or the buffer is full); ``ClosedResourceError`` after a close
+        or an EOF, ``BrokenResourceError`` once the peer is gone."""
         sock = self.socket
         fd = sock.fileno()
         if fd == -1 or sock.did_shutdown_SHUT_WR:
@@ -568,7 +472,6 @@ class _OrderedStreamSends(_OrderedSends):
     """:class:`_OrderedSends` on a stream with no socket: every write waits its turn."""
 
     def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
-        """Nothing: a stream has no write that cannot block."""
         return 0
 
 
