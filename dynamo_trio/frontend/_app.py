@@ -98,9 +98,8 @@ def build_edge(
 
 @final
 class _ViewFirst(TrioASGIHTTPConnection):
-    """quart-trio's HTTP request handling, with the view run in the task that got the request
-    (one scheduler pass sooner; only the message reader is a task of its own).
-    """
+    """quart-trio's HTTP request handling, with the view run in the task that got the
+    request (one scheduler pass sooner; only the message reader is a task of its own)."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         request = self._create_request_from_scope(send)
@@ -139,12 +138,9 @@ if not VIEW_FIRST:
 
 
 async def _keep_alive_safe(response: Response) -> Response:
-    """Consume the rest of the request body before answering, or close the connection.
-
-    hypercorn reuses a keep-alive connection only once the body is read, else it
-    closes it inside the response's send, where quart-trio's cancellation leaves
-    the socket open but dead.
-    """
+    """Consume the rest of the request body before answering, or close the connection
+    (else hypercorn closes it inside the response's send, where quart-trio's
+    cancellation leaves the socket open but dead)."""
     if response.status_code in (408, 413):
         response.headers["Connection"] = "close"
         return response
@@ -191,12 +187,11 @@ async def serve_frontend(
     on_grpc_listening: Callable[[str], object] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns, then drain.
+    """Serve the frontend over ``runtime`` until ``shutdown_trigger`` returns, then drain
+    (docs/operations.md, "Shutdown"); ``http://host:port`` goes to ``task_status``.
 
-    Reports ``http://host:port`` through ``task_status``; with
-    ``config.kserve_grpc_port`` also serves KServe gRPC (its address to
-    ``on_grpc_listening``).  The drain is ``docs/operations.md``'s "Shutdown";
-    ``metrics``/``inflight`` replace this process's views (``--http-workers``).
+    With ``config.kserve_grpc_port`` also serves KServe gRPC (its address to
+    ``on_grpc_listening``); ``metrics``/``inflight`` replace this process's views.
     """
     turns: Turns | None = None
     try:
@@ -207,8 +202,7 @@ async def serve_frontend(
             await pipeline.start()
             app = build_app(pipeline)
 
-            async def shutdown() -> None:
-                # On the trigger, or on a request asking the frontend to exit:
+            async def shutdown() -> None:  # on the trigger, or a request asking to exit
                 async with trio.open_nursery() as either:
 
                     async def then_cancel(wait: Callable[[], Awaitable[object]]) -> None:
@@ -296,8 +290,7 @@ def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> Hyperc
     hypercorn.graceful_timeout = graceful_timeout
     hypercorn.keep_alive_timeout = config.idle_timeout
     hypercorn.backlog = config.backlog
-    # A request head still incomplete past this is refused by h11 (431 and close);
-    # a complete one past it, by the Gate.
+    # A head still incomplete past this is refused by h11 (431), a complete one by the Edge.
     hypercorn.h11_max_incomplete_size = config.max_header_size
     hypercorn.h2_max_header_list_size = config.max_header_size
     return hypercorn

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-# The most bytes gathered into one write from chunks already waiting.
-_COALESCE_LIMIT: Final = 64 * 1024
+_COALESCE_LIMIT: Final = 64 * 1024  # the most bytes of waiting chunks gathered into one write
 
 
 class Reply(ResponseBody):
@@ -29,13 +28,12 @@ class Reply(ResponseBody):
     that end it with ``(status, message)`` (its API's error event).
     """
 
-    def __init__(self, *, keepalive: float = 0.0, depth: int = 16) -> None:
-        self._send, self._chunks = trio.open_memory_channel[Any](depth)
+    def __init__(self, *, keepalive: float = 0.0) -> None:
+        self._send, self._chunks = trio.open_memory_channel[Any](16)
         self.sent_any = False
         self.broken = False
         self.stream_failure: Callable[[int, str], bytes] | None = None
-        self.keepalive: Final = keepalive
-        """Seconds of a stream's silence before a keep-alive comment (0: never)."""
+        self.keepalive: Final = keepalive  # seconds of silence before a comment (0: never)
         self._last_piece = 0.0  # trio.current_time() of the body's last lent piece
         self._first: bytes | None = None
         self._ended = False  # the channel ran dry while gathering: end at the next call
@@ -47,14 +45,12 @@ class Reply(ResponseBody):
     # -- the producer's side
 
     async def send(self, event: object) -> None:
-        """Send ``event`` to the view (the first) or the body (a stream's bytes after
-        its first); once nobody listens, discard it."""
+        """Send ``event`` to the view (the first) or the body; once nobody listens, discard it."""
         if self.broken:
             return
         try:
             try:
-                # Room in the channel (the usual case): no trip through the scheduler;
-                # the producer's next receive is its checkpoint.
+                # Room (the usual case): no trip through the scheduler.
                 self._send.send_nowait(event)
             except trio.WouldBlock:
                 await self._send.send(event)
@@ -73,13 +69,10 @@ class Reply(ResponseBody):
         """Let the body pull its next pieces itself, in its own task, until ``pull``
         returns ``None``; then return, the producer going on from there.
 
-        ``pull`` returns the next bytes to write, or ``None`` at the end of what it
-        can give; ``nudge`` makes a pull waiting for its source return a keep-alive
-        comment (called after :attr:`keepalive` seconds without a piece).  What
-        ``pull`` raises is raised here, in the producer.  If the body stops
-        iterating first (the client left), return at once: the producer reads on
-        alone.  Cancelled here, the producer takes the source back (a piece the
-        body pulls meanwhile is dropped).
+        ``nudge`` makes a waiting pull return a keep-alive comment (called after
+        :attr:`keepalive` seconds without a piece); what ``pull`` raises is raised here.
+        If the body stops first (the client left), return at once; cancelled here, the
+        producer takes the source back (a piece pulled meanwhile is dropped).
         """
         if self._body_done or self.broken:
             await trio.lowlevel.checkpoint()
@@ -107,8 +100,7 @@ class Reply(ResponseBody):
     # -- the view's side
 
     async def first(self) -> object:
-        """The first thing sent; ``None`` if the producer ended having sent nothing.
-        Unless it is a stream's first bytes, nothing more is read."""
+        """The first thing sent (``None``: nothing was); only a stream's bytes read on."""
         try:
             first = await self._chunks.receive()
         except trio.EndOfChannel:
@@ -142,7 +134,7 @@ class Reply(ResponseBody):
         return self
 
     async def __anext__(self) -> bytes:
-        piece = await self._next(self.keepalive)
+        piece = await self._next()
         if piece is None:
             raise StopAsyncIteration
         return piece
@@ -173,22 +165,20 @@ class Reply(ResponseBody):
             self._last_piece = trio.current_time()
         return piece
 
-    async def _next(self, keepalive: float) -> bytes | None:
+    async def _next(self) -> bytes | None:
         """The next piece to send (the chunks waiting, gathered; a piece pulled from a
-        lent source; or a keep-alive comment after ``keepalive`` seconds of silence,
-        if not 0); ``None`` once the stream is over."""
+        lent source; or a keep-alive comment); ``None`` once the stream is over."""
         if self._first is not None:
             first, self._first = self._first, None
             return self._gather(first)
         while not self._ended:
             try:
-                # A chunk already waiting needs no timer and no extra trip through the
-                # scheduler: the send right after this is the checkpoint.
+                # A chunk already waiting needs no timer and no trip through the scheduler.
                 piece: bytes | None = self._gather(self._chunks.receive_nowait())
             except trio.WouldBlock:
                 pull = self._pull
                 if pull is None:
-                    piece = await self._wait(keepalive)
+                    piece = await self._wait()
                 else:
                     piece = await self._pulled(pull)
                     if piece is None:
@@ -200,13 +190,13 @@ class Reply(ResponseBody):
             # (empty: lend()'s nudge)
         return None
 
-    async def _wait(self, keepalive: float) -> bytes | None:
+    async def _wait(self) -> bytes | None:
         """The chunks the producer sends next, gathered (a keep-alive comment after
-        ``keepalive`` seconds of silence, if not 0); ``None`` at the end."""
+        :attr:`keepalive` seconds of silence); ``None`` at the end."""
         try:
-            if keepalive <= 0:
+            if self.keepalive <= 0:
                 return self._gather(await self._chunks.receive())
-            with trio.move_on_after(keepalive):
+            with trio.move_on_after(self.keepalive):
                 return self._gather(await self._chunks.receive())
             return keepalive_comment()
         except trio.EndOfChannel:

@@ -57,7 +57,7 @@ class RequestLifecycle:
 
     @property
     def client_is_gone(self) -> bool:
-        """Whether the request was cancelled by its client (see the rule)."""
+        """Whether the request was cancelled by its client."""
         return self._gone
 
     def completed(self) -> None:
@@ -65,13 +65,13 @@ class RequestLifecycle:
         self._completed = True
 
     def heard_cancel(self, context: Context, state: ContextState, reason: CancelReason) -> None:
-        """The context's cancel callback while the request runs: a request the
-        server ended (deadline, shutdown) failed, so a client leaving now cancels nothing."""
+        """The context's cancel callback: a request the server ended (deadline, shutdown)
+        failed, so a client leaving now cancels nothing."""
         if reason in _SERVER_ENDINGS:
             self.completed()
 
     def client_gone(self) -> None:
-        """The client's connection ended; apply the rule (idempotent; only the guard calls it)."""
+        """The client's connection ended: apply the rule (idempotent)."""
         if self._gone or self._completed or self.tracker.finished:
             return
         self._gone = True
@@ -127,8 +127,7 @@ class HangUpGuard:
             return
         slot = _Slot()
         token = _SLOT.set(slot)
-        # The edge's server tells the hang-up from the task that read it, a pass before
-        # ``http.disconnect`` reaches the app's receiving task (which tells it too).
+        # Told by the task that read the hang-up, a pass before ``http.disconnect``.
         gone = connection_gone(scope)
         if gone is not None:
             gone.add(slot.client_gone)

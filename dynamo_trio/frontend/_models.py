@@ -108,9 +108,8 @@ class ModelRoute:
 
 @final
 class ModelStream:
-    """The items of one model request, in batches, moved to another instance when
-    its worker fails: before the first item always, after it as :class:`StreamFaults` allows.
-    """
+    """The items of one model request, in batches, moved to another instance when its
+    worker fails: before the first item always, after it as :class:`StreamFaults` allows."""
 
     def __init__(
         self,
@@ -145,8 +144,7 @@ class ModelStream:
 
     async def receive_batch(self) -> list[Any] | None:
         """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures;
-        ``None`` when :meth:`nudge` woke the wait.  A cancellation while waiting leaves
-        the stream as it was (closing it is what abandons the call)."""
+        ``None`` when :meth:`nudge` woke the wait; a cancellation leaves the stream as it was."""
         while True:
             if self._held is not None:
                 held = await self._worker_ended_early()
@@ -165,7 +163,8 @@ class ModelStream:
             if not items and not self._stream.done:
                 return None  # nudged
             if not items:
-                await self._ended()
+                if self._context.is_killed():  # (reading it enforces the deadline)
+                    await trio.lowlevel.checkpoint()  # a kill lands now
                 if self._stopped_unasked():
                     await self._recover(
                         StreamIncomplete("the worker ended the request early without being asked")
@@ -182,11 +181,6 @@ class ModelStream:
     def nudge(self) -> None:
         """Make :meth:`receive_batch` waiting for items (now or next) return ``None``."""
         self._stream.nudge()
-
-    async def _ended(self) -> None:
-        """If the request was killed (perhaps by its deadline), let that land now."""
-        if self._context.is_killed():  # reading the state enforces the deadline
-            await trio.lowlevel.checkpoint()
 
     def _stopped_unasked(self) -> bool:
         """The worker ended an incomplete generation ``stopped`` though nobody asked."""
@@ -217,8 +211,8 @@ class ModelStream:
                     self._token_ids.extend(token_ids)
 
     async def _worker_ended_early(self) -> Any:
-        """The worker stopped the generation on its own: a clean end (its held item),
-        unless it was shutting down: then the request moves (``None``) or fails."""
+        """The worker stopped the generation on its own: a clean end (its held item), unless
+        it was shutting down: then the request moves (``None``) or fails."""
         held, self._held = self._held, None
         stream = self._stream
         try:
@@ -274,10 +268,6 @@ class ModelStream:
             len(self._token_ids),
             exc,
         )
-
-    async def aclose(self) -> None:
-        """Close the stream; if the worker is still producing, kill its work now."""
-        await self._stream.aclose()
 
     async def __aenter__(self) -> Self:
         return self

@@ -113,13 +113,10 @@ class Pipeline:
         self.turns: Final = Turns(
             config.stream_writes_per_pass, nursery, budget=config.stream_pass_budget_ms / 1000
         )
-        """Which running streams write in a scheduler pass (see :mod:`._turns`)."""
         self._contexts: set[Context] = set()
         self._drained: trio.Event | None = None
-        self.shutting_down = False
-        """Set by :meth:`begin_drain`: new requests are refused, ``/health`` is 503."""
-        self.exit_requested: Final = trio.Event()
-        """Set when request code raised ``KeyboardInterrupt``/``SystemExit``."""
+        self.shutting_down = False  # new requests are refused, /health is 503
+        self.exit_requested: Final = trio.Event()  # see request_exit
 
     @property
     def in_flight(self) -> int:
@@ -169,15 +166,13 @@ class Pipeline:
         route = self.models.route(request.model, api.model_type)
         if isinstance(api, TextApi):
             request.check_limits(route.card)
-            lifecycle = self._lifecycle(
-                request.model, api.label, request.stream, request_id, trace, deadline
-            )
+            lifecycle = self._lifecycle(request, api, request.stream, request_id, trace, deadline)
             produce = self._stream_text if request.stream else self._unary_text
             return await self._run(lifecycle, api, produce, api, request, route)
         # (an embeddings request has no ``stream``, and no ``open_stream`` either)
         open_stream = api.open_stream if api.open_stream is not None and request.stream else None
         lifecycle = self._lifecycle(
-            request.model, api.label, open_stream is not None, request_id, trace, deadline
+            request, api, open_stream is not None, request_id, trace, deadline
         )
         if open_stream is None:
             return await self._run(lifecycle, api, self._unary_media, api, request, route)
@@ -195,17 +190,18 @@ class Pipeline:
 
     def _lifecycle(
         self,
-        model: str,
-        label: Any,
+        request: Any,
+        api: Api,
         stream: bool,
         request_id: str,
-        trace: TraceContext | None = None,
-        deadline: float | None = None,
+        trace: TraceContext | None,
+        deadline: float | None,
     ) -> RequestLifecycle:
         request_type: RequestType = "stream" if stream else "unary"
         context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
         if deadline is not None:
             context.set_deadline(deadline)
+        model, label = request.model, api.label
         context.attributes.update(model=model, route=label, kind=request_type)
         tracker = self.metrics.start_request(model, label, request_type)
         lifecycle = RequestLifecycle(
@@ -230,8 +226,8 @@ class Pipeline:
         """The view's side: start the producer, answer with the first thing it sends."""
         reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
-        # Cancelled here: the client left before the first byte (the HangUpGuard has
-        # already applied the hang-up rule), and the producer learns nobody listens.
+        # Cancelled here: the client left before the first byte (the HangUpGuard applied
+        # the hang-up rule), and the producer learns nobody listens.
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
@@ -248,24 +244,27 @@ class Pipeline:
         produce: Any,
         *args: Any,
     ) -> None:
-        """The producer's side, a task of the frontend's nursery: the request's work."""
+        """The producer's side, a task of the frontend's nursery: the request's work, in
+        its scope; whatever it raises ends this request only."""
         context = lifecycle.context
         grace = self.config.stop_grace if self.config.on_disconnect == "stop" else None
+        failures: list[BaseException] = []
         with self.in_flight_request(context):
             try:
                 with self.runtime.track(context):
                     try:
-                        status, error_type = await self._guarded(
-                            produce, reply, lifecycle, grace, *args
-                        )
+                        with contain(failures.append):
+                            async with context.scope(drain_grace=grace):
+                                await produce(reply, lifecycle, *args)
+                        failure = failures[0] if failures else None
+                        status, error_type = await self._failed(failure, reply, lifecycle)
                     finally:
                         reply.close()
                 lifecycle.tracker.finish(status, error_type)
             finally:
                 lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above ran
-                # The request is over: nothing it hears now matters, and the callback is
-                # the one reference cycle (context -> callback -> lifecycle -> context)
-                # that would keep the request's objects for the cyclic collector.
+                # The request is over; the callback is its one reference cycle
+                # (context -> callback -> lifecycle -> context).
                 context.remove_cancel_callback(lifecycle.heard_cancel)
 
     @contextmanager
@@ -279,27 +278,11 @@ class Pipeline:
             if not self._contexts and self._drained is not None:
                 self._drained.set()
 
-    async def _guarded(
-        self,
-        produce: Any,
-        reply: Reply,
-        lifecycle: RequestLifecycle,
-        grace: float | None,
-        *args: Any,
-    ) -> tuple[Any, str | None]:
-        """Run ``produce`` in the request's scope; whatever it raises ends this request only."""
-        failures: list[BaseException] = []
-        with contain(failures.append):
-            async with lifecycle.context.scope(drain_grace=grace):
-                await produce(reply, lifecycle, *args)
-        return await self._failed(failures[0] if failures else None, reply, lifecycle)
-
     async def _failed(
         self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle
     ) -> tuple[Any, str | None]:
-        """How the request ended (``exc``: what its work raised), told to the client:
-        the one place a failure becomes an HTTP status, a stream's error event, a
-        metric's error type."""
+        """How the request ended (``exc``: what its work raised), told to the client: the
+        one place a failure becomes an HTTP status, a stream's error event, a metric's."""
         context = lifecycle.context
         if (exc is None or is_cancellation(exc)) and context.is_killed():
             ending = None if lifecycle.client_is_gone else _server_ending(context)
@@ -396,10 +379,9 @@ class Pipeline:
     async def _send_batches(
         self, reply: Reply, stream: ModelStream, encode: Callable[[list[Any]], bytes]
     ) -> None:
-        """Send ``stream``'s batches, each encoded once, to ``reply`` until it ends:
-        from here until the client reads the stream, then pulled by the body itself
-        (:meth:`Reply.lend`), and from here again whatever a departed body left.
-        Batches after the first take turns (:mod:`._turns`)."""
+        """Send ``stream``'s encoded batches to ``reply``: the first from here, then pulled
+        by the body itself (:meth:`Reply.lend`), then whatever a departed body left; all
+        but the first take turns (:mod:`._turns`)."""
         turns = self.turns
 
         async def pull() -> bytes | None:

@@ -134,16 +134,16 @@ def _decode_json(body: bytes, max_depth: int) -> object:
 def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Response:
     if isinstance(result, JsonReply):
         return json_response(result.payload, result.status, ids)
+    response: Response
     if isinstance(result, BytesReply):
-        whole: Response = current_app.response_class(
+        response = current_app.response_class(
             result.content, status=result.status, content_type=result.content_type
         )
-        whole.headers.update(ids.response_headers())
-        return whole
-    response: Response = current_app.response_class(
-        result.body, content_type=result.content_type, headers=_SSE_HEADERS
-    )
-    response.timeout = None
+    else:
+        response = current_app.response_class(
+            result.body, content_type=result.content_type, headers=_SSE_HEADERS
+        )
+        response.timeout = None
     response.headers.update(ids.response_headers())
     return response
 

@@ -13,12 +13,10 @@ import trio
 @final
 class Turns(trio.abc.Instrument):
     """At most ``per_pass`` turns (0: no limit) per scheduler pass, first come first served,
-    once the pass is older than ``budget`` seconds.
+    once the pass is older than ``budget`` seconds (before, every asker has one at once).
 
-    A pass younger than ``budget`` (a frontend keeping up) gives every asker a turn at
-    once: waiting costs the asker a pass and the ticker one more, which only a long pass
-    is worth.  Installed, it is a trio instrument told where passes begin; the ticker
-    that hands out waiting turns runs in ``nursery`` only while someone waits.
+    A trio instrument told where passes begin; the ticker that hands out waiting turns
+    runs in ``nursery`` only while someone waits.
     """
 
     __slots__ = (
@@ -70,9 +68,8 @@ class Turns(trio.abc.Instrument):
         return len(self._lot)
 
     async def take(self) -> None:
-        """Return when it is this task's turn: at once if nobody waits and this pass
-        has a turn left or is younger than the budget, else in a later pass, after
-        those that waited first."""
+        """Return when it is this task's turn: at once if nobody waits and this pass has a
+        turn left or is younger than the budget, else in a later pass, in order."""
         if self.per_pass == 0 or (
             not self._lot
             and (self._used < self.per_pass or (self.budget and perf_counter() < self._free_until))
@@ -86,8 +83,7 @@ class Turns(trio.abc.Instrument):
         await self._lot.park()
 
     async def _tick(self) -> None:
-        """Once per pass while anyone waits: hand out that pass's turns, oldest first
-        (being runnable, it keeps trio from sleeping in its I/O wait)."""
+        """Once per pass while anyone waits: hand out that pass's turns, oldest first."""
         try:
             while self._lot:
                 self._used += len(self._lot.unpark(count=max(0, self.per_pass - self._used)))

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from .._hostport import host_port
 from .._lifeline import lifeline, parent_gone, take_lifeline
@@ -99,8 +102,7 @@ async def run_frontend_workers(
 @contextlib.contextmanager
 def holding_shared(shared: Path, *, remove: bool = True) -> Iterator[None]:
     """Hold the supervisor's directory (a shared ``flock``) in this block; ``remove`` it
-    on the way out if nobody else holds it (the last process of a SIGKILLed supervisor).
-    """
+    on the way out if nobody else holds it (the last process of a SIGKILLed supervisor)."""
     fd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -163,7 +165,7 @@ class _Child:
                     async with trio.open_nursery() as output:
                         output.start_soon(_discard, process.stdout)
                         code = await process.wait()
-                _mark_dead(process.pid, self._metrics)
+                mark_process_dead(process.pid, str(self._metrics))  # type: ignore[no-untyped-call]
                 if self._stopping or stop.is_set():
                     return
                 if not started:
@@ -205,13 +207,6 @@ async def _discard(stdout: trio.abc.ReceiveStream) -> None:
         pass
 
 
-def _mark_dead(pid: int, metrics: Path) -> None:
-    """Drop a dead process's live gauges (its counters are kept)."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid, str(metrics))  # type: ignore[no-untyped-call]
-
-
 class WorkerView:
     """In one of the supervisor's processes: ``/metrics`` and ``/debug/requests`` for all."""
 
@@ -244,10 +239,6 @@ class WorkerView:
         """Every process's metrics, summed (prometheus-client's multiprocess mode)."""
 
         def collect() -> tuple[bytes, bytes]:
-            from prometheus_client import CollectorRegistry
-            from prometheus_client.exposition import choose_encoder
-            from prometheus_client.multiprocess import MultiProcessCollector
-
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=str(self.shared / "metrics"))  # type: ignore[no-untyped-call]
             encode, content_type = choose_encoder(accept.decode("latin-1"))
@@ -258,7 +249,6 @@ class WorkerView:
     async def inflight(self, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This process's requests and its siblings', each tree saying which process holds it."""
         trees = [_tagged(tree, self.index) for tree in local]
-        gathered: list[list[dict[str, Any]]] = []
 
         async def ask(index: int) -> None:
             with trio.move_on_after(_GATHER_TIMEOUT):
@@ -268,14 +258,12 @@ class WorkerView:
                     # Restarting, say: its requests are listed again once it is back.
                     _log.warning("cannot list the requests of frontend process %d: %s", index, exc)
                     return
-                gathered.append([_tagged(tree, index) for tree in listed])
+                trees.extend(_tagged(tree, index) for tree in listed)
 
         async with trio.open_nursery() as nursery:
             for index in range(self.count):
                 if index != self.index:
                     nursery.start_soon(ask, index)
-        for listed in gathered:
-            trees.extend(listed)
         return trees
 
 
@@ -286,8 +274,7 @@ def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 async def _get_json_over_unix(path: str, target: str) -> Any:
-    """``GET target`` on a sibling's status server (an Edge, which always sends a
-    ``content-length``) listening on the Unix socket ``path``."""
+    """``GET target`` on a sibling's status server (an Edge) on the Unix socket ``path``."""
     stream = await trio.open_unix_socket(path)
     async with stream:
         await stream.send_all(
