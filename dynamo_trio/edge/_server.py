@@ -115,17 +115,15 @@ async def serve_http(
     wrapped = ASGIWrapper(app)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
-    open_streams: set[trio.SocketStream] = set()
-    # A context per connection, whose "terminated" closes it once idle: set by the
+    guard = partial(GuardedProtocol, cleartext_http2=cleartext_http2, max_resets=http2_max_resets)
+    # Each open connection's context, whose "terminated" closes it once idle: set by the
     # shutdown, and by the client's EOF (hypercorn would wait for the keep-alive timeout).
-    contexts: set[WorkerContext] = set()
+    open_streams: dict[trio.SocketStream, WorkerContext] = {}
     shutting_down = False
     peer_options = dead_peer_options(dead_peer_timeout) if dead_peer_timeout > 0 else []
 
     async def handle(stream: trio.SocketStream) -> None:
-        open_streams.add(stream)
-        context = WorkerContext(None)
-        contexts.add(context)
+        context = open_streams[stream] = WorkerContext(None)
         try:
             if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
                 try:
@@ -136,18 +134,9 @@ async def serve_http(
             if shutting_down:
                 await context.terminated.set()
             ordered = _OrderedSends(stream, stream.socket, on_eof=context.terminated.set)
-            await _serve_connection(
-                wrapped,
-                config,
-                context,
-                lifespan_state,
-                ordered,
-                cleartext_http2=cleartext_http2,
-                http2_max_resets=http2_max_resets,
-            )
+            await _serve_connection(wrapped, config, context, lifespan_state, ordered, guard)
         finally:
-            open_streams.discard(stream)
-            contexts.discard(context)
+            del open_streams[stream]
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -174,7 +163,7 @@ async def serve_http(
                     await shutdown_trigger()
                     accepting.cancel_scope.cancel()  # closes the listeners
                 shutting_down = True
-                for context in tuple(contexts):
+                for context in tuple(open_streams.values()):
                     await context.terminated.set()  # idle keep-alive connections close now
                 deadline = trio.current_time() + config.graceful_timeout
                 connections.cancel_scope.deadline = deadline
@@ -196,15 +185,8 @@ async def serve_stream(
     as :func:`serve_http` serves each of its own; no lifespan, the peer is ``127.0.0.1``."""
     context = WorkerContext(None)
     ordered = _OrderedStreamSends(stream, _NoSocket(), on_eof=context.terminated.set)
-    await _serve_connection(
-        ASGIWrapper(app),
-        config,
-        context,
-        {},
-        ordered,
-        cleartext_http2=cleartext_http2,
-        http2_max_resets=http2_max_resets,
-    )
+    guard = partial(GuardedProtocol, cleartext_http2=cleartext_http2, max_resets=http2_max_resets)
+    await _serve_connection(ASGIWrapper(app), config, context, {}, ordered, guard)
 
 
 async def _serve_connection(
@@ -213,24 +195,14 @@ async def _serve_connection(
     context: WorkerContext,
     lifespan_state: dict[str, Any],
     ordered: _OrderedSends,
-    *,
-    cleartext_http2: bool,
-    http2_max_resets: int,
+    guard: Callable[[ProtocolWrapper], GuardedProtocol],
 ) -> None:
     """hypercorn's protocols over ``ordered`` until the connection ends (contained)."""
     try:
         # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
         tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
         state = ConnectionState(lifespan_state.copy())
-        server = _Connection(
-            wrapped,
-            config,
-            context,
-            state,
-            tls_typed,
-            cleartext_http2=cleartext_http2,
-            http2_max_resets=http2_max_resets,
-        )
+        server = _Connection(wrapped, config, context, state, tls_typed, guard=guard)
         state[CONNECTION_WRITER] = server.write  # ._chunks
         state[CONNECTION_GONE] = ordered.gone  # ._gone
         try:
@@ -251,7 +223,7 @@ async def _serve_connection(
             )
 
 
-async def _close_at(deadline: float, streams: set[trio.SocketStream]) -> None:
+async def _close_at(deadline: float, streams: dict[trio.SocketStream, WorkerContext]) -> None:
     """At ``deadline``, close the sockets of the connections still open."""
     await trio.sleep_until(deadline)
     if streams:
@@ -271,9 +243,8 @@ class _Connection(TCPServer):
     whole and in order) and the empty one that ends a body of declared length.
     """
 
-    def __init__(self, *args: Any, cleartext_http2: bool, http2_max_resets: int) -> None:
-        self._cleartext_http2 = cleartext_http2
-        self._http2_max_resets = http2_max_resets
+    def __init__(self, *args: Any, guard: Callable[[ProtocolWrapper], GuardedProtocol]) -> None:
+        self._guard = guard
         self._guarded: GuardedProtocol | None = None
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
@@ -285,11 +256,7 @@ class _Connection(TCPServer):
 
     @protocol.setter
     def protocol(self, wrapped: ProtocolWrapper) -> None:
-        self._guarded = GuardedProtocol(
-            wrapped,
-            cleartext_http2=self._cleartext_http2,
-            max_resets=self._http2_max_resets,
-        )
+        self._guarded = self._guard(wrapped)
 
     async def protocol_send(self, event: Event) -> None:
         protocol = self.protocol.protocol

@@ -115,17 +115,14 @@ def _view_first_fits(base: type[TrioASGIHTTPConnection]) -> bool:
         "handle_messages": (True, ["self", "nursery", "request", "receive"]),
         "handle_request": (True, ["self", "nursery", "request", "send"]),
     }
-    for name, (is_async, parameters) in expected.items():
-        method = getattr(base, name, None)
-        if not callable(method) or inspect.iscoroutinefunction(method) is not is_async:
-            return False
-        try:
-            found = list(inspect.signature(method).parameters)
-        except (TypeError, ValueError):
-            return False
-        if found != parameters:
-            return False
-    return True
+    try:
+        return all(
+            inspect.iscoroutinefunction(method := getattr(base, name)) is is_async
+            and list(inspect.signature(method).parameters) == parameters
+            for name, (is_async, parameters) in expected.items()
+        )
+    except (AttributeError, TypeError, ValueError):  # missing, or not a function
+        return False
 
 
 VIEW_FIRST: Final = _view_first_fits(TrioASGIHTTPConnection)

@@ -308,9 +308,8 @@ class ModelRegistry:
         version = view.version
         delay = _PREPARE_RETRY[0]
         while True:
-            missing = {_path(card): card for card in view.items().values()}
-            for path in self._clients:
-                missing.pop(path, None)
+            cards = view.items().values()
+            missing = {path: card for card in cards if (path := _path(card)) not in self._clients}
             failed = False
             for card in missing.values():
                 try:
@@ -369,22 +368,15 @@ class ModelRegistry:
         """The route for ``name`` as a ``model_type`` model (404 if not served as that)."""
         self._refresh()
         served = self._types.get(name)
-        if not served:
-            raise RequestError(
-                404,
-                f"The model `{name}` does not exist.",
-                code="model_not_found",
-                param="model",
-            )
         cards = self._index.get((name, model_type))
-        if not cards:
-            raise RequestError(
-                404,
+        if not served or not cards:
+            message = (
                 f"The model `{name}` does not serve {model_type} requests "
-                f"(it serves {', '.join(sorted(served))}).",
-                code="model_not_found",
-                param="model",
+                f"(it serves {', '.join(sorted(served))})."
+                if served
+                else f"The model `{name}` does not exist."
             )
+            raise RequestError(404, message, code="model_not_found", param="model")
         return ModelRoute(self, name, model_type, cards[0])
 
     async def _client(self, card: ModelCard) -> Client:
