@@ -43,16 +43,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("dynamo_trio.frontend")
 
 
-def _server_ending(context: Context) -> DynamoError | None:
-    """The failure a request killed by the server itself ends with (``None`` if it was not)."""
-    reason = context.reason
-    if reason is CancelReason.DEADLINE:
-        return ResponseTimeout("The request did not complete within its deadline.")
-    if reason is CancelReason.SHUTDOWN:
-        return EngineShutdown("The frontend shut down before the request completed; send it again.")
-    return None
-
-
 @dataclass(frozen=True)
 class JsonReply:
     """Answer with this JSON object and status."""
@@ -285,9 +275,13 @@ class Pipeline:
         one place a failure becomes an HTTP status, a stream's error event, a metric's."""
         context = lifecycle.context
         if (exc is None or is_cancellation(exc)) and context.is_killed():
-            ending = None if lifecycle.client_is_gone else _server_ending(context)
-            if ending is not None:
-                exc = ending
+            reason = None if lifecycle.client_is_gone else context.reason  # the server's?
+            if reason is CancelReason.DEADLINE:
+                exc = ResponseTimeout("The request did not complete within its deadline.")
+            elif reason is CancelReason.SHUTDOWN:
+                exc = EngineShutdown(
+                    "The frontend shut down before the request completed; send it again."
+                )
             elif exc is None:
                 return "error", "cancelled"
         if exc is None:
