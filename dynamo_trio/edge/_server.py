@@ -1,11 +1,8 @@
-"""Serving an ASGI app over HTTP with hypercorn, with a shutdown that always ends.
+"""Serving an ASGI app over HTTP: hypercorn's per-connection code under an accept loop
+whose shutdown always ends (docs/architecture.md, "The HTTP edge").
 
-hypercorn's own ``serve`` writes inside a shielded scope, so a client that stopped
-reading can hold its graceful shutdown for ever.  :func:`serve_http` runs hypercorn's
-per-connection code (``TCPServer``: h11, h2, the lifespan) under its own accept loop
-and closes the sockets still open when the grace ends: a blocked write then fails and
-the connection's tasks end.  Whatever a connection's code raises ends that connection
-only (logged at a bounded rate); a live cancellation goes on.
+Whatever a connection's code raises ends that connection only (logged at a bounded
+rate); a live cancellation goes on.
 """
 
 from __future__ import annotations

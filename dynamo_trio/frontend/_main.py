@@ -81,10 +81,8 @@ async def run_frontend(
     view: WorkerView | None = None,
     on_listening: Callable[[str], object] | None = None,
 ) -> None:
-    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return.
-
-    ``view``: this process is one of ``--http-workers``' (:mod:`._workers`).
-    """
+    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return;
+    ``view``: this process is one of ``--http-workers``' (:mod:`._workers`)."""
     if stop is None:
         stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
@@ -101,10 +99,7 @@ async def run_frontend(
             if view is not None:
                 await serving.start(_serve_private, view, runtime, drained)
                 nursery.start_soon(view.stop_when_orphaned, stop)
-
-                async def inflight() -> list[dict[str, Any]]:
-                    return await view.inflight(runtime.inflight())
-
+                inflight = partial(view.inflight, runtime.inflight)
                 shared = {"metrics": view.metrics, "inflight": inflight}
 
             async def serve(*, task_status: trio.TaskStatus[str]) -> None:

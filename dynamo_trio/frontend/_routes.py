@@ -107,27 +107,20 @@ def request_deadline(raw: str | None, max_timeout: float, now: float) -> float |
 
 def _decode_json(body: bytes, max_depth: int) -> object:
     coding = request.headers.get("Content-Encoding", "").strip().lower()
-    if coding not in ("", "identity"):
-        raise RequestError(
-            415,
-            f"Content-Encoding {shown(coding)!r} is not accepted: send the body "
-            "uncompressed (identity).",
-            code="unsupported_media_type",
-        )
     content_type = request.mimetype
-    if content_type and content_type not in _JSON_TYPES:
-        raise RequestError(
-            415,
-            f"Content-Type must be application/json, not {shown(content_type)!r}.",
-            code="unsupported_media_type",
-        )
     charset = request.mimetype_params.get("charset")
-    if charset is not None and charset.lower() not in _UTF8:
-        raise RequestError(
-            415,
-            f"A JSON body must be UTF-8, not {shown(charset)!r} (RFC 8259).",
-            code="unsupported_media_type",
+    refusal = None
+    if coding not in ("", "identity"):
+        refusal = (
+            f"Content-Encoding {shown(coding)!r} is not accepted: send the body "
+            "uncompressed (identity)."
         )
+    elif content_type and content_type not in _JSON_TYPES:
+        refusal = f"Content-Type must be application/json, not {shown(content_type)!r}."
+    elif charset is not None and charset.lower() not in _UTF8:
+        refusal = f"A JSON body must be UTF-8, not {shown(charset)!r} (RFC 8259)."
+    if refusal is not None:
+        raise RequestError(415, refusal, code="unsupported_media_type")
     return decode_json_body(body, max_depth=max_depth)
 
 

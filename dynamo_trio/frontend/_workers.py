@@ -30,7 +30,7 @@ from ..edge import listen_sockets
 from ._app import DRAIN_OVERHEAD
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from .._config import Config
 
@@ -246,9 +246,10 @@ class WorkerView:
 
         return await trio.to_thread.run_sync(collect)
 
-    async def inflight(self, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """This process's requests and its siblings', each tree saying which process holds it."""
-        trees = [_tagged(tree, self.index) for tree in local]
+    async def inflight(self, local: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """This process's requests (``local()``) and its siblings', each tree saying which
+        process holds it."""
+        trees = [_tagged(tree, self.index) for tree in local()]
 
         async def ask(index: int) -> None:
             with trio.move_on_after(_GATHER_TIMEOUT):
