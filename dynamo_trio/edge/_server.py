@@ -231,14 +231,9 @@ async def _close_at(deadline: float, streams: dict[trio.SocketStream, WorkerCont
 
 @final
 class _Connection(TCPServer):
-    """hypercorn's per-connection server, with a cheaper idle timer and writes.
-
-    hypercorn starts and cancels an idle task around every request (locks and a
-    ``nursery.start``: scheduler passes each request waits for); here one task per
-    connection (:class:`_IdleTimer`) sleeps until a deadline a request moves without
-    waking it.  Writes skip hypercorn's send lock (:class:`_OrderedSends` keeps them
-    whole and in order) and the empty one that ends a body of declared length.
-    """
+    """hypercorn's per-connection server, with a cheaper idle timer (:class:`_IdleTimer`)
+    and writes that skip its send lock (:class:`_OrderedSends` keeps them whole and in
+    order) and the empty one that ends a body of declared length."""
 
     def __init__(self, *args: Any, guard: Callable[[ProtocolWrapper], GuardedProtocol]) -> None:
         self._guard = guard
@@ -351,10 +346,9 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     """A socket stream whose sends are whole and in order, and never collide with ``send_eof``
     (hypercorn calls it without its send lock: trio raised ``BusyResourceError`` into the app).
 
-    A ``send_all`` waits behind an EOF being sent (then fails: ``ClosedResourceError``).
-    A ``send_eof`` during a ``send_all`` is refused at once with ``BusyResourceError``,
-    which hypercorn ignores: the send may be blocked on a client that reads nothing, and
-    the ``aclose`` after the EOF is what unblocks it.
+    A ``send_eof`` during a ``send_all`` is refused at once (``BusyResourceError``, which
+    hypercorn ignores): the send may be blocked on a client that reads nothing, and the
+    ``aclose`` after the EOF is what unblocks it.
     """
 
     def __init__(
@@ -372,12 +366,8 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
         """Told, by the reading task, the moment the client ends the connection."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Send ``data``; a cancellation lands before any byte is written.
-
-        The usual case (no other send under way, room in the socket) is one
-        non-blocking write without a trip through the scheduler; otherwise the rest
-        waits its turn, shielded (closing the socket, as the shutdown does, ends it).
-        """
+        """Send ``data`` (a cancellation lands before any byte): at once if the socket has
+        room, else the rest waits its turn, shielded (closing the socket ends the wait)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         sent = self.send_nowait(data)
         if sent == len(data):

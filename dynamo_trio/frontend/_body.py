@@ -21,17 +21,14 @@ _COALESCE_LIMIT: Final = 64 * 1024  # the most bytes of waiting chunks gathered 
 
 class Reply(ResponseBody):
     """A response's channel: the producer's :meth:`send`, the view's :meth:`first`,
-    quart's body iteration.
-
-    ``sent_any``: something reached the view; ``broken``: nobody listens any more
-    (sends are discarded); ``stream_failure``: once a stream has started, the bytes
+    quart's body iteration.  ``stream_failure``: once a stream has started, the bytes
     that end it with ``(status, message)`` (its API's error event).
     """
 
     def __init__(self, *, keepalive: float = 0.0) -> None:
         self._send, self._chunks = trio.open_memory_channel[Any](16)
-        self.sent_any = False
-        self.broken = False
+        self.sent_any = False  # something reached the view
+        self.broken = False  # nobody listens any more: sends are discarded
         self.stream_failure: Callable[[int, str], bytes] | None = None
         self.keepalive: Final = keepalive  # seconds of silence before a comment (0: never)
         self._last_piece = 0.0  # trio.current_time() of the body's last lent piece

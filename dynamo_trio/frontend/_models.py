@@ -403,11 +403,8 @@ class ModelRegistry:
         moved: Moved | None = None,
         continuing: bool = False,
     ) -> tuple[Target | None, ResponseStream]:
-        """Send to an instance the router chooses, moving on from any that fails.
-
-        ``moved`` is counted once the request reaches an instance; ``continuing``
-        sends only to instances that accept continuations.
-        """
+        """Send to an instance the router chooses, moving on from any that fails; ``moved``
+        is counted once it reaches one; ``continuing``: only to those taking continuations."""
         router = self._runtime.router
         wait_until = trio.current_time() + _INSTANCE_WAIT
 
