@@ -93,15 +93,12 @@ class GuardedProtocol:
             if not self._cleartext_http2:
                 await self._refuse(wrapped.protocol)
                 return
-            await self._to_http2().initiate()
-            if error.data:
-                await wrapped.protocol.handle(RawData(data=error.data))
+            await self._to_http2(error.data)
         except H2CProtocolRequiredError as error:
-            await self._to_http2().initiate(error.headers, error.settings)
-            if error.data:
-                await wrapped.protocol.handle(RawData(data=error.data))
+            await self._to_http2(error.data, error.headers, error.settings)
 
-    def _to_http2(self) -> H2Protocol:
+    async def _to_http2(self, data: bytes, *initiation: Any) -> None:
+        """Switch the connection to HTTP/2 and hand it ``data``, what followed the switch."""
         wrapped = self._wrapped
         protocol = H2Protocol(
             wrapped.app,
@@ -116,7 +113,9 @@ class GuardedProtocol:
         )
         self._guard(protocol)
         wrapped.protocol = protocol
-        return protocol
+        await protocol.initiate(*initiation)
+        if data:
+            await protocol.handle(RawData(data=data))
 
     def _guard(self, protocol: H2Protocol) -> None:
         """Count the client's resets; let a closed stream's late data in (:class:`_Streams`)."""
