@@ -30,9 +30,7 @@ class SamplingParams:
         """The engine request for a conversation; ``system`` becomes a leading system message."""
         request = self._request(model, "chat")
         leading: list[EngineMessage] = [{"role": "system", "content": system}] if system else []
-        request["messages"] = leading + [
-            {"role": m["role"], "content": m["content"]} for m in messages
-        ]
+        request["messages"] = [*leading, *messages]  # the parsers' own fresh dicts
         return request
 
     def completion_request(self, model: str, prompt: str) -> GenerateRequest:
