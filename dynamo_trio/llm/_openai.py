@@ -93,7 +93,7 @@ def parse_chat_request(body: object) -> ChatRequest:
     raw_messages = expect_list(required(obj, "messages"), "messages")
     if not raw_messages:
         raise invalid_value("messages", "expected at least one message, but got an empty array.")
-    messages = tuple(_chat_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
+    messages = tuple(_chat_message(m, i) for i, m in enumerate(raw_messages))
     _refuse_choices(obj, "n")
     if optional_bool(obj, "logprobs"):
         raise unsupported("logprobs", "log probabilities are not supported by this server.")
@@ -134,7 +134,12 @@ def parse_completion_request(body: object) -> CompletionRequest:
     )
 
 
-def _chat_message(value: object, param: str) -> EngineMessage:
+def _chat_message(value: object, index: int) -> EngineMessage:
+    if type(value) is dict:  # the usual message first, with no parameter path built
+        role, content = value.get("role"), value.get("content")
+        if type(role) is str and role in _CHAT_ROLES and type(content) is str:
+            return {"role": role, "content": content}
+    param = join("messages", index)
     message = expect_object(value, param)
     role = required_choice(message, "role", param, _CHAT_ROLES)
     content = message.get("content")
