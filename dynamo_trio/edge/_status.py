@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, final
 from urllib.parse import parse_qs
 
+import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 from ._edge import EdgeRequest, EdgeResponse, Route, json_bytes
 
@@ -51,7 +55,7 @@ def status_routes(
         accept = request.headers.get(b"accept", b"")
         if isinstance(metrics, CollectorRegistry):
             encode, content_type = choose_encoder(accept.decode("latin-1"))
-            return EdgeResponse(200, encode(metrics), content_type.encode())
+            return EdgeResponse(200, await exposition(encode, metrics), content_type.encode())
         body, content_type_bytes = await metrics(accept)
         return EdgeResponse(200, body, content_type_bytes)
 
@@ -72,6 +76,40 @@ def status_routes(
         Route("/metrics", metrics_route),
         Route("/debug/requests", debug_route),
     ]
+
+
+_EOF: Final = b"# EOF\n"
+
+
+async def exposition(encode: Callable[[Any], bytes], registry: CollectorRegistry) -> bytes:
+    """``encode(registry)``, a metric family at a time with a checkpoint between, so that a
+    scrape of many families holds neither the loop nor (beside an engine's thread) the GIL
+    for long; OpenMetrics' ``# EOF`` ends the whole, not each family."""
+    parts: list[bytes] = []
+    trailer = b""
+    for family in registry.collect():
+        part = encode(_Family(family))
+        if part.endswith(_EOF):
+            part, trailer = part[: -len(_EOF)], _EOF
+        parts.append(part)
+        await trio.lowlevel.checkpoint()
+    if not parts:
+        return encode(registry)
+    parts.append(trailer)
+    return b"".join(parts)
+
+
+@final
+class _Family:
+    """One collected metric family, as a registry for an encoder."""
+
+    __slots__ = ("_family",)
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> tuple[Metric]:
+        return (self._family,)
 
 
 def _min_age(query: bytes) -> float:

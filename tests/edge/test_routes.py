@@ -7,10 +7,14 @@ from functools import partial
 from typing import Any
 
 import httpx
+import pytest
 import trio
 import trio.testing
 from hypercorn.config import Config as HypercornConfig
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from dynamo_trio.edge import (
     Edge,
@@ -21,6 +25,7 @@ from dynamo_trio.edge import (
     serve_http,
     status_routes,
 )
+from dynamo_trio.edge._status import exposition
 
 from ._serving import served_bare
 
@@ -231,3 +236,51 @@ async def test_an_unterminated_chunked_body_on_a_fixed_route_over_real_http(
     assert received.startswith(b"HTTP/1.1 408"), received
     await stream.aclose()
     nursery.cancel_scope.cancel()
+
+
+def _families() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("c", "help \\ with\nnewline", ["a"], registry=registry).labels('x"y\\z\n').inc(3)
+    Gauge("g", "a gauge", registry=registry).set(float("nan"))
+    Histogram("h", "a histogram", ["m"], registry=registry).labels("q").observe(0.3)
+    Info("i", "an info", registry=registry).info({"version": "1"})
+    return registry
+
+
+@pytest.mark.parametrize("encode", [generate_latest, generate_openmetrics])
+async def test_metrics_a_family_at_a_time_are_the_encoders_own_text(encode: Any) -> None:
+    registry = _families()
+    assert await exposition(encode, registry) == encode(registry)
+    assert await exposition(encode, CollectorRegistry()) == encode(CollectorRegistry())
+
+
+async def test_a_scrape_lets_other_tasks_run_between_families() -> None:
+    ticks = 0
+    seen: list[int] = []
+
+    class Families:
+        def collect(self) -> Any:
+            for index in range(8):
+                seen.append(ticks)
+                yield GaugeMetricFamily(f"family_{index}", "one of several", value=index)
+
+    registry = CollectorRegistry()
+    registry.register(Families())
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    edge = Edge(status_routes(health=lambda: (200, {}), metrics=registry, inflight=list))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        start, body = await call(edge, "/metrics")
+        nursery.cancel_scope.cancel()
+    assert start["status"] == 200
+    assert body["body"].count(b"# TYPE family_") == 8
+    # Trio may run the two tasks in either order within a pass, so one interval between
+    # families can pass without a tick, never two in a row.
+    assert seen == sorted(seen) and len(set(seen)) >= 4, seen
