@@ -79,37 +79,41 @@ def status_routes(
 
 
 _EOF: Final = b"# EOF\n"
+_FAMILIES_PER_STEP: Final = 8
 
 
 async def exposition(encode: Callable[[Any], bytes], registry: CollectorRegistry) -> bytes:
-    """``encode(registry)``, a metric family at a time with a checkpoint between, so that a
-    scrape of many families holds neither the loop nor (beside an engine's thread) the GIL
-    for long; OpenMetrics' ``# EOF`` ends the whole, not each family."""
+    """``encode(registry)``, a few metric families at a time with a checkpoint between, so
+    that a scrape of many families holds neither the loop nor (beside an engine's thread)
+    the GIL for long; OpenMetrics' ``# EOF`` ends the whole, not each part."""
     parts: list[bytes] = []
-    trailer = b""
+    group: list[Metric] = []
     for family in registry.collect():
-        part = encode(_Family(family))
+        group.append(family)
+        if len(group) == _FAMILIES_PER_STEP:
+            parts.append(encode(_Families(group)))
+            group = []
+            await trio.lowlevel.checkpoint()
+    parts.append(encode(_Families(group)))
+    trailer = b""
+    for index, part in enumerate(parts):
         if part.endswith(_EOF):
-            part, trailer = part[: -len(_EOF)], _EOF
-        parts.append(part)
-        await trio.lowlevel.checkpoint()
-    if not parts:
-        return encode(registry)
+            parts[index], trailer = part[: -len(_EOF)], _EOF
     parts.append(trailer)
     return b"".join(parts)
 
 
 @final
-class _Family:
-    """One collected metric family, as a registry for an encoder."""
+class _Families:
+    """Collected metric families, as a registry for an encoder."""
 
-    __slots__ = ("_family",)
+    __slots__ = ("_families",)
 
-    def __init__(self, family: Metric) -> None:
-        self._family = family
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
 
-    def collect(self) -> tuple[Metric]:
-        return (self._family,)
+    def collect(self) -> list[Metric]:
+        return self._families
 
 
 def _min_age(query: bytes) -> float:
