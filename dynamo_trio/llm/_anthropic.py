@@ -20,6 +20,7 @@ from ._validate import (
     optional_number,
     optional_object,
     optional_str,
+    plain_message,
     required,
     required_choice,
     required_int,
@@ -67,7 +68,7 @@ def parse_messages_request(body: object) -> MessagesRequest:
     raw_messages = expect_list(required(obj, "messages"), "messages")
     if not raw_messages:
         raise invalid_value("messages", "expected at least one message, but got an empty array.")
-    messages = tuple(_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
+    messages = tuple(_message(m, i) for i, m in enumerate(raw_messages))
     metadata = optional_object(obj, "metadata")
     if metadata is not None:
         optional_str(metadata, "user_id", "metadata")
@@ -94,7 +95,11 @@ def _system(value: object) -> str | None:
     return text_content(value, "system", part_types=_BLOCK_TYPES)
 
 
-def _message(value: object, param: str) -> EngineMessage:
+def _message(value: object, index: int) -> EngineMessage:
+    plain = plain_message(value, _ROLES)
+    if plain is not None:
+        return plain
+    param = join("messages", index)
     message = expect_object(value, param)
     role = required_choice(message, "role", param, _ROLES)
     content = text_content(

@@ -26,6 +26,7 @@ from ._validate import (
     optional_number,
     optional_object,
     optional_str,
+    plain_message,
     required,
     required_choice,
     stop_sequences,
@@ -135,10 +136,9 @@ def parse_completion_request(body: object) -> CompletionRequest:
 
 
 def _chat_message(value: object, index: int) -> EngineMessage:
-    if type(value) is dict:  # the usual message first, with no parameter path built
-        role, content = value.get("role"), value.get("content")
-        if type(role) is str and role in _CHAT_ROLES and type(content) is str:
-            return {"role": role, "content": content}
+    plain = plain_message(value, _CHAT_ROLES)
+    if plain is not None:
+        return plain
     param = join("messages", index)
     message = expect_object(value, param)
     role = required_choice(message, "role", param, _CHAT_ROLES)

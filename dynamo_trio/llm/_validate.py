@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._errors import RequestError
+
+if TYPE_CHECKING:
+    from ._protocol import EngineMessage
 
 JsonObject = Mapping[str, object]
 
@@ -114,6 +117,16 @@ def required_choice(body: JsonObject, key: str, prefix: str, choices: tuple[str,
         expected = ", ".join(repr(c) for c in choices)
         raise invalid_value(join(prefix, key), f"expected one of {expected}, but got {value!r}.")
     return value
+
+
+def plain_message(value: object, roles: tuple[str, ...]) -> EngineMessage | None:
+    """``value`` as an engine message if it is the usual one (an object with a role in
+    ``roles`` and string content), read with no parameter path built; else ``None``."""
+    if type(value) is dict:
+        role, content = value.get("role"), value.get("content")
+        if type(role) is str and role in roles and type(content) is str:
+            return {"role": role, "content": content}
+    return None
 
 
 def model_name(body: JsonObject) -> str:

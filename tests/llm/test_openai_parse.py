@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, strategies as st
 
 from dynamo_trio.llm import (
     RequestError,
@@ -300,33 +299,3 @@ def test_request_error_renders_in_both_shapes() -> None:
         "type": "error",
         "error": {"type": "invalid_request_error", "message": caught.value.message},
     }
-
-
-class _Mapping(dict):  # type: ignore[type-arg]
-    """A JSON object that is not exactly a dict: it takes the checked path, never the fast one."""
-
-
-_ROLE = st.sampled_from(["system", "developer", "user", "assistant", "tool", "robot", "", "User"])
-_VALUE = st.one_of(
-    st.text(max_size=5),
-    st.none(),
-    st.integers(),
-    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=3)})),
-)
-
-
-@given(
-    st.one_of(
-        st.dictionaries(st.sampled_from(["role", "content", "name"]), st.one_of(_ROLE, _VALUE)),
-        _VALUE,
-    )
-)
-def test_a_message_is_read_the_same_by_the_fast_path_and_the_checked_one(message: Any) -> None:
-    def outcome(value: object) -> object:
-        try:
-            return parse_chat_request({"model": "m", "messages": [value]}).messages
-        except RequestError as exc:
-            return (exc.status, exc.param, str(exc))
-
-    checked = _Mapping(message) if isinstance(message, dict) else message
-    assert outcome(message) == outcome(checked)
