@@ -22,6 +22,7 @@ from ._validate import (
     optional_number,
     optional_object,
     optional_str,
+    plain_message,
     required,
     required_choice,
     text_content,
@@ -101,10 +102,15 @@ def _input(value: object) -> tuple[EngineMessage, ...]:
     items = expect_list(value, "input")
     if not items:
         raise invalid_value("input", "expected at least one input item, but got an empty array.")
-    return tuple(_input_message(item, join("input", i)) for i, item in enumerate(items))
+    return tuple(_input_message(item, i) for i, item in enumerate(items))
 
 
-def _input_message(value: object, param: str) -> EngineMessage:
+def _input_message(value: object, index: int) -> EngineMessage:
+    if type(value) is dict and value.get("type") in (None, "", "message"):
+        plain = plain_message(value, _ROLES)
+        if plain is not None:
+            return plain
+    param = join("input", index)
     item = expect_object(value, param)
     item_type = optional_str(item, "type", param) or "message"
     if item_type != "message":

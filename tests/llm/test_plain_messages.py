@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import given, strategies as st
 
-from dynamo_trio.llm import RequestError, parse_chat_request, parse_messages_request
+from dynamo_trio.llm import (
+    RequestError,
+    parse_chat_request,
+    parse_messages_request,
+    parse_responses_request,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,15 +30,24 @@ _VALUE = st.one_of(
     st.integers(),
     st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=3)})),
 )
+_TYPE = st.sampled_from(["message", "", "function_call", "Message"])
 _MESSAGE = st.one_of(
-    st.dictionaries(st.sampled_from(["role", "content", "name"]), st.one_of(_ROLE, _VALUE)),
+    st.fixed_dictionaries(  # one that looks plain, and an extra field or two
+        {"role": _ROLE, "content": st.text(max_size=5)},
+        optional={"type": st.one_of(_TYPE, st.none(), st.integers()), "name": _VALUE},
+    ),
+    st.dictionaries(
+        st.sampled_from(["role", "content", "name", "type"]), st.one_of(_ROLE, _TYPE, _VALUE)
+    ),
     _VALUE,
 )
+
 _PARSERS: dict[str, Callable[[list[object]], Any]] = {
     "chat": lambda messages: parse_chat_request({"model": "m", "messages": messages}),
     "anthropic": lambda messages: parse_messages_request(
         {"model": "m", "max_tokens": 1, "messages": messages}
     ),
+    "responses": lambda messages: parse_responses_request({"model": "m", "input": messages}),
 }
 
 
