@@ -115,7 +115,11 @@ class DistributedRuntime:
         self._status_stop = trio.Event()
 
     async def __aenter__(self) -> Self:
-        async with AsyncExitStack() as stack:
+        # Not ``async with``: a context that swallowed a start-up failure (a nursery whose
+        # own scope was cancelled) would return a runtime that never opened.
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
             self._discovery = await stack.enter_async_context(
                 open_discovery(self.config.discovery, memory_store=self._memory_store)
             )
@@ -131,7 +135,10 @@ class DistributedRuntime:
                     shutdown_trigger=self._status_stop.wait,
                 )
                 self._status_url = await self._nursery.start(status)
-            self._stack = stack.pop_all()
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
         return self
 
     async def __aexit__(
