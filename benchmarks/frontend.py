@@ -41,7 +41,11 @@ window of ``--duration`` seconds after a ramp in which the connections start sta
 - paced streams: ``--paced-streams`` (64) concurrent ``--paced-tokens``-token (100)
   streams of the ``slow`` model, one token per 10 ms: the regime of a real engine, where
   every SSE write carries one token.  Chunks/s, TTFC p50, and the frontend's CPU per
-  chunk, which here is the whole per-token cost (nothing is batched);
+  chunk, which here is the whole per-token cost (nothing is batched); beside two
+  baselines streaming the system's own captured events at the same pace, with no engine
+  behind them: a bare quart-trio app on stock hypercorn (``_bare_quart.py``, the
+  mandated HTTP stack) and a bare HTTP/1.1 server on trio sockets (``_bare_trio.py``,
+  one wake-up and one write per token: the floor of any frontend on trio);
 - hang-up -> worker observes: a client closes its socket after the 2nd SSE event of a
   stream of the ``slow`` model; the time until the worker's handler sees the kill.
 
@@ -759,6 +763,11 @@ async def wait_until_serving(deployment: Deployment, within: float = 90.0) -> No
 
 
 async def learn_shape(port: int, tokens: int, model: str = "bench") -> Shape:
+    return Shape(tuple(token_flags(await capture_stream(port, tokens, model), tokens)))
+
+
+async def capture_stream(port: int, tokens: int, model: str) -> bytes:
+    """One whole chat stream of ``tokens`` tokens from the system on ``port``."""
     connection = await Connection.open(port)
     try:
         with trio.fail_after(STEP_TIMEOUT):
@@ -769,34 +778,40 @@ async def learn_shape(port: int, tokens: int, model: str = "bench") -> Shape:
         await connection.aclose()
     if status != 200:
         raise RuntimeError(f"a {tokens}-token stream: HTTP {status}: {body[:300]!r}")
-    return Shape(tuple(token_flags(body, tokens)))
+    return body
 
 
 @contextlib.asynccontextmanager
-async def bare_app(script: str, body: bytes, workdir: Path) -> AsyncIterator[int]:
-    """Run the baseline app ``script`` (answering ``body``) until the block ends; its port."""
-    body_file = workdir / f"{Path(script).stem}-body"
-    body_file.write_bytes(body)
+async def bare_app(
+    script: str, body: bytes, workdir: Path, stream: bytes | None = None
+) -> AsyncIterator[tuple[int, int]]:
+    """Run the baseline app ``script`` (answering ``body``, and ``stream`` if given)
+    until the block ends; its port and pid."""
+    files = []
+    for suffix, content in (("body", body), ("stream", stream)):
+        if content is not None:
+            files.append(workdir / f"{Path(script).stem}-{suffix}")
+            files[-1].write_bytes(content)
     port = free_port()
     env = python_env()
     env["PYTHONPATH"] = str(REPO)
     async with trio.open_nursery() as nursery:
         bare = await spawn(
             nursery,
-            [sys.executable, str(HERE / script), str(port), str(body_file)],
+            [sys.executable, str(HERE / script), str(port), *map(str, files)],
             env,
             name=Path(script).stem.lstrip("_"),
             logdir=workdir,
         )
         try:
             await bare.wait_for("ready")
-            yield port
+            yield port, bare.pid
         finally:
             await stop_all([bare], grace=3)
 
 
 async def bare_health_p50(body: bytes, workdir: Path, samples: int) -> float:
-    async with bare_app("_bare_asgi.py", body, workdir) as port:
+    async with bare_app("_bare_asgi.py", body, workdir) as (port, _):
         p50, answer = await health_p50(port, samples)
     if answer != body:
         raise RuntimeError("the bare app answered other bytes")
@@ -818,13 +833,47 @@ async def bare_quart_unary(
         await connection.aclose()
     if status != 200:
         raise RuntimeError(f"a unary chat: HTTP {status}: {answer[:300]!r}")
-    async with bare_app("_bare_quart.py", answer, workdir) as bare_port:
+    async with bare_app("_bare_quart.py", answer, workdir) as (bare_port, _):
         window = await unary_level(
             bare_port, concurrency, tokens=tokens, ramp=0.5, duration=duration, pids={}
         )
     if window.errors:
         raise RuntimeError(f"the bare quart-trio app: {window.errors[0]}")
     return window.completed / window.seconds
+
+
+BARE_PACED = {"_bare_quart.py": "bare quart-trio app", "_bare_trio.py": "bare trio server"}
+
+
+async def bare_paced(
+    script: str,
+    port: int,
+    concurrency: int,
+    tokens: int,
+    workdir: Path,
+    duration: float,
+    verify_every: int,
+) -> Window:
+    """The paced window of a baseline (``BARE_PACED``) streaming the events of one paced
+    chat of the system on ``port``, one every 10 ms, at ``concurrency``; its CPU under
+    ``"frontend"``."""
+    stream = await capture_stream(port, tokens, "slow")
+    shape = Shape(tuple(token_flags(stream, tokens)))
+    async with bare_app(script, b"{}", workdir, stream) as (bare_port, pid):
+        window = await sse_level(
+            bare_port,
+            shape,
+            concurrency,
+            tokens=tokens,
+            ramp=tokens * 0.010,
+            duration=duration,
+            verify_every=verify_every,
+            pids={"frontend": [pid]},
+            model="slow",
+        )
+    if window.errors or not window.tokens:
+        raise RuntimeError(f"{BARE_PACED[script]}, paced: {(window.errors or ['no chunk'])[0]}")
+    return window
 
 
 # ---------------------------------------------------------------------------- one run
@@ -857,6 +906,10 @@ def paced_chunk_label(n: int) -> str:
 
 def paced_worker_label(n: int) -> str:
     return f"worker CPU per SSE chunk, paced, {n} streams"
+
+
+def bare_paced_label(script: str, n: int) -> str:
+    return f"{BARE_PACED[script]}, CPU per SSE chunk, paced, {n} streams"
 
 
 def client_label(n: int) -> str:
@@ -1032,6 +1085,24 @@ async def measure(
                     f"{window.cpu['others'] / window.seconds:.0%}"
                 )
                 await settle(everyone)
+                for script in BARE_PACED if not args.no_bare else ():
+                    baseline = await bare_paced(
+                        script,
+                        port,
+                        n,
+                        args.paced_tokens,
+                        workdir,
+                        args.duration,
+                        args.verify_every,
+                    )
+                    bare_cpu = baseline.cpu["frontend"] / baseline.tokens * 1e6
+                    results[bare_paced_label(script, n)] = bare_cpu
+                    log(
+                        f"    {BARE_PACED[script]}, paced {n}: "
+                        f"{baseline.tokens / baseline.seconds:,.0f} chunks/s, "
+                        f"{bare_cpu:.1f} us per chunk"
+                    )
+                    await settle(everyone)
             results[OTHERS_ALL] = others / seconds * 100 if seconds else 0.0
             if args.hangups:
                 latencies, missed = await hang_up_latencies(port, deployment.slow, args.hangups)
@@ -1102,6 +1173,11 @@ def figures(args: argparse.Namespace) -> list[Figure]:
             Figure(paced_chunk_label(n), "us", False, 1, target=at_most_ratio(1)),
             Figure(paced_worker_label(n), "us", False, 1),
         ]
+        if not args.no_bare:
+            rows += [
+                Figure(bare_paced_label(script, n), "us", False, 1, ratio=False)
+                for script in BARE_PACED
+            ]
     rows += [Figure(HEALTH, "ms", False, 2)]
     if not args.no_bare:
         rows += [
