@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import ssl
 from collections import deque
 from dataclasses import dataclass, field
@@ -204,7 +205,7 @@ class ClientStream:
         """Ask the worker to drain and finish (items keep coming until ``end``)."""
         if not self._done and not self._killed:
             self._stopping = True
-            self._connection._send_quietly(Control(self.sid, "stop", reason.value), at_once=True)
+            self._connection._send_control(Control(self.sid, "stop", reason.value))
 
     def kill(self, reason: CancelReason) -> None:
         """Abandon the stream now: tell the worker, drop what is queued, end ``receive``."""
@@ -213,7 +214,7 @@ class ClientStream:
         self._killed = True
         self._queue.clear()
         self._connection._streams.pop(self.sid, None)
-        self._connection._send_quietly(Control(self.sid, "kill", reason.value), at_once=True)
+        self._connection._send_control(Control(self.sid, "kill", reason.value))
         self._connection._retire_if_drained()
         self._wake()
 
@@ -470,6 +471,13 @@ class ClientConnection:
     def streams(self) -> list[ClientStream]:
         """The streams open on this connection (not yet ended, killed or lost)."""
         return list(self._streams.values())
+
+    def _send_control(self, frame: Control) -> None:
+        """Send a stop or kill now, then yield the CPU: the write woke the worker, which
+        the kernel often queues on this process's CPU, behind the request's teardown
+        that follows; yielding lets the worker hear the cancellation first."""
+        self._send_quietly(frame, at_once=True)
+        os.sched_yield()
 
     def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
         """Send a control-path frame (``at_once`` as in :meth:`FrameConnection.send`);

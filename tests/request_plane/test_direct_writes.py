@@ -3,7 +3,8 @@
 The rules (``_connection.py``'s module docstring): the writer task is woken
 only for bursts (more than :data:`_DIRECT_BURST` frames in a quiet moment),
 while more than one stream is open (many streams' frames are the writer's to
-coalesce; a request, a stop or a kill still goes straight out), for what the
+coalesce; a request, a stop or a kill still goes straight out, and a stop or a
+kill then yields the CPU), for what the
 socket did not take, and on TLS; the bytes on the wire are in the order the
 frames were sent, whole, whatever the socket takes at a time; a socket that
 fails under a direct write ends the connection, never the sender, and a
@@ -14,6 +15,7 @@ sockets on 127.0.0.1 throughout.
 from __future__ import annotations
 
 import math
+import os
 import random
 import socket
 import struct
@@ -366,3 +368,46 @@ async def test_reads_grow_while_each_fills_then_shrink_back() -> None:
         expected.append(_connection._RECEIVE_SIZE)  # the last read found less: waiting now
         assert recorded.asked == expected
         connection.close("test over")
+
+
+async def test_a_stop_or_kill_yields_the_cpu_once_its_frame_is_on_the_wire(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The write wakes the worker; the caller then gives up its CPU, so that a worker the
+    # kernel queued behind it hears the cancellation before the caller's own teardown.
+    server = RequestPlaneServer(CONFIG, streaming_handler)
+    host, port = await nursery.start(server.serve)
+    pool = ConnectionPool(CONFIG, nursery, name="caller")
+    connection = await pool.connect(f"{host}:{port}")
+    frames = connection._connection
+    assert frames is not None
+    events: list[str] = []
+    send = frames.send
+
+    def logged_send(frame: object, **kwargs: bool) -> bool:
+        events.append(f"send {type(frame).__name__} {getattr(frame, 'action', '')}".strip())
+        return send(frame, **kwargs)  # type: ignore[arg-type]
+
+    def logged_yield() -> None:
+        assert frames.protocol.outbox_size == 0  # written, not left for the writer
+        events.append("yield")
+
+    monkeypatch.setattr(frames, "send", logged_send)
+    monkeypatch.setattr(os, "sched_yield", logged_yield)
+    await trio.testing.wait_all_tasks_blocked()
+    streams = [
+        connection.open_stream(endpoint="e", instance_id=1, request_id=f"r{n}", payload=None)
+        for n in range(2)
+    ]
+    streams[0].stop(CancelReason.STOP_REQUESTED)
+    streams[1].kill(CancelReason.KILL_REQUESTED)
+    streams[1].kill(CancelReason.KILL_REQUESTED)  # a second kill sends nothing
+    assert events == [
+        "send Request",
+        "send Request",
+        "send Control stop",
+        "yield",
+        "send Control kill",
+        "yield",
+    ]
+    pool.close_all()
