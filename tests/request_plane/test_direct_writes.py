@@ -49,6 +49,8 @@ from ._harness import streaming_handler
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from dynamo_trio.request_plane._client import ClientConnection
+
 LIMIT = 1 << 20
 CONFIG = RequestPlaneConfig(heartbeat_interval=30.0, heartbeat_timeout=60.0, max_frame_size=LIMIT)
 
@@ -237,11 +239,11 @@ async def test_nothing_is_written_once_the_connection_is_over() -> None:
         assert received(peer) == []
 
 
-async def test_a_request_goes_straight_out_however_many_streams_are_open(
+async def caller_of_a_worker(
     nursery: trio.Nursery,
-) -> None:
-    # A request starts the worker's work (a stop or kill ends it): it is not held back
-    # to share a write with other callers' frames, nor limited to a burst per quiet moment.
+) -> tuple[ConnectionPool, ClientConnection, FrameConnection]:
+    """A caller's pool connected to a worker serving ``streaming_handler``: the pool, its
+    connection and the connection's frame layer, its writer idle."""
     server = RequestPlaneServer(CONFIG, streaming_handler)
     host, port = await nursery.start(server.serve)
     pool = ConnectionPool(CONFIG, nursery, name="caller")
@@ -249,6 +251,15 @@ async def test_a_request_goes_straight_out_however_many_streams_are_open(
     frames = connection._connection
     assert frames is not None
     await trio.testing.wait_all_tasks_blocked()  # the writer is idle
+    return pool, connection, frames
+
+
+async def test_a_request_goes_straight_out_however_many_streams_are_open(
+    nursery: trio.Nursery,
+) -> None:
+    # A request starts the worker's work (a stop or kill ends it): it is not held back
+    # to share a write with other callers' frames, nor limited to a burst per quiet moment.
+    _, connection, frames = await caller_of_a_worker(nursery)
     streams = []
     for n in range(2 * _connection._DIRECT_BURST + 2):
         streams.append(
@@ -375,12 +386,7 @@ async def test_a_stop_or_kill_yields_the_cpu_once_its_frame_is_on_the_wire(
 ) -> None:
     # The write wakes the worker; the caller then gives up its CPU, so that a worker the
     # kernel queued behind it hears the cancellation before the caller's own teardown.
-    server = RequestPlaneServer(CONFIG, streaming_handler)
-    host, port = await nursery.start(server.serve)
-    pool = ConnectionPool(CONFIG, nursery, name="caller")
-    connection = await pool.connect(f"{host}:{port}")
-    frames = connection._connection
-    assert frames is not None
+    pool, connection, frames = await caller_of_a_worker(nursery)
     events: list[str] = []
     send = frames.send
 
@@ -394,7 +400,6 @@ async def test_a_stop_or_kill_yields_the_cpu_once_its_frame_is_on_the_wire(
 
     monkeypatch.setattr(frames, "send", logged_send)
     monkeypatch.setattr(os, "sched_yield", logged_yield)
-    await trio.testing.wait_all_tasks_blocked()
     streams = [
         connection.open_stream(endpoint="e", instance_id=1, request_id=f"r{n}", payload=None)
         for n in range(2)
