@@ -473,9 +473,10 @@ class ClientConnection:
         return list(self._streams.values())
 
     def _send_control(self, frame: Control) -> None:
-        """Send a stop or kill now, then yield the CPU: the write woke the worker, which
-        the kernel often queues on this process's CPU, behind the request's teardown
-        that follows; yielding lets the worker hear the cancellation first."""
+        """Send a stop or kill (straight to the socket while the writer is idle), then
+        yield the CPU: the write woke the worker, which the kernel often queues on this
+        process's CPU behind the request's teardown that follows; yielding lets the
+        worker hear the cancellation first."""
         self._send_quietly(frame, at_once=True)
         os.sched_yield()
 
