@@ -847,18 +847,17 @@ BARE_PACED = {"_bare_quart.py": "bare quart-trio app", "_bare_trio.py": "bare tr
 
 async def bare_paced(
     script: str,
-    port: int,
+    stream: bytes,
+    shape: Shape,
     concurrency: int,
     tokens: int,
     workdir: Path,
     duration: float,
     verify_every: int,
 ) -> Window:
-    """The paced window of a baseline (``BARE_PACED``) streaming the events of one paced
-    chat of the system on ``port``, one every 10 ms, at ``concurrency``; its CPU under
-    ``"frontend"``."""
-    stream = await capture_stream(port, tokens, "slow")
-    shape = Shape(tuple(token_flags(stream, tokens)))
+    """The paced window of a baseline (``BARE_PACED``) streaming the events of ``stream``
+    (one paced chat of the system measured, of ``shape``), one every 10 ms, at
+    ``concurrency``; its CPU under ``"frontend"``."""
     async with bare_app(script, b"{}", workdir, stream) as (bare_port, pid):
         window = await sse_level(
             bare_port,
@@ -1049,7 +1048,8 @@ async def measure(
                     log(f"    bare quart-trio app, unary {n}: {bare_rate:,.0f} req/s")
                     await settle(everyone)
             for n in args.paced_levels:
-                paced_shape = await learn_shape(port, args.paced_tokens, model="slow")
+                paced_stream = await capture_stream(port, args.paced_tokens, "slow")
+                paced_shape = Shape(tuple(token_flags(paced_stream, args.paced_tokens)))
                 window = await sse_level(
                     port,
                     paced_shape,
@@ -1088,7 +1088,8 @@ async def measure(
                 for script in BARE_PACED if not args.no_bare else ():
                     baseline = await bare_paced(
                         script,
-                        port,
+                        paced_stream,
+                        paced_shape,
                         n,
                         args.paced_tokens,
                         workdir,
