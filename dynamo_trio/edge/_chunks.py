@@ -1,9 +1,5 @@
-"""A streamed HTTP/1.1 response body's chunks, written straight to the connection.
-
-Between a chunked ``http.response.start`` and the last body message, each body
-message is framed here as one chunk (as h11 does) and handed to the
-connection's writer (:mod:`._server`), not walked through hypercorn and h11;
-the head and the end still go through them.  The app sees plain ASGI.
+"""A chunked HTTP/1.1 body's messages, framed here as h11 would and written straight to
+the connection (:mod:`._server`); the head and the end still go through hypercorn and h11.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ if TYPE_CHECKING:
 CONNECTION_WRITER: Final = "dynamo_trio.connection_writer"
 """The key of the connection's writer (``async (bytes) -> None``) in its ASGI state."""
 
-# Responses h11 sends without a body, whatever the app sends.
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 
 
@@ -58,8 +53,7 @@ def direct_chunks(scope: HTTPScope, send: ASGISendCallable) -> ASGISendCallable:
 
 
 def _chunked(start: HTTPResponseStartEvent, head_request: bool) -> bool:
-    """Whether h11 frames this response's body as chunked (HTTP/1.1 peer, a body of
-    unknown length)."""
+    """Whether h11 frames this response's body as chunked (a body of unknown length)."""
     status = start["status"]
     if head_request or status < 200 or status in _NO_BODY_STATUSES:
         return False

@@ -1,12 +1,4 @@
-"""The edge: the one ASGI layer every HTTP server of dynamo-trio stands on.
-
-:class:`Edge` refuses what no route should see (WebSocket handshakes, heads over
-``max_header_size``: 414/431) in the API's error shape, answers the fixed routes
-(:class:`Route`) itself, and hands everything else to the app, whose chunked
-bodies go straight to the connection (:mod:`._chunks`).  Whatever a request's
-code raises, a ``BaseException`` or a stale ``trio.Cancelled`` that hypercorn
-would let end the server, ends that request only.
-"""
+"""The edge: the one ASGI layer every HTTP server of dynamo-trio stands on (:class:`Edge`)."""
 
 from __future__ import annotations
 
@@ -44,7 +36,7 @@ LAST_SEND_SHIELD: Final = 5.0
 """The longest the last send of an HTTP/1.x response is shielded from cancellation."""
 
 _WEBSOCKET_RESPONSE: Final = "websocket.http.response"
-_POLICY_VIOLATION: Final = 1008  # the close code without the denial response extension
+_POLICY_VIOLATION: Final = 1008
 _ECHO_LIMIT: Final = 200
 _JSON: Final = b"application/json"
 
@@ -106,11 +98,15 @@ class Route:
 
 @final
 class Edge:
-    """The outermost ASGI app of an HTTP server (see the module docstring).
+    """The outermost ASGI app of an HTTP server.
 
-    ``app=None`` answers 404 to what no route takes; ``max_body_size`` is the largest
-    body offered ahead (:mod:`._prefetch`); ``request_exit`` is called when a request
-    raised ``KeyboardInterrupt`` or ``SystemExit``.
+    It refuses what no route should see (WebSocket handshakes, heads over
+    ``max_header_size``: 414/431) in the API's error shape, answers the fixed routes itself,
+    and hands the rest to ``app`` (``None``: 404), whose chunked bodies go straight to the
+    connection (:mod:`._chunks`) and whose bodies up to ``max_body_size`` are offered ahead
+    (:mod:`._prefetch`).  Whatever a request's code raises (a ``BaseException``, a stale
+    ``trio.Cancelled``) ends that request only; ``request_exit`` is called after a
+    ``KeyboardInterrupt`` or ``SystemExit``.
     """
 
     def __init__(
@@ -210,7 +206,7 @@ class Edge:
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         method = scope["method"]
-        # A keep-alive connection is reused only once the body is read, within a bound.
+        # A keep-alive connection is reused only once the body is read.
         with trio.move_on_after(self.body_timeout) as reading:
             await _drain(receive)
         if reading.cancelled_caught:
@@ -240,18 +236,8 @@ class Edge:
             f"{shown(path)}); its API is plain HTTP.",
             "websocket_not_supported",
         )
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": 404,
-                "headers": [
-                    (b"content-type", _JSON),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"x-request-id", str(uuid.uuid4()).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        headers = _headers(EdgeResponse(404, body), close=True)
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
 
@@ -284,9 +270,9 @@ def body_timeout_message(seconds: float) -> str:
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
-    """``send``, with the last send of an HTTP/1.x response shielded: hypercorn restarts
-    the idle timer inside it, and quart-trio cancels its tasks once the response is out
-    (unshielded, an idle connection would stay open for ever)."""
+    """``send``, with the last send of an HTTP/1.x response shielded: it restarts hypercorn's
+    idle timer, and quart-trio cancels its tasks once the response is out (unshielded, an
+    idle connection would stay open for ever)."""
 
     async def send_last_shielded(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -306,9 +292,7 @@ async def _drain(receive: ASGIReceiveCallable) -> None:
             return
 
 
-async def _respond(
-    send: ASGISendCallable, response: EdgeResponse, *, close: bool = False, head_only: bool = False
-) -> None:
+def _headers(response: EdgeResponse, *, close: bool) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", response.content_type),
         (b"content-length", str(len(response.body)).encode()),
@@ -317,6 +301,13 @@ async def _respond(
     if close:
         headers.append((b"connection", b"close"))
         headers.append((b"x-request-id", str(uuid.uuid4()).encode()))
+    return headers
+
+
+async def _respond(
+    send: ASGISendCallable, response: EdgeResponse, *, close: bool = False, head_only: bool = False
+) -> None:
+    headers = _headers(response, close=close)
     await send(
         {
             "type": "http.response.start",

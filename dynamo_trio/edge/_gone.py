@@ -1,10 +1,6 @@
-"""A connection's hang-up, told to the app the moment the edge reads it.
-
-hypercorn tells an app its client left with ``http.disconnect``, which reaches the
-app's receiving task a scheduler pass after the connection's reading task read the
-EOF.  An app that must act on a hang-up at once (cancel the work it started for the
-request) adds a callback to the connection's :class:`ConnectionGone`, found in the
-request's ``scope["state"]`` under :data:`CONNECTION_GONE`; the reading task calls it.
+"""A connection's hang-up, told to the app by the task that reads it: a scheduler pass
+before ``http.disconnect`` reaches the app (its :class:`ConnectionGone` is in the request's
+``scope["state"]`` under :data:`CONNECTION_GONE`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Each HTTP connection's protocol, guarded: cleartext HTTP/2 as a choice, a bound
-on a client's stream resets, no 5xx for what a client sends, and the rest of a
-request answered early dropped, not a failure of its connection.
-
-:class:`GuardedProtocol` takes the place of hypercorn's ``ProtocolWrapper`` on
-each connection; ``docs/security.md`` says what each guard answers and why.
+"""Each HTTP connection's protocol, guarded (:class:`GuardedProtocol`, in the place of
+hypercorn's ``ProtocolWrapper``): cleartext HTTP/2 as a choice, a bound on a client's stream
+resets, no 5xx for what a client sends, and the rest of a request answered early dropped
+(``docs/security.md`` says why).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("dynamo_trio.http")
 limited_log: Final = LogLimiter(_log)
 
-_REFILL_PER_SECOND: Final = 0.1
-"""Of ``max_resets``: how many resets come back each second."""
+_REFILL_PER_SECOND: Final = 0.1  # the share of max_resets back each second
 
 
 @final

@@ -1,10 +1,5 @@
-"""hypercorn's HTTP/2 sending, fair and with fewer trips.
-
-:class:`RoundRobin` replaces hypercorn's priority tree, under which a stream that
-ended while new ones kept coming was never reached: the active streams are served
-in turn.  :func:`send_whole_response` sends a response whose head, body and
-trailers are known at once (a unary gRPC call's) from the app's task in one write.
-"""
+"""hypercorn's HTTP/2 sending, fair (:class:`RoundRobin`) and with fewer trips
+(:func:`send_whole_response`)."""
 
 from __future__ import annotations
 
@@ -30,10 +25,10 @@ Headers = list[tuple[bytes, bytes]]
 async def send_whole_response(
     send: ASGISendCallable, headers: Headers, body: bytes, trailers: Headers
 ) -> bool:
-    """Send a ``200`` with ``headers``, ``body`` and ``trailers`` in one write on the HTTP/2
-    stream whose ASGI ``send`` this is, then close it; ``False`` (nothing sent, the caller
-    uses ASGI) if not hypercorn's HTTP/2 stream, already started, without ``te: trailers``,
-    or over the stream's flow control window."""
+    """Send a ``200`` with ``headers``, ``body`` and ``trailers`` (a unary gRPC call's) in
+    one write from the app's task on the HTTP/2 stream whose ASGI ``send`` this is, then close
+    it; ``False`` (nothing sent, the caller uses ASGI) if not hypercorn's HTTP/2 stream,
+    already started, without ``te: trailers``, or over the stream's flow control window."""
     stream = getattr(send, "__self__", None)
     if type(stream) is not HTTPStream or stream.closed or stream.state != ASGIHTTPState.REQUEST:
         return False
@@ -77,8 +72,9 @@ async def send_whole_response(
 
 @final
 class RoundRobin:
-    """The active streams in turn (see the module docstring); like the tree, each call but
-    :meth:`insert_stream` raises ``priority.MissingStreamError`` for a stream not in."""
+    """The active streams in turn, in the place of hypercorn's priority tree (under which a
+    stream that ended while new ones kept coming was never reached); like the tree, each call
+    but :meth:`insert_stream` raises ``priority.MissingStreamError`` for a stream not in."""
 
     __slots__ = ("_active", "_queued", "_turns")
 
@@ -92,26 +88,14 @@ class RoundRobin:
     def __len__(self) -> int:
         return len(self._active)
 
-    def insert_stream(
-        self,
-        stream_id: int,
-        depends_on: int | None = None,
-        weight: int = 16,
-        exclusive: bool = False,
-    ) -> None:
-        """Add a stream, active (``DuplicateStreamError`` if it is in)."""
+    def insert_stream(self, stream_id: int, **priority: object) -> None:
+        """Add a stream, active (``DuplicateStreamError`` if it is in); ``priority`` is ignored."""
         if stream_id in self._active:
             raise DuplicateStreamError(f"stream {stream_id} is already scheduled")
         self._active[stream_id] = True
         self._join(stream_id)
 
-    def reprioritize(
-        self,
-        stream_id: int,
-        depends_on: int | None = None,
-        weight: int = 16,
-        exclusive: bool = False,
-    ) -> None:
+    def reprioritize(self, stream_id: int, **priority: object) -> None:
         """Ignored (every stream is equal)."""
         self._check(stream_id)
 

@@ -1,10 +1,5 @@
-"""A request body that has already arrived, handed to the app without a wait.
-
-The edge takes the body messages hypercorn has queued (waiting only for the
-end message once all ``Content-Length`` bytes are in) and offers a complete
-body within the limit to the view; the app's ``receive`` replays what was
-taken.  Why, and what is left to the app: ``docs/architecture.md`` ("The HTTP edge").
-"""
+"""A request body that has already arrived, handed to the app without a wait
+(``docs/architecture.md``, "The HTTP edge")."""
 
 from __future__ import annotations
 
@@ -39,8 +34,9 @@ def _declared_length(scope: HTTPScope) -> int | None:
 
 @final
 class BodyPrefetch:
-    """One request's body, taken from hypercorn's queue ahead of the app by :meth:`offer`;
-    the app's view takes it with :meth:`take`."""
+    """One request's body, taken from hypercorn's queue ahead of the app by :meth:`offer`
+    (waiting only for the end message once all ``Content-Length`` bytes are in); the app's
+    view takes it with :meth:`take`, and the app's ``receive`` replays the rest."""
 
     __slots__ = ("_body", "_replay", "_taken")
 

@@ -1,8 +1,5 @@
 """Serving an ASGI app over HTTP: hypercorn's per-connection code under an accept loop
 whose shutdown always ends (docs/architecture.md, "The HTTP edge").
-
-Whatever a connection's code raises ends that connection only (logged at a bounded
-rate); a live cancellation goes on.
 """
 
 from __future__ import annotations
@@ -11,6 +8,7 @@ import logging
 import math
 import os
 import socket
+from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
@@ -123,11 +121,9 @@ async def serve_http(
         context = open_streams[stream] = WorkerContext(None)
         try:
             if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
-                try:
+                with suppress(OSError):  # already reset by the peer: hypercorn finds out at once
                     for level, option, value in peer_options:
                         stream.socket.setsockopt(level, option, value)
-                except OSError:  # already reset by the peer: hypercorn finds out at once
-                    pass
             if shutting_down:
                 await context.terminated.set()
             ordered = _OrderedSends(stream, stream.socket, on_eof=context.terminated.set)
@@ -194,9 +190,10 @@ async def _serve_connection(
     ordered: _OrderedSends,
     guard: Callable[[ProtocolWrapper], GuardedProtocol],
 ) -> None:
-    """hypercorn's protocols over ``ordered`` until the connection ends (contained)."""
+    """hypercorn's protocols over ``ordered`` until the connection ends; what its code
+    raises ends that connection only (logged at a bounded rate), a live cancellation goes on."""
     try:
-        # Typed for TLS streams; a plain one is what hypercorn's own loop passes too.
+        # (typed for TLS streams; hypercorn's own loop passes a plain one too)
         tls_typed = cast("trio.SSLStream[trio.SocketStream]", ordered)
         state = ConnectionState(lifespan_state.copy())
         server = _Connection(wrapped, config, context, state, tls_typed, guard=guard)
@@ -343,13 +340,10 @@ class _IdleTimer:
 
 
 class _OrderedSends(trio.abc.HalfCloseableStream):
-    """A socket stream whose sends are whole and in order, and never collide with ``send_eof``
-    (hypercorn calls it without its send lock: trio raised ``BusyResourceError`` into the app).
-
-    A ``send_eof`` during a ``send_all`` is refused at once (``BusyResourceError``, which
-    hypercorn ignores): the send may be blocked on a client that reads nothing, and the
-    ``aclose`` after the EOF is what unblocks it.
-    """
+    """A socket stream whose sends are whole and in order.  A ``send_eof`` (which hypercorn
+    calls without its send lock) during a ``send_all`` is refused at once with the
+    ``BusyResourceError`` hypercorn ignores: the send may be blocked on a client that reads
+    nothing, and the ``aclose`` after the EOF is what unblocks it."""
 
     def __init__(
         self,

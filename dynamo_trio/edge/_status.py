@@ -1,10 +1,4 @@
-"""The status routes both HTTP servers answer at the edge.
-
-``/metrics`` (Prometheus, or OpenMetrics if ``Accept`` asks), ``/health`` and
-``/live`` (the server's callbacks, which must be quick), and ``/debug/requests``
-(the in-flight request trees, oldest first; ``?min_age=5`` keeps the stuck ones).
-A callback that raises is answered 500, never a crashed connection.
-"""
+"""The status routes both HTTP servers answer at the edge (:func:`status_routes`)."""
 
 from __future__ import annotations
 
@@ -41,7 +35,10 @@ def status_routes(
     inflight: InflightListing,
     live: Health | None = None,
 ) -> list[Route]:
-    """The four status routes over the server's callbacks (``live`` defaults to ``health``)."""
+    """``/metrics`` (Prometheus, or OpenMetrics if ``Accept`` asks), ``/health`` and ``/live``
+    (quick callbacks; ``live`` defaults to ``health``), and ``/debug/requests`` (the in-flight
+    request trees, oldest first; ``?min_age=5`` keeps the stuck ones).  A callback that raises
+    is answered 500, never a crashed connection."""
 
     def answer(callback: Health) -> EdgeResponse:
         try:
