@@ -1,10 +1,7 @@
 """The request context: one per request stream, the unit of cancellation.
 
-A :class:`Context` moves forward only (live, stopped, killed); contexts form a
-tree in which a linked child is never behind its parent, and ``ctx.scope()``
-makes that tree one with trio's cancel-scope tree, so cancellation crosses
-between them both ways.  docs/cancellation.md has the rules and how the tree
-is kept.
+Contexts move forward only (live, stopped, killed) and form a tree that
+``ctx.scope()`` makes one with trio's cancel-scope tree (docs/cancellation.md).
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ _log = logging.getLogger("dynamo_trio.context")
 
 _T = TypeVar("_T")
 
-# One lock for all state marking: a transition of a whole subtree is atomic
-# with respect to links and other transitions.
+# One lock for all state marking: a subtree's transition is atomic w.r.t. links.
 _LOCK: Final = threading.RLock()
 
 
@@ -85,7 +81,7 @@ _ids: list[str] = []  # ready ids, taken from the end (list.pop is atomic)
 
 
 def _new_id() -> str:
-    """A fresh random UUIDv4, as text (one system call per batch of ids)."""
+    """A fresh random UUIDv4 as text (one system call per batch)."""
     try:
         return _ids.pop()
     except IndexError:
@@ -169,8 +165,7 @@ class Context:
         self._finished = False
         self._deadline: float | None = None  # time.monotonic() seconds
         self._token = _current_token()
-        # Made lazily; set (and dropped) on every transition and deadline change.
-        self._wakeup: trio.Event | None = None
+        self._wakeup: trio.Event | None = None  # set and dropped on each change
         self._scope: trio.CancelScope | None = None
         self._scope_used = False
         self._exiting = False  # scope() is leaving on its own: its watcher's end is expected
@@ -241,7 +236,6 @@ class Context:
         return Context(id, self._metadata, trace=self._trace)
 
     def _set_trace(self, trace: TraceContext | None) -> None:
-        """Set where the request is in its trace (the runtime does, for contexts it makes)."""
         self._trace = trace
 
     @property
@@ -337,12 +331,11 @@ class Context:
 
     def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
         """Move this subtree to ``target``; return the contexts that changed, children first.
-        Below a context already at ``target`` all are (the invariant): that subtree is skipped."""
+        A subtree already at ``target`` is skipped (the invariant).  Iterative post-order."""
         if self._state >= target:
             return []
         now = time.monotonic()
         changed: list[Context] = []
-        # Iterative depth-first post-order walk: (context, iterator over its children).
         stack: list[tuple[Context, Iterator[Context]]] = [(self, iter(tuple(self._children)))]
         while stack:
             ctx, pending = stack[-1]
@@ -359,7 +352,6 @@ class Context:
         return changed
 
     def _run_in_trio(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run ``fn(*args)`` now if we are in this context's trio thread, else hand it over."""
         _run_in(self._token, fn, *args)
 
     def link_child(self, child: Context) -> None:
@@ -388,8 +380,7 @@ class Context:
                     f"linking {child._id} under {self._id} would create a cycle: "
                     f"{child._id} is an ancestor of {self._id}"
                 )
-            if self._finished:
-                # Nothing linked outlives its parent's scope: this work is over already.
+            if self._finished:  # nothing linked outlives its parent's scope
                 changed = child._mark(ContextState.KILLED, CancelReason.PARENT_FINISHED)
                 deadline_changed = []
             else:
@@ -441,8 +432,7 @@ class Context:
             self._run_in_trio(self._start_watcher)
 
     def _add_exit_callback(self, callback: CancelCallback) -> None:
-        """:meth:`add_cancel_callback`, starting no watcher: the callback hears of a
-        cancellation from outside only when the scope is left."""
+        """:meth:`add_cancel_callback` without a watcher: an outside cancel is heard on exit."""
         self._callbacks.append(callback)
 
     def remove_cancel_callback(self, callback: CancelCallback) -> None:
@@ -478,8 +468,7 @@ class Context:
     async def _wait(self, target: ContextState) -> None:
         self._bind_token()
         if trio.lowlevel.current_task() is not self._scope_task:
-            # (The work's own task needs no watcher to hear of a cancellation from
-            # outside: it gets the Cancelled itself, and scope() notes it on the way out.)
+            # (The work's own task gets an outside Cancelled itself; scope() notes it.)
             self._wants_watcher = True
             self._start_watcher()
         waited = False
@@ -521,7 +510,7 @@ class Context:
         ``watchers``: a nursery around this call, with no cancel scope in between, to run
         the watcher task in instead of a nursery of its own (docs/cancellation.md).
         """
-        # The steps are run()'s, around a yield (the two must stay alike).
+        # The steps are run()'s around a yield: keep the two alike.
         self._enter_scope(drain_grace)
         body_failed = False
         try:
@@ -530,8 +519,7 @@ class Context:
             ) as self._watchers:
                 self._watch_if_needed()
                 try:
-                    # The work nursery's own cancel scope is the context's scope: one
-                    # scope fewer per level keeps deep running trees within trio's limits.
+                    # The nursery's own scope is the context's: one scope fewer per level.
                     async with trio.open_nursery() as nursery:
                         self._work_started(nursery)
                         try:
@@ -539,9 +527,7 @@ class Context:
                         except BaseException as exc:
                             body_failed = _is_failure(exc)
                             raise
-                    # If the work swallowed a cancellation from outside, it is still in
-                    # effect, and ends the context as if the work had let it through.
-                    # (Without one this is a no-op: no trip through the scheduler.)
+                    # An outside cancellation the work swallowed still ends the context.
                     await trio.lowlevel.checkpoint_if_cancelled()
                 except BaseException as exc:
                     self._work_failed(exc, body_failed)
@@ -609,14 +595,12 @@ class Context:
         self._nursery = nursery
 
     def _work_failed(self, exc: BaseException, body_failed: bool) -> None:
-        # The nursery absorbs the cancellation of its own scope (a kill), so a live
-        # Cancelled that leaves it comes from an enclosing scope.  (A stale one,
-        # re-raised by the work itself, cancels nothing.)
+        # The nursery absorbs its own scope's cancel (a kill): a live Cancelled that
+        # leaves it is an enclosing scope's.
         if trio.current_effective_deadline() == -math.inf:
             self._killed_by_enclosing(find_cancelled(exc))
         elif not body_failed and _is_failure(exc) and self._state is not ContextState.KILLED:
-            # A task in the context's own nursery failed, and trio cancelled the scope
-            # for it: the same as a failed sibling around the scope.
+            # A task in the context's nursery failed: as a failed sibling around the scope.
             self.kill(CancelReason.SCOPE_CANCELLED)
 
     def _work_over(self) -> None:
@@ -649,8 +633,7 @@ class Context:
         watchers = self._watchers
         if watchers is None or self._watcher is not None:
             return
-        # The watcher's own scope, not the watchers nursery's, ends it: a
-        # cancelled nursery scope would swallow a Cancelled the body re-raised.
+        # Its own scope ends it: a cancelled nursery scope would swallow the body's Cancelled.
         self._watcher = scope = trio.CancelScope()
         watchers.start_soon(self._watch, self._drain_grace, scope)
 
@@ -797,12 +780,11 @@ class ContextMetadata:
 
 
 def _run_in(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *args: Any) -> None:
-    """Run ``fn(*args)`` in the run of ``token``: now if we are in it (or it is ``None``:
-    a context no run owns has no waiters or scope), else handed to it."""
+    """Run ``fn(*args)`` in ``token``'s run: now if in it or unowned, else handed over
+    (dropped if that run is over: nobody is left to wake)."""
     if token is None or _current_token() is token:
         fn(*args)
         return
-    # If the run that owned the waiters is over, there is nobody left to wake.
     with suppress(trio.RunFinishedError):
         token.run_sync_soon(fn, *args)
 
@@ -826,17 +808,14 @@ def _deadline_changed(ctx: Context) -> None:
 
 
 def _dispatch_effects(changed: list[Context]) -> None:
-    """Apply the effects of ``changed`` (children first), each context's in its own run.
-
-    Consecutive contexts of one run go together, so a tree owned by one run keeps its
-    order (children in link order, then the parent), whichever thread marked them.
-    """
+    """Apply the effects of ``changed`` (children first), each in its own run; consecutive
+    contexts of one run go together, so one run's tree keeps its order."""
     for token, group in groupby(changed, key=lambda ctx: ctx._token):
         _run_in(token, _apply_effects, list(group))
 
 
 def _apply_effects(changed: list[Context]) -> None:
-    """The trio-thread half of a transition; ``changed`` is ordered children first."""
+    """The trio-thread half of a transition."""
     for ctx in changed:
         state, reason = ctx._state, ctx._reason
         assert reason is not None
@@ -854,8 +833,8 @@ def _apply_effects(changed: list[Context]) -> None:
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:
-    """Whether ``candidate`` is ``ctx`` or above it, walking up from ``ctx`` and down from
-    ``candidate`` in lock step: the smaller of ``ctx``'s depth and ``candidate``'s subtree."""
+    """Whether ``candidate`` is ``ctx`` or above it (walking up from ``ctx`` and down from
+    ``candidate`` in lock step: whichever is smaller ends the search)."""
     up: Context | None = ctx
     down = [candidate]
     while up is not None and down:
