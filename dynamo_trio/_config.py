@@ -1,10 +1,8 @@
 """Every limit, timeout and ``DYN_*`` environment variable, each declared once.
 
-A setting is a field of one of the frozen sections below, declared with
-:func:`_setting` (variable, flag, default, parser, doc); :meth:`Config.from_env`,
-every command's flags and docs/settings.md's table are read off those declarations.
-:class:`Config` is built once per process and passed down; nothing else in the
-package reads the environment.
+A setting is a section field declared with :func:`_setting`; :meth:`Config.from_env`,
+the commands' flags and docs/settings.md's table are read off the declarations.
+:class:`Config` is built once per process and passed down; nothing else reads the environment.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FunctionType
-from typing import TYPE_CHECKING, Any, Final, Literal, cast, final, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, final, get_args
 
 from ._gc import DEFAULT_GEN0_THRESHOLD
 
@@ -34,9 +32,6 @@ MiB = 1024 * 1024
 
 MAX_JSON_DEPTH = 256
 """The deepest JSON nesting a frontend may be configured to accept (the depth check's own bound)."""
-
-
-# ---------------------------------------------------------------------------- parsers
 
 
 def _number(low: float, *, strict: bool = False, finite: bool = False) -> Callable[[str], float]:
@@ -112,9 +107,6 @@ def _endpoint_list(raw: str) -> tuple[str, ...]:
     return endpoints
 
 
-_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
-
-
 def _temporary_kv() -> Path:
     return Path(tempfile.gettempdir()) / "dynamo_store_kv"
 
@@ -122,12 +114,9 @@ def _temporary_kv() -> Path:
 def _somaxconn() -> int:
     """The kernel's cap on a listen backlog; Linux's default where the system does not say."""
     try:
-        return max(1, int(_SOMAXCONN.read_text()))
+        return max(1, int(Path("/proc/sys/net/core/somaxconn").read_text()))
     except (OSError, ValueError):
         return 4096
-
-
-# ---------------------------------------------------------------------------- declarations
 
 
 @final
@@ -153,7 +142,7 @@ class Setting:
             raise ValueError(f"invalid {self.env}={raw!r}: {exc}") from None
 
     def check_flag(self, raw: str) -> str:
-        """``raw`` itself if it parses (argparse's ``type``); flags are read as variables are."""
+        """``raw`` itself if it parses (argparse's ``type``)."""
         try:
             self.parse(raw.strip())
         except ValueError as exc:
@@ -198,9 +187,6 @@ def _shown(value: object) -> str:
     if isinstance(value, int) and value and value % MiB == 0:
         return f"{value // MiB} MiB"
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-# ---------------------------------------------------------------------------- sections
 
 
 @final
@@ -503,9 +489,6 @@ def settings(kind: type[Any] = Config, prefix: str = "") -> Iterator[Setting]:
             yield _declared(item, prefix)
         else:
             yield from settings(cast("type[Any]", item.default_factory), f"{item.name}.")
-
-
-# ---------------------------------------------------------------------------- flags and docs
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,9 +1,8 @@
 """Containing whatever a per-request task raises, without ever swallowing a live cancellation.
 
-Per-request code must end only its own request, whatever it raises.  A *live*
-:class:`trio.Cancelled` (an enclosing scope cancelling the task now) is split
-off and re-raised; a *stale* one, raised after leaving the scope that produced
-it, is that code's way out and is contained like ``asyncio.CancelledError``.
+A *live* :class:`trio.Cancelled` (an enclosing scope cancelling the task now) is
+re-raised; a *stale* one, raised after leaving its scope, is contained like
+``asyncio.CancelledError``.
 """
 
 from __future__ import annotations

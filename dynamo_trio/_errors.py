@@ -1,11 +1,9 @@
 """One error hierarchy for everything a caller can see go wrong (on :class:`DynamoError`).
 
-The names and wire codes follow Dynamo's ``ErrorType``, so errors read the same
-on both systems.  Cancellation caused by *this* caller (its context was stopped
-or killed) is never an error: the stream just ends.  :class:`Cancelled` is for
-work cancelled on the other side for its own reasons.  trio's own
-:class:`trio.Cancelled` is unrelated: a live one is never caught or converted
-(a stale one a handler raises on its own is its way of saying "cancelled").
+Names and wire codes are Dynamo's ``ErrorType``.  Cancellation caused by *this*
+caller is never an error: the stream just ends; :class:`Cancelled` is for work
+cancelled on the other side for its own reasons.  A live :class:`trio.Cancelled`
+is never caught or converted.
 """
 
 from __future__ import annotations
@@ -125,13 +123,12 @@ class ProtocolError(TransportError):
 
 
 def _defined(cls: type[DynamoError]) -> Iterator[type[DynamoError]]:
-    """``cls`` and its subclasses, in definition order."""
     yield cls
     for sub in cls.__subclasses__():
         yield from _defined(sub)
 
 
-# Each class above that names a code (``Unknown`` wins over the base's "Unknown").
+# Each class above that names a code, in definition order (``Unknown`` wins over the base).
 _BY_CODE: Final = {
     cls.error_type: cls for cls in _defined(DynamoError) if "error_type" in vars(cls)
 }

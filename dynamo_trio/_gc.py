@@ -1,9 +1,6 @@
-"""The garbage collector's settings for a long-running serving process.
-
-:func:`tune_gc` freezes what exists before the process serves (modules, classes)
-into the permanent generation, and raises the youngest generation's threshold so
-most per-request objects are freed by reference counting before a collection
-walks them; cyclic garbage is still collected, in larger batches.
+"""The garbage collector's settings for a long-running serving process: the start-up
+heap frozen, and a higher youngest-generation threshold so most per-request objects
+are freed by reference counting before a collection walks them.
 """
 
 from __future__ import annotations

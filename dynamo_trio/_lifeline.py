@@ -1,10 +1,9 @@
 """Child processes that go down with their supervisor, however the supervisor ends.
 
-Each child gets a *lifeline*: the read end of a pipe whose only write end the
-supervisor holds and never writes.  When the supervisor dies (SIGKILL included) the
-kernel closes it; the child reads end-of-file and shuts down as on SIGTERM.
-(``PR_SET_PDEATHSIG`` fires when the *thread* that started the child exits, and trio
-starts processes from worker threads that come and go.)
+Each child gets a *lifeline*: a pipe's read end, whose only write end the supervisor
+holds and never writes; when the supervisor dies (SIGKILL included) the child reads
+end-of-file and shuts down as on SIGTERM.  (``PR_SET_PDEATHSIG`` fires when the
+*thread* that started the child exits, and trio starts processes from passing threads.)
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ LIFELINE_ENV: Final = "DYN_LIFELINE_FD"
 
 @contextlib.contextmanager
 def lifeline(env: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-    """The ``env`` and ``pass_fds`` options of one child's ``open_process``, with a
-    lifeline in them; the supervisor's end stays open for the block.  Both ends are
-    close-on-exec: no other child inherits either (a write end would keep it open).
-    """
+    """The ``env`` and ``pass_fds`` options of one child's ``open_process``, with a lifeline;
+    the supervisor's end stays open for the block (close-on-exec: no other child inherits it)."""
     read, write = os.pipe()
     try:
         yield {"env": {**env, LIFELINE_ENV: str(read)}, "pass_fds": (read,)}

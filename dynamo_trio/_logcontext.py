@@ -1,9 +1,6 @@
-"""The request a task works for, so that its log lines say which request and trace.
-
-:func:`bind_request` binds a handler's :class:`~dynamo_trio.Context` to a context
-variable, which trio copies into the tasks the handler starts;
-:class:`RequestLogFilter` turns it into the ``request_id``, ``trace_id``,
-``span_id`` and ``request_context`` fields of each log record.
+"""The request a task works for, so that its log lines say which request and trace:
+:func:`bind_request` sets a context variable (trio copies it into started tasks) that
+:class:`RequestLogFilter` reads.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Large buffers given back to the system as soon as they are freed.
-
-glibc's mmap threshold rises to the size of each large mapping freed, so later
-buffers of that size come from a heap that rarely shrinks.
-:func:`give_back_large_buffers` fixes the threshold, so every buffer of
-:data:`MMAP_THRESHOLD` or more is a mapping of its own, returned when freed.
+"""Large buffers given back to the system as soon as they are freed: glibc's mmap
+threshold, which otherwise rises to each large mapping freed (moving later buffers to
+a heap that rarely shrinks), is fixed at :data:`MMAP_THRESHOLD`.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ from typing import Final
 MMAP_THRESHOLD: Final = 1 << 20
 """Bytes from which an allocation is a mapping of its own."""
 
-_M_MMAP_THRESHOLD: Final = -3
-"""glibc's ``mallopt`` parameter (``malloc.h``)."""
+_M_MMAP_THRESHOLD: Final = -3  # glibc's mallopt parameter (malloc.h)
 
 
 def give_back_large_buffers() -> bool:

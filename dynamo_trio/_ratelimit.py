@@ -1,8 +1,5 @@
-"""Log lines a peer can cause, at a bounded rate.
-
-A hostile peer can cause refusals as often as it likes; each kind is worth one
-concise line, not a flood.  Kinds are a small fixed set chosen by the caller
-(never a peer's address), so memory stays bounded.
+"""Log lines a peer can cause, at a bounded rate: each kind of refusal is worth a line,
+not a flood.  Kinds are a small fixed set (never a peer's address), so memory stays bounded.
 """
 
 from __future__ import annotations

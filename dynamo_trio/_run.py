@@ -1,8 +1,7 @@
 """``dynamo-trio run``: the quick start, a frontend and N mock workers on one machine.
 
-They meet through file discovery in a temporary directory (removed on the way out)
-and run until Ctrl-C.  This process is the frontend (or its supervisor); the workers
-are ``python -m dynamo_trio.mocker`` processes, each holding a lifeline to it.
+They meet through file discovery in a temporary directory and run until Ctrl-C; the
+workers are ``python -m dynamo_trio.mocker`` processes holding a lifeline to this one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Trace context and request ids: parsed, chosen and formatted here, with no I/O
-(docs/tracing.md): W3C ``traceparent`` parsing, which header names a request's id,
-and the headers a call carries on the request plane.
-"""
+"""Trace context and request ids, with no I/O (docs/tracing.md): W3C ``traceparent``
+parsing, which header names a request's id, and the headers a call carries."""
 
 from __future__ import annotations
 
@@ -78,10 +76,8 @@ def parse_traceparent(value: str | None) -> ParsedTraceParent | None:
 
 
 def new_trace_id() -> str:
-    """A random W3C trace id: 32 lowercase hex digits, never all zeros.
-
-    Random, not secret (as OpenTelemetry's SDKs make them): Python's generator
-    costs no system call per id, and is reseeded in a forked child."""
+    """A random W3C trace id: 32 lowercase hex digits, never all zeros.  Random, not
+    secret, as OpenTelemetry's SDKs make them (no system call; reseeded after fork)."""
     return _random_hex(128)
 
 
@@ -109,10 +105,7 @@ def _clean_tracestate(value: str | None) -> str | None:
 @dataclass(frozen=True, slots=True)
 class TraceContext:
     """Where a request is in its trace, on one process: what a Context's trace fields read.
-
-    Built with :meth:`new` (a new trace) or :meth:`continued` (a span of its own under
-    an incoming ``traceparent``, as every hop has).
-    """
+    Built with :meth:`new` (a new trace) or :meth:`continued` (a new span under a parent)."""
 
     trace_id: str
     """The W3C trace id (32 hex digits), the same on every hop of the request."""
