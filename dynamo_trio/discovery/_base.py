@@ -1,9 +1,5 @@
-"""The discovery contract: a key-value store where each process holds one lease.
-
-A :class:`Discovery` owns one lease for as long as its context lasts; every key
-it puts is attached to it and written back if the store loses it while the
-owner lives (docs/discovery.md, "The contract").
-"""
+"""The discovery contract: a key-value store where each process holds one lease
+(docs/discovery.md, "The contract")."""
 
 from __future__ import annotations
 
@@ -33,10 +29,8 @@ logger = logging.getLogger("dynamo_trio.discovery")
 
 
 class DiscoveryError(CannotServe):
-    """The backend is unreachable, refused the request, or is closed.
-
-    Corrupt data found while reading is never raised: it is logged and skipped.
-    """
+    """The backend is unreachable, refused the request, or is closed (corrupt data read is
+    logged and skipped, never raised)."""
 
 
 def check_key(key: str) -> str:
@@ -190,13 +184,12 @@ class Discovery(abc.ABC):
     ) -> Repairs:
         """:func:`plan_repairs` for the owned keys, logged; the relinquished keys are forgotten."""
         repairs = plan_repairs(self._owned, lease_id, found, lease_alive)
-        if repairs.rewrite:
+        if rewrite := repairs.rewrite:
             logger.warning(
                 "discovery: %d key(s) of lease %x were lost from the store; writing them back: %s",
-                len(repairs.rewrite),
+                len(rewrite),
                 lease_id,
-                ", ".join(repr(key) for key in repairs.rewrite[:5])
-                + (" ..." if len(repairs.rewrite) > 5 else ""),
+                ", ".join(repr(key) for key in rewrite[:5]) + (" ..." if len(rewrite) > 5 else ""),
             )
         for key in repairs.relinquish:
             logger.info("discovery: %r was overwritten by another instance; no longer ours", key)
@@ -204,7 +197,6 @@ class Discovery(abc.ABC):
         return repairs
 
     def _check_open(self) -> None:
-        """Raise :class:`DiscoveryError` unless the context is entered and not closed."""
         if self._closed:
             raise DiscoveryError(f"{type(self).__name__} is closed")
         if not self._started:

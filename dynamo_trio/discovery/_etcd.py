@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING, Final, final
 import httpx
 import trio
 
-from ._base import (
-    CLOSE_TIMEOUT,
-    Discovery,
-    DiscoveryError,
-    check_key,
-    check_value,
-)
+from ._base import CLOSE_TIMEOUT, Discovery, DiscoveryError, check_key, check_value
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
 from ._watch import WATCH_BUFFER, Watch, WatchEvent
@@ -204,10 +198,8 @@ class EtcdDiscovery(Discovery):
         return await self._recover_locked(gateway)
 
     async def _recover_locked(self, gateway: EtcdGateway) -> bool:
-        """Re-grant the lease and re-put every owned key (lock held); whether all are back.
-
-        Failures are logged and leave the repair pending for the next keepalive tick.
-        """
+        """Re-grant the lease and re-put every owned key (lock held); whether all are back
+        (failures are logged and left for the next keepalive tick)."""
         if self._closed:
             return False
         try:

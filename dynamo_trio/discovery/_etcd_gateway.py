@@ -287,11 +287,9 @@ class EtcdGateway:
         http_timeout: float | httpx.Timeout,
         stream: bool = False,
     ) -> httpx.Response:
-        """Send to the current endpoint, failing over to the next ones; return a 200 response.
-
-        A ``stream=True`` response is open (the caller closes it).  Raises
-        :class:`EtcdError` for an error another endpoint would not fix.
-        """
+        """Send to the current endpoint, failing over to the next ones; return a 200 response
+        (open if ``stream``: the caller closes it).  :class:`EtcdError` for an error another
+        endpoint would not fix."""
         content = _encoder.encode(request)
         failures: list[str] = []
         for _ in range(len(self._endpoints)):

@@ -14,13 +14,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._base import (
-    Discovery,
-    DiscoveryError,
-    check_key,
-    check_value,
-    random_lease_id,
-)
+from ._base import Discovery, DiscoveryError, check_key, check_value, random_lease_id
 from ._file_store import FileLayout, Scanner, Signature
 from ._watch import WATCH_BUFFER, Watch, WatchEvent, diff_events
 
@@ -60,8 +54,7 @@ class FileDiscovery(Discovery):
         self._check_open()
         async with self._lock:
             self._check_open()
-            # Recorded first: if the write is interrupted, recovery rewrites it
-            # rather than forgetting a key that may be on disk.
+            # Recorded first: recovery rewrites an interrupted write rather than forget it.
             previous = self._owned.get(key)
             self._owned[key] = value
             self._written.pop(key, None)
@@ -87,10 +80,8 @@ class FileDiscovery(Discovery):
     def _write_with_fresh_lease(
         self, key: str, value: bytes, owned: dict[str, bytes]
     ) -> tuple[dict[str, Signature], bool]:
-        """Refresh the lease, then write ``key`` (never under a lease readers may judge stale).
-
-        Returns the signatures written and whether the lease was lost (then all is recovered).
-        """
+        """Refresh the lease, then write ``key`` (never under a lease readers may judge stale);
+        the signatures written, and whether the lease was lost (then all is recovered)."""
         if self._layout.touch_lease(self._lease_id):
             return {key: self._layout.write_entry(key, value, self._lease_id)}, False
         return self._recover(owned), True
@@ -142,7 +133,7 @@ class FileDiscovery(Discovery):
                 latest = await trio.to_thread.run_sync(self._scanner.scan)
             except OSError as exc:
                 raise DiscoveryError(f"cannot read {self._layout.root}: {exc}") from exc
-            if latest is not self._latest:  # the scanner's way of saying "something changed"
+            if latest is not self._latest:  # something changed
                 self._latest = latest
                 scanned, self._scanned = self._scanned, trio.Event()
                 scanned.set()
@@ -233,7 +224,7 @@ class FileDiscovery(Discovery):
                     self._last_problem = None
 
     async def _repair_entries(self) -> None:
-        """Write back the owned entries the directory lost; the caller holds the lock."""
+        """Write back the owned entries the directory lost (lock held)."""
         found, signatures, alive = await trio.to_thread.run_sync(
             self._layout.audit, dict(self._owned), dict(self._written), self._lease_id
         )

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 from urllib.parse import quote
 
@@ -117,9 +117,8 @@ def read_regular_file(
 ) -> tuple[Signature, bytes]:
     """The signature and bytes of a regular file of at most ``max_size`` bytes, never blocking.
 
-    ``st`` is its ``lstat`` if the caller has one.  Raises :class:`Unreadable`
-    (with the reason) for anything but a small enough regular file, checked
-    before opening and on the descriptor; FileNotFoundError if it vanished.
+    ``st`` is its ``lstat`` if the caller has one.  :class:`Unreadable` (saying why) for
+    anything else, checked before opening and on the descriptor; FileNotFoundError if gone.
     """
     if st is None:
         st = os.lstat(path)
@@ -139,21 +138,15 @@ def read_regular_file(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"it became {_kind(st.st_mode)}")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= max_size:
-            chunk = os.read(fd, max_size + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(max_size + 1)
     except OSError as exc:
         raise Unreadable(f"cannot read it: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if size > max_size:
+    if len(data) > max_size:
         raise Unreadable(f"it grew past the limit of {max_size} bytes")
-    return _signature(st), b"".join(chunks)
+    return _signature(st), data
 
 
 def parse_entry(data: bytes, name: str | None = None) -> _Entry:
@@ -229,7 +222,7 @@ class FileLayout:
     """Paths and owner-side operations of one shared directory (``DiscoveryConfig.file_kv``)."""
 
     root: Path
-    max_record_size: int = field(default=DEFAULT_MAX_RECORD_SIZE)
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
 
     @property
     def kv_dir(self) -> Path:
@@ -300,12 +293,9 @@ class FileLayout:
     def audit(
         self, owned: Mapping[str, bytes], written: Mapping[str, Signature], lease_id: int
     ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
-        """What the store holds for each owned key (rule 5), reading only what changed.
-
-        A file still at its ``written`` signature is not read.  Returns
-        ``{key: (value, lease)}``, the signatures to remember, and which of
-        the other leases named are alive.
-        """
+        """What the store holds for each owned key (rule 5): ``{key: (value, lease)}``, the
+        signatures to remember, and which other leases named are alive.  A file still at its
+        ``written`` signature is not read."""
         found: dict[str, tuple[bytes, int]] = {}
         signatures: dict[str, Signature] = {}
         for key in owned:
@@ -357,13 +347,12 @@ _COLLECTED_NAMED: Final = 3
 
 @final
 class Scanner:
-    """Reads the live entries, collecting dead ones on the way.
+    """Reads the live entries, collecting dead ones on the way (one thread at a time).
 
-    Keeps what it learnt between scans (rule 8), so it lists ``kv/`` only after
-    a change, reads only changed files, and returns the same result object
-    while nothing changed.  One thread at a time.
-    ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan``
-    seconds force a full pass even if no mtime moved.
+    Keeps what it learnt between scans (rule 8): it lists ``kv/`` only after a change,
+    reads only changed files, and returns the same object while nothing changed.
+    ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan`` seconds
+    force a full pass even if no mtime moved.
     """
 
     def __init__(
@@ -399,15 +388,13 @@ class Scanner:
             self._state = self._collect(alive)
         self._reporter.end_batch()
         self._lease_reporter.end_batch()
-        # One line for the entries of dead leases this scan collected, however many.
         collected, self._collected = self._collected, []
-        if collected:
-            named = ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED])
+        if collected:  # one line however many
             more = len(collected) - _COLLECTED_NAMED
             logger.info(
                 "discovery: collected %d entries of dead leases: %s%s",
                 len(collected),
-                named,
+                ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED]),
                 f" and {more} more" if more > 0 else "",
             )
         return self._state

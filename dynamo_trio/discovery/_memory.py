@@ -1,7 +1,7 @@
 """The ``mem`` backend: discovery inside one process, for tests and single-process setups.
 
-Operations never await midway, so a watch's snapshot and its registration are
-atomic; watch channels are unbounded so a writer never waits for a reader.
+Operations never await midway (a watch's snapshot and registration are atomic), and watch
+channels are unbounded (a writer never waits for a reader).
 """
 
 from __future__ import annotations
