@@ -1,5 +1,4 @@
-"""The caller side of the request plane: pooled connections and their streams
-(docs/protocol.md, "The caller side")."""
+"""The caller side of the request plane: pooled connections and their streams."""
 
 from __future__ import annotations
 
@@ -118,20 +117,14 @@ class ClientStream:
             wakeup.set()
 
     async def receive(self) -> Item | None:
-        """The next item, or ``None`` once the stream has ended.
-
-        Raises the worker's error (its :class:`DynamoError` type), or
-        :class:`Disconnected` if the connection was lost first.
-        """
+        """The next item, or ``None`` once ended; raises the worker's error (its
+        :class:`DynamoError` type), or :class:`Disconnected` if the connection was lost."""
         items = await self._receive(many=False)
         return None if items is None else items[0]
 
     async def receive_many(self) -> list[Item] | None:
-        """Every item queued (waiting for at least one), or ``None`` once ended; as :meth:`receive`.
-
-        Batches pay the per-wakeup costs once per batch instead of once per item.
-        ``[]`` if :meth:`nudge` came first.
-        """
+        """Every item queued (waiting for at least one), or ``None`` once ended, as
+        :meth:`receive`; ``[]`` if :meth:`nudge` came first."""
         return await self._receive(many=True)
 
     async def _receive(self, *, many: bool) -> list[Item] | None:
@@ -158,8 +151,7 @@ class ClientStream:
 
     async def _terminal(self, frame: Item | End | Error) -> None:
         self._done = True
-        # The stream is over: no loop can spin on it, so no trip through the scheduler.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await trio.lowlevel.checkpoint_if_cancelled()  # over: no loop can spin on it
         if isinstance(frame, End):
             self.outcome = frame.outcome
             self.end_reason = frame.reason
@@ -220,10 +212,8 @@ class ClientStream:
 
 
 class ClientConnection:
-    """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`.
-
-    ``open_transport`` opens the byte stream (default TCP; tests pass in-memory streams).
-    """
+    """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`;
+    ``open_transport`` opens the byte stream (default TCP)."""
 
     def __init__(
         self,
@@ -267,9 +257,9 @@ class ClientConnection:
     async def run(self, *, task_status: trio.TaskStatus[ClientConnection]) -> None:
         """Connect, shake hands, report ready, then serve until the connection ends.
 
-        Up to ``started`` (bounded by ``connect_timeout``) failures raise
-        :class:`CannotConnect`; after it only ``trio.Cancelled``: an ending
-        connection ends alone and its streams get :class:`Disconnected`.
+        Before ``started`` (bounded by ``connect_timeout``) failures raise
+        :class:`CannotConnect`; after it only ``trio.Cancelled`` (streams get
+        :class:`Disconnected`).
         """
         protocol = ProtocolConnection(
             Role.CLIENT,
@@ -303,10 +293,8 @@ class ClientConnection:
         )
 
     async def _connect(self, protocol: ProtocolConnection) -> tuple[trio.abc.Stream, list[Frame]]:
-        """The transport past TLS and the handshake, and frames behind ``welcome``.
-
-        Raises only :class:`CannotConnect` (or ``trio.Cancelled``).
-        """
+        """The transport past TLS and the handshake, and frames behind ``welcome``
+        (raises only :class:`CannotConnect` or ``trio.Cancelled``)."""
         stream: trio.abc.Stream | None = None
         step = "connect"
         try:
@@ -385,8 +373,7 @@ class ClientConnection:
                 with trio.move_on_after(0.1):  # tell the worker why, best effort
                     await stream.send_all(protocol.data_to_send())
                 raise
-            if protocol.is_established:
-                # Anything right behind the welcome (a goaway) is served as usual.
+            if protocol.is_established:  # what followed the welcome is served as usual
                 welcome = next(i for i, frame in enumerate(frames) if isinstance(frame, Welcome))
                 return frames[welcome + 1 :]
 
@@ -396,7 +383,6 @@ class ClientConnection:
         return self._connection is not None and self._connection.protocol.goaway
 
     def _connection_lost(self, reason: str) -> None:
-        # Runs inside FrameConnection.close: streams learn of the loss at once.
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._connection_lost(reason)
@@ -434,11 +420,9 @@ class ClientConnection:
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> ClientStream:
-        """Send a ``req`` frame and return its stream; never blocks.
-
-        ``timeout``: seconds left to the caller's deadline (a past one is sent as 0).
-        Raises Disconnected, EngineShutdown after ``goaway``, InvalidArgument.
-        """
+        """Send a ``req`` frame and return its stream, without blocking; ``timeout`` is the
+        seconds left to the caller's deadline (a past one is sent as 0).  Raises
+        Disconnected, EngineShutdown after ``goaway``, InvalidArgument."""
         connection = self._connection
         if connection is None or connection.closed:
             raise Disconnected(f"connection to {self.address} is closed")
@@ -453,11 +437,8 @@ class ClientConnection:
         sid = protocol.next_sid()
         request = Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
         stream = ClientStream(self, sid, window)
-        # Registered first: a failed write in the send closes the connection, and
-        # the loss must reach this stream like every other one.
-        self._streams[sid] = stream
+        self._streams[sid] = stream  # first: a failed write's loss must reach it too
         try:
-            # At once: the worker starts on it while this process goes on (docs/protocol.md).
             sent = connection.send(request, at_once=True)
         except BaseException:
             self._streams.pop(sid, None)
@@ -473,16 +454,13 @@ class ClientConnection:
         return list(self._streams.values())
 
     def _send_control(self, frame: Control) -> None:
-        """Send a stop or kill (straight to the socket while the writer is idle), then
-        yield the CPU: the write woke the worker, which the kernel often queues on this
-        process's CPU behind the request's teardown that follows; yielding lets the
-        worker hear the cancellation first."""
+        """Send a stop or kill at once, then yield the CPU so the worker it woke hears it
+        before this request's teardown (docs/protocol.md, "One connection's tasks")."""
         self._send_quietly(frame, at_once=True)
         os.sched_yield()
 
     def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
-        """Send a control-path frame (``at_once`` as in :meth:`FrameConnection.send`);
-        a closed connection makes it moot, not an error."""
+        """Send a control-path frame; a closed connection makes it moot, not an error."""
         connection = self._connection
         if connection is not None:
             connection.send(frame, at_once=at_once)
@@ -507,11 +485,9 @@ class _Attempt:
 
 
 class ConnectionPool:
-    """At most one live connection per worker address, connected on demand in ``nursery``.
-
-    ``on_connection_lost(address, reason, drained)`` follows every established
-    connection's end (``drained``: the worker said ``goaway`` first).
-    """
+    """At most one live connection per worker address, connected on demand in ``nursery``;
+    ``on_connection_lost(address, reason, drained)`` follows every established one's end
+    (``drained``: the worker said ``goaway`` first)."""
 
     def __init__(
         self,
@@ -535,15 +511,11 @@ class ConnectionPool:
         return list(self._connections.values())
 
     async def connect(self, address: str) -> ClientConnection:
-        """The usable connection to ``address``, connecting if there is none.
-
-        Concurrent callers share one attempt (one cancelled caller does not
-        cancel it) and its :class:`CannotConnect`.
-        """
+        """The usable connection to ``address``, connecting if there is none; concurrent
+        callers share one attempt (not cancelled with one of them) and its CannotConnect."""
         connection = self._connections.get(address)
         if connection is not None and connection.usable:
-            # No trip through the scheduler: the request's send that follows is one.
-            await trio.lowlevel.checkpoint_if_cancelled()
+            await trio.lowlevel.checkpoint_if_cancelled()  # the send that follows yields
             return connection
         attempt = self._attempts.get(address)
         if attempt is None:
@@ -553,8 +525,7 @@ class ConnectionPool:
             except RuntimeError:  # the nursery is closed: the runtime is shutting down
                 raise CannotConnect(f"cannot connect to {address}: shutting down") from None
             self._attempts[address] = attempt
-        # The attempt is bounded by connect_timeout; the margin only guards this
-        # waiter against a bug in that bound, so nothing can wait forever.
+        # The attempt is bounded by connect_timeout; the margin guards against a bug there.
         with trio.move_on_after(self._config.connect_timeout + 1.0):
             await attempt.done.wait()
         if not attempt.done.is_set():

@@ -25,14 +25,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
-limited_log: Final = LogLimiter(_log)
-"""Rate-limited lines for events a peer can cause at will (one process-wide limiter)."""
+limited_log: Final = LogLimiter(_log)  # for events a peer can cause at will
 
 NETWORK_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-"""How a network failure reaches this layer (it ends a connection, never escapes)."""
 _RECEIVE_SIZE: Final = 65536
-_RECEIVE_MAX: Final = 1 << 20
-"""The most bytes read at once: reads grow to it while each fills (a large frame)."""
+_RECEIVE_MAX: Final = 1 << 20  # reads grow up to this while each fills (a large frame)
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
 _DIRECT_BURST: Final = 2  # frames sent straight to an idle socket per quiet moment
 _DIRECT_PERIOD: Final = 0.001  # how long a quiet moment's allowance lasts
@@ -52,8 +49,8 @@ def describe_close(frame: Close) -> str:
 class FrameConnection:
     """Frames over one stream (closed when :meth:`run` returns), one writer task, heartbeats.
 
-    ``on_frames`` gets each received batch in the reader task; ``on_close(reason)``
-    runs once, synchronously, the moment the connection is declared over.
+    ``on_frames`` gets each received batch in the reader task; ``on_close(reason)`` runs
+    once, synchronously, the moment the connection is declared over.
     """
 
     def __init__(
@@ -90,12 +87,9 @@ class FrameConnection:
         return self.close_reason is not None
 
     def send(self, frame: Frame, *, at_once: bool = False) -> bool:
-        """Queue ``frame`` for the writer; never blocks.  Whether it was queued (a closed
-        connection drops it); InvalidArgument for a frame that cannot be encoded.
-
-        ``at_once``: an idle writer's socket takes it from this task now, however many
-        streams are open (a frame that starts or ends the peer's work: ``req``, ``ctl``).
-        """
+        """Queue ``frame`` for the writer without blocking; whether it was queued (a closed
+        connection drops it).  InvalidArgument for a frame that cannot be encoded.
+        ``at_once``: an idle writer's socket takes it now, however many streams are open."""
         if self.close_reason is not None or not self.protocol.send(frame):
             return False
         if self.protocol.outbox_size > self._config.max_write_buffer:
@@ -134,14 +128,12 @@ class FrameConnection:
             if self._on_close is not None:
                 try:
                     self._on_close(reason)
-                except Exception:
-                    # The owner's callback is its own business, but it runs in
-                    # whatever task closed the connection: never let it escape there.
+                except Exception:  # it runs in whatever task closed the connection
                     _log.exception("connection %s: error in its close callback", self.name)
 
     async def run(self) -> None:
-        """Serve the connection until it ends, then close the stream (never raises for network
-        or protocol failures: see :attr:`close_reason`)."""
+        """Serve until the connection ends, then close the stream (network and protocol
+        failures never raise: see :attr:`close_reason`)."""
         self._last_received = trio.current_time()
         try:
             with trio.CancelScope() as self._scope:
@@ -183,8 +175,7 @@ class FrameConnection:
             if not data:
                 self._declare_closed("the peer closed the connection")
                 return
-            # A full read means more is waiting: fewer, larger reads take a large frame in
-            # fewer trips through the scheduler (and, beside an engine's thread, the GIL).
+            # A full read means more is waiting: read more at once (fewer scheduler trips).
             size = min(size * 2, _RECEIVE_MAX) if len(data) == size else _RECEIVE_SIZE
             received_before = protocol.frames_received
             self._direct_left = _DIRECT_BURST  # a new turn: answers may go straight out
@@ -250,9 +241,7 @@ class FrameConnection:
         if fd == -1:
             return False
         data = self.protocol.data_to_send()
-        try:
-            # trio's sockets are non-blocking; nothing was awaited since the check
-            # above, so the descriptor is still this connection's.
+        try:  # non-blocking; nothing awaited since fileno(), so the fd is still ours
             written = os.write(fd, data)
         except BlockingIOError:
             written = 0
@@ -308,11 +297,8 @@ class FrameConnection:
 
 
 async def linger(stream: trio.abc.Stream, *, limit: int | None = None) -> None:
-    """Close gracefully: FIN, then discard the peer's input (up to ``limit``) until it closes.
-
-    Unread input would make the kernel reset, destroying our close frame in
-    flight.  Bounded by a short timeout; the caller still closes ``stream``.
-    """
+    """FIN, then discard the peer's input (up to ``limit``) until it closes, briefly: unread
+    input would make the kernel reset, destroying our close frame.  The caller closes ``stream``."""
     with trio.move_on_after(_FINAL_FLUSH_TIMEOUT, shield=True), suppress(*NETWORK_ERRORS):
         if isinstance(stream, trio.abc.HalfCloseableStream):
             await stream.send_eof()

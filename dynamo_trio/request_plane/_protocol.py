@@ -1,8 +1,8 @@
 """The request plane's connection state machine, sans I/O (in the manner of h11).
 
-:data:`RECEIVE` and :data:`SEND` map ``(role, state, frame type)`` to an action
-and the next state; each action names the one method that carries it out, so
-the tables are the dispatch.  docs/protocol.md has the rules they encode.
+:data:`RECEIVE` and :data:`SEND` map ``(role, state, frame type)`` to an action and the
+next state; each action names the method that carries it out, so the tables are the
+dispatch (docs/protocol.md has the rules they encode).
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from contextlib import closing, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
 
-from .._errors import (
-    DynamoError,
-    EngineShutdown,
-    InvalidArgument,
-    ProtocolError,
-    ResourceExhausted,
-)
+from .._errors import DynamoError, EngineShutdown, InvalidArgument, ProtocolError, ResourceExhausted
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     NONCE_SIZE,
@@ -63,19 +57,13 @@ class Role(enum.Enum):
 
 
 class ConnectionState(enum.Enum):
-    AWAIT_HELLO = "awaiting hello"
-    """(server) Accepted; the client's ``hello`` has not arrived."""
-    AWAIT_CHALLENGE = "awaiting challenge"
-    """(client) ``hello`` sent; the server's ``challenge`` has not arrived."""
-    AWAIT_AUTH = "awaiting auth"
-    """(server) ``challenge`` sent; the client's ``auth`` has not arrived."""
-    AUTHENTICATING = "authenticating"
-    """(server) ``auth`` received, to be judged by :meth:`ProtocolConnection.authenticate`."""
-    AWAIT_WELCOME = "awaiting welcome"
-    """(client) ``auth`` sent; the server's verdict has not arrived."""
+    AWAIT_HELLO = "awaiting hello"  # (server) accepted, no ``hello`` yet
+    AWAIT_CHALLENGE = "awaiting challenge"  # (client) ``hello`` sent
+    AWAIT_AUTH = "awaiting auth"  # (server) ``challenge`` sent
+    AUTHENTICATING = "authenticating"  # (server) ``auth`` held for authenticate()
+    AWAIT_WELCOME = "awaiting welcome"  # (client) ``auth`` sent
     OPEN = "open"
-    DRAINING = "draining"
-    """After ``goaway``: open streams go on, new ones are refused."""
+    DRAINING = "draining"  # after ``goaway``: open streams go on, new ones are refused
     CLOSED = "closed"
 
     @property
@@ -84,8 +72,7 @@ class ConnectionState(enum.Enum):
 
 
 class Receive(enum.Enum):
-    """What receiving a frame does (the actions of :data:`RECEIVE`), each carried out by
-    the method ``ProtocolConnection._on_<name>``."""
+    """The actions of :data:`RECEIVE`, each carried out by ``ProtocolConnection._on_<name>``."""
 
     VIOLATION = "protocol violation: queue close, end the connection"
     DROP = "ignore it: the connection is closed"
@@ -102,8 +89,7 @@ class Receive(enum.Enum):
 
 
 class Send(enum.Enum):
-    """What sending a frame does (the actions of :data:`SEND`), each carried out by the
-    method ``ProtocolConnection._send_<name>``."""
+    """The actions of :data:`SEND`, each carried out by ``ProtocolConnection._send_<name>``."""
 
     BUG = "raise RuntimeError: this role never sends it here (a local bug)"
     DROP = "drop it silently, return False: the connection is closed or closing"
@@ -305,8 +291,6 @@ class ProtocolConnection:
         self._killed: set[int] = set()  # (client) killed streams still owed a terminal frame
         self._last_sid = 0
 
-    # ------------------------------------------------------------------ queries
-
     @property
     def state(self) -> ConnectionState:
         """Where the connection is in its life (docs/protocol.md has the states)."""
@@ -348,8 +332,6 @@ class ProtocolConnection:
     def outbox_size(self) -> int:
         return len(self._outbox)
 
-    # ------------------------------------------------------------------ outbound
-
     def start(self) -> None:
         """(client) Queue the ``hello`` frame.  Call once, first."""
         if self.role is not Role.CLIENT or self.state is not _S.AWAIT_CHALLENGE or self._outbox:
@@ -362,11 +344,8 @@ class ProtocolConnection:
 
     def send(self, frame: Frame) -> bool:
         """Queue ``frame``, updating the stream table; ``False`` if dropped (closed, draining,
-        or its stream ended).
-
-        InvalidArgument for a frame that cannot be encoded (state unchanged);
-        RuntimeError for a local bug (a frame this role may not send here).
-        """
+        or its stream ended).  InvalidArgument if it cannot be encoded (state unchanged);
+        RuntimeError for a frame this role may not send here (a local bug)."""
         key = RawRequest if isinstance(frame, Request) else type(frame)
         on_send, next_state = self._on_send[key]
         if not on_send(self, frame):
@@ -434,14 +413,11 @@ class ProtocolConnection:
         return data
 
     def unsend(self, rest: bytes | bytearray | memoryview) -> None:
-        """Put back the tail of what :meth:`data_to_send` gave that could not be
-        written: it goes out first, ahead of anything queued since."""
+        """Put back the unwritten tail of :meth:`data_to_send`'s bytes, ahead of all else."""
         self._outbox[:0] = rest
 
     def _encode(self, frame: Frame) -> None:
         encode_frame(frame, self._outbox, self._max_frame_size)
-
-    # ------------------------------------------------------------------ inbound
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Feed received bytes; return the frames the caller must act on, in order.
@@ -503,8 +479,6 @@ class ProtocolConnection:
                 self._encode(Close(code, message[:1000]))
             self.state = _S.CLOSED
 
-    # ---------------------------------------------------------- the handshake
-
     def _check_version(self, version: int) -> None:
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -529,11 +503,8 @@ class ProtocolConnection:
         self._encode(Auth(proof))
 
     def authenticate(self) -> bool:
-        """(server) Judge the client's proof; queue ``welcome`` or ``close``.
-
-        Call once the state is ``AUTHENTICATING``.  Returns whether the client
-        is authenticated (the state is then ``OPEN``, else ``CLOSED``).
-        """
+        """(server, once ``AUTHENTICATING``) Judge the client's proof and queue ``welcome``
+        (state ``OPEN``, returns True) or ``close`` (state ``CLOSED``, False)."""
         if self.role is not Role.SERVER or self.state is not _S.AUTHENTICATING:
             raise RuntimeError(f"authenticate() when {self.state.value}")
         answer, self._proof = self._proof, None
@@ -571,8 +542,6 @@ class ProtocolConnection:
                 raise ProtocolError(f"{why} (is DYN_REQUEST_PLANE_TOKEN the same on both sides?)")
         self.peer_name = frame.peer[:200]
         return frame
-
-    # ---------------------------------------------------------- streams
 
     def _on_request(self, raw: RawRequest) -> Request | None:
         if raw.sid <= self._last_sid:

@@ -1,5 +1,5 @@
 """The worker side of the request plane: listening, sessions (a connection's gate,
-then its streams) and served streams (docs/protocol.md, "The worker side")."""
+then its streams) and served streams."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("dynamo_trio.request_plane")
 
-# A handler yielding items without blocking checkpoints fully every this many
-# items or seconds: batches pay the scheduler once, a CPU-bound one still hears its kill.
+# A handler yielding items without blocking checkpoints fully every this many items or
+# seconds: batches pay the scheduler once, a CPU-bound one still hears its kill.
 _YIELD_EVERY: Final = 32
 _YIELD_AFTER: Final = 0.02
 _REFUSAL_TIMEOUT: Final = 0.25  # for a refused connection's close frame
@@ -73,8 +73,7 @@ class ServerStream:
         self.payload: Final[Any] = request.payload
         self.headers: Final = request.headers or {}
         self.context: Final = Context(request.request_id, timeout=request.timeout)
-        # The first cancel signal from the caller's side (control, transport, deadline).
-        self.cancel_signal: CancelReason | None = None
+        self.cancel_signal: CancelReason | None = None  # the caller side's first
         self.on_cancel_signal: Callable[[CancelReason], None] | None = None  # called once
         self._session = session
         self._connection = connection
@@ -90,8 +89,8 @@ class ServerStream:
 
     @property
     def task_nursery(self) -> trio.Nursery:
-        """The nursery this stream's task runs in: it encloses the handler with no cancel
-        scope in between, so it can host the request's helper tasks."""
+        """The nursery this stream's task runs in (no cancel scope between it and the
+        handler): it can host the request's helper tasks."""
         nursery = self._session._nursery
         assert nursery is not None
         return nursery
@@ -109,8 +108,7 @@ class ServerStream:
     def _on_context_cancelled(
         self, ctx: Context, state: ContextState, reason: CancelReason
     ) -> None:
-        # Control frames and transport loss are noted where they arrive; these
-        # are the other cancellations the handler did not ask for itself.
+        # Control frames and transport loss are noted where they arrive.
         if reason in _RUNTIME_CANCELS:
             self._note_cancel_signal(reason)
 
@@ -177,9 +175,7 @@ class ServerStream:
             return
         self._finished = True
         self._session.streams.pop(self.sid, None)
-        # Inert from now on (a finished stream notes no signal); dropping it also
-        # breaks the context -> callback -> stream -> context cycle, so the
-        # request's objects are freed by reference counting, not the cyclic GC.
+        # Also breaks the context -> callback -> stream cycle: freed by reference counting.
         self.context.remove_cancel_callback(self._on_context_cancelled)
         if self._connection.protocol.is_open(self.sid):
             self._connection.send(frame)
@@ -234,8 +230,7 @@ class _Session:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await connection.run()
-            # Its streams were killed; a handler ignoring its context is cancelled later.
-            if nursery.child_tasks:
+            if nursery.child_tasks:  # a handler ignoring its killed context
                 nursery.cancel_scope.deadline = trio.current_time() + _ORPHAN_GRACE
 
     async def _pass_gate(self) -> bool:
@@ -244,7 +239,7 @@ class _Session:
         config = server.config
         framed = server.ssl_context is None  # frames can be sent (TLS, if any, is up)
         with trio.move_on_after(config.handshake_timeout) as gate:
-            # A verdict must come a little before the deadline, so the peer hears it.
+            # A verdict comes a little before the deadline, so the peer hears it.
             self._gate_deadline = gate.deadline - _VERDICT_MARGIN
             try:
                 if server.ssl_context is not None:
@@ -330,7 +325,6 @@ class _Session:
             )
 
     def _connection_lost(self, reason: str) -> None:
-        # Runs inside FrameConnection's close: the streams die before any teardown.
         if self.streams:
             _log.info(
                 "connection %s ended (%s): killing %d open stream(s)",
@@ -374,8 +368,8 @@ class _Session:
         self._nursery.start_soon(self._serve_stream, stream, name=f"stream {frame.sid}")
 
     async def _serve_stream(self, stream: ServerStream) -> None:
-        """Run the handler for one stream; whatever escapes it ends that stream only."""
-        # contain(), written out: this runs once per request.
+        """Run the handler for one stream; whatever escapes it ends that stream only
+        (contain(), written out: this runs once per request)."""
         try:
             await self.server.handler(stream)
         except BaseException as exc:
@@ -419,10 +413,8 @@ class _Session:
 
 
 class RequestPlaneServer:
-    """Accepts request-plane connections and runs ``await handler(stream)`` per request.
-
-    The handler must finish the stream (:meth:`ServerStream.end` or :meth:`~ServerStream.fail`).
-    """
+    """Accepts request-plane connections and runs ``await handler(stream)`` per request,
+    which must finish the stream (:meth:`ServerStream.end` or :meth:`~ServerStream.fail`)."""
 
     def __init__(
         self,
@@ -480,10 +472,8 @@ class RequestPlaneServer:
             session.go_away()
 
     def close_all(self, reason: str = "server shutting down", *, graceful: bool = False) -> None:
-        """Close every connection (its open streams are killed as transport loss).
-
-        ``graceful`` sends queued frames (the ``goaway``) first; handshakes are dropped.
-        """
+        """Close every connection, killing its open streams as transport loss (``graceful``:
+        queued frames, the ``goaway``, go out first); handshakes are dropped."""
         for session in tuple(self._sessions):
             session.close(reason, graceful=graceful)
 
@@ -496,10 +486,8 @@ class RequestPlaneServer:
         await self.handle_connection(stream, peer=peer)
 
     async def handle_connection(self, stream: trio.abc.Stream, peer: str) -> None:
-        """Serve one accepted connection (``peer``: ``host:port``) until it ends.
-
-        Raises only ``trio.Cancelled``: whatever goes wrong ends this connection only.
-        """
+        """Serve one accepted connection (``peer``: ``host:port``) until it ends; raises only
+        ``trio.Cancelled`` (whatever goes wrong ends this connection only)."""
         config = self.config
         if len(self._sessions) >= config.max_connections:
             why = f"too many connections (limit {config.max_connections})"
@@ -548,8 +536,8 @@ class RequestPlaneServer:
         oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
-        """Tell a connection beyond a cap why (in plaintext only; a few at a time linger so
-        the frame arrives), and drop it."""
+        """Tell a connection beyond a cap why (plaintext only; a few linger so the frame
+        arrives), and drop it."""
         limited_log.warning("connection-refused", "refusing a connection from %s: %s", peer, why)
         self._refusing += 1
         try:

@@ -1,11 +1,7 @@
 """The distributed runtime: serving endpoints, calling them, and the response streams between."""
 
 from ._annotated import Annotated as Annotated
-from ._client import (
-    Client as Client,
-    DataStream as DataStream,
-    ResponseStream as ResponseStream,
-)
+from ._client import Client as Client, DataStream as DataStream, ResponseStream as ResponseStream
 from ._router import Router as Router, Target as Target
 from ._runtime import (
     Component as Component,

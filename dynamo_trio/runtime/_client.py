@@ -1,6 +1,5 @@
-"""Calling an endpoint: a child context linked under the caller's (its deadline, stop
-and kill reach the worker as frames), sent where the router chooses, read as a
-:class:`ResponseStream`."""
+"""Calling an endpoint: a child context linked under the caller's (its deadline, stop and
+kill reach the worker as frames), sent where the router chooses, read as a ResponseStream."""
 
 from __future__ import annotations
 
@@ -11,13 +10,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, ove
 
 import trio
 
-from .._context import (
-    CancelReason,
-    Context,
-    ContextState,
-    find_cancelled,
-    reason_for_cancelled,
-)
+from .._context import CancelReason, Context, ContextState, find_cancelled, reason_for_cancelled
 from .._errors import (
     Cancelled,
     CannotConnect,
@@ -45,15 +38,14 @@ if TYPE_CHECKING:
 
 _R = TypeVar("_R")
 
-# Distinct instances a routed call tries before giving up on CannotConnect.
-_CONNECT_ATTEMPTS: Final = 3
+_CONNECT_ATTEMPTS: Final = 3  # distinct instances a routed call tries on CannotConnect
 
 
 class ResponseStream:
     """The items of one call, as an async iterator of :class:`Annotated`; closing kills the call.
 
-    Iteration ends cleanly only when the stream ended as this caller wanted;
-    ``docs/cancellation.md`` tabulates the endings and what leaving early does.
+    Iteration ends cleanly only when the stream ended as this caller wanted
+    (``docs/cancellation.md`` tabulates the endings and what leaving early does).
     """
 
     def __init__(
@@ -115,11 +107,8 @@ class ResponseStream:
         return item
 
     async def receive(self, *, idle_timeout: float | None = None) -> Annotated | None:
-        """The next item, or ``None`` once the stream has ended.
-
-        Nothing for ``idle_timeout`` seconds kills the call (``inactivity``) and
-        raises :class:`~dynamo_trio.ResponseTimeout`.
-        """
+        """The next item, or ``None`` once the stream has ended; nothing for ``idle_timeout``
+        seconds kills the call (``inactivity``) and raises :class:`~dynamo_trio.ResponseTimeout`."""
         frame = await self._next(ClientStream.receive, idle_timeout)
         if frame is None:
             return None
@@ -130,9 +119,7 @@ class ResponseStream:
     ) -> list[Any]:
         """The data of every item that has arrived (at least one, annotations dropped);
         ``[]`` once ended, or when :meth:`nudge` woke the wait (then :attr:`done` is false).
-
-        ``keep_if_cancelled``: a cancellation while waiting leaves the stream open.
-        """
+        ``keep_if_cancelled``: a cancellation while waiting leaves the stream open."""
         frames = await self._next(ClientStream.receive_many, idle_timeout, keep_if_cancelled)
         return [] if frames is None else [frame.data for frame in frames]
 
@@ -166,8 +153,7 @@ class ResponseStream:
             if isinstance(exc, Disconnected) and self._on_lost is not None:
                 self._on_lost(str(exc))
             raise
-        except BaseException as exc:
-            # The consumer was cancelled (or failed) while waiting: abandon the stream.
+        except BaseException as exc:  # the consumer was cancelled (or failed) while waiting
             if not (keep_if_cancelled and isinstance(exc, trio.Cancelled)):
                 self._abandon(_abandon_reason(exc))
             raise
@@ -199,7 +185,7 @@ class ResponseStream:
         return await receive(stream)
 
     def _ended(self, stream: ClientStream) -> None:
-        """Raise unless the worker ended the stream as this caller asked (see the class)."""
+        """Raise unless the worker ended the stream as this caller asked."""
         self._finish()
         context = self._context
         if context.is_killed():
@@ -317,8 +303,6 @@ class Client:
             lambda items: any(i.instance_id == instance_id for i in items.values())
         )
 
-    # Dynamo's arguments, in its order; annotated=False/None gives a DataStream.
-
     @overload
     async def random(
         self, request: Any, annotated: Literal[True] = True, context: Context | None = None
@@ -360,11 +344,7 @@ class Client:
     ) -> ResponseStream: ...
     @overload
     async def direct(
-        self,
-        request: Any,
-        instance_id: int,
-        annotated: bool | None,
-        context: Context | None = None,
+        self, request: Any, instance_id: int, annotated: bool | None, context: Context | None = None
     ) -> ResponseStream | DataStream: ...
     async def direct(
         self,

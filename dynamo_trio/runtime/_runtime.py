@@ -1,8 +1,4 @@
-"""``DistributedRuntime``: one per process; owns discovery, the request plane and metrics.
-
-Everything a runtime starts runs in its own nursery, so leaving ``async with
-DistributedRuntime(...)`` leaves no task, socket or registration behind.
-"""
+"""``DistributedRuntime``: one per process; owns discovery, the request plane and metrics."""
 
 from __future__ import annotations
 
@@ -58,8 +54,7 @@ _NOT_OPEN: Final = "the runtime is not open: use 'async with DistributedRuntime(
 
 
 class Transport(Protocol):
-    """Where a runtime's request plane listens and how it reaches others (TCP by default;
-    tests inject one so that runtimes of one trio run talk without sockets)."""
+    """Where a runtime's request plane listens and how it reaches others (default TCP)."""
 
     async def open(self, address: str) -> trio.abc.Stream:
         """A new connection to the server at ``address`` (``host:port``)."""
@@ -75,11 +70,11 @@ class Transport(Protocol):
 
 @final
 class DistributedRuntime:
-    """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``.
+    """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``;
+    leaving the block leaves no task, socket or registration behind.
 
-    ``config`` defaults to ``Config.from_env()``; ``memory_store`` is the ``mem``
-    discovery store to share within the process; ``transport`` replaces the
-    request plane's TCP.
+    ``config`` defaults to ``Config.from_env()``; ``memory_store`` is the ``mem`` discovery
+    store to share within the process; ``transport`` replaces the request plane's TCP.
     """
 
     def __init__(
@@ -115,8 +110,7 @@ class DistributedRuntime:
         self._status_stop = trio.Event()
 
     async def __aenter__(self) -> Self:
-        # Not ``async with``: a context that swallowed a start-up failure (a nursery whose
-        # own scope was cancelled) would return a runtime that never opened.
+        # Not ``async with``: it could swallow a start-up failure (a cancelled nursery).
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -320,7 +314,7 @@ class DistributedRuntime:
             for context in self._inflight:
                 served = self._endpoints.get(context.attributes.get("endpoint", ""))
                 if served is not None and not served.graceful_shutdown:
-                    context.kill(CancelReason.SHUTDOWN)  # serve_endpoint(graceful_shutdown=False)
+                    context.kill(CancelReason.SHUTDOWN)
                 else:
                     context.stop(CancelReason.SHUTDOWN)
             with trio.move_on_after(grace):
@@ -468,10 +462,9 @@ class Endpoint:
         """Serve ``handler(request[, context])`` here until the runtime shuts down.
 
         ``nursery.start`` returns once registered (at once, registering nothing, if the
-        shutdown began first: a signal during a worker's start-up ends it cleanly).
-        ``graceful_shutdown=False``: a shutdown kills this endpoint's requests instead
-        of draining them.  ``metrics_labels`` are extra labels on its
-        ``dynamo_component_*`` series.
+        shutdown began first).  ``graceful_shutdown=False``: a shutdown kills this
+        endpoint's requests instead of draining them.  ``metrics_labels`` are extra
+        labels on its ``dynamo_component_*`` series.
         """
         runtime = self.runtime
         if runtime.shutting_down:
@@ -546,10 +539,7 @@ def _check_name(what: str, name: str) -> None:
 
 
 def dynamo_worker(
-    config: Config | None = None,
-    *,
-    handle_signals: bool = True,
-    enable_nats: bool | None = None,
+    config: Config | None = None, *, handle_signals: bool = True, enable_nats: bool | None = None
 ) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
     """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
 
@@ -569,8 +559,6 @@ def dynamo_worker(
         async def wrapper(*args: Any, **kwargs: Any) -> None:
             settings = config if config is not None else Config.from_env()
             configure_logging(settings.log_level)
-            # A long-running serving process, as the frontend and the mocker are: most of
-            # a request's objects are freed by reference counting before a collection.
             tune_gc(settings.gc_threshold)
             async with DistributedRuntime(settings) as runtime, trio.open_nursery() as nursery:
                 if handle_signals:
@@ -600,16 +588,13 @@ def _log_to_stderr(level: str, text: str) -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level.upper())
-    if level != "debug":
-        # httpx logs every request at INFO: with etcd, a line per lease keepalive.
+    if level != "debug":  # httpx logs every request (each etcd keepalive) at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def configure_dynamo_logging(service_name: str | None = None, worker_id: int | None = None) -> None:
-    """Dynamo's ``configure_dynamo_logging``: replace the root handlers with one to stderr.
-
-    Lines are prefixed ``[service_name:worker_id]`` when given; call it before ``trio.run``.
-    """
+    """Dynamo's ``configure_dynamo_logging``: replace the root handlers with one to stderr,
+    prefixing lines ``[service_name:worker_id]`` when given; call it before ``trio.run``."""
     level = Config.from_env().log_level
     prefix = (service_name or "") + ("" if worker_id is None else f":{worker_id}")
     text = LOG_FORMAT.replace("%(message)s", f"[{prefix}] %(message)s") if prefix else LOG_FORMAT

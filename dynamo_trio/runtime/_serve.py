@@ -129,10 +129,7 @@ async def serve_stream(
 
 
 def _outcome_of(
-    exc: BaseException,
-    context: Context,
-    path: str,
-    on_exit_request: Callable[[], None],
+    exc: BaseException, context: Context, path: str, on_exit_request: Callable[[], None]
 ) -> DynamoError | None:
     """The error a handler's exception ends its stream with; ``None`` for a clean end."""
     exc = collapse(exc) or exc
