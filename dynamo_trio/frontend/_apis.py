@@ -1,8 +1,5 @@
-"""The generating HTTP APIs as data: how each parses, answers, streams and fails.
-
-One :class:`TextApi` per text route (OpenAI chat and completions, Responses,
-Anthropic Messages), one :class:`MediaApi` per other route (embeddings, images,
-videos, speech: unary, or streamed in the body its request asks for).
+"""The generating HTTP APIs as data: how each parses, answers, streams and fails (one
+:class:`TextApi` per text route, one :class:`MediaApi` per other route).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The OpenAI-compatible HTTP frontend: a quart-trio app on the HTTP edge, over hypercorn.
-
-hypercorn -> Edge (refusals, status routes) -> HangUpGuard -> quart (the route table);
-whatever a client sends is answered with an API-shaped JSON error, never a traceback.
+"""The OpenAI-compatible HTTP frontend: hypercorn -> Edge (refusals, status routes) ->
+HangUpGuard -> quart (the route table); a client's errors get API-shaped JSON, no traceback.
 """
 
 from __future__ import annotations
@@ -110,7 +108,7 @@ class _ViewFirst(TrioASGIHTTPConnection):
 
 def _view_first_fits(base: type[TrioASGIHTTPConnection]) -> bool:
     """Whether quart-trio still has the methods :class:`_ViewFirst` calls, as in 0.12."""
-    expected = {  # name: (a coroutine function?, its parameters)
+    expected = {  # name: (async?, parameters)
         "_create_request_from_scope": (False, ["self", "send"]),
         "handle_messages": (True, ["self", "nursery", "request", "receive"]),
         "handle_request": (True, ["self", "nursery", "request", "send"]),
@@ -135,9 +133,9 @@ if not VIEW_FIRST:
 
 
 async def _keep_alive_safe(response: Response) -> Response:
-    """Consume the rest of the request body before answering, or close the connection
-    (else hypercorn closes it inside the response's send, where quart-trio's
-    cancellation leaves the socket open but dead)."""
+    """Consume the rest of the request body before answering, or close the connection (else
+    hypercorn closes it inside the response's send, which quart-trio's cancellation leaves
+    open but dead)."""
     if response.status_code in (408, 413):
         response.headers["Connection"] = "close"
         return response
@@ -168,8 +166,7 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
 async def _internal_error(error: Exception) -> Response:
     _log.exception("unhandled error on %s %s", request.method, request.path)
     body = api_for_path(request.path).error_body(500, "Internal server error.")
-    response = json_response(body, 500, reply_ids())
-    return await _keep_alive_safe(response)
+    return await _keep_alive_safe(json_response(body, 500, reply_ids()))
 
 
 async def serve_frontend(
@@ -287,7 +284,7 @@ def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> Hyperc
     hypercorn.graceful_timeout = graceful_timeout
     hypercorn.keep_alive_timeout = config.idle_timeout
     hypercorn.backlog = config.backlog
-    # A head still incomplete past this is refused by h11 (431), a complete one by the Edge.
+    # (a head still incomplete past this is refused by h11, a complete one by the Edge)
     hypercorn.h11_max_incomplete_size = config.max_header_size
     hypercorn.h2_max_header_list_size = config.max_header_size
     return hypercorn

@@ -34,17 +34,10 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
-_INSTANCE_WAIT: Final = 2.0
-"""How long a request for a known model waits for one of its instances to be listed."""
-
-_PREPARE_RETRY: Final = (0.1, 2.0)
-"""Backoff (first, longest) between attempts to open an endpoint's instance watch."""
-
+_INSTANCE_WAIT: Final = 2.0  # how long a request waits for one of its instances to be listed
+_PREPARE_RETRY: Final = (0.1, 2.0)  # backoff (first, longest) to open an instance watch
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomplete)
-"""Failures of the instance after which another instance may take the request."""
-
-_TEXT_REQUESTS: Final = frozenset({"chat", "completion"})
-"""Engine ``request_type``s whose streams can be continued elsewhere."""
+_TEXT_REQUESTS: Final = frozenset({"chat", "completion"})  # streams that can continue elsewhere
 
 Moved = tuple[str, str]
 """``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
@@ -131,7 +124,7 @@ class ModelStream:
         self._started = False  # an item has arrived
         self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
         self._migrations_left = faults.migration_limit if self._is_text else 0
-        # What the consumer has been given, for a continuation (only while it may move).
+        # What the consumer has been given, for a continuation (while it may move).
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self._finished = False  # the item with the finish reason has been given out

@@ -1,7 +1,6 @@
 """A request's walk through the frontend: the view answers, a producer does the work
-(docs/architecture.md, "A request in the frontend"); every ending is decided in
-:meth:`Pipeline._failed`.
-"""
+(docs/architecture.md, "A request in the frontend"); :meth:`Pipeline._failed` decides
+every ending."""
 
 from __future__ import annotations
 
@@ -81,10 +80,7 @@ class Pipeline:
     """Runs frontend requests: model lookup, worker call, shaping, cancellation."""
 
     def __init__(
-        self,
-        runtime: DistributedRuntime,
-        config: FrontendConfig,
-        nursery: trio.Nursery,
+        self, runtime: DistributedRuntime, config: FrontendConfig, nursery: trio.Nursery
     ) -> None:
         self.runtime: Final = runtime
         self.config: Final = config
@@ -216,8 +212,7 @@ class Pipeline:
         """The view's side: start the producer, answer with the first thing it sends."""
         reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
-        # Cancelled here: the client left before the first byte (the HangUpGuard applied
-        # the hang-up rule), and the producer learns nobody listens.
+        # Cancelled here: the client left (the HangUpGuard applied the hang-up rule).
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
@@ -228,11 +223,7 @@ class Pipeline:
         return cast("JsonReply | BytesReply", first)
 
     async def _produce(
-        self,
-        lifecycle: RequestLifecycle,
-        reply: Reply,
-        produce: Any,
-        *args: Any,
+        self, lifecycle: RequestLifecycle, reply: Reply, produce: Any, *args: Any
     ) -> None:
         """The producer's side, a task of the frontend's nursery: the request's work, in
         its scope; whatever it raises ends this request only."""
@@ -253,8 +244,7 @@ class Pipeline:
                 lifecycle.tracker.finish(status, error_type)
             finally:
                 lifecycle.tracker.finish("error", "cancelled")  # a no-op unless the above ran
-                # The request is over; the callback is its one reference cycle
-                # (context -> callback -> lifecycle -> context).
+                # (the request's one reference cycle: context -> callback -> lifecycle)
                 context.remove_cancel_callback(lifecycle.heard_cancel)
 
     @contextmanager

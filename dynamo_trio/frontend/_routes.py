@@ -1,8 +1,4 @@
-"""The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them.
-
-A view reads the whole body before anything can refuse the request (so the
-keep-alive connection can be reused); ``x-request-timeout`` sets its deadline.
-"""
+"""The frontend's API routes, as a table (:data:`ROUTES`), and the views that serve them."""
 
 from __future__ import annotations
 
@@ -142,7 +138,8 @@ def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Res
 
 
 async def generate_view(pipeline: Pipeline, api: TextApi | MediaApi) -> Response:
-    """``POST`` to a generating route: parse, route, run, answer (JSON, SSE, or a media body)."""
+    """``POST`` to a generating route: read the whole body first (a refusal leaves the
+    keep-alive connection reusable), then parse, route, run, answer (JSON, SSE, media)."""
     body = BodyPrefetch.take(request.scope)
     if body is None:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)

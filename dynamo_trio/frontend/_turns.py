@@ -14,10 +14,8 @@ import trio
 class Turns(trio.abc.Instrument):
     """At most ``per_pass`` turns (0: no limit) per scheduler pass, first come first served,
     once the pass is older than ``budget`` seconds (before, every asker has one at once).
-
-    A trio instrument told where passes begin; the ticker that hands out waiting turns
-    runs in ``nursery`` only while someone waits.
-    """
+    A trio instrument told where passes begin; the ticker that hands out waiting turns runs
+    in ``nursery`` only while someone waits."""
 
     __slots__ = (
         "_free_until",

@@ -72,10 +72,7 @@ async def run_frontend_workers(
     children = [_Child(index, count, argv, port, shared) for index in range(count)]
     try:
         # Held while we live; we remove the directory ourselves (below).
-        with (
-            holding_shared(shared, remove=False),
-            killed_on_forced_exit(children),
-        ):
+        with holding_shared(shared, remove=False), killed_on_forced_exit(children):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(shut_down_on_signals, stop.set)
                 with trio.fail_after(_STARTUP_TIMEOUT):
@@ -126,14 +123,8 @@ class _Child:
         self, index: int, count: int, argv: Sequence[str], port: int, shared: Path
     ) -> None:
         self.index = index
-        self._argv = [
-            sys.executable,
-            "-m",
-            "dynamo_trio.frontend",
-            *argv,
-            "--http-port",  # the port held for it (after argv's own: the last one wins)
-            str(port),
-        ]
+        # The port held for it comes after argv's own: the last one wins.
+        self._argv = [sys.executable, "-m", "dynamo_trio.frontend", *argv, "--http-port", str(port)]
         self._env = {
             **os.environ,
             WORKER_INDEX_ENV: str(index),
