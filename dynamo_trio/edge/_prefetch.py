@@ -47,12 +47,7 @@ class BodyPrefetch:
 
     @classmethod
     async def offer(
-        cls,
-        scope: HTTPScope,
-        receive: ASGIReceiveCallable,
-        *,
-        limit: int,
-        end_timeout: float,
+        cls, scope: HTTPScope, receive: ASGIReceiveCallable, *, limit: int, end_timeout: float
     ) -> ASGIReceiveCallable:
         """Take what is queued of the body, offer it if complete and within ``limit``, and
         return the ``receive`` to give the app."""

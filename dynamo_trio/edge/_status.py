@@ -29,11 +29,7 @@ _INTERNAL: Final = EdgeResponse(500, json_bytes({"error": "the status callback f
 
 
 def status_routes(
-    *,
-    health: Health,
-    metrics: MetricsSource,
-    inflight: InflightListing,
-    live: Health | None = None,
+    *, health: Health, metrics: MetricsSource, inflight: InflightListing, live: Health | None = None
 ) -> list[Route]:
     """``/metrics`` (Prometheus, or OpenMetrics if ``Accept`` asks), ``/health`` and ``/live``
     (quick callbacks; ``live`` defaults to ``health``), and ``/debug/requests`` (the in-flight
