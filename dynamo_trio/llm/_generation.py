@@ -13,11 +13,8 @@ _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 
 
 def plain_text(item: object) -> str | None:
-    """An item's text if it is only well-typed text and token ids (the common item), else None.
-
-    A cheap check on every streamed token's path (hence the plain loop); every
-    other item gets the full :func:`~dynamo_trio.llm.parse_generate_output`.
-    """
+    """An item's text if it is only well-typed text and token ids (the common item), else None:
+    a cheap check on every token's path, before the full ``parse_generate_output``."""
     if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
         return None
     text = item.get("text", "")
@@ -62,10 +59,8 @@ class Generation:
         return generation
 
     def feed(self, item: object) -> str:
-        """Fold one engine output item in and return its text (``""`` after the end).
-
-        Raises EngineError for a malformed item or ``finish_reason: "error"``.
-        """
+        """Fold one engine output item in and return its text (``""`` after the end); EngineError
+        for a malformed item or ``finish_reason: "error"``."""
         if self._finish_reason is not None:
             return ""
         text = plain_text(item)
@@ -138,8 +133,8 @@ class Generation:
 class EventStream:
     """Engine items in, one API's stream events out: opened once, closed once.
 
-    Subclasses say what opens the stream, what a text delta is, and what closes
-    it (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it).
+    Subclasses say what opens the stream, what a text delta is, and what closes it
+    (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it).
     """
 
     __slots__ = ("_closed", "_generation", "_started")
@@ -162,10 +157,8 @@ class EventStream:
         return self._opening()
 
     def feed(self, item: object) -> list[dict[str, object]]:
-        """The events for one engine output item, opening the stream first if needed.
-
-        Raises EngineError for a malformed or failed item: answer it with ``fail``.
-        """
+        """The events for one engine output item, opening the stream first if needed
+        (EngineError for a malformed or failed item: answer it with ``fail``)."""
         events = self.start()
         if self._closed:
             return events
@@ -180,7 +173,7 @@ class EventStream:
         return events + self._closing("") if self._close() else events
 
     def _close(self) -> bool:
-        """Close the stream: true the first time (the caller says what ends it)."""
+        """Close the stream: true the first time."""
         closing, self._closed = not self._closed, True
         return closing
 

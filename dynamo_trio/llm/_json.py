@@ -45,9 +45,8 @@ _NUMBERS: Final[frozenset[type]] = frozenset({int, float, bool})
 def decode_json_body(body: bytes, *, max_depth: int) -> object:
     """Decode a request body that must be one JSON value (RFC 8259, UTF-8), ``[]`` depth 1.
 
-    A 400 :class:`RequestError` for invalid JSON, deeper nesting or a repeated
-    key; with ``param`` the value's path for an integer outside
-    :data:`INTEGER_RANGE` or a ``NaN``/``Infinity``.
+    A 400 :class:`RequestError` for invalid JSON, deeper nesting or a repeated key; with
+    ``param`` the path of an integer outside :data:`INTEGER_RANGE` or a NaN/Infinity.
     """
     try:
         value = _DECODER.decode(body)
@@ -58,9 +57,8 @@ def decode_json_body(body: bytes, *, max_depth: int) -> object:
     if not isinstance(value, dict | list):
         return value
     members, outside_range = _scan(value, max_depth)
-    # Outside strings, every ':' separates a key from its value: fewer members
-    # than separators means a key was given twice.  Counting in the raw body
-    # first spares building the skeleton unless some string holds a ':'.
+    # Outside strings, every ':' separates a key from its value: fewer members than
+    # separators means a repeated key (docs/llm.md, "Request bodies").
     if body.count(b":") != members and _skeleton(body).count(b":") != members:
         raise _duplicate_key(body)
     if outside_range:
@@ -69,10 +67,8 @@ def decode_json_body(body: bytes, *, max_depth: int) -> object:
 
 
 def _skeleton(body: bytes) -> bytes:
-    """``body`` (valid JSON) without its string literals, quotes included.
-
-    With escaped backslashes then quotes gone, splitting on ``"`` alternates outside/inside.
-    """
+    """``body`` (valid JSON) without its string literals: with escaped backslashes and quotes
+    gone, splitting on ``"`` alternates outside/inside."""
     if b"\\" in body:
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     return b"".join(body.split(b'"')[::2])

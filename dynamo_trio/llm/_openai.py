@@ -335,10 +335,8 @@ class _ChunkStream(EventStream):
         return [self._text_chunk(text, openai_finish_reason(self._generation.finish_reason))]
 
     def feed_sse(self, items: Iterable[object]) -> bytes:
-        """The SSE bytes of :meth:`feed` for a batch of items, in order.
-
-        A plain text item (the common case) fills a pre-encoded chunk template.
-        """
+        """The SSE bytes of :meth:`feed` for a batch of items (a plain text item fills a
+        pre-encoded chunk template)."""
         parts = [encode_event(chunk) for chunk in self.start()]
         for item in items:
             if self._closed:
@@ -368,10 +366,8 @@ class _ChunkStream(EventStream):
         return chunks
 
     def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
-        """The error that ends a failed stream (``[]`` if it already ended).
-
-        Send it with :func:`~dynamo_trio.llm.encode_error_event`, and no ``[DONE]`` after it.
-        """
+        """The error that ends a failed stream (``[]`` if it already ended): send it with
+        :func:`~dynamo_trio.llm.encode_error_event`, and no ``[DONE]`` after it."""
         if not self._close():
             return []
         self._include_usage = False
@@ -383,11 +379,8 @@ _MARK: Final = "\x00text\x00"  # no engine text is this: a NUL-delimited placeho
 
 
 class ChatCompletionStream(_ChunkStream):
-    """Turns engine output items into ``chat.completion.chunk`` objects.
-
-    The first chunk's delta is the assistant role with empty content; each text
-    delta is a content chunk; the ending item carries ``finish_reason``.
-    """
+    """Turns engine output items into ``chat.completion.chunk`` objects: the assistant role
+    first (empty content), then a content chunk per text delta, ``finish_reason`` last."""
 
     __slots__ = ()
     _object = "chat.completion.chunk"

@@ -33,9 +33,7 @@ class Continuation(TypedDict):
     """What an interrupted attempt at a request already generated (docs/llm.md)."""
 
     text: str
-    """The text of the items already generated (what the client has been sent)."""
     token_ids: list[_NonNegativeInt]
-    """Every token already generated, in order; they count against ``max_tokens``."""
 
 
 class GenerateRequest(TypedDict):
@@ -44,11 +42,8 @@ class GenerateRequest(TypedDict):
     model: str
     request_type: Literal["chat", "completion"]
     messages: NotRequired[list[EngineMessage]]
-    """The conversation (``request_type == "chat"``)."""
     prompt: NotRequired[str]
-    """The text to continue (``request_type == "completion"``)."""
     max_tokens: NotRequired[_PositiveInt | None]
-    """Most tokens to generate; ``None`` for the engine's default."""
     min_tokens: NotRequired[_NonNegativeInt | None]
     """Fewest tokens to generate before a stop sequence or end of sequence may end it."""
     temperature: NotRequired[Annotated[float, msgspec.Meta(ge=0.0)] | None]
@@ -56,11 +51,9 @@ class GenerateRequest(TypedDict):
     top_k: NotRequired[_NonNegativeInt | None]
     seed: NotRequired[int | None]
     stop: NotRequired[list[Annotated[str, msgspec.Meta(min_length=1)]]]
-    """Stop sequences; generation ends before the first one produced."""
     ignore_eos: NotRequired[bool]
     """Keep generating past end of sequence (benchmarks)."""
     continuation: NotRequired[Continuation | None]
-    """Continue an interrupted generation after these tokens (request migration)."""
 
 
 class Usage(TypedDict):
@@ -74,16 +67,13 @@ class GenerateOutput(TypedDict):
     """One streamed item of a generation (docs/llm.md)."""
 
     text: NotRequired[str]
-    """The text delta (absent means empty)."""
     token_ids: NotRequired[list[int]]
-    """The ids of the tokens generated for this item."""
     finish_reason: NotRequired[FinishReason | None]
     stop_sequence: NotRequired[str | None]
     """The stop sequence that ended generation, with ``finish_reason == "stop"``."""
     usage: NotRequired[Usage | None]
     """Cumulative usage; required on the last item."""
     error: NotRequired[str]
-    """Why generation failed, with ``finish_reason == "error"``."""
 
 
 class EmbedRequest(TypedDict):

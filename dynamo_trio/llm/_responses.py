@@ -299,11 +299,8 @@ class ResponseStream(EventStream):
         return [self._in_text("response.output_text.delta", delta=text, logprobs=[])]
 
     def fail(self, message: str, *, code: str = "server_error") -> list[dict[str, object]]:
-        """The events that end the stream with an error: ``error``, then ``response.failed``.
-
-        ``code`` must be one of the Responses API error codes (``server_error``,
-        ``rate_limit_exceeded``, ...).  Returns ``[]`` if the stream already ended.
-        """
+        """The events that end the stream with an error, ``error`` then ``response.failed``
+        (``[]`` if it already ended); ``code`` is a Responses API error code (``server_error``)."""
         events = self.start()
         if not self._close():
             return events

@@ -1,5 +1,5 @@
 """The mock LLM engine: deterministic text and embeddings at a configurable pace
-(``docs/mocker.md`` has the rules for text, timing, cancellation and continuations)."""
+(docs/mocker.md)."""
 
 from __future__ import annotations
 
@@ -47,12 +47,9 @@ class MockEngine:
         return self._settings
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
-        """Generate text for an engine request, one item per token.
-
-        ``text`` may be empty while held back as a possible stop sequence; the last
-        item carries ``finish_reason`` and ``usage``.  ``ValueError`` for an invalid
-        request or one over the limits (:class:`ContextLengthExceeded`).
-        """
+        """Generate text for an engine request, one item per token (``text`` empty while held
+        back as a possible stop sequence); ValueError for an invalid request or one over the
+        limits (:class:`ContextLengthExceeded`)."""
         valid = validate_generate_request(request)
         prompt = render_prompt(valid)
         prompt_tokens = await count_tokens_yielding(prompt)
@@ -84,7 +81,7 @@ class MockEngine:
             deadline += self._token_delay
 
     def _max_tokens(self, requested: int | None, prompt_tokens: int, request_type: str) -> int:
-        """The tokens to generate at most; raises for a request over the model's limits."""
+        """The tokens to generate at most (ValueError over the model's limits)."""
         settings = self._settings
         if requested is not None and requested > settings.max_output_tokens:
             raise ValueError(
@@ -104,11 +101,8 @@ class MockEngine:
         return min(settings.default_max_tokens, settings.max_output_tokens, room)
 
     async def embed(self, request: object, context: Context) -> AsyncIterator[EmbedOutput]:
-        """Embed each input as a unit vector fixed by its hash, after ``ttft_ms``.
-
-        Fewer ``dimensions`` get the leading components, renormalised; a stop
-        before then yields nothing.  ValueError for an invalid request.
-        """
+        """Embed each input as a unit vector fixed by its hash, after ``ttft_ms`` (fewer
+        ``dimensions``: the leading components, renormalised); ValueError if invalid."""
         valid = validate_embed_request(request)
         full = self._settings.embedding_dimensions
         dimensions = valid.get("dimensions") or full
@@ -140,11 +134,8 @@ BURST: Final = 16  # due tokens generated between two trips through the schedule
 
 
 async def wait_until(deadline: float, context: Context, *, burst: bool = False) -> bool:
-    """Sleep until ``deadline`` unless stopped first; whether the context is stopped.
-
-    A kill always lands here as :class:`trio.Cancelled`; with ``burst``, a
-    deadline already past takes no trip through the scheduler.
-    """
+    """Sleep until ``deadline`` unless stopped first; whether the context is stopped.  A kill
+    lands here as :class:`trio.Cancelled`; with ``burst``, a past deadline does not yield."""
     if not context.is_stopped() and deadline > trio.current_time():
         with trio.move_on_at(deadline):
             await context.stopped()

@@ -1,8 +1,5 @@
-"""``dynamo-trio mocker`` (``python -m dynamo_trio.mocker``): one mock worker process.
-
-Its flags: the settings' (``add_flags``), the models to serve, and one per field of
-:class:`MockerSettings`, which ``dynamo-trio run`` passes on to its workers too.
-"""
+"""``dynamo-trio mocker`` (``python -m dynamo_trio.mocker``): one mock worker process; its flags
+are the settings' (``add_flags``), the models to serve, and one per MockerSettings field."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ class MockerSettings:
     embedding_dimensions: int = 16
     """Length of an embedding vector, and the most a request may ask for."""
     context_length: int = 32768
-    """The model's context window (prompt plus output tokens), on its card: a longer
-    request is refused."""
+    """The model's context window (prompt plus output tokens), on its card."""
     max_output_tokens: int = 16384
     """The most tokens one request may ask for, on the model card: more is refused."""
     media_step_ms: float = 20.0
