@@ -1,7 +1,5 @@
 """Frontend request metrics: Dynamo's ``dynamo_frontend_*`` families, counted exactly.
-
-One :class:`FrontendMetrics` per frontend process; one
-:class:`FrontendRequestTracker` per HTTP request::
+One :class:`FrontendMetrics` per process, one :class:`FrontendRequestTracker` per request::
 
     with metrics.start_request(model, "chat_completions", "stream") as tracker:
         async for chunk in stream:
@@ -156,10 +154,8 @@ class FrontendMetrics:
     def start_request(
         self, model: str, endpoint: FrontendEndpoint, request_type: RequestType
     ) -> FrontendRequestTracker:
-        """Track one request until :meth:`FrontendRequestTracker.finish`.
-
-        ``model`` is a label value: the name routed to, never unvalidated input.
-        """
+        """Track one request until :meth:`FrontendRequestTracker.finish`; ``model`` is a
+        label value (the name routed to, never unvalidated input)."""
         key = (model, endpoint, request_type)
         route = self._routes.get(key)
         if route is None:
@@ -193,11 +189,8 @@ class _Route:
 
 @final
 class FrontendRequestTracker(_Lifecycle):
-    """One HTTP request: cancelled at most once, finished exactly once.
-
-    :meth:`cancelled` and :meth:`finish` are idempotent and thread-safe; the
-    token methods belong to the streaming task; all is ignored after the finish.
-    """
+    """One HTTP request: cancelled at most once, finished exactly once (all is ignored after).
+    :meth:`cancelled` and :meth:`finish` are thread-safe; the token methods are the stream's."""
 
     __slots__ = ("_first_token_at", "_last_token_at", "_route", "_started")
 
@@ -216,11 +209,8 @@ class FrontendRequestTracker(_Lifecycle):
             self._route.ttft.observe(now - self._started)
 
     def tokens(self, count: int = 1) -> None:
-        """Note that ``count`` output tokens were just sent.
-
-        The first call observes the time to first token; later ones observe
-        ``count`` inter-token gaps of (time since the previous call) / ``count``.
-        """
+        """Note that ``count`` output tokens were just sent: the first call observes the time
+        to first token, later ones ``count`` gaps of (time since the last call) / ``count``."""
         if count <= 0 or self._finished:
             return
         self._route.output_tokens.inc(count)
@@ -236,10 +226,8 @@ class FrontendRequestTracker(_Lifecycle):
         observe_many(self._route.itl, gap, count)
 
     def cancelled(self, reason: str) -> None:
-        """Count the request as cancelled now (a low-cardinality ``reason``); the first call wins.
-
-        Starts the latency clock; ignored after :meth:`finish`.  Sync and checkpoint-free.
-        """
+        """Count the request as cancelled (a low-cardinality ``reason``); the first call wins.
+        Starts the latency clock; ignored after :meth:`finish`; checkpoint-free."""
         route = self._route
         signal = self._mark_cancelled(str(reason), route.metrics._clock())
         if signal is None:
@@ -251,9 +239,7 @@ class FrontendRequestTracker(_Lifecycle):
 
     def finish(self, status: FrontendStatus = "success", error_type: str | None = None) -> None:
         """Record the end of the request; only the first call counts (docs/cancellation.md).
-
-        ``error_type`` (Dynamo's, default ``internal``) goes only with ``"error"``.
-        """
+        ``error_type`` (Dynamo's, default ``internal``) goes only with ``"error"``."""
         if status not in _STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {sorted(_STATUSES)}")
         if status == STATUS_SUCCESS and error_type:
@@ -293,11 +279,8 @@ class FrontendRequestTracker(_Lifecycle):
 
 
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:
-    """``histogram.observe(amount)``, ``count`` times, at the cost of one.
-
-    prometheus-client has no weighted observation: this adds to the bucket and
-    sum ``observe`` would pick (a client without those attributes gets the calls).
-    """
+    """``histogram.observe(amount)``, ``count`` times, at the cost of one (prometheus-client
+    has none): adds to the bucket and sum ``observe`` would pick, else calls it."""
     try:
         bounds: list[float] = histogram._upper_bounds
         buckets, total = histogram._buckets, histogram._sum

@@ -1,9 +1,7 @@
 """Metric names, label names and label values, spelled exactly as Dynamo spells them.
 
-The constants are Dynamo's prefix and suffix already joined (as in its
-``prometheus_names.rs``), so ``grep`` for a name seen on a dashboard finds it;
-names marked *dynamo-trio* carry what Dynamo does not measure.  Counters keep
-their exposed ``_total`` spelling: ``prometheus_client`` strips and re-adds it.
+Names are whole (prefix joined), so ``grep`` for a name seen on a dashboard finds it;
+*dynamo-trio* marks what Dynamo does not measure.  Counters keep their ``_total``.
 """
 
 from __future__ import annotations
@@ -53,8 +51,7 @@ FRONTEND_INTER_TOKEN_LATENCY_SECONDS: Final = "dynamo_frontend_inter_token_laten
 FRONTEND_OUTPUT_TOKENS_TOTAL: Final = "dynamo_frontend_output_tokens_total"
 FRONTEND_MODEL_CANCELLATION_TOTAL: Final = "dynamo_frontend_model_cancellation_total"
 FRONTEND_MODEL_MIGRATION_TOTAL: Final = "dynamo_frontend_model_migration_total"
-"""Requests moved to another worker because theirs was lost (labels ``model``,
-``migration_type``; dynamo-trio adds ``reason``)."""
+"""Labels ``model``, ``migration_type``; dynamo-trio adds ``reason``."""
 FRONTEND_DISCONNECTED_CLIENTS: Final = "dynamo_frontend_disconnected_clients"
 """A gauge that only goes up, as in Dynamo (``prometheus_names.rs``: "not ``_total``")."""
 FRONTEND_CANCELLED_REQUESTS_TOTAL: Final = "dynamo_frontend_cancelled_requests_total"

@@ -1,8 +1,5 @@
-"""The worker's status server: ``/metrics``, ``/health``, ``/live``, ``/debug/requests``.
-
-Dynamo's system status server, on ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``: the HTTP
-edge answers these routes itself, with no web framework, over a worker's
-callbacks; ``shutdown_trigger`` stops it gracefully, cancelling it stops it now.
+"""The worker's status server (Dynamo's system status server): ``/metrics``, ``/health``,
+``/live``, ``/debug/requests``, answered by the HTTP edge over a worker's callbacks.
 """
 
 from __future__ import annotations
@@ -60,11 +57,9 @@ async def serve_status(
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve the status routes on ``config.host:config.port`` until ``shutdown_trigger`` returns.
-
-    With ``nursery.start`` it reports the bound URL once listening; without a
-    trigger it runs until cancelled.  ValueError if ``config.port`` is negative.
-    """
+    """Serve the status routes on ``config.host:config.port`` until ``shutdown_trigger`` returns
+    (graceful) or it is cancelled (at once); ``nursery.start`` gets the bound URL.
+    ValueError if ``config.port`` is negative."""
     if config.port < 0:
         raise ValueError("the status server is disabled (DYN_SYSTEM_PORT is -1)")
     # Imported here: hypercorn's start-up cost is paid only with the status server on.

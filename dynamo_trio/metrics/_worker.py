@@ -1,7 +1,6 @@
 """Worker-side request metrics: Dynamo's ``dynamo_component_*`` families, counted exactly.
-
 One :class:`WorkerMetrics` per process, one :class:`EndpointMetrics` per served endpoint,
-one :class:`RequestTracker` per request (docs/cancellation.md, "Counting cancellations")::
+one :class:`RequestTracker` per request::
 
     with generate.start_request() as tracker:
         ctx.add_cancel_callback(lambda _ctx, _state, reason: tracker.cancelled(reason))
@@ -83,10 +82,8 @@ _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ..
 
 
 def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]:
-    """Dynamo's ``metrics_labels``: extra ``(name, value)`` string labels.
-
-    ValueError for an invalid, reserved (set by dynamo-trio itself) or repeated name.
-    """
+    """Dynamo's ``metrics_labels``: extra ``(name, value)`` string labels; ValueError for
+    an invalid, reserved (set by dynamo-trio itself) or repeated name."""
     checked: dict[str, str] = {}
     for entry in labels:
         if not isinstance(entry, tuple | list) or len(entry) != 2:
@@ -110,11 +107,8 @@ def _check_extra_labels(labels: Iterable[object]) -> tuple[tuple[str, str], ...]
 @final
 class WorkerMetrics:
     """The ``dynamo_component_*`` metric families of one worker process (one per registry).
-
-    Series carry the endpoint's three names, and for a runtime's endpoint
-    ``worker_id`` (hex) and its ``metrics_labels``: label sets may differ
-    between endpoints of one family, as in Dynamo.  ``clock`` is injectable.
-    """
+    Series carry the endpoint's names, and for a runtime's endpoint ``worker_id`` (hex) and
+    its ``metrics_labels``: label sets may differ within a family, as in Dynamo."""
 
     def __init__(
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
@@ -133,9 +127,7 @@ class WorkerMetrics:
         labels: Iterable[tuple[str, str]] = (),
     ) -> EndpointMetrics:
         """The metrics of one served endpoint, cached; its series show at zero from creation.
-
-        ``labels`` are Dynamo's ``metrics_labels`` (see :func:`_check_extra_labels`).
-        """
+        ``labels``: Dynamo's ``metrics_labels`` (:func:`_check_extra_labels`)."""
         extra = _check_extra_labels(labels)
         key = (namespace, component, endpoint, worker_id, extra)
         metrics = self._endpoints.get(key)
@@ -143,8 +135,7 @@ class WorkerMetrics:
             metrics = self._endpoints[key] = EndpointMetrics(self, key)
         return metrics
 
-    # The registry's collector interface: one family per name, merging every
-    # endpoint's series (their label sets may differ).
+    # The collector interface: one family per name, merging every endpoint's series.
 
     def describe(self) -> list[Metric]:
         return [Metric(_family_name(name, kind), doc, kind) for name, kind, doc, _, _ in _FAMILIES]
@@ -252,9 +243,7 @@ class RequestTracker(_Lifecycle):
 
     def cancelled(self, reason: str) -> None:
         """A cancel signal (a low-cardinality ``reason``) reached the worker; the first wins.
-
-        Starts the latency clock and the cancelling gauge.  Sync and checkpoint-free.
-        """
+        Starts the latency clock and the cancelling gauge; checkpoint-free."""
         if self._mark_cancelled(str(reason), self._endpoint._clock()) is not None:
             self._endpoint._cancelling.inc()
 
