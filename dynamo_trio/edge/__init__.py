@@ -1,9 +1,7 @@
-"""The HTTP edge: what every HTTP server of dynamo-trio stands on.
-
-:func:`serve_http` (hypercorn's protocols under an accept loop whose shutdown
-always ends; :func:`serve_stream`: one connection on any stream), :class:`Edge`
-(the outermost ASGI layer), :func:`status_routes`, and two short ways for the
-hot path: :func:`direct_chunks` and :class:`BodyPrefetch`.
+"""The HTTP edge every HTTP server of dynamo-trio stands on: :func:`serve_http` (or
+:func:`serve_stream`: one connection on any stream), :class:`Edge` (the outermost ASGI layer),
+:func:`status_routes`, and two short ways for the hot path: :func:`direct_chunks` and
+:class:`BodyPrefetch`.
 """
 
 from ._chunks import direct_chunks as direct_chunks
