@@ -195,6 +195,7 @@ async def serve_frontend(
             turns.install()  # until the last request has ended
             await pipeline.start()
             app = build_app(pipeline)
+            drained = trio.Event()
 
             async def shutdown() -> None:  # on the trigger, or a request asking to exit
                 async with trio.open_nursery() as either:
@@ -208,8 +209,6 @@ async def serve_frontend(
                     either.start_soon(then_cancel, pipeline.exit_requested.wait)
                 await _drain(pipeline, shutdown_grace)
                 drained.set()
-
-            drained = trio.Event()
 
             edge = build_edge(pipeline, app, metrics=metrics, inflight=inflight)
             if sockets is None:
