@@ -110,11 +110,10 @@ def _current_token() -> trio.lowlevel.TrioToken | None:
 class Context:
     """Cancellation state for one request stream, shared by the frontend, workers and sub-requests.
 
-    ``id`` (default a fresh UUIDv4) is reused end to end; ``timeout`` is seconds
-    from now (:meth:`set_deadline`); ``trace`` is ``None`` for a context made by hand.
-    ``stop()``, ``kill()`` and the ``is_*`` queries are synchronous and safe from any
-    thread; everything else belongs to the trio run that owns the context (the one
-    it was made in, else the first to link or use it).
+    ``id`` (default a fresh UUIDv4) is reused end to end; ``timeout`` is seconds from now
+    (:meth:`set_deadline`); ``trace`` is ``None`` for a context made by hand.  ``stop()``,
+    ``kill()`` and the ``is_*`` queries are synchronous and safe from any thread; all else
+    belongs to the trio run that owns the context (its maker's, else the first to use it).
     """
 
     __slots__ = (
@@ -712,10 +711,8 @@ _MISSING: Final[Any] = object()
 
 @final
 class ContextMetadata:
-    """A live ``str -> str`` view of a context's metadata (Dynamo's ``ContextMetadata``).
-
-    ``keys()``, ``values()`` and ``items()`` return snapshot lists, as in Dynamo.
-    """
+    """A live ``str -> str`` view of a context's metadata (Dynamo's ``ContextMetadata``);
+    ``keys()``, ``values()`` and ``items()`` return snapshot lists, as in Dynamo."""
 
     __slots__ = ("_items",)
 

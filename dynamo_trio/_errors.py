@@ -15,10 +15,8 @@ if TYPE_CHECKING:
 
 
 class DynamoError(Exception):
-    """Base of every error this package raises for a request (docs/api.md has the tree).
-
-    ``caused_by`` names the remote exception type if a handler raised it (``"ValueError"``).
-    """
+    """Base of every error this package raises for a request (docs/api.md has the tree);
+    ``caused_by`` names the remote exception type if a handler raised it (``"ValueError"``)."""
 
     error_type: ClassVar[str] = "Unknown"
     """The wire code (Dynamo's ``ErrorType`` name)."""

@@ -21,11 +21,9 @@ _children: list[Iterable[_Killable]] = []
 
 
 async def shut_down_on_signals(shutdown: Callable[[], object]) -> None:
-    """Call ``shutdown()`` on the first SIGINT/SIGTERM; exit the process on the next.
-
-    The second is a plain signal handler (``os._exit(128 + signal)``), so it works
-    even while the event loop is held.  Cancelling restores the previous handlers.
-    """
+    """Call ``shutdown()`` on the first SIGINT/SIGTERM; exit the process on the next (a plain
+    handler, ``os._exit(128 + signal)``, so even a held event loop exits).  Cancelling
+    restores the previous handlers."""
     with trio.open_signal_receiver(*_SIGNALS) as signals:  # restores the handlers on exit
         async for signum in signals:
             _log.info(

@@ -1,7 +1,5 @@
-"""A command's process that cannot serve for a reason outside the program (a port in use,
-an engine that did not load, discovery out of reach) ends with one line on stderr and
-status 1; a bug still ends with its traceback.
-"""
+"""A command that cannot serve for a reason outside the program (a port in use, an engine
+that did not load) ends with one line on stderr and status 1; a bug with its traceback."""
 
 from __future__ import annotations
 
@@ -12,8 +10,6 @@ import trio
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-
-__all__ = ["CannotServe", "run_command"]
 
 
 class CannotServe(Exception):
