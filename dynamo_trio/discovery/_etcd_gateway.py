@@ -40,27 +40,18 @@ class RequestBody(httpx.AsyncByteStream):
     httpx's own body is an async generator, which a cancelled send leaves suspended for the
     garbage collector to finalize (and trio to warn about)."""
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "_unsent")
 
     def __init__(self, data: bytes) -> None:
         self._data = data
+        self._unsent: bytes | None = None
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return _Once(self._data)
-
-
-@final
-class _Once:
-    __slots__ = ("_data",)
-
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-
-    def __aiter__(self) -> _Once:
+    def __aiter__(self) -> RequestBody:
+        self._unsent = self._data
         return self
 
     async def __anext__(self) -> bytes:
-        data, self._data = self._data, None
+        data, self._unsent = self._unsent, None
         if data is None:
             raise StopAsyncIteration
         return data

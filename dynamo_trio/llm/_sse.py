@@ -28,9 +28,7 @@ def encode_event(
 
     ValueError for a line break in ``event`` or ``id`` or a NUL in ``id``.
     """
-    head = b""
-    if event is not None:
-        head = _field(b"event", event)
+    head = b"" if event is None else _field(b"event", event)
     if id is not None:
         if "\0" in id:
             raise ValueError(f"an SSE id field cannot contain NUL: {id!r}")
