@@ -1,5 +1,4 @@
-"""The request plane's wire format: frame types and the length-prefixed codec
-(docs/protocol.md, "Frames")."""
+"""The request plane's wire format: frame types and the length-prefixed codec."""
 
 from __future__ import annotations
 
@@ -14,13 +13,8 @@ if TYPE_CHECKING:
     from collections.abc import Generator
 
 PROTOCOL_VERSION: Final = 2
-
-HANDSHAKE_MAX_FRAME_SIZE: Final = 4096
-"""The largest frame body either end accepts before the handshake is complete."""
-
-NONCE_SIZE: Final = 32
-"""Bytes in each handshake nonce."""
-
+HANDSHAKE_MAX_FRAME_SIZE: Final = 4096  # the largest frame body before the handshake completes
+NONCE_SIZE: Final = 32  # bytes in each handshake nonce
 _HEADER: Final = struct.Struct(">I")
 
 
@@ -78,10 +72,8 @@ class Request(_Frame, tag="req", frozen=True):
 
 
 class RawRequest(_Frame, tag="req", frozen=True):
-    """A ``req`` frame as received: only ``sid`` is typed by the decoder.
-
-    The protocol checks the rest, so a bad field fails that stream, not the connection.
-    """
+    """A ``req`` frame as received: only ``sid`` is typed by the decoder, so a bad field
+    fails that stream (the protocol checks the rest), not the connection."""
 
     sid: int
     endpoint: Any
@@ -164,11 +156,8 @@ def frame_tag(frame: Frame | WireFrame) -> str:
 
 
 class FrameDecoder:
-    """Incremental decoder: bytes in, whole frames out.
-
-    A length prefix over ``max_frame_size`` (changeable between calls) is a
-    ProtocolError as soon as it arrives.
-    """
+    """Incremental decoder: bytes in, whole frames out; a length prefix over ``max_frame_size``
+    (changeable between calls) is a ProtocolError as soon as it arrives."""
 
     def __init__(self, max_frame_size: int) -> None:
         self.max_frame_size = max_frame_size
@@ -189,8 +178,7 @@ class FrameDecoder:
         buffer = self._buffer
         buffer += data
         decode = self._decoder.decode
-        # One view for the whole batch (the buffer is not resized until the batch is
-        # over), released before the consumed bytes are dropped.
+        # One view per batch (the buffer is not resized until then), released before the trim.
         view = memoryview(buffer)
         try:
             while True:
@@ -220,6 +208,5 @@ class FrameDecoder:
                 yield frame
         finally:
             view.release()
-        # Everything whole has been taken: drop it, once per batch.
         del buffer[: self._position]
         self._position = 0

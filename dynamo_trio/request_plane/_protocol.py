@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
     from ._frames import Frame
 
-    # A method carrying out one action; its frame is the types its table cells admit.
     _OnReceive = Callable[["ProtocolConnection", Any], Frame | None]
     _OnSend = Callable[["ProtocolConnection", Any], bool]
 
@@ -105,9 +104,8 @@ _S = ConnectionState
 _Cell = TypeVar("_Cell")
 _FRAME_TYPES: Final = get_args(WireFrame)
 _HANDSHAKE: Final = (Hello, Challenge, Auth, Welcome)
-# The frames only one role sends.  In the other role's receive table they are a
-# violation in every live state (dropped once closed); in its send table, like the
-# handshake frames (queued by the machine itself), a bug in every state.
+# The frames only one role sends: in the other role's receive table a violation (dropped
+# once closed); in its send table, like the handshake frames, a bug in every state.
 _SERVER_ONLY: Final = (Challenge, Welcome, GoAway, Item, End, Error)
 _CLIENT_ONLY: Final = (Hello, Auth, RawRequest, Control, Credit)
 
@@ -254,9 +252,9 @@ class _StreamState:
 class ProtocolConnection:
     """One end of a request-plane connection, as a pure state machine.
 
-    ``max_frame_size`` applies once the handshake is complete; with a ``token``
-    each end proves it knows it (``None``: no authentication); ``peer_name`` is
-    this end's name in the handshake; ``nonce`` is for tests.
+    ``max_frame_size`` applies once the handshake is complete; with a ``token`` each end
+    proves it knows it (``None``: no authentication); ``peer_name`` is this end's name in
+    the handshake; ``nonce`` is for tests.
     """
 
     def __init__(
@@ -421,10 +419,8 @@ class ProtocolConnection:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Feed received bytes; return the frames the caller must act on, in order.
-
-        ProtocolError if the peer broke the protocol: a ``close`` saying why is
-        queued, the state is ``CLOSED``, and this call's frames are lost.
-        """
+        ProtocolError if the peer broke the protocol: a ``close`` saying why is queued,
+        the state is ``CLOSED``, and this call's frames are lost."""
         if self.state is _S.CLOSED:
             return []
         accepted: list[Frame] = []

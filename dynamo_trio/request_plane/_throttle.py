@@ -1,6 +1,5 @@
 """Pacing failed authentications in total, without locking anyone out: guessing a token
-is slow, and guessers cannot keep out a peer that knows it (docs/protocol.md, "The worker side").
-"""
+is slow, and guessers cannot keep out a peer that knows it."""
 
 from __future__ import annotations
 
@@ -72,11 +71,9 @@ class AuthTurns:
             head.wakeup.set()
 
     async def judge(self, key: str, verdict: Callable[[], bool], *, deadline: float) -> bool | None:
-        """Wait for ``key``'s turn until ``deadline``, then return ``verdict()``
-        (called with no checkpoint before it, once); ``None`` if no turn came in time.
-
-        A failed verdict spends a turn; a successful one does not.
-        """
+        """Wait for ``key``'s turn until ``deadline``, then return ``verdict()`` (called once,
+        with no checkpoint before it); ``None`` if no turn came in time.  A failed verdict
+        spends a turn; a successful one does not."""
         waiter = _Waiter(key)
         self._sources.setdefault(key, deque()).append(waiter)
         try:

@@ -1,6 +1,5 @@
-"""Checks on the fields of a received ``req`` frame (the decoder types only ``sid``): a bad
-value fails that stream alone, naming the field (the ranges are tabled in docs/protocol.md).
-"""
+"""Checks on the fields of a received ``req`` frame: a bad value fails that stream alone,
+naming the field (docs/protocol.md tables the ranges)."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ from typing import Any, Final
 from .._errors import InvalidArgument
 from ._frames import RawRequest, Request
 
-MAX_WINDOW: Final = 1 << 24
-"""The largest initial credit window a stream may ask for."""
-MAX_CREDIT: Final = 1 << 32
-"""The most credits a stream may hold at once (``credit`` beyond it is a protocol error)."""
+MAX_WINDOW: Final = 1 << 24  # the largest initial credit window a stream may ask for
+MAX_CREDIT: Final = 1 << 32  # the most credits a stream may hold (more: a protocol error)
 MAX_NAME_LENGTH: Final = 4096
 MAX_HEADERS: Final = 64
 MAX_HEADER_NAME_LENGTH: Final = 256
@@ -92,10 +89,8 @@ _Link = tuple["_Link | None", str | int] | None  # (parent link, key): a path, b
 
 
 def json_problem(value: Any) -> str | None:
-    """Why ``value`` is not JSON-like (naming the first offending path), or ``None`` if it is.
-
-    Iterative and linear in the size of the value, however deep.
-    """
+    """Why ``value`` is not JSON-like (naming the first offending path), or ``None`` if it is;
+    iterative and linear in the size of the value, however deep."""
     if type(value) in _SCALARS:
         return None
     stack: list[tuple[Any, _Link]] = [(value, None)]

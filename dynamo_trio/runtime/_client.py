@@ -230,8 +230,7 @@ class ResponseStream:
         self._abandon(CancelReason.STREAM_CLOSED if exc is None else _abandon_reason(exc))
 
     def __del__(self) -> None:
-        # Dropped unclosed: kill the work (kill() is thread-safe), unless its owner
-        # stopped it: then the drain finishes, its frames dropped, in the owning run.
+        # Dropped unclosed: kill the work (thread-safe), unless stopped: then let it drain.
         if not self._done and self._stream is not None and not self._stream.done:
             if self._context.is_stopped():
                 self._context._run_in_trio(self._stream.discard)

@@ -26,9 +26,7 @@ _R = TypeVar("_R")
 Target = tuple[str, int]
 """``(endpoint path, instance id)``: one place a call can go."""
 
-# How long a target whose connection failed stays out of rotation before a probe
-# tries it again; each failed probe doubles it, up to _MAX_DOWN_FOR.
-_DOWN_FOR: Final = 2.0
+_DOWN_FOR: Final = 2.0  # a failed target's rest before a probe; each failed probe doubles it
 _MAX_DOWN_FOR: Final = 8.0
 
 

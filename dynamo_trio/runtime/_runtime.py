@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
-    from ..request_plane import ServerStream
+    from ..request_plane import ClientStream, ServerStream
 
 _log = logging.getLogger("dynamo_trio.runtime")
 
@@ -58,14 +58,12 @@ class Transport(Protocol):
 
     async def open(self, address: str) -> trio.abc.Stream:
         """A new connection to the server at ``address`` (``host:port``)."""
-        ...
 
     async def listen(
         self, server: RequestPlaneServer, *, task_status: trio.TaskStatus[tuple[str, int]]
     ) -> None:
         """Hand ``server.handle_connection`` each connection to a new address until
         cancelled, refusing them once it is ``draining``; ``started((host, port))``."""
-        ...
 
 
 @final
@@ -339,16 +337,16 @@ class DistributedRuntime:
         pool = self._connection_pool
         if pool is None:
             return
-        for connection in pool.connections():
-            for stream in connection.streams():
-                if not stream.draining:
-                    stream.kill(CancelReason.SHUTDOWN)
+
+        def streams() -> list[ClientStream]:
+            return [stream for connection in pool.connections() for stream in connection.streams()]
+
+        for stream in streams():
+            if not stream.draining:
+                stream.kill(CancelReason.SHUTDOWN)
         with trio.move_on_after(self.config.worker.drain_grace):
-            while any(  # noqa: ASYNC110 - bounded; the streams end on frames from the workers
-                stream.draining
-                for connection in pool.connections()
-                for stream in connection.streams()
-            ):
+            # Bounded; the streams end on frames from the workers.
+            while any(stream.draining for stream in streams()):  # noqa: ASYNC110
                 await trio.sleep(0.01)
 
     def _pool(self) -> ConnectionPool:

@@ -1,9 +1,5 @@
-"""Serving one request: the handler runs inside its context, and the outcome goes on the wire.
-
-However the scope ends, exactly one terminal frame follows and the request is
-counted once; whatever a handler raises ends that one stream, never its worker.
-``docs/architecture.md`` ("Serving a request") has the table of endings.
-"""
+"""Serving one request: the handler runs inside its context, and the outcome goes on the wire
+(docs/architecture.md, "Serving a request", has the table of endings)."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ class ServedEndpoint:
         except (TypeError, ValueError):
             wants_context = False
         self.wants_context: Final = wants_context
-        self.graceful_shutdown: Final = graceful_shutdown
-        """Whether a graceful shutdown lets this endpoint's requests drain (else kills them)."""
+        self.graceful_shutdown: Final = graceful_shutdown  # else a shutdown kills its requests
 
     def open(self, request: Any, context: Context) -> AsyncIterator[Any]:
         """Call the handler and check it gave back an async iterator."""
@@ -87,11 +82,9 @@ async def serve_stream(
     inflight: InflightRequests,
     on_exit_request: Callable[[], None],
 ) -> None:
-    """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once.
-
-    Only a live cancellation propagates; ``on_exit_request`` is called when the
-    handler raises ``KeyboardInterrupt`` or ``SystemExit``.
-    """
+    """Run ``endpoint``'s handler for ``stream`` and finish the stream exactly once, counted
+    once; whatever the handler raises ends this stream only.  Only a live cancellation
+    propagates; ``KeyboardInterrupt`` or ``SystemExit`` calls ``on_exit_request``."""
     context = stream.context
     trace, metadata = read_request_headers(stream.headers)
     context._set_trace(trace)
@@ -106,9 +99,7 @@ async def serve_stream(
     inflight.add(context)
     error: DynamoError | None = None
     with bind_request(context):  # every log line about this request names it and its trace
-        # contain(), written out: this runs once per request.
-        try:
-            # The stream's task nursery hosts the context's watcher: one nursery fewer.
+        try:  # contain(), written out; the stream's task nursery hosts the watcher
             await context.run(
                 _relay,
                 stream,
