@@ -456,6 +456,5 @@ def _stream_type(annotated: object) -> type[ResponseStream]:
 
 
 def _current_trace() -> TraceContext | None:
-    """The trace of the request the current task works for, if any."""
     request = current_request()
     return None if request is None else request.trace

@@ -603,7 +603,6 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
 
 
 async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> None:
-    """Shut down gracefully once the supervisor that started this process is gone."""
     await parent_gone(fd)
     _log.warning("the process that started this worker is gone: shutting down gracefully")
     runtime.shutdown()
