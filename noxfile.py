@@ -1,6 +1,7 @@
 """Developer and CI sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``,
-``nox -s docs``, and ``nox -s engines`` / ``nox -s engines-vllm`` (the real engines on a
-tiny local model; not default sessions).
+``nox -s docs``, ``nox -s fuzz`` (the property tests at full budget), and ``nox -s engines`` /
+``nox -s engines-vllm`` (the real engines on a tiny local model); the last four are not
+default sessions.
 
 Every session runs on the interpreter that runs nox (any of Python 3.11, 3.12
 and 3.13: ``python3 -m nox`` on a machine that has only one of them just works),
@@ -12,6 +13,7 @@ Python it finds.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import nox
@@ -36,9 +38,7 @@ def _check_interpreter(session: nox.Session) -> None:
         )
 
 
-@nox.session(python=None)
-def tests(session: nox.Session) -> None:
-    """The whole test suite (real sockets, real processes, a real etcd when available)."""
+def _suite(session: nox.Session) -> None:
     _check_interpreter(session)
     # uv (nox[uv]) does not compile what it installs unless asked; pip always does.
     session.install(
@@ -51,10 +51,35 @@ def tests(session: nox.Session) -> None:
     # afresh; where PYTHONDONTWRITEBYTECODE is set nothing caches their bytecode,
     # so each would compile every module again (~0.3 s of CPU a process).
     session.run("python", "-m", "compileall", "-q", "dynamo_trio", "tests", "examples")
+
+
+@nox.session(python=None)
+def tests(session: nox.Session) -> None:
+    """The whole test suite (real sockets, real processes, a real etcd when available), its
+    property tests at a quarter of their budgets (``nox -s fuzz`` runs them in full)."""
+    _suite(session)
     # Three pytest processes (pytest-xdist; `-- -n 0` for one): much of the suite waits
     # on other processes and on real time, so two leave a 2-core machine half idle and
     # three fill it; four are no faster.  Work stealing keeps them busy to the end.
     session.run("pytest", "-n", "3", "--dist", "worksteal", *session.posargs)
+
+
+@nox.session(python=None)
+def fuzz(session: nox.Session) -> None:
+    """The property tests (marked ``fuzz``) at full budget, or at ``DYN_TEST_FUZZ`` times it."""
+    _suite(session)
+    scale = os.environ.get("DYN_TEST_FUZZ", "1")
+    session.run(
+        "pytest",
+        "-n",
+        "3",
+        "--dist",
+        "worksteal",
+        "-m",
+        "fuzz",
+        *session.posargs,
+        env={"DYN_TEST_FUZZ": scale},
+    )
 
 
 # The engines sessions' libraries.  torch comes from the local CPU wheel (pip's find-links

@@ -1,9 +1,26 @@
 """Settings for the whole suite: hypothesis judges examples by what they find, not by how
-long a busy machine takes to run them (no per-example deadline, no too-slow check)."""
+long a busy machine takes to run them (no per-example deadline, no too-slow check), and
+every property test is marked ``fuzz`` (``nox -s fuzz`` runs those at full budget)."""
 
+from __future__ import annotations
+
+import pytest
 from hypothesis import HealthCheck, settings
 
+from tests._fuzz import examples
+
 settings.register_profile(
-    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+    "suite",
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 settings.load_profile("suite")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = getattr(item, "obj", None)
+        if getattr(test, "is_hypothesis_test", False) or item.get_closest_marker("fuzz"):
+            item.add_marker(pytest.mark.fuzz)

@@ -13,6 +13,7 @@ from hypothesis.stateful import (
 )
 
 from dynamo_trio import CancelReason, Context, ContextState
+from tests._fuzz import examples
 
 
 class ContextTreeMachine(RuleBasedStateMachine):
@@ -146,5 +147,5 @@ class ContextTreeMachine(RuleBasedStateMachine):
                 node = node.parent
 
 
-ContextTreeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60)
+ContextTreeMachine.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=60)
 test_context_tree_state_machine = ContextTreeMachine.TestCase

@@ -24,6 +24,7 @@ from dynamo_trio.discovery import (
     encode_record,
 )
 from dynamo_trio.discovery._file_store import parse_entry, parse_lease
+from tests._fuzz import examples
 
 scalars = (
     st.none()
@@ -83,7 +84,7 @@ def payloads(fields: list[str]) -> st.SearchStrategy[bytes]:
 
 
 @given(payloads(INSTANCE_FIELDS))
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 def test_instance_decoding_never_fails_unexpectedly(data: bytes) -> None:
     try:
         instance = decode_instance(data)
@@ -96,7 +97,7 @@ def test_instance_decoding_never_fails_unexpectedly(data: bytes) -> None:
 
 
 @given(payloads(CARD_FIELDS))
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 def test_model_card_decoding_never_fails_unexpectedly(data: bytes) -> None:
     try:
         card = decode_model_card(data)
@@ -111,7 +112,7 @@ def test_model_card_decoding_never_fails_unexpectedly(data: bytes) -> None:
 
 
 @given(payloads(["key", "lease", "value"]), st.text(max_size=20))
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 def test_file_entry_decoding_never_fails_unexpectedly(data: bytes, name: str) -> None:
     for found_under in (None, name):
         try:
@@ -124,7 +125,7 @@ def test_file_entry_decoding_never_fails_unexpectedly(data: bytes, name: str) ->
 
 
 @given(payloads(["ttl", "pid"]) | st.floats().map(lambda ttl: b'{"ttl": %r}' % ttl))
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_lease_file_decoding_never_fails_unexpectedly(data: bytes) -> None:
     try:
         ttl = parse_lease(data)

@@ -60,6 +60,7 @@ from hypothesis.stateful import (
 
 from dynamo_trio import Config, Context
 from dynamo_trio.runtime import DistributedRuntime
+from tests._fuzz import examples
 from tests._metrics import parse, total
 
 from .conftest import e2e_environment
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 
     from dynamo_trio.runtime import Client, ResponseStream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fuzz]
 
 WORKER: Final = Path(__file__).with_name("_tree_worker.py")
 # A cause reaches the remote handler through its own ctl frame, or not at all: well
@@ -567,7 +568,7 @@ def test_context_trees_with_remote_calls(worker: WorkerProcess) -> None:
     run_state_machine_as_test(
         TreeMachine,
         settings=settings(
-            max_examples=10,
+            max_examples=examples(10),
             stateful_step_count=12,
             deadline=None,
             # A failure prints its whole step list; shrinking (and replaying) examples that

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 from dynamo_trio.edge import direct_chunks
 from dynamo_trio.edge._chunks import CONNECTION_WRITER
+from tests._fuzz import examples
 
 from ._serving import answer_lifespan, served
 
@@ -122,7 +123,7 @@ def _read_back(frames: list[bytes]) -> bytes:
             raise AssertionError("the response did not end")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.binary(max_size=5000), max_size=30))
 def test_h11_reads_back_exactly_the_bytes_written(pieces: list[bytes]) -> None:
     async def main() -> list[bytes]:

@@ -17,6 +17,7 @@ import trio.testing
 from hypothesis import given, settings, strategies as st
 
 from dynamo_trio.edge import PREFETCHED_BODY, BodyPrefetch
+from tests._fuzz import examples
 
 from ._serving import answer_lifespan, served
 
@@ -221,7 +222,7 @@ def exchanges(draw: st.DrawFn) -> tuple[list[Message], int | None, int, bool]:
     return messages, length, draw(st.integers(0, 150)), draw(st.booleans())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(exchanges())
 def test_fuzz_the_app_always_reads_the_same_exchange(
     exchange: tuple[list[Message], int | None, int, bool],

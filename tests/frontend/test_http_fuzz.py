@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -36,6 +35,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from tests._fuzz import examples
 from tests.e2e.conftest import ROOT, e2e_environment
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slow
 
 MAX_OUTPUT = 16
 FUZZ = settings(
-    max_examples=int(os.environ.get("DYN_TEST_FUZZ_EXAMPLES", "100")),
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

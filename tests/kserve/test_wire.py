@@ -19,6 +19,7 @@ from dynamo_trio.kserve._wire import (
     frame,
     parse_timeout,
 )
+from tests._fuzz import examples
 
 LIMIT = 1024
 
@@ -29,7 +30,7 @@ def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     messages=st.lists(st.binary(max_size=LIMIT), max_size=8),
     cuts=st.lists(st.integers(min_value=0), max_size=20),
@@ -45,7 +46,7 @@ def test_messages_in_any_pieces_come_out_whole_and_in_order(
     assert not deframer.pending
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.binary(max_size=200), cuts=st.lists(st.integers(min_value=0), max_size=10))
 def test_arbitrary_bytes_give_messages_or_a_wire_error(data: bytes, cuts: list[int]) -> None:
     deframer = Deframer(LIMIT)
@@ -88,7 +89,7 @@ def compressed(message: bytes, encoding: str) -> bytes:
     return b"\x01" + len(body).to_bytes(4, "big") + body
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     messages=st.lists(st.tuples(st.binary(max_size=LIMIT), st.booleans()), max_size=6),
     cuts=st.lists(st.integers(min_value=0), max_size=20),
@@ -106,7 +107,7 @@ def test_compressed_and_plain_messages_in_any_pieces_come_out_whole(
     assert not deframer.pending
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     body=st.binary(max_size=300),
     encoding=st.sampled_from(["gzip", "deflate"]),

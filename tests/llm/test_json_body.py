@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from dynamo_trio.llm import INTEGER_RANGE, RequestError, decode_json_body
+from tests._fuzz import examples
 
 LOW, HIGH = INTEGER_RANGE
 
@@ -104,7 +105,7 @@ def encode(value: object, data: st.DataObject) -> str:
 
 
 @given(values, st.data())
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 def test_any_json_text_decodes_to_its_value(value: object, data: st.DataObject) -> None:
     text = encode(value, data).encode()
     assert json.loads(text) == value  # the encoder is right
@@ -114,7 +115,7 @@ def test_any_json_text_decodes_to_its_value(value: object, data: st.DataObject) 
 
 
 @given(values, st.integers(1, 6), st.data())
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_depth_is_refused_exactly_above_the_limit(
     value: object, max_depth: int, data: st.DataObject
 ) -> None:
@@ -129,7 +130,7 @@ def test_depth_is_refused_exactly_above_the_limit(
 
 
 @given(st.dictionaries(keys, values, min_size=1, max_size=4), st.data())
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_a_key_given_twice_is_refused_and_named(obj: dict[str, Any], data: st.DataObject) -> None:
     key = data.draw(st.sampled_from(sorted(obj)))
     duplicate = encode_string(key, data) + ":" + encode(data.draw(values), data)
@@ -151,7 +152,7 @@ def test_a_key_given_twice_is_refused_and_named(obj: dict[str, Any], data: st.Da
 
 
 @given(values, st.data())
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_no_repeated_key_is_reported_where_there_is_none(
     value: object, data: st.DataObject
 ) -> None:
@@ -188,7 +189,7 @@ def test_an_integer_outside_64_bits_is_refused_naming_its_path(number: int, wher
 
 
 @given(st.lists(st.dictionaries(keys, scalars, max_size=3), min_size=17, max_size=40), st.data())
-@settings(max_examples=50)
+@settings(max_examples=examples(50))
 def test_a_long_run_of_objects_is_checked_as_any_other(
     objects: list[dict[str, Any]], data: st.DataObject
 ) -> None:
@@ -213,7 +214,7 @@ def test_the_integer_range_itself_is_accepted() -> None:
 
 
 @given(st.binary(max_size=300))
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_any_bytes_decode_or_give_a_400(body: bytes) -> None:
     outcome = decode_or_error(body, max_depth=8)
     if isinstance(outcome, RequestError):
@@ -222,7 +223,7 @@ def test_any_bytes_decode_or_give_a_400(body: bytes) -> None:
 
 
 @given(values, st.data())
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 def test_any_mutation_of_json_decodes_or_gives_a_400(value: object, data: st.DataObject) -> None:
     text = bytearray(encode(value, data).encode())
     for _ in range(data.draw(st.integers(1, 3))):

@@ -20,6 +20,7 @@ from hypothesis import given, settings, strategies as st
 from dynamo_trio import Context
 from dynamo_trio.llm import Generation, validate_generate_request
 from dynamo_trio.mocker import VOCABULARY, MockEngine, MockerSettings
+from tests._fuzz import examples
 
 FAST = MockerSettings(inter_token_latency_ms=0.0)
 
@@ -55,7 +56,7 @@ REQUESTS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(request=REQUESTS, cut=st.floats(0.0, 1.0))
 def test_a_continuation_yields_exactly_the_rest_of_the_uninterrupted_stream(
     request: dict[str, Any], cut: float

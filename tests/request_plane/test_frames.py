@@ -41,6 +41,7 @@ from dynamo_trio.request_plane._frames import (
     WireFrame,
     encode_frame,
 )
+from tests._fuzz import examples
 
 LIMIT = 1 << 20
 # Deeper than any supported Python lets msgspec nest: its limit is the interpreter's
@@ -434,7 +435,7 @@ def test_a_deeply_nested_body_is_a_protocol_error():
         decode_body(body)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(body=st.binary(max_size=200))
 def test_arbitrary_bytes_after_a_valid_prefix_raise_only_protocol_error(body):
     try:
@@ -490,7 +491,7 @@ def test_a_tls_client_hello_is_named_in_the_error():
         FrameDecoder(HANDSHAKE_MAX_FRAME_SIZE).feed(client_hello)
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(
     data=st.binary(max_size=600)
     | st.lists(frames, max_size=4).map(lambda fs: encode(*fs))

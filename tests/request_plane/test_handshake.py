@@ -50,6 +50,7 @@ from dynamo_trio.request_plane._protocol import (
     client_proof,
     server_proof,
 )
+from tests._fuzz import examples
 
 S = ConnectionState
 LIMIT = 1 << 20
@@ -520,7 +521,7 @@ CHUNKS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(chunks=CHUNKS, token=st.sampled_from([None, TOKEN]), judge=st.booleans())
 def test_an_unauthenticated_peer_gets_nothing_but_the_handshake_or_a_refusal(chunks, token, judge):
     """Whatever a peer that does not know the token sends, the server never opens
@@ -542,7 +543,7 @@ def test_an_unauthenticated_peer_gets_nothing_but_the_handshake_or_a_refusal(chu
         assert server.open_streams == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(chunks=CHUNKS, token=st.sampled_from([None, TOKEN]))
 def test_a_client_facing_any_server_bytes_fails_only_with_a_protocol_error(chunks, token):
     """A hostile worker before welcome: the client never opens without a valid

@@ -59,6 +59,7 @@ from dynamo_trio.request_plane._protocol import (
     client_proof,
     server_proof,
 )
+from tests._fuzz import examples
 
 from ._harness import (
     CONFIG,
@@ -433,7 +434,7 @@ def run_in_trio(test):
     trio.run(test, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(sequence=SEQUENCES, token=st.sampled_from([None, TOKEN]))
 def test_random_sequences_from_a_client_never_disturb_the_server(sequence, token):
     handshake_first, chunks = sequence
@@ -465,7 +466,7 @@ def test_random_sequences_from_a_client_never_disturb_the_server(sequence, token
     run_in_trio(main)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(sequence=SEQUENCES, token=st.sampled_from([None, TOKEN]))
 def test_random_sequences_from_a_worker_never_disturb_the_caller(sequence, token):
     handshake_first, chunks = sequence

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 
 from dynamo_trio import CannotConnect
 from dynamo_trio.request_plane import ConnectionPool, RequestPlaneServer
+from tests._fuzz import examples
 
 from ._harness import CONFIG, MemoryNetwork, fd_count, streaming_handler, wait_until
 
@@ -165,7 +166,7 @@ async def test_the_next_caller_after_a_failure_makes_a_fresh_attempt_that_can_su
 BEHAVIOURS = st.sampled_from(["serve", "serve", "refuse", "stall", "hang-up", "die-later"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     plan=st.lists(
         st.tuples(BEHAVIOURS, st.integers(1, 6), st.sampled_from([0.0, 0.05, 0.3, 0.7])),

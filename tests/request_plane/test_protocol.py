@@ -38,6 +38,7 @@ from dynamo_trio.request_plane._frames import (
     encode_frame,
 )
 from dynamo_trio.request_plane._protocol import ConnectionState, ProtocolConnection, Role
+from tests._fuzz import examples
 
 LIMIT = 64 * 1024
 # Deeper than any supported Python lets msgspec nest: its limit is the interpreter's
@@ -907,7 +908,7 @@ def check_client_matches(client, model):
         assert client.is_open(sid) == (sid in model.streams)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(data=st.data())
 def test_server_state_machine_follows_the_rules_whatever_the_peer_sends(data):
     token = data.draw(st.sampled_from([None, TOKEN]), label="token")
@@ -955,7 +956,7 @@ def server_acts(server, model, data):
         model.goaway = True
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(data=st.data())
 def test_client_state_machine_follows_the_rules_whatever_the_peer_sends(data):
     client = open_client()

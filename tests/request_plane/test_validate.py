@@ -38,6 +38,7 @@ from dynamo_trio.request_plane._validate import (
     json_problem,
     validate_request,
 )
+from tests._fuzz import examples
 
 LIMIT = 1 << 20
 
@@ -192,7 +193,7 @@ def test_json_problem_is_iterative_and_names_the_path():
     assert json_problem([deep, {1.5: None}]) is not None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     values=st.lists(
         st.none()
