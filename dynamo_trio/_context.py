@@ -30,7 +30,7 @@ _log = logging.getLogger("dynamo_trio.context")
 
 _T = TypeVar("_T")
 
-# One lock for all state marking: a subtree's transition is atomic w.r.t. links.
+# One lock for all state marking: a subtree's transition is atomic against links.
 _LOCK: Final = threading.RLock()
 
 
@@ -518,7 +518,8 @@ class Context:
             ) as self._watchers:
                 self._watch_if_needed()
                 try:
-                    # The nursery's own scope is the context's: one scope fewer per level.
+                    # The nursery's own scope is the context's: one scope fewer per level keeps
+                    # deep running trees within trio's limits.
                     async with trio.open_nursery() as nursery:
                         self._work_started(nursery)
                         try:
