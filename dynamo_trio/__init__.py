@@ -4,49 +4,44 @@ The public surface is re-exported here; everything under a ``_`` name is private
 """
 
 from ._config import (
-    Config as Config,
-    DiscoveryConfig as DiscoveryConfig,
-    FrontendConfig as FrontendConfig,
-    RequestPlaneConfig as RequestPlaneConfig,
-    SystemConfig as SystemConfig,
-    WorkerConfig as WorkerConfig,
+    Config,
+    DiscoveryConfig,
+    FrontendConfig,
+    RequestPlaneConfig,
+    SystemConfig,
+    WorkerConfig,
 )
-from ._context import (
-    CancelReason as CancelReason,
-    Context as Context,
-    ContextMetadata as ContextMetadata,
-    ContextState as ContextState,
-)
+from ._context import CancelReason, Context, ContextMetadata, ContextState
 from ._errors import (
-    Cancelled as Cancelled,
-    CannotConnect as CannotConnect,
-    ConnectionTimeout as ConnectionTimeout,
-    Disconnected as Disconnected,
-    DynamoError as DynamoError,
-    EngineShutdown as EngineShutdown,
-    InvalidArgument as InvalidArgument,
-    InvalidRequestId as InvalidRequestId,
-    NoInstances as NoInstances,
-    ProtocolError as ProtocolError,
-    ResourceExhausted as ResourceExhausted,
-    ResponseTimeout as ResponseTimeout,
-    StreamIncomplete as StreamIncomplete,
-    TransportError as TransportError,
-    Unknown as Unknown,
+    Cancelled,
+    CannotConnect,
+    ConnectionTimeout,
+    Disconnected,
+    DynamoError,
+    EngineShutdown,
+    InvalidArgument,
+    InvalidRequestId,
+    NoInstances,
+    ProtocolError,
+    ResourceExhausted,
+    ResponseTimeout,
+    StreamIncomplete,
+    TransportError,
+    Unknown,
 )
-from ._logcontext import RequestLogFilter as RequestLogFilter
-from ._tracing import TraceContext as TraceContext
+from ._logcontext import RequestLogFilter
+from ._tracing import TraceContext
 from .runtime import (
-    Annotated as Annotated,
-    Client as Client,
-    Component as Component,
-    DataStream as DataStream,
-    DistributedRuntime as DistributedRuntime,
-    Endpoint as Endpoint,
-    Namespace as Namespace,
-    ResponseStream as ResponseStream,
-    configure_dynamo_logging as configure_dynamo_logging,
-    dynamo_worker as dynamo_worker,
+    Annotated,
+    Client,
+    Component,
+    DataStream,
+    DistributedRuntime,
+    Endpoint,
+    Namespace,
+    ResponseStream,
+    configure_dynamo_logging,
+    dynamo_worker,
 )
 
 __version__ = "0.1.0"

@@ -8,33 +8,29 @@ records.  docs/discovery.md has the contract and how each backend keeps it.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from ._base import Discovery as Discovery, DiscoveryError as DiscoveryError
-from ._file import FileDiscovery as FileDiscovery
-from ._memory import (
-    MemoryDiscovery as MemoryDiscovery,
-    MemoryStore as MemoryStore,
-    default_memory_store as default_memory_store,
-)
-from ._open import make_discovery as make_discovery, open_discovery as open_discovery
+from ._base import Discovery, DiscoveryError
+from ._file import FileDiscovery
+from ._memory import MemoryDiscovery, MemoryStore, default_memory_store
+from ._open import make_discovery, open_discovery
 from ._records import (
-    TENSOR_DATA_TYPES as TENSOR_DATA_TYPES,
-    Instance as Instance,
-    InvalidRecord as InvalidRecord,
-    ModelCard as ModelCard,
-    ModelType as ModelType,
-    TensorModelConfig as TensorModelConfig,
-    TensorSpec as TensorSpec,
-    decode_instance as decode_instance,
-    decode_model_card as decode_model_card,
-    encode_record as encode_record,
-    instance_prefix as instance_prefix,
-    model_prefix as model_prefix,
+    TENSOR_DATA_TYPES,
+    Instance,
+    InvalidRecord,
+    ModelCard,
+    ModelType,
+    TensorModelConfig,
+    TensorSpec,
+    decode_instance,
+    decode_model_card,
+    encode_record,
+    instance_prefix,
+    model_prefix,
 )
-from ._view import PrefixView as PrefixView, view_prefix as view_prefix
-from ._watch import Watch as Watch, WatchEvent as WatchEvent
+from ._view import PrefixView, view_prefix
+from ._watch import Watch, WatchEvent
 
 if _TYPE_CHECKING:
-    from ._etcd import EtcdDiscovery as EtcdDiscovery
+    from ._etcd import EtcdDiscovery
 
 
 def __getattr__(name: str) -> object:

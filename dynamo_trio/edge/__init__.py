@@ -4,38 +4,24 @@
 :class:`BodyPrefetch`.
 """
 
-from ._chunks import direct_chunks as direct_chunks
+from ._chunks import direct_chunks
 from ._edge import (
-    LAST_SEND_SHIELD as LAST_SEND_SHIELD,
-    Edge as Edge,
-    EdgeRequest as EdgeRequest,
-    EdgeResponse as EdgeResponse,
-    ErrorBody as ErrorBody,
-    Route as Route,
-    answer_lifespan as answer_lifespan,
-    body_timeout_message as body_timeout_message,
-    error_json as error_json,
-    json_bytes as json_bytes,
-    shown as shown,
+    LAST_SEND_SHIELD,
+    Edge,
+    EdgeRequest,
+    EdgeResponse,
+    ErrorBody,
+    Route,
+    answer_lifespan,
+    body_timeout_message,
+    error_json,
+    json_bytes,
+    shown,
 )
-from ._gone import (
-    CONNECTION_GONE as CONNECTION_GONE,
-    ConnectionGone as ConnectionGone,
-    connection_gone as connection_gone,
-)
-from ._prefetch import PREFETCHED_BODY as PREFETCHED_BODY, BodyPrefetch as BodyPrefetch
-from ._server import (
-    dead_peer_options as dead_peer_options,
-    listen_sockets as listen_sockets,
-    serve_http as serve_http,
-    serve_stream as serve_stream,
-)
-from ._status import (
-    Health as Health,
-    InflightListing as InflightListing,
-    MetricsSource as MetricsSource,
-    status_routes as status_routes,
-)
+from ._gone import CONNECTION_GONE, ConnectionGone, connection_gone
+from ._prefetch import PREFETCHED_BODY, BodyPrefetch
+from ._server import dead_peer_options, listen_sockets, serve_http, serve_stream
+from ._status import Health, InflightListing, MetricsSource, status_routes
 
 __all__ = [
     "CONNECTION_GONE",
@@ -55,6 +41,7 @@ __all__ = [
     "body_timeout_message",
     "connection_gone",
     "dead_peer_options",
+    "direct_chunks",
     "error_json",
     "json_bytes",
     "listen_sockets",

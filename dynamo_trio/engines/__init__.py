@@ -14,14 +14,8 @@ The engine libraries (torch, transformers, vllm) are imported only by the
 worker modules, when a worker starts: this package imports without them.
 """
 
-from ._asyncio import AsyncioLoop as AsyncioLoop, open_asyncio_loop as open_asyncio_loop
-from ._thread import (
-    Abandoned as Abandoned,
-    Emit as Emit,
-    StopFlag as StopFlag,
-    iterate_in_thread as iterate_in_thread,
-    stream_from_thread as stream_from_thread,
-)
+from ._asyncio import AsyncioLoop, open_asyncio_loop
+from ._thread import Abandoned, Emit, StopFlag, iterate_in_thread, stream_from_thread
 
 __all__ = [
     "Abandoned",

@@ -5,27 +5,10 @@ and passes them down; per request, a tracker records a cancellation at most once
 and the end exactly once (docs/cancellation.md, "Counting cancellations").
 """
 
-from ._frontend import (
-    FrontendMetrics as FrontendMetrics,
-    FrontendRequestTracker as FrontendRequestTracker,
-)
-from ._names import (
-    FrontendEndpoint as FrontendEndpoint,
-    FrontendStatus as FrontendStatus,
-    RequestType as RequestType,
-)
-from ._status import (
-    HealthCheck as HealthCheck,
-    InflightListing as InflightListing,
-    StatusReport as StatusReport,
-    serve_status as serve_status,
-)
-from ._worker import (
-    EndpointMetrics as EndpointMetrics,
-    RequestTracker as RequestTracker,
-    WorkerMetrics as WorkerMetrics,
-    WorkerOutcome as WorkerOutcome,
-)
+from ._frontend import FrontendMetrics, FrontendRequestTracker
+from ._names import FrontendEndpoint, FrontendStatus, RequestType
+from ._status import HealthCheck, InflightListing, StatusReport, serve_status
+from ._worker import EndpointMetrics, RequestTracker, WorkerMetrics, WorkerOutcome
 
 __all__ = [
     "EndpointMetrics",

@@ -5,15 +5,10 @@ speaking the engine protocol of :mod:`dynamo_trio.llm`; ``MediaEngine(settings)`
 ``.images``, ``.videos`` and ``.speech`` serve the media models.
 """
 
-from ._engine import MockEngine as MockEngine
-from ._media import MediaEngine as MediaEngine
-from ._settings import MockerSettings as MockerSettings
-from ._text import (
-    VOCABULARY as VOCABULARY,
-    TokenSource as TokenSource,
-    count_tokens as count_tokens,
-    render_prompt as render_prompt,
-)
+from ._engine import MockEngine
+from ._media import MediaEngine
+from ._settings import MockerSettings
+from ._text import VOCABULARY, TokenSource, count_tokens, render_prompt
 
 __all__ = [
     "VOCABULARY",
