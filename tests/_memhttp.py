@@ -7,8 +7,9 @@ waits (``autojump_clock``), and each of its connections is served in its nursery
 
 from __future__ import annotations
 
+import ssl
 from functools import partial
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import httpcore
 import httpcore2
@@ -21,13 +22,16 @@ from hypercorn.config import Config as HypercornConfig
 from dynamo_trio.edge import serve_stream
 
 if TYPE_CHECKING:
-    import ssl
     from collections.abc import Iterable
 
 _Pair = trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]
 
 URL = "http://edge.test"
 """Any URL will do: every connection reaches the same app."""
+
+TLS: Final = ssl.create_default_context()
+"""The one TLS context of every client made here: an httpx client otherwise loads the
+system's CA bundle afresh, most of what making one costs."""
 
 _SERVED: dict[str, MemoryHTTP] = {}
 """The networks :func:`serve_memory` serves, by URL, while they serve."""
@@ -69,7 +73,7 @@ class MemoryHTTP(httpcore.AsyncNetworkBackend):
 
     def client(self, *, http2: bool = False, **options: Any) -> httpx.AsyncClient:
         """An httpx client whose connections are this network's (``options``: the client's)."""
-        transport = httpx.AsyncHTTPTransport(http1=not http2, http2=http2)
+        transport = httpx.AsyncHTTPTransport(verify=TLS, http1=not http2, http2=http2)
         transport._pool = httpcore.AsyncConnectionPool(
             network_backend=self, http1=not http2, http2=http2
         )
@@ -77,7 +81,7 @@ class MemoryHTTP(httpcore.AsyncNetworkBackend):
 
     def sdk_client(self) -> httpx2.AsyncClient:
         """An httpx2 client (what the openai and anthropic SDKs take) on this network."""
-        transport = httpx2.AsyncHTTPTransport()
+        transport = httpx2.AsyncHTTPTransport(verify=TLS)
         transport._pool = httpcore2.AsyncConnectionPool(network_backend=_Backend2(self))
         return httpx2.AsyncClient(transport=transport)
 
@@ -138,7 +142,7 @@ def http_client(url: str, **options: Any) -> httpx.AsyncClient:
     gave ``url``, or over TCP for any other URL (``options``: the client's)."""
     network = _SERVED.get(url)
     if network is None:
-        return httpx.AsyncClient(base_url=url, **options)
+        return httpx.AsyncClient(base_url=url, **{"verify": TLS, **options})
     client = network.client(**options)
     client.base_url = httpx.URL(url)
     return client
