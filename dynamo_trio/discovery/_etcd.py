@@ -126,7 +126,9 @@ class EtcdDiscovery(Discovery):
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
         attempt = min(_REQUEST_TIMEOUT, max(_MIN_REQUEST_TIMEOUT, self._requested_ttl / 3))
-        client = httpx.AsyncClient(timeout=attempt, trust_env=False)
+        # Plain-HTTP endpoints need no CA bundle, whose loading is most of a client's cost.
+        tls = any(endpoint.lower().startswith("https:") for endpoint in self._endpoints)
+        client = httpx.AsyncClient(timeout=attempt, trust_env=False, verify=tls)
         try:
             gateway = EtcdGateway(client, self._endpoints, timeout=attempt)
             try:

@@ -302,7 +302,7 @@ class EtcdGateway:
                 finally:
                     await response.aclose()
             except httpx.TransportError as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = f"{type(exc).__name__}: {_message(exc)}"
             else:
                 error = _error_from(response, path)
                 # Another endpoint might answer: this member is down, has no leader, ...
@@ -343,3 +343,12 @@ def _error_from(response: httpx.Response, path: str) -> EtcdError:
         body.message or body.error or f"HTTP {response.status_code} {response.content[:200]!r}"
     )
     return EtcdError(f"etcd {path}: {message}", body.code)
+
+
+def _message(exc: BaseException) -> str:
+    """``exc``'s message, else the first in its causes (httpx's TLS failures have none)."""
+    for _ in range(8):  # a bounded walk: a chain of causes may loop
+        if str(exc) or (exc.__cause__ or exc.__context__) is None:
+            return str(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return str(exc)

@@ -4,9 +4,12 @@ failover, and an etcd that answers garbage."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import inspect
 import re
+import ssl
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -14,6 +17,7 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
@@ -21,6 +25,7 @@ from dynamo_trio.discovery._etcd_gateway import (
     EtcdError,
     EtcdGateway,
     RequestBody,
+    _message,
     prefix_range,
 )
 from dynamo_trio.discovery._etcd_watch import WatchPump
@@ -69,6 +74,40 @@ async def test_unreachable_etcd_fails_fast_with_a_clear_error() -> None:
     with trio.fail_after(10), pytest.raises(DiscoveryError, match="cannot register with etcd"):
         async with open_discovery(etcd_config((dead,))):
             pytest.fail("should not start")
+
+
+async def test_an_https_endpoint_must_show_a_certificate_the_client_trusts() -> None:
+    ca = trustme.CA()  # trusted by nobody
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+
+    async def handshake(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.do_handshake()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            partial(trio.serve_ssl_over_tcp, handshake, 0, server_context, host="127.0.0.1")
+        )
+        port = listeners[0].transport_listener.socket.getsockname()[1]
+        with (
+            trio.fail_after(10),
+            pytest.raises(DiscoveryError, match=r"(?i)ConnectError: .*certificate verify failed"),
+        ):
+            async with open_discovery(etcd_config((f"https://127.0.0.1:{port}",))):
+                pytest.fail("should not start")
+        nursery.cancel_scope.cancel()
+
+
+def test_a_transport_error_is_told_by_the_first_message_in_its_causes() -> None:
+    inner = ValueError("the reason")
+    outer = httpx.ConnectError("")
+    outer.__cause__ = OSError()
+    outer.__cause__.__context__ = inner
+    assert _message(outer) == "the reason"
+    looped = httpx.ReadError("")
+    looped.__cause__ = looped
+    assert _message(looped) == ""
 
 
 @pytest.mark.etcd
