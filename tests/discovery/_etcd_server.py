@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
+from tests._memhttp import TLS
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -75,7 +77,7 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + _START_TIMEOUT
-        with httpx.Client(trust_env=False, timeout=1.0) as client:
+        with httpx.Client(verify=TLS, trust_env=False, timeout=1.0) as client:
             while time.monotonic() < deadline:
                 if self._process.poll() is not None:
                     break

@@ -11,6 +11,7 @@ import trio
 
 from dynamo_trio.discovery._etcd_gateway import prefix_range
 from dynamo_trio.discovery._file_store import FileLayout, key_to_name, parse_entry
+from tests._memhttp import TLS
 
 if TYPE_CHECKING:
     from dynamo_trio import DiscoveryConfig
@@ -26,7 +27,7 @@ def _b64(raw: bytes) -> str:
 
 
 async def _etcd(endpoint: str, path: str, body: dict[str, Any]) -> None:
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(verify=TLS, trust_env=False) as client:
         response = await client.post(endpoint + path, json=body)
         response.raise_for_status()
 

@@ -29,6 +29,7 @@ from dynamo_trio.discovery._etcd_gateway import (
     prefix_range,
 )
 from dynamo_trio.discovery._etcd_watch import WatchPump
+from tests._memhttp import TLS
 
 from ._etcd_server import EtcdServer, free_port
 from ._util import STEP, events, next_event
@@ -45,7 +46,7 @@ def b64(data: str | bytes) -> str:
 
 async def raw_call(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """Talk to etcd behind the backend's back."""
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(verify=TLS, trust_env=False) as client:
         response = await client.post(endpoint + path, json=body)
         response.raise_for_status()
         result: dict[str, Any] = response.json()
@@ -200,7 +201,7 @@ async def test_etcd_replaced_by_an_empty_cluster(etcd_binary_path: str, tmp_path
 
 @asynccontextmanager
 async def gateway_for(endpoints: tuple[str, ...]) -> AsyncIterator[EtcdGateway]:
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(verify=TLS, trust_env=False) as client:
         yield EtcdGateway(client, endpoints, timeout=5.0)
 
 
@@ -315,7 +316,7 @@ async def test_a_broken_watch_stream_resumes_where_it_stopped(
 
 
 async def etcd_watchers(endpoint: str) -> int:
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(verify=TLS, trust_env=False) as client:
         text = (await client.get(endpoint + "/metrics")).text
     match = re.search(r"^etcd_debugging_mvcc_watcher_total (\d+)", text, re.MULTILINE)
     assert match, "etcd no longer exports etcd_debugging_mvcc_watcher_total"

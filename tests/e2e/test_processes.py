@@ -13,6 +13,7 @@ import trio
 from dynamo_trio import CannotConnect, Config, Context, Disconnected
 from dynamo_trio.request_plane import parse_address
 from dynamo_trio.runtime import DistributedRuntime
+from tests._memhttp import TLS
 
 from .._streams import drain_cut_by_shutdown
 from .conftest import PROCS, e2e_environment, scrape, start_worker
@@ -56,7 +57,7 @@ async def test_a_killed_caller_process_kills_the_work(
     status = ready["status_url"]
     assert await scrape(status, "dynamo_component_cancellation_total") == 1
     assert await scrape(status, "dynamo_component_inflight_requests") == 0
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(verify=TLS) as http:
         assert (await http.get(f"{status}/debug/requests")).json() == []
 
 

@@ -61,6 +61,7 @@ from hypothesis.stateful import (
 from dynamo_trio import Config, Context
 from dynamo_trio.runtime import DistributedRuntime
 from tests._fuzz import examples
+from tests._memhttp import TLS
 from tests._metrics import parse, total
 
 from .conftest import e2e_environment
@@ -120,7 +121,7 @@ def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
         ready = json.loads(process.stdout.readline())
         # Connection: close: a pooled keep-alive connection would open and close between
         # examples and upset their file-descriptor accounting.
-        with httpx.Client(headers={"Connection": "close"}) as http:
+        with httpx.Client(verify=TLS, headers={"Connection": "close"}) as http:
             yield WorkerProcess(process, ready["status_url"], events, env, http)
     finally:
         process.kill()

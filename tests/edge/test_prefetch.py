@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from dynamo_trio.edge import PREFETCHED_BODY, BodyPrefetch
 from tests._fuzz import examples
+from tests._memhttp import TLS
 
 from ._serving import answer_lifespan, served
 
@@ -311,7 +312,7 @@ async def test_behind_real_hypercorn_every_body_arrives_however_it_is_sent(
 ) -> None:
     app = BodyApp()
     url = await served(nursery, app, max_body_size=1000)
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
         for n in range(10):  # head and body in separate writes; a chunked body
             body = b'{"n": %d}' % n
             assert (await client.post("/", content=body)).content == body

@@ -36,6 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests._fuzz import examples
+from tests._memhttp import TLS
 from tests.e2e.conftest import ROOT, e2e_environment
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
         assert "listening on" in line, (tmp / "frontend.log").read_text()
         url = line.rsplit(" ", 1)[1].strip()
         deadline = time.monotonic() + 20
-        with httpx.Client(base_url=url) as http:
+        with httpx.Client(verify=TLS, base_url=url) as http:
             while {m["id"] for m in http.get("/v1/models").json()["data"]} != MODELS:
                 assert time.monotonic() < deadline, "the mocker's models never appeared"
                 time.sleep(0.05)
@@ -150,7 +151,7 @@ def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
 
 @pytest.fixture(scope="module")
 def http(frontend: Frontend) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=frontend.url, timeout=20) as client:
+    with httpx.Client(verify=TLS, base_url=frontend.url, timeout=20) as client:
         yield client
 
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import trio
 
+from tests._memhttp import TLS
 from tests._serving import first_event
 from tests.e2e.conftest import scrape
 
@@ -178,7 +179,7 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
         done.set()
 
     async with (
-        httpx.AsyncClient(base_url=url, timeout=30) as http,
+        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
         trio.open_nursery() as background,
     ):
         for round_index in range(ROUNDS):
@@ -234,7 +235,7 @@ async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[
     workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "2", "--http-workers", "2")
     plan = await _plan(random.Random(5), 0, streams=12, unary=4)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
         moved = await _play(plan, http, workers, workers[0])
     assert _check(plan) == 16
     assert moved >= 3
@@ -249,7 +250,10 @@ async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
     _, url = await start_frontend(spawn, env, "--migration-limit", "1")
     body = {**CHAT_BODY, "max_tokens": 400, "stream": True, "seed": 1}
     moved = LiveStream("/v1/chat/completions", body, "moves-once")
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
+    async with (
+        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(moved.run, http)
         await moved.wait_tokens(10)
         first = await serving(workers, "moves-once")
@@ -279,7 +283,10 @@ async def test_no_instance_left_is_a_retryable_503(
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     body = {**CHAT_BODY, "max_tokens": 500, "stream": True}
     streamed = LiveStream("/v1/chat/completions", body, "s")
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
+    async with (
+        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(streamed.run, http)
 
         async def unary() -> httpx.Response:
@@ -314,7 +321,7 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
     fast, _ = await start_worker(spawn, env, name="fast worker", inter_token_latency_ms=30)
     _, url = await start_frontend(spawn, env, "--migration-limit", "2")
     live = LiveStream("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 500, "stream": True}, "h")
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.run, http)
             await live.wait_tokens(5)
@@ -346,7 +353,7 @@ async def test_a_cancelled_request_is_never_migrated(
     _, url = await start_frontend(
         spawn, env, "--migration-limit", "3", "--on-disconnect", "stop", "--stop-grace", "30"
     )
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
 
             async def post() -> None:
@@ -393,7 +400,10 @@ async def test_a_worker_shutting_down_mid_stream(
         "stream_options": {"include_usage": True},
     }
     live = LiveStream("/v1/chat/completions", body, "t")
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http, trio.open_nursery() as nursery:
+    async with (
+        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(live.run, http)
         await live.wait_tokens(5)
         second, _ = await start_worker(spawn, env, name="second worker")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import trio
 
+from tests._memhttp import TLS
 from tests.request_plane._harness import wait_until
 
 from .conftest import _frontend_url, children_of, listed_models, parse_sse
@@ -77,7 +78,7 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
     assert frontends == (http_workers if http_workers > 1 else 0)  # else: run serves itself
 
     body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
         for _ in range(4):  # fresh connections: with 2 processes, both are likely asked
             response = await http.post(
                 "/v1/chat/completions",

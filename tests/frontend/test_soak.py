@@ -36,6 +36,7 @@ import pytest
 import trio
 
 from dynamo_trio import Config, Context, DistributedRuntime, DynamoError
+from tests._memhttp import TLS
 from tests.e2e.conftest import scrape
 
 from ._faults import LiveStream, expected_output, start_frontend, start_worker
@@ -357,8 +358,12 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
                 nonlocal sent
                 limits = httpx.Limits(max_connections=4)
                 async with (
-                    httpx.AsyncClient(base_url=kill_url, timeout=30, limits=limits) as to_kill,
-                    httpx.AsyncClient(base_url=stop_url, timeout=30, limits=limits) as to_stop,
+                    httpx.AsyncClient(
+                        verify=TLS, base_url=kill_url, timeout=30, limits=limits
+                    ) as to_kill,
+                    httpx.AsyncClient(
+                        verify=TLS, base_url=stop_url, timeout=30, limits=limits
+                    ) as to_stop,
                 ):
                     while going():
                         sent += 1
@@ -437,7 +442,7 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
     assert soaked >= MINIMUM, soaked
     assert kills >= MINIMUM_KILLS, kills
 
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with httpx.AsyncClient(verify=TLS, timeout=5) as http:
         for url in (*urls, *workers):
             assert (await http.get(f"{url}/debug/requests")).json() == [], url
     for url in urls:

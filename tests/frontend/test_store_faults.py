@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from dynamo_trio.discovery._file_store import FileLayout, key_to_name
+from tests._memhttp import TLS
 
 from .conftest import CHAT_BODY, MODELS, wait_for_models
 
@@ -66,7 +67,7 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
         while not names <= {path.name for path in layout.kv_dir.iterdir()}:  # noqa: ASYNC110
             await trio.sleep(0.01)
     await wait_for_models(running.url, MODELS, within=10)  # ...and the frontend follows
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
     assert response.status_code == 200, response.text
 

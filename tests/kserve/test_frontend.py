@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from dynamo_trio import Config
 from dynamo_trio._config import FrontendConfig
+from tests._memhttp import TLS
 from tests.frontend.conftest import _frontend_url, listed_models
 
 from ._client import StreamResults, tensor
@@ -112,7 +113,7 @@ async def test_debug_requests_lists_grpc_calls_and_a_shutdown_drains_them(
             lambda: client.async_infer(MODEL, [tensor([1])], callback=results, parameters=SLOW)
         )
         await wait_for_events(stack.worker, "start", 1)
-        async with httpx.AsyncClient(base_url=stack.stack.url) as http:
+        async with httpx.AsyncClient(verify=TLS, base_url=stack.stack.url) as http:
             listed = (await http.get("/debug/requests")).json()
         [tree] = listed
         assert tree["attributes"] == {"model": MODEL, "route": "tensor", "kind": "unary"}

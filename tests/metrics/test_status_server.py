@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamo_trio import CancelReason, Context, SystemConfig
 from dynamo_trio.metrics import StatusReport, WorkerMetrics, serve_status
+from tests._memhttp import TLS
 
 from ._exposition import Scrape
 
@@ -72,7 +73,7 @@ def worker() -> Worker:
 
 @pytest.fixture
 async def client(worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
-    async with running(worker) as url, httpx.AsyncClient(base_url=url) as client:
+    async with running(worker) as url, httpx.AsyncClient(verify=TLS, base_url=url) as client:
         yield client
 
 
@@ -226,7 +227,7 @@ async def test_shutdown_trigger_stops_the_server_promptly(
     # did not wait for the idle connection until the grace closed it.
     monkeypatch.setattr("dynamo_trio.metrics._status._GRACEFUL_TIMEOUT", 120.0)
     shutdown = trio.Event()
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(verify=TLS) as client:
         with trio.fail_after(60):  # a hang guard only
             async with trio.open_nursery() as nursery:
                 url: str = await nursery.start(

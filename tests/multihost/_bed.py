@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 import trio
 
+from tests._memhttp import TLS
 from tests._metrics import Sample, parse, total
 
 from ..e2e.conftest import Proc
@@ -106,7 +107,7 @@ class Bed:
     def _get_inside(self, host: str, url: str) -> tuple[int, str]:
         with (
             in_netns(self.network.host(host).namespace),
-            httpx.Client(trust_env=False, timeout=5.0) as client,
+            httpx.Client(verify=TLS, trust_env=False, timeout=5.0) as client,
         ):
             response = client.get(url)
             return response.status_code, response.text
@@ -133,7 +134,7 @@ class Bed:
             try:
                 with (
                     in_netns(self.network.host(host).namespace),
-                    httpx.Client(trust_env=False, timeout=3.0) as client,
+                    httpx.Client(verify=TLS, trust_env=False, timeout=3.0) as client,
                 ):
                     response = client.post(f"{self.etcd.url(host)}/v3/kv/range", json=body)
                 reply = response.json()

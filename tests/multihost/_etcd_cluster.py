@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
+from tests._memhttp import TLS
+
 from ._netns import in_netns
 
 if TYPE_CHECKING:
@@ -113,7 +115,7 @@ class EtcdCluster:
         # From inside the member's own host: its health, whatever the links do.
         with (
             in_netns(self.network.host(host).namespace),
-            httpx.Client(trust_env=False, timeout=1.0) as client,
+            httpx.Client(verify=TLS, trust_env=False, timeout=1.0) as client,
         ):
             while time.monotonic() < deadline:
                 process = self._processes.get(host)
