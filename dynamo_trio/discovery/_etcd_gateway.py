@@ -347,8 +347,9 @@ def _error_from(response: httpx.Response, path: str) -> EtcdError:
 
 def _message(exc: BaseException) -> str:
     """``exc``'s message, else the first in its causes (httpx's TLS failures have none)."""
+    cause: BaseException | None = exc
     for _ in range(8):  # a bounded walk: a chain of causes may loop
-        if str(exc) or (exc.__cause__ or exc.__context__) is None:
-            return str(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return str(exc)
+        if cause is None or str(cause):
+            break
+        cause = cause.__cause__ or cause.__context__
+    return "" if cause is None else str(cause)
