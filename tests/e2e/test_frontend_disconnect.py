@@ -15,12 +15,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 import openai
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -130,7 +129,7 @@ async def test_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: st
 async def test_httpx_leaving_a_stream_cancels_it(stack: Callable[..., Any]) -> None:
     running = await stack()
     request_id = f"httpx-{uuid.uuid4()}"
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         body = {"model": "mock", "prompt": "hi", "stream": True, "max_tokens": 10_000}
         headers = {"x-request-id": request_id}
         async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
@@ -168,7 +167,7 @@ async def test_openai_client_closing_a_stream_cancels_it(stack: Callable[..., An
 async def test_the_frontend_counter_is_exact_over_many_requests(stack: Callable[..., Any]) -> None:
     running = await stack(inter_token_latency_ms=2.0)
     cancelled = 0
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=30) as http:
+    async with http_client(running.url, timeout=30) as http:
 
         async def complete(i: int) -> None:
             body = {"model": "mock", "prompt": f"p{i}", "max_tokens": 5, "stream": i % 2 == 0}

@@ -16,14 +16,13 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 import openai
 import pytest
 import trio
 
 from dynamo_trio import Context
 from dynamo_trio.llm import SamplingParams, validate_generate_request
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests._procs import start_frontend as start_frontend_process
 
 from .conftest import ROOT, scrape as metric
@@ -167,7 +166,7 @@ async def test_toy_worker_serves_deterministic_text(
     completion, _ = await expected_toy_text(
         SamplingParams(max_tokens=12).completion_request("toy", "The ferryman")
     )
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         response = await http.post(
             "/v1/completions", json={"model": "toy", "prompt": "The ferryman", "max_tokens": 12}
         )
@@ -244,7 +243,7 @@ async def test_disaggregated_request_prefills_then_decodes(
 ) -> None:
     prefill, decode, url = await start_disaggregated(spawn, env, "--prefill-ms-per-token", "20")
     request_id = f"disagg-{uuid.uuid4()}"
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         response = await http.post(
             "/v1/chat/completions",
             json={"model": "disagg", "messages": QUESTION},

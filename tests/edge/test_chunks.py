@@ -14,7 +14,6 @@ import socket
 from typing import Any
 
 import h11
-import httpx
 import pytest
 import trio
 from hypothesis import given, settings, strategies as st
@@ -22,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from dynamo_trio.edge import direct_chunks
 from dynamo_trio.edge._chunks import CONNECTION_WRITER
 from tests._fuzz import examples
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from ._serving import answer_lifespan, served
 
@@ -179,7 +178,7 @@ async def test_streamed_bodies_on_one_keep_alive_connection(nursery: trio.Nurser
     pieces = [f"piece {n} ".encode() * (n % 7 + 1) for n in range(200)]
     app = StreamingApp(pieces)
     url = await served(nursery, app)
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
+    async with http_client(url) as client:
         for _ in range(3):  # one keep-alive connection: each body ended where it should
             response = await client.get("/stream")
             assert response.status_code == 200

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 from dynamo_trio.edge import _edge, _server
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from ._serving import answer_lifespan, served, served_bare
 
@@ -79,8 +79,8 @@ async def _fails_alone(url: str, path: str) -> None:
     """``path`` fails (a 500 before the response started, a cut connection after);
     another keep-alive connection, and the failing client's next one, are served."""
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url) as other,
-        httpx.AsyncClient(verify=TLS, base_url=url) as failing,
+        http_client(url) as other,
+        http_client(url) as failing,
     ):
         assert (await other.get("/")).text == "fine"  # a keep-alive connection, open
         with trio.fail_after(5):
@@ -121,9 +121,9 @@ async def test_without_the_edge_the_connection_ends_not_the_server(path: str) ->
     # failing connection is closed, and only it.
     async with trio.open_nursery() as nursery:
         url = await served_bare(nursery, _app)
-        async with httpx.AsyncClient(verify=TLS, base_url=url) as other:
+        async with http_client(url) as other:
             assert (await other.get("/")).text == "fine"
-            async with httpx.AsyncClient(verify=TLS, base_url=url) as failing:
+            async with http_client(url) as failing:
                 with trio.fail_after(5):
                     assert (await failing.get(path)).status_code == 500
                     with pytest.raises(httpx.RemoteProtocolError):
@@ -138,7 +138,7 @@ async def test_a_flood_of_failing_requests_is_logged_at_a_bounded_rate(
 ) -> None:
     async with trio.open_nursery() as nursery:
         url = await served(nursery, _app)
-        async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
+        async with http_client(url) as client:
             for _ in range(20):
                 assert (await client.get("/base-exception")).status_code == 500
             assert (await client.get("/")).text == "fine"

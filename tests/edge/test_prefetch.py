@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -18,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from dynamo_trio.edge import PREFETCHED_BODY, BodyPrefetch
 from tests._fuzz import examples
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from ._serving import answer_lifespan, served
 
@@ -312,7 +311,7 @@ async def test_behind_real_hypercorn_every_body_arrives_however_it_is_sent(
 ) -> None:
     app = BodyApp()
     url = await served(nursery, app, max_body_size=1000)
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
+    async with http_client(url) as client:
         for n in range(10):  # head and body in separate writes; a chunked body
             body = b'{"n": %d}' % n
             assert (await client.post("/", content=body)).content == body

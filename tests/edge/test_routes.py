@@ -6,7 +6,6 @@ import json
 from functools import partial
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -26,7 +25,7 @@ from dynamo_trio.edge import (
     status_routes,
 )
 from dynamo_trio.edge._status import exposition
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from ._serving import served_bare
 
@@ -129,7 +128,7 @@ async def test_status_routes_over_real_http_with_keep_alive(nursery: trio.Nurser
         )
     )
     url = await served_bare(nursery, edge)
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
+    async with http_client(url) as client:
         for path in ("/health", "/live"):
             response = await client.get(path)
             assert (response.status_code, response.json()) == (200, {"status": "ok"})
@@ -153,7 +152,7 @@ async def test_a_failing_health_callback_is_a_500_not_a_dead_connection(
     url = await served_bare(
         nursery, Edge(status_routes(health=broken, metrics=registry, inflight=list))
     )
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as client:
+    async with http_client(url) as client:
         assert (await client.get("/health")).status_code == 500
         assert (await client.get("/metrics")).status_code == 200  # same connection, still fine
     nursery.cancel_scope.cancel()

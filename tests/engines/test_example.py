@@ -7,11 +7,10 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.e2e.conftest import ROOT, env as env, spawn as spawn
 from tests.e2e.test_llm_examples import open_raw, start_frontend, stop_gracefully, wait_for_line
 
@@ -30,7 +29,7 @@ async def test_a_hang_up_aborts_the_request_in_the_asyncio_engine(
     await wait_for_line(worker, "Worker: serving model echo", within=15)
     url = await start_frontend(spawn, env, "echo")
     body = {"model": "echo", "messages": [{"role": "user", "content": "over and over"}]}
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         short = str(uuid.uuid4())
         response = await http.post(
             "/v1/chat/completions",

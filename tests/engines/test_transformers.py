@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
@@ -22,7 +21,7 @@ pytest.importorskip("transformers", reason="needs transformers: `nox -s engines`
 from dynamo_trio import Context
 from dynamo_trio.engines._transformers import TransformersEngine
 from dynamo_trio.llm import ContextLengthExceeded
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.discovery._etcd_server import free_port
 from tests.e2e.conftest import env as env, scrape, spawn as spawn
 from tests.frontend.conftest import _frontend_url, wait_for_models
@@ -244,7 +243,7 @@ async def test_a_hang_up_stops_the_model_and_counts_once_each_side(
     words = whole.choices[0].message.content.split()
     assert 1 <= len(words) <= 5 and set(words) <= VOCABULARY_WORDS, words
     assert len(texts) == hang_ups and all(texts)
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as http:  # the same model, as embeddings
+    async with http_client(url) as http:  # the same model, as embeddings
         body = {"model": "tiny", "input": ["hello", "tell me"], "dimensions": 8}
         vectors = (await http.post("/v1/embeddings", json=body)).json()["data"]
     assert [len(vector["embedding"]) for vector in vectors] == [8, 8]

@@ -14,12 +14,11 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import openai
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from .conftest import CHAT_BODY, raw_post
 
@@ -124,7 +123,7 @@ async def test_the_official_clients_and_httpx_reading_to_done_are_never_cancella
 
     await trio.to_thread.run_sync(sync_client)
 
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for _ in range(rounds):
             async with http.stream("POST", "/v1/chat/completions", json=STREAM) as response:
                 async for line in response.aiter_lines():

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -32,7 +31,7 @@ from dynamo_trio.mocker import MockerSettings
 from dynamo_trio.mocker._worker import serve_mocker
 from dynamo_trio.request_plane import ClientStream
 from dynamo_trio.request_plane._server import ServerStream
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.runtime.conftest import TEST_CONFIG
 
 from .conftest import wait_for_models
@@ -84,7 +83,7 @@ async def test_finished_requests_leave_no_cycles() -> None:
                 task_status=task_status,
             )
         )
-        async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+        async with http_client(url, timeout=10) as http:
             await wait_for_models(url, {"mock"}, within=10)
 
             async def requests(n: int) -> None:

@@ -19,13 +19,12 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
-import httpx
 import pytest
 import trio
 import trio.testing
 
 from dynamo_trio._config import FrontendConfig
-from tests._memhttp import TLS, http_client
+from tests._memhttp import http_client
 
 from ._inprocess import CHAT, frontend_with_worker
 from .conftest import (
@@ -221,7 +220,7 @@ async def test_a_rapid_reset_flood_gets_goaway_and_starts_a_bounded_number_of_re
     assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     await stream.aclose()
     await still_serving(running.url)
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         metrics = (await http.get("/metrics")).text
     started = sum(
         float(line.rsplit(" ", 1)[1])
@@ -487,7 +486,7 @@ async def test_hostile_bodies_get_precise_400s(stack: StartStack, path: str) -> 
         (b'{"model": "m", "temperature": NaN}', "NaN and Infinity", "temperature"),
         (b'{"model": "m", "top_p": 1e999}', "too large to represent", None),
     ]
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for body, expected, param in cases:
             response = await http.post(
                 path, content=body, headers={"content-type": "application/json"}
@@ -567,7 +566,7 @@ TOO_LONG: list[tuple[str, dict[str, Any], str]] = [
 
 async def test_token_limits_come_from_the_model_card(cluster: Cluster) -> None:
     url = await mocker_stack(cluster, "--context-length", "64", "--max-output-tokens", "32")
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as http:
+    async with http_client(url) as http:
         for path, body, param in TOO_MANY:
             for stream in (False, True):
                 payload = {**body, "stream": True} if stream and path != "/v1/embeddings" else body

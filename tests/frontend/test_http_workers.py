@@ -7,11 +7,10 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests._metrics import scrape as metric
 from tests._procs import start_frontend, start_model_worker
 
@@ -65,7 +64,7 @@ async def test_two_processes_share_the_port_and_count_as_one(
     # Long streams on 12 connections: the kernel spreads them over both processes,
     # and /debug/requests on either one lists them all.
     streams = [await open_stream(url, 5000) for _ in range(12)]
-    async with httpx.AsyncClient(verify=TLS, base_url=url) as http:
+    async with http_client(url) as http:
         for _ in range(3):  # ask whichever process the kernel picks, several times
             listed = (await http.get("/debug/requests")).json()
             assert len(listed) == 12
@@ -75,7 +74,7 @@ async def test_two_processes_share_the_port_and_count_as_one(
 
     # 20 unary requests on fresh connections too.
     for _ in range(20):
-        async with httpx.AsyncClient(verify=TLS, base_url=url) as http:
+        async with http_client(url) as http:
             response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
             assert response.status_code == 200
     with trio.fail_after(10):
@@ -96,7 +95,7 @@ async def test_a_crashed_process_is_restarted_and_its_counts_are_kept(
 ) -> None:
     supervisor, url = await start(spawn, env)
     for _ in range(6):
-        async with httpx.AsyncClient(verify=TLS, base_url=url) as http:
+        async with http_client(url) as http:
             response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1})
             assert response.status_code == 200
     [first, second] = children_of(supervisor.process.pid)
@@ -107,7 +106,7 @@ async def test_a_crashed_process_is_restarted_and_its_counts_are_kept(
     assert second in children
     await wait_for_models(url, MODELS, within=30)
     for _ in range(6):
-        async with httpx.AsyncClient(verify=TLS, base_url=url) as http:
+        async with http_client(url) as http:
             response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 1})
             assert response.status_code == 200
     assert await metric(url, "dynamo_frontend_requests_total", status="success") == 12

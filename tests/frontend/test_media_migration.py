@@ -11,11 +11,10 @@ import json
 import signal
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.e2e.conftest import scrape
 
 from ._faults import migrations, serving, start_frontend, start_workers
@@ -23,6 +22,8 @@ from .test_media import parts_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import httpx
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ async def test_an_image_whose_worker_dies_during_its_steps_is_made_by_another(
         "nvext": {"num_inference_steps": 50},
     }
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        http_client(url, timeout=30) as http,
         trio.open_nursery() as nursery,
     ):
         answers: list[httpx.Response] = []
@@ -73,7 +74,7 @@ async def test_a_partly_streamed_video_whose_worker_dies_ends_with_an_error_part
     _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     body = {"model": "mock-video", "prompt": "p", "size": "8x8", "nvext": {"num_frames": 5000}}
     received = b""
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         headers = {"x-request-id": "cut"}
         async with http.stream("POST", "/v1/videos/stream", json=body, headers=headers) as response:
             assert response.status_code == 200

@@ -12,12 +12,11 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import openai
 import pytest
 from openai.types import Model
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.e2e.conftest import MODEL_WORKER
 
 from .conftest import CHAT_BODY, MODELS, assert_openai_error, listed_models, wait_for_models
@@ -40,7 +39,7 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 async def assert_all_models_are_404(running: Stack) -> None:
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         for model, (path, body) in REQUESTS.items():
             response = await http.post(path, json=body)
             assert_openai_error(response, 404, "not_found_error", code="model_not_found")
@@ -49,7 +48,7 @@ async def assert_all_models_are_404(running: Stack) -> None:
 
 async def test_models_lists_exactly_the_registered_models(stack: StartStack) -> None:
     running = await stack()
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         response = await http.get("/v1/models")
         health = (await http.get("/health")).json()
     assert response.status_code == 200
@@ -83,7 +82,7 @@ async def test_models_vanish_promptly_when_the_worker_shuts_down(
     # A new worker brings them back.
     worker = await spawn(str(MODEL_WORKER), env=env, name="second model worker")
     await wait_for_models(running.url, MODELS, within=10)
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         path, body = REQUESTS["mock"]
         response = await http.post(path, json=body, headers={"x-request-id": "after"})
     assert response.status_code == 200, response.text
@@ -98,7 +97,7 @@ async def test_a_killed_workers_models_are_503_until_its_lease_expires_then_404(
     ttl = 4.0
     env["DYN_LEASE_TTL_SECS"] = str(ttl)
     running = await proc_stack()
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         path, body = REQUESTS["mock"]
         assert (await http.post(path, json=body)).status_code == 200
         running.worker.signal(signal.SIGKILL)

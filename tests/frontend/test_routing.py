@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from dynamo_trio.metrics._names import COMPONENT_REQUESTS_TOTAL
-from tests._memhttp import TLS, http_client
+from tests._memhttp import http_client
 from tests._metrics import scrape
 from tests._procs import start_frontend as start_frontend_process
 from tests._serving import Cluster
@@ -161,7 +161,7 @@ async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
     answered_before_kill: dict[int, int] = {}
     every_loop_served = trio.Event()
     body = chat("omega")
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         await until_served(http, "/v1/chat/completions", body)
         with trio.fail_after(15):  # both components listed, both take requests
             while not (await first.requests() and await second.requests()):
@@ -169,7 +169,7 @@ async def test_a_model_fails_over_at_once_when_one_of_its_components_dies(
 
         async def loop(index: int) -> None:
             sent_after_kill = 0
-            async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as client:
+            async with http_client(url, timeout=10) as client:
                 while sent_after_kill < AFTER_KILL:
                     sent_after = killed
                     sent_after_kill += sent_after

@@ -11,11 +11,10 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.request_plane._harness import wait_until
 
 from .conftest import _frontend_url, children_of, listed_models, parse_sse
@@ -78,7 +77,7 @@ async def test_run_serves_stops_on_ctrl_c_and_leaves_nothing_behind(
     assert frontends == (http_workers if http_workers > 1 else 0)  # else: run serves itself
 
     body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=10) as http:
+    async with http_client(url, timeout=10) as http:
         for _ in range(4):  # fresh connections: with 2 processes, both are likely asked
             response = await http.post(
                 "/v1/chat/completions",

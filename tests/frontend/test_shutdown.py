@@ -17,12 +17,11 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.e2e.conftest import scrape
 
 from ._faults import LiveStream, expected_output
@@ -41,7 +40,7 @@ LONG = 10_000
 
 async def _during_the_drain(url: str) -> dict[str, Any]:
     """What the frontend answers while it drains: health, metrics, a new request."""
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=5) as http:
+    async with http_client(url, timeout=5) as http:
         with trio.fail_after(GRACE):
             while (await http.get("/health")).status_code == 200:  # noqa: ASYNC110
                 await trio.sleep(0.02)
@@ -64,7 +63,7 @@ async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
     results: dict[str, Any] = {}
 
     async def unary() -> None:
-        async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=10) as http:
+        async with http_client(running.url, timeout=10) as http:
             results["unary"] = await http.post(
                 "/v1/completions", json={"model": "mock", "prompt": "hi", "max_tokens": 50}
             )
@@ -77,7 +76,7 @@ async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
             )
             results["openai"] = [chunk async for chunk in stream]
 
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=10) as http:
+    async with http_client(running.url, timeout=10) as http:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.run, http)
             nursery.start_soon(unary)
@@ -128,7 +127,7 @@ async def test_requests_still_running_after_the_grace_end_recognisably(
         text = ""
         released = False
         async with (
-            httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=20) as http,
+            http_client(running.url, timeout=20) as http,
             http.stream("POST", path, json=body, headers={"x-request-id": name}) as response,
         ):
             async for chunk in response.aiter_text():
@@ -139,7 +138,7 @@ async def test_requests_still_running_after_the_grace_end_recognisably(
         results[name] = text
 
     async def unary(name: str, path: str, body: dict[str, Any]) -> None:
-        async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=20) as http:
+        async with http_client(running.url, timeout=20) as http:
             results[name] = await http.post(path, json=body, headers={"x-request-id": name})
 
     async def anthropic_stream() -> None:

@@ -36,7 +36,7 @@ import pytest
 import trio
 
 from dynamo_trio import Config, Context, DistributedRuntime, DynamoError
-from tests._memhttp import TLS
+from tests._memhttp import TLS, http_client
 from tests.e2e.conftest import scrape
 
 from ._faults import LiveStream, expected_output, start_frontend, start_worker
@@ -358,12 +358,8 @@ async def test_soak(spawn: Callable[..., Any], env: dict[str, str]) -> None:
                 nonlocal sent
                 limits = httpx.Limits(max_connections=4)
                 async with (
-                    httpx.AsyncClient(
-                        verify=TLS, base_url=kill_url, timeout=30, limits=limits
-                    ) as to_kill,
-                    httpx.AsyncClient(
-                        verify=TLS, base_url=stop_url, timeout=30, limits=limits
-                    ) as to_stop,
+                    http_client(kill_url, timeout=30, limits=limits) as to_kill,
+                    http_client(stop_url, timeout=30, limits=limits) as to_stop,
                 ):
                     while going():
                         sent += 1

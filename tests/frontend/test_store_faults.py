@@ -14,12 +14,11 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 import trio
 
 from dynamo_trio.discovery._file_store import FileLayout, key_to_name
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from .conftest import CHAT_BODY, MODELS, wait_for_models
 
@@ -67,7 +66,7 @@ async def test_a_damaged_store_heals_and_never_blocks_the_frontend(
         while not names <= {path.name for path in layout.kv_dir.iterdir()}:  # noqa: ASYNC110
             await trio.sleep(0.01)
     await wait_for_models(running.url, MODELS, within=10)  # ...and the frontend follows
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         response = await http.post("/v1/chat/completions", json={**CHAT_BODY, "max_tokens": 2})
     assert response.status_code == 200, response.text
 

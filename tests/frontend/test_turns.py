@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 import trio
 import trio.testing
 
 from dynamo_trio.frontend import _turns
 from dynamo_trio.frontend._turns import Turns
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from .conftest import CHAT_BODY, parse_sse
 
@@ -283,7 +282,7 @@ async def test_many_streams_taking_turns_lose_nothing_and_count_exactly(
     )
     body = {**CHAT_BODY, "max_tokens": 300, "stream": True}
     unary = {**CHAT_BODY, "max_tokens": 300}
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=60) as http:
+    async with http_client(running.url, timeout=60) as http:
         expected = (await http.post("/v1/chat/completions", json=unary)).json()
         want = expected["choices"][0]["message"]["content"]
         texts: list[str] = []

@@ -16,12 +16,11 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from .conftest import (
     CHAT_BODY,
@@ -33,6 +32,8 @@ from .conftest import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable
+
+    import httpx
 
     from tests.e2e.conftest import Stack
 
@@ -121,7 +122,7 @@ async def test_streams_in_flight_end_with_an_error_event(proc_stack: StartProcSt
         return text
 
     async def chat_over_httpx(ready: trio.Event) -> None:
-        async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=10) as http:
+        async with http_client(running.url, timeout=10) as http:
             body = {**CHAT_BODY, "max_tokens": LONG, "stream": True}
             text = await sse_until_the_end(http, "/v1/chat/completions", body, ready)
         events = parse_sse(text)
@@ -134,7 +135,7 @@ async def test_streams_in_flight_end_with_an_error_event(proc_stack: StartProcSt
         assert all(event.event is None for event in events[:-1])
 
     async def responses_over_httpx(ready: trio.Event) -> None:
-        async with httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=10) as http:
+        async with http_client(running.url, timeout=10) as http:
             body = {"model": "mock", "input": "hi", "max_output_tokens": LONG, "stream": True}
             text = await sse_until_the_end(http, "/v1/responses", body, ready)
         events = [event.json() for event in parse_sse(text)]
@@ -206,7 +207,7 @@ async def test_requests_not_yet_answered_get_a_503_json_error(proc_stack: StartP
 
         async def run(ready: trio.Event) -> None:
             async with (
-                httpx.AsyncClient(verify=TLS, base_url=running.url, timeout=10) as http,
+                http_client(running.url, timeout=10) as http,
                 trio.open_nursery() as nursery,
             ):
                 nursery.start_soon(wait_started, running, request_id, ready)
@@ -240,5 +241,5 @@ async def test_requests_not_yet_answered_get_a_503_json_error(proc_stack: StartP
 
 
 async def _get(running: Stack, path: str) -> httpx.Response:
-    async with httpx.AsyncClient(verify=TLS, base_url=running.url) as http:
+    async with http_client(running.url) as http:
         return await http.get(path)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 import tritonclient.grpc as grpcclient
@@ -17,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from dynamo_trio import Config
 from dynamo_trio._config import FrontendConfig
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests.frontend.conftest import _frontend_url, listed_models
 
 from ._client import StreamResults, tensor
@@ -113,7 +112,7 @@ async def test_debug_requests_lists_grpc_calls_and_a_shutdown_drains_them(
             lambda: client.async_infer(MODEL, [tensor([1])], callback=results, parameters=SLOW)
         )
         await wait_for_events(stack.worker, "start", 1)
-        async with httpx.AsyncClient(verify=TLS, base_url=stack.stack.url) as http:
+        async with http_client(stack.stack.url) as http:
             listed = (await http.get("/debug/requests")).json()
         [tree] = listed
         assert tree["attributes"] == {"model": MODEL, "route": "tensor", "kind": "unary"}

@@ -11,7 +11,6 @@ import gzip
 from typing import Any
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 import trio
@@ -20,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from dynamo_trio.kserve._messages import message_class
 from dynamo_trio.kserve._wire import frame
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 
 from ._client import StreamResults, tensor
 from ._h2 import h2_call
@@ -38,7 +37,7 @@ async def still_serves(stack: GrpcStack) -> None:
     finally:
         client.close()
     assert result.as_numpy("OUTPUT0").tolist() == [4, 2]
-    async with httpx.AsyncClient(verify=TLS, base_url=stack.stack.url) as http:  # HTTP undisturbed
+    async with http_client(stack.stack.url) as http:  # HTTP undisturbed
         assert (await http.get("/health")).status_code == 200
     assert await stack.stack.metric(CANCELLED, endpoint="tensor") == 0
     assert "Traceback" not in stack.log()
@@ -225,7 +224,7 @@ async def test_a_huge_declared_size_on_a_stream_ends_it_without_waiting_for_the_
 
 
 async def test_an_http11_client_on_the_grpc_port(stack: GrpcStack) -> None:
-    async with httpx.AsyncClient(verify=TLS, base_url=f"http://{stack.grpc}") as http:
+    async with http_client(f"http://{stack.grpc}") as http:
         response = await http.post(f"{SERVICE}/ModelInfer", content=b"\x00\x00\x00\x00\x00")
         get = await http.get("/")
     assert response.status_code == 505

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamo_trio import CancelReason, Context, SystemConfig
 from dynamo_trio.metrics import StatusReport, WorkerMetrics, serve_status
-from tests._memhttp import TLS
+from tests._memhttp import TLS, http_client
 
 from ._exposition import Scrape
 
@@ -73,7 +73,7 @@ def worker() -> Worker:
 
 @pytest.fixture
 async def client(worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
-    async with running(worker) as url, httpx.AsyncClient(verify=TLS, base_url=url) as client:
+    async with running(worker) as url, http_client(url) as client:
         yield client
 
 
