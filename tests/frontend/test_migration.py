@@ -18,11 +18,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import trio
 
-from tests._memhttp import TLS
+from tests._memhttp import http_client
 from tests._serving import first_event
 from tests.e2e.conftest import scrape
 
@@ -40,6 +39,8 @@ from .conftest import CHAT_BODY, assert_openai_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import httpx
 
     from tests.e2e.conftest import Proc
 
@@ -141,6 +142,19 @@ async def _play(
     return served, served - finished
 
 
+def _moved(workers: list[Proc], prefix: str = "") -> set[str]:
+    """The requests (ids starting ``prefix``) a worker went on with from what another had
+    sent (a "start" with a continuation); each moved once at most."""
+    moved = [
+        e["id"]
+        for worker in workers
+        for e in worker.events
+        if e["event"] == "start" and e["continued"] is not None and e["id"].startswith(prefix)
+    ]
+    assert len(moved) == len(set(moved)), moved
+    return set(moved)
+
+
 def _check(plan: _Round) -> int:
     """Every request of the round got exactly the output it was owed; how many there were."""
     for live in plan.streams:
@@ -181,7 +195,7 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
         done.set()
 
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        http_client(url, timeout=30) as http,
         trio.open_nursery() as background,
     ):
         for round_index in range(ROUNDS):
@@ -193,16 +207,8 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
             checked += _check(plan)
             # Every request the victim had not finished moved once, and went on from what
             # it had (a worker's "start" with a continuation, counted once); no other did.
-            moved = [
-                e["id"]
-                for worker in everyone
-                for e in worker.events
-                if e["event"] == "start"
-                and e["continued"] is not None
-                and e["id"].startswith(f"r{round_index}-")
-            ]
-            assert len(moved) == len(set(moved)), moved
-            assert unfinished <= set(moved) <= served, (unfinished, moved, served)
+            moved = _moved(everyone, f"r{round_index}-")
+            assert unfinished <= moved <= served, (unfinished, moved, served)
             moved_total += len(moved)
             on_victims += len(unfinished)
             assert await migrations(url, migration_type="ongoing_request") == moved_total, (
@@ -239,15 +245,10 @@ async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[
     workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "2", "--http-workers", "2")
     plan = await _plan(random.Random(5), 0, streams=12, unary=4)
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         served, unfinished = await _play(plan, http, workers, workers[0])
     assert _check(plan) == 16
-    moved = {
-        e["id"]
-        for worker in workers
-        for e in worker.events
-        if e["event"] == "start" and e["continued"] is not None
-    }
+    moved = _moved(workers)
     assert unfinished <= moved <= served, (unfinished, moved, served)
     assert len(moved) >= 3
     assert await migrations(url, migration_type="ongoing_request") == len(moved)
@@ -262,7 +263,7 @@ async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
     body = {**CHAT_BODY, "max_tokens": 400, "stream": True, "seed": 1}
     moved = LiveStream("/v1/chat/completions", body, "moves-once")
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        http_client(url, timeout=30) as http,
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(moved.run, http)
@@ -295,7 +296,7 @@ async def test_no_instance_left_is_a_retryable_503(
     body = {**CHAT_BODY, "max_tokens": 500, "stream": True}
     streamed = LiveStream("/v1/chat/completions", body, "s")
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        http_client(url, timeout=30) as http,
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(streamed.run, http)
@@ -332,7 +333,7 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
     fast, _ = await start_worker(spawn, env, name="fast worker", inter_token_latency_ms=30)
     _, url = await start_frontend(spawn, env, "--migration-limit", "2")
     live = LiveStream("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 500, "stream": True}, "h")
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.run, http)
             await live.wait_tokens(5)
@@ -364,7 +365,7 @@ async def test_a_cancelled_request_is_never_migrated(
     _, url = await start_frontend(
         spawn, env, "--migration-limit", "3", "--on-disconnect", "stop", "--stop-grace", "30"
     )
-    async with httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http:
+    async with http_client(url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
 
             async def post() -> None:
@@ -412,7 +413,7 @@ async def test_a_worker_shutting_down_mid_stream(
     }
     live = LiveStream("/v1/chat/completions", body, "t")
     async with (
-        httpx.AsyncClient(verify=TLS, base_url=url, timeout=30) as http,
+        http_client(url, timeout=30) as http,
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(live.run, http)
