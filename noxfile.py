@@ -58,10 +58,25 @@ def tests(session: nox.Session) -> None:
     """The whole test suite (real sockets, real processes, a real etcd when available), its
     property tests at a quarter of their budgets (``nox -s fuzz`` runs them in full)."""
     _suite(session)
+    _pytest(session, *session.posargs)
+
+
+def _pytest(session: nox.Session, *args: str, **env: str) -> None:
     # Three pytest processes (pytest-xdist; `-- -n 0` for one): much of the suite waits
     # on other processes and on real time, so two leave a 2-core machine half idle and
     # three fill it; four are no faster.  Work stealing keeps them busy to the end.
-    session.run("pytest", "-n", "3", "--dist", "worksteal", *session.posargs)
+    # Each of them rewrites the asserts of every test module it collects; where
+    # PYTHONDONTWRITEBYTECODE is set it would do so afresh on every run, so pytest may
+    # cache them here.
+    session.run(
+        "pytest",
+        "-n",
+        "3",
+        "--dist",
+        "worksteal",
+        *args,
+        env={"PYTHONDONTWRITEBYTECODE": None, **env},
+    )
 
 
 @nox.session(python=None)
@@ -69,17 +84,7 @@ def fuzz(session: nox.Session) -> None:
     """The property tests (marked ``fuzz``) at full budget, or at ``DYN_TEST_FUZZ`` times it."""
     _suite(session)
     scale = os.environ.get("DYN_TEST_FUZZ", "1")
-    session.run(
-        "pytest",
-        "-n",
-        "3",
-        "--dist",
-        "worksteal",
-        "-m",
-        "fuzz",
-        *session.posargs,
-        env={"DYN_TEST_FUZZ": scale},
-    )
+    _pytest(session, "-m", "fuzz", *session.posargs, DYN_TEST_FUZZ=scale)
 
 
 # The engines sessions' libraries.  torch comes from the local CPU wheel (pip's find-links
