@@ -10,20 +10,15 @@ from ._generation import EventStream, Generation
 from ._limits import check_output_tokens
 from ._sampling import SamplingParams
 from ._validate import (
-    expect_list,
     expect_object,
-    invalid_value,
-    join,
     model_name,
     optional_bool,
     optional_int,
     optional_number,
     optional_object,
     optional_str,
-    plain_message,
+    read_messages,
     required,
-    required_choice,
-    required_int,
     stop_sequences,
     text_content,
 )
@@ -64,11 +59,9 @@ def parse_messages_request(body: object) -> MessagesRequest:
     """Validate a Messages API body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
-    max_tokens = required_int(obj, "max_tokens", minimum=1)
-    raw_messages = expect_list(required(obj, "messages"), "messages")
-    if not raw_messages:
-        raise invalid_value("messages", "expected at least one message, but got an empty array.")
-    messages = tuple(_message(m, i) for i, m in enumerate(raw_messages))
+    required(obj, "max_tokens")
+    max_tokens = optional_int(obj, "max_tokens", minimum=1)
+    messages = read_messages(obj, _ROLES, _BLOCK_TYPES)
     metadata = optional_object(obj, "metadata")
     if metadata is not None:
         optional_str(metadata, "user_id", "metadata")
@@ -93,19 +86,6 @@ def _system(value: object) -> str | None:
     if value is None or value == []:
         return None
     return text_content(value, "system", part_types=_BLOCK_TYPES)
-
-
-def _message(value: object, index: int) -> EngineMessage:
-    plain = plain_message(value, _ROLES)
-    if plain is not None:
-        return plain
-    param = join("messages", index)
-    message = expect_object(value, param)
-    role = required_choice(message, "role", param, _ROLES)
-    content = text_content(
-        required(message, "content", param), join(param, "content"), part_types=_BLOCK_TYPES
-    )
-    return {"role": role, "content": content}
 
 
 def anthropic_stop_reason(generation: Generation) -> tuple[AnthropicStopReason, str | None]:

@@ -15,7 +15,6 @@ from ._sampling import SamplingParams
 from ._sse import encode_event
 from ._validate import (
     JsonObject,
-    expect_list,
     expect_object,
     invalid_type,
     invalid_value,
@@ -26,11 +25,9 @@ from ._validate import (
     optional_number,
     optional_object,
     optional_str,
-    plain_message,
+    read_messages,
     required,
-    required_choice,
     stop_sequences,
-    text_content,
     unsupported,
 )
 
@@ -91,10 +88,7 @@ def parse_chat_request(body: object) -> ChatRequest:
     """Validate a chat completions body (a 400 RequestError naming the parameter, if not)."""
     obj = expect_object(body, None)
     model = model_name(obj)
-    raw_messages = expect_list(required(obj, "messages"), "messages")
-    if not raw_messages:
-        raise invalid_value("messages", "expected at least one message, but got an empty array.")
-    messages = tuple(_chat_message(m, i) for i, m in enumerate(raw_messages))
+    messages = read_messages(obj, _CHAT_ROLES, _CHAT_PART_TYPES, contentless="assistant")
     _refuse_choices(obj, "n")
     if optional_bool(obj, "logprobs"):
         raise unsupported("logprobs", "log probabilities are not supported by this server.")
@@ -133,22 +127,6 @@ def parse_completion_request(body: object) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
     )
-
-
-def _chat_message(value: object, index: int) -> EngineMessage:
-    plain = plain_message(value, _CHAT_ROLES)
-    if plain is not None:
-        return plain
-    param = join("messages", index)
-    message = expect_object(value, param)
-    role = required_choice(message, "role", param, _CHAT_ROLES)
-    content = message.get("content")
-    if content is None:
-        if role != "assistant":  # an assistant turn that only called tools has no content
-            raise invalid_value(join(param, "content"), f"a {role!r} message needs content.")
-        return {"role": role, "content": ""}
-    text = text_content(content, join(param, "content"), part_types=_CHAT_PART_TYPES)
-    return {"role": role, "content": text}
 
 
 def _prompt(value: object) -> str:

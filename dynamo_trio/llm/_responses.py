@@ -16,16 +16,14 @@ from ._validate import (
     invalid_type,
     invalid_value,
     join,
+    message,
     model_name,
     optional_bool,
     optional_int,
     optional_number,
     optional_object,
     optional_str,
-    plain_message,
     required,
-    required_choice,
-    text_content,
     too_long,
     unsupported,
 )
@@ -106,24 +104,15 @@ def _input(value: object) -> tuple[EngineMessage, ...]:
 
 
 def _input_message(value: object, index: int) -> EngineMessage:
-    if type(value) is dict and value.get("type") in (None, "", "message"):
-        plain = plain_message(value, _ROLES)
-        if plain is not None:
-            return plain
-    param = join("input", index)
-    item = expect_object(value, param)
-    item_type = optional_str(item, "type", param) or "message"
-    if item_type != "message":
+    if isinstance(value, dict) and value.get("type") not in (None, "", "message"):
+        param = join("input", index)
+        item_type = optional_str(value, "type", param)
         raise unsupported(
             join(param, "type"),
             f"input items of type {item_type!r} are not supported; "
             "this server accepts only 'message' items.",
         )
-    role = required_choice(item, "role", param, _ROLES)
-    content = text_content(
-        required(item, "content", param), join(param, "content"), part_types=_PART_TYPES
-    )
-    return {"role": role, "content": content}
+    return message(value, "input", index, _ROLES, _PART_TYPES)
 
 
 def _metadata(obj: JsonObject) -> dict[str, str]:

@@ -110,23 +110,57 @@ def required_str(
     return value
 
 
-def required_choice(body: JsonObject, key: str, prefix: str, choices: tuple[str, ...]) -> str:
-    """A required string field that must be one of ``choices``."""
-    value = required_str(body, key, prefix)
-    if value not in choices:
-        expected = ", ".join(repr(c) for c in choices)
-        raise invalid_value(join(prefix, key), f"expected one of {expected}, but got {value!r}.")
-    return value
+def read_messages(
+    body: JsonObject,
+    roles: tuple[str, ...],
+    part_types: frozenset[str],
+    *,
+    contentless: str | None = None,
+) -> tuple[EngineMessage, ...]:
+    """The required, non-empty ``messages`` array of a chat or Anthropic body."""
+    items = expect_list(required(body, "messages"), "messages")
+    if not items:
+        raise invalid_value("messages", "expected at least one message, but got an empty array.")
+    return tuple(
+        message(item, "messages", index, roles, part_types, contentless=contentless)
+        for index, item in enumerate(items)
+    )
 
 
-def plain_message(value: object, roles: tuple[str, ...]) -> EngineMessage | None:
-    """``value`` as an engine message if it is the usual one (an object with a role in
-    ``roles`` and string content), read with no parameter path built; else ``None``."""
+def message(
+    value: object,
+    key: str,
+    index: int,
+    roles: tuple[str, ...],
+    part_types: frozenset[str],
+    *,
+    contentless: str | None = None,
+) -> EngineMessage:
+    """Item ``index`` of the conversation under ``key`` as an engine message.
+
+    The usual one (a dict with a role in ``roles`` and string content) is read
+    with no parameter path built; any other is checked, its errors naming
+    ``key[index]``.  Only a ``contentless`` role may have null content (chat's
+    assistant turn that only called tools).
+    """
     if type(value) is dict:
         role, content = value.get("role"), value.get("content")
         if type(role) is str and role in roles and type(content) is str:
             return {"role": role, "content": content}
-    return None
+    param = join(key, index)
+    item = expect_object(value, param)
+    role = required_str(item, "role", param)
+    if role not in roles:
+        expected = ", ".join(repr(r) for r in roles)
+        raise invalid_value(join(param, "role"), f"expected one of {expected}, but got {role!r}.")
+    content = item.get("content")
+    if content is None and contentless is not None:
+        if role != contentless:
+            raise invalid_value(join(param, "content"), f"a {role!r} message needs content.")
+        return {"role": role, "content": ""}
+    content = required(item, "content", param)
+    text = text_content(content, join(param, "content"), part_types=part_types)
+    return {"role": role, "content": text}
 
 
 def model_name(body: JsonObject) -> str:
@@ -160,16 +194,6 @@ def optional_object(body: JsonObject, key: str, prefix: str = "") -> JsonObject 
     return None if value is None else expect_object(value, join(prefix, key))
 
 
-def _int_value(value: object, param: str, minimum: int | None, maximum: int | None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise invalid_type(param, "an integer", value)
-    if minimum is not None and value < minimum:
-        raise invalid_value(param, f"expected an integer >= {minimum}, but got {value}.")
-    if maximum is not None and value > maximum:
-        raise invalid_value(param, f"expected an integer <= {maximum}, but got {value}.")
-    return value
-
-
 def optional_int(
     body: JsonObject,
     key: str,
@@ -180,19 +204,16 @@ def optional_int(
 ) -> int | None:
     """An optional integer field within ``[minimum, maximum]``."""
     value = body.get(key)
-    return None if value is None else _int_value(value, join(prefix, key), minimum, maximum)
-
-
-def required_int(
-    body: JsonObject,
-    key: str,
-    prefix: str = "",
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> int:
-    """A required integer field within ``[minimum, maximum]``."""
-    return _int_value(required(body, key, prefix), join(prefix, key), minimum, maximum)
+    if value is None:
+        return None
+    param = join(prefix, key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid_type(param, "an integer", value)
+    if minimum is not None and value < minimum:
+        raise invalid_value(param, f"expected an integer >= {minimum}, but got {value}.")
+    if maximum is not None and value > maximum:
+        raise invalid_value(param, f"expected an integer <= {maximum}, but got {value}.")
+    return value
 
 
 def optional_number(
