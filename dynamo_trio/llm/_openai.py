@@ -382,24 +382,20 @@ class CompletionStream(_ChunkStream):
         return self._choice(finish_reason, text=text)
 
 
-def model_object(
-    model: str, *, created: int | None = None, owned_by: str = "dynamo-trio"
-) -> dict[str, object]:
+def model_object(model: str, *, created: int | None = None) -> dict[str, object]:
     """One ``model`` object, as in ``GET /v1/models/{model}``."""
     return {
         "id": model,
         "object": "model",
         "created": _now() if created is None else created,
-        "owned_by": owned_by,
+        "owned_by": "dynamo-trio",
     }
 
 
-def model_list(
-    models: Iterable[str], *, created: int | None = None, owned_by: str = "dynamo-trio"
-) -> dict[str, object]:
+def model_list(models: Iterable[str], *, created: int | None = None) -> dict[str, object]:
     """The ``GET /v1/models`` body: each name once, in the order given."""
     when = _now() if created is None else created
     return {
         "object": "list",
-        "data": [model_object(m, created=when, owned_by=owned_by) for m in dict.fromkeys(models)],
+        "data": [model_object(m, created=when) for m in dict.fromkeys(models)],
     }
