@@ -26,18 +26,7 @@ from ._names import (
     ERROR_TYPE_CANCELLED,
     ERROR_TYPE_INTERNAL,
     ERROR_TYPE_NONE,
-    FRONTEND_CANCELLATION_LATENCY_SECONDS,
-    FRONTEND_CANCELLED_REQUESTS_TOTAL,
-    FRONTEND_DISCONNECTED_CLIENTS,
     FRONTEND_ENDPOINTS,
-    FRONTEND_INFLIGHT_REQUESTS,
-    FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
-    FRONTEND_MODEL_CANCELLATION_TOTAL,
-    FRONTEND_MODEL_MIGRATION_TOTAL,
-    FRONTEND_OUTPUT_TOKENS_TOTAL,
-    FRONTEND_REQUEST_DURATION_SECONDS,
-    FRONTEND_REQUESTS_TOTAL,
-    FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
     LABEL_ERROR_TYPE,
     LABEL_FRONTEND_ENDPOINT,
     LABEL_MIGRATION_TYPE,
@@ -82,62 +71,69 @@ class FrontendMetrics:
 
         self._requests = family(
             Counter,
-            FRONTEND_REQUESTS_TOTAL,
+            "dynamo_frontend_requests_total",
             "Requests that ended, by status and error type",
             (*_ROUTE_LABELS, LABEL_STATUS, LABEL_ERROR_TYPE),
         )
         # With --http-workers: the live processes' sum.
         self._inflight = family(
-            Gauge, FRONTEND_INFLIGHT_REQUESTS, "Requests being served", multiprocess_mode="livesum"
+            Gauge,
+            "dynamo_frontend_inflight_requests",
+            "Requests being served",
+            multiprocess_mode="livesum",
         )
         self._duration = family(
             Histogram,
-            FRONTEND_REQUEST_DURATION_SECONDS,
+            "dynamo_frontend_request_duration_seconds",
             "Seconds from receiving a request to its end",
             buckets=REQUEST_DURATION_BUCKETS,
         )
         self._ttft = family(
             Histogram,
-            FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS,
+            "dynamo_frontend_time_to_first_token_seconds",
             "Seconds from receiving a request to its first output token",
             buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
         )
         self._itl = family(
             Histogram,
-            FRONTEND_INTER_TOKEN_LATENCY_SECONDS,
+            "dynamo_frontend_inter_token_latency_seconds",
             "Seconds between consecutive output tokens",
             buckets=INTER_TOKEN_LATENCY_BUCKETS,
         )
-        self._output_tokens = family(Counter, FRONTEND_OUTPUT_TOKENS_TOTAL, "Output tokens sent")
+        self._output_tokens = family(
+            Counter, "dynamo_frontend_output_tokens_total", "Output tokens sent"
+        )
         self._cancellations = family(
             Counter,
-            FRONTEND_MODEL_CANCELLATION_TOTAL,
+            "dynamo_frontend_model_cancellation_total",
             "Requests cancelled, each counted once",
             _ROUTE_LABELS,
         )
+        # dynamo-trio's own: the cancellations by reason, and their latency.
         self._cancelled_by_reason = family(
             Counter,
-            FRONTEND_CANCELLED_REQUESTS_TOTAL,
+            "dynamo_frontend_cancelled_requests_total",
             "Requests cancelled, each counted once, by the first cancellation reason",
             (*_ROUTE_LABELS, LABEL_REASON),
         )
         self._cancellation_latency = family(
             Histogram,
-            FRONTEND_CANCELLATION_LATENCY_SECONDS,
+            "dynamo_frontend_cancellation_latency_seconds",
             "Seconds from noticing a cancellation to the request having ended",
             (LABEL_MODEL, LABEL_REASON),
             buckets=CANCELLATION_LATENCY_BUCKETS,
         )
+        # Dynamo's labels, and dynamo-trio's reason.
         self._migrations = family(
             Counter,
-            FRONTEND_MODEL_MIGRATION_TOTAL,
+            "dynamo_frontend_model_migration_total",
             "Requests moved to another worker because theirs failed or was lost",
             (LABEL_MODEL, LABEL_MIGRATION_TYPE, LABEL_REASON),
         )
         # With --http-workers: every process's, dead ones too.
         self._disconnected = family(
             Gauge,
-            FRONTEND_DISCONNECTED_CLIENTS,
+            "dynamo_frontend_disconnected_clients",
             "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
             (),
             multiprocess_mode="sum",

@@ -1,7 +1,7 @@
-"""Metric names, label names and label values, spelled exactly as Dynamo spells them.
+"""Label names and label values, spelled exactly as Dynamo spells them.
 
-Names are whole (prefix joined), so ``grep`` for a name seen on a dashboard finds it;
-*dynamo-trio* marks what Dynamo does not measure.  Counters keep their ``_total``.
+Metric names are spelled whole where each family is made (``_frontend``, ``_worker``),
+so ``grep`` for a name seen on a dashboard finds it; counters keep their ``_total``.
 """
 
 from __future__ import annotations
@@ -26,38 +26,6 @@ LABEL_WORKER_ID: Final = "worker_id"
 LABEL_FRONTEND_ENDPOINT: Final = "endpoint"
 LABEL_MIGRATION_TYPE: Final = "migration_type"
 """Of ``model_migration_total`` (``http/service/metrics.rs``)."""
-
-# --- worker (``work_handler``, prefixed with ``dynamo_component``) ----------------------------
-
-COMPONENT_REQUESTS_TOTAL: Final = "dynamo_component_requests_total"
-COMPONENT_INFLIGHT_REQUESTS: Final = "dynamo_component_inflight_requests"
-COMPONENT_REQUEST_DURATION_SECONDS: Final = "dynamo_component_request_duration_seconds"
-COMPONENT_ERRORS_TOTAL: Final = "dynamo_component_errors_total"
-COMPONENT_CANCELLATION_TOTAL: Final = "dynamo_component_cancellation_total"
-COMPONENT_CANCELLED_REQUESTS_TOTAL: Final = "dynamo_component_cancelled_requests_total"
-"""dynamo-trio: ``cancellation_total`` split by ``reason`` (same count, one more label)."""
-COMPONENT_CANCELLATION_LATENCY_SECONDS: Final = "dynamo_component_cancellation_latency_seconds"
-"""dynamo-trio: from the cancel signal reaching the worker to the handler's work having ended."""
-COMPONENT_CANCELLING_REQUESTS: Final = "dynamo_component_cancelling_requests"
-"""dynamo-trio: requests told to cancel whose work has not ended yet (a stuck one stays up)."""
-
-# --- frontend (``frontend_service``, prefixed with ``dynamo_frontend``) -----------------------
-
-FRONTEND_REQUESTS_TOTAL: Final = "dynamo_frontend_requests_total"
-FRONTEND_INFLIGHT_REQUESTS: Final = "dynamo_frontend_inflight_requests"
-FRONTEND_REQUEST_DURATION_SECONDS: Final = "dynamo_frontend_request_duration_seconds"
-FRONTEND_TIME_TO_FIRST_TOKEN_SECONDS: Final = "dynamo_frontend_time_to_first_token_seconds"
-FRONTEND_INTER_TOKEN_LATENCY_SECONDS: Final = "dynamo_frontend_inter_token_latency_seconds"
-FRONTEND_OUTPUT_TOKENS_TOTAL: Final = "dynamo_frontend_output_tokens_total"
-FRONTEND_MODEL_CANCELLATION_TOTAL: Final = "dynamo_frontend_model_cancellation_total"
-FRONTEND_MODEL_MIGRATION_TOTAL: Final = "dynamo_frontend_model_migration_total"
-"""Labels ``model``, ``migration_type``; dynamo-trio adds ``reason``."""
-FRONTEND_DISCONNECTED_CLIENTS: Final = "dynamo_frontend_disconnected_clients"
-"""A gauge that only goes up, as in Dynamo (``prometheus_names.rs``: "not ``_total``")."""
-FRONTEND_CANCELLED_REQUESTS_TOTAL: Final = "dynamo_frontend_cancelled_requests_total"
-"""dynamo-trio: ``model_cancellation_total`` split by ``reason``."""
-FRONTEND_CANCELLATION_LATENCY_SECONDS: Final = "dynamo_frontend_cancellation_latency_seconds"
-"""dynamo-trio: from the frontend noticing the cancellation to the request having ended."""
 
 # --- label values -----------------------------------------------------------------------------
 

@@ -20,14 +20,6 @@ from prometheus_client.metrics_core import Metric
 from ._buckets import CANCELLATION_LATENCY_BUCKETS, REQUEST_DURATION_BUCKETS
 from ._lifecycle import CancelSignal, LabelChildren, _Lifecycle
 from ._names import (
-    COMPONENT_CANCELLATION_LATENCY_SECONDS,
-    COMPONENT_CANCELLATION_TOTAL,
-    COMPONENT_CANCELLED_REQUESTS_TOTAL,
-    COMPONENT_CANCELLING_REQUESTS,
-    COMPONENT_ERRORS_TOTAL,
-    COMPONENT_INFLIGHT_REQUESTS,
-    COMPONENT_REQUEST_DURATION_SECONDS,
-    COMPONENT_REQUESTS_TOTAL,
     ERROR_TYPE_GENERATE,
     LABEL_COMPONENT,
     LABEL_ENDPOINT,
@@ -59,24 +51,26 @@ _RESERVED_LABELS: Final = frozenset(
 _EndpointKey = tuple[str, str, str, str | None, tuple[tuple[str, str], ...]]
 """``(namespace, component, endpoint, worker_id, extra labels)``."""
 _Kind = Literal["counter", "gauge", "histogram"]
-# (name, type, help, the family's own label after the endpoint's, histogram buckets)
+# (name, type, help, the family's own label after the endpoint's, histogram buckets);
+# Dynamo's work_handler families, then dynamo-trio's own (by reason, latency, cancelling).
 _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
-    (COMPONENT_REQUESTS_TOTAL, "counter", "Requests received by the endpoint's handler", None, ()),
-    (COMPONENT_INFLIGHT_REQUESTS, "gauge",
+    ("dynamo_component_requests_total", "counter",
+     "Requests received by the endpoint's handler", None, ()),
+    ("dynamo_component_inflight_requests", "gauge",
      "Requests whose handler work has not ended yet", None, ()),
-    (COMPONENT_REQUEST_DURATION_SECONDS, "histogram",
+    ("dynamo_component_request_duration_seconds", "histogram",
      "Seconds from receiving a request to its handler work having ended",
      None, REQUEST_DURATION_BUCKETS),
-    (COMPONENT_ERRORS_TOTAL, "counter", "Requests whose handler failed, by error type",
+    ("dynamo_component_errors_total", "counter", "Requests whose handler failed, by error type",
      LABEL_ERROR_TYPE, ()),
-    (COMPONENT_CANCELLATION_TOTAL, "counter",
+    ("dynamo_component_cancellation_total", "counter",
      "Requests cancelled (stop, kill or caller gone), each counted once", None, ()),
-    (COMPONENT_CANCELLED_REQUESTS_TOTAL, "counter",
+    ("dynamo_component_cancelled_requests_total", "counter",
      "Requests cancelled, each counted once, by the first cancellation reason", LABEL_REASON, ()),
-    (COMPONENT_CANCELLATION_LATENCY_SECONDS, "histogram",
+    ("dynamo_component_cancellation_latency_seconds", "histogram",
      "Seconds from the cancel signal reaching the worker to the handler work having ended",
      LABEL_REASON, CANCELLATION_LATENCY_BUCKETS),
-    (COMPONENT_CANCELLING_REQUESTS, "gauge",
+    ("dynamo_component_cancelling_requests", "gauge",
      "Requests told to cancel whose handler work has not ended yet", None, ()),
 )  # fmt: skip
 

@@ -16,7 +16,6 @@ import pytest
 import trio
 import trio.testing
 
-from dynamo_trio.metrics._names import COMPONENT_REQUESTS_TOTAL
 from tests._memhttp import http_client
 from tests._metrics import scrape
 from tests._procs import start_frontend as start_frontend_process
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 async def handled(status_url: str, endpoint: str = "generate") -> float:
     """Requests a worker's handler received on ``endpoint`` so far."""
-    return await scrape(status_url, COMPONENT_REQUESTS_TOTAL, dynamo_endpoint=endpoint)
+    return await scrape(status_url, "dynamo_component_requests_total", dynamo_endpoint=endpoint)
 
 
 class Mocker:
