@@ -151,10 +151,10 @@ def responses_usage(usage: Usage) -> dict[str, object]:
     }
 
 
-def _outcome(
-    generation: Generation, item_id: str
-) -> tuple[ResponseStatus, dict[str, object], dict[str, object] | None]:
-    """A finished generation's status, message item and ``incomplete_details``."""
+def _finished(
+    request: ResponsesRequest, request_id: str, created_at: int, generation: Generation
+) -> tuple[dict[str, object], dict[str, object]]:
+    """A finished generation's message item, and the response that holds it."""
     reason = generation.finish_reason
     status: ResponseStatus = "completed"
     details: dict[str, object] | None = None
@@ -163,8 +163,17 @@ def _outcome(
     elif reason == "cancelled":
         status = "cancelled"
     item_status = "completed" if status == "completed" else "incomplete"
-    item = _message_item(item_id, item_status, [_output_text(generation.text)])
-    return status, item, details
+    item = _message_item(f"msg_{request_id}", item_status, [_output_text(generation.text)])
+    response = _response(
+        request,
+        request_id,
+        created_at,
+        status,
+        output=[item],
+        usage=generation.usage,
+        incomplete_details=details,
+    )
+    return item, response
 
 
 def _output_text(text: str) -> dict[str, object]:
@@ -227,16 +236,8 @@ def response_object(
     created_at: int | None = None,
 ) -> dict[str, object]:
     """The unary ``response`` object for a finished generation."""
-    status, item, details = _outcome(generation, f"msg_{request_id}")
-    return _response(
-        request,
-        request_id,
-        int(time.time()) if created_at is None else created_at,
-        status,
-        output=[item],
-        usage=generation.usage,
-        incomplete_details=details,
-    )
+    when = int(time.time()) if created_at is None else created_at
+    return _finished(request, request_id, when, generation)[1]
 
 
 class ResponseStream(EventStream):
@@ -312,11 +313,9 @@ class ResponseStream(EventStream):
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []
         generation = self._generation
-        status, item, details = _outcome(generation, self._item_id)
+        item, response = _finished(self._request, self._request_id, self._created_at, generation)
         text = generation.text
-        response = self._snapshot(
-            status, output=[item], usage=generation.usage, incomplete_details=details
-        )
+        status = response["status"]
         return [
             *events,
             self._in_text("response.output_text.done", text=text, logprobs=[]),
