@@ -19,7 +19,12 @@ class DynamoError(Exception):
     ``caused_by`` names the remote exception type if a handler raised it (``"ValueError"``)."""
 
     error_type: ClassVar[str] = "Unknown"
-    """The wire code (Dynamo's ``ErrorType`` name)."""
+    """The wire code (Dynamo's ``ErrorType`` name): a subclass's name unless it sets one."""
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "error_type" not in vars(cls):
+            cls.error_type = cls.__name__
 
     def __init__(self, message: str = "", *, caused_by: str | None = None) -> None:
         super().__init__(message)
@@ -34,12 +39,12 @@ class DynamoError(Exception):
 class InvalidArgument(DynamoError):
     """The request was malformed, or the handler rejected it (``ValueError``/``TypeError``)."""
 
-    error_type = "InvalidArgument"
-
 
 class InvalidRequestId(InvalidArgument):
     """A request-id header (``x-request-id``, ``x-dynamo-request-id``) is not a valid id;
     ``header`` is its name, lower case (the HTTP layer reports it as the offending parameter)."""
+
+    error_type = InvalidArgument.error_type
 
     def __init__(self, header: str, message: str) -> None:
         super().__init__(message)
@@ -49,75 +54,51 @@ class InvalidRequestId(InvalidArgument):
 class Cancelled(DynamoError):
     """The work was cancelled on the remote side for its own reasons (not by this caller)."""
 
-    error_type = "Cancelled"
-
 
 class EngineShutdown(DynamoError):
     """The worker is shutting down: it refused the request or abandoned it."""
-
-    error_type = "EngineShutdown"
 
 
 class ResourceExhausted(DynamoError):
     """A limit was reached (too many concurrent streams, a full queue)."""
 
-    error_type = "ResourceExhausted"
-
 
 class ConnectionTimeout(DynamoError):
     """The handler raised ``TimeoutError``, or a connection attempt timed out."""
-
-    error_type = "ConnectionTimeout"
 
 
 class ResponseTimeout(DynamoError):
     """No response arrived within a configured bound: the worker went silent for
     longer than the caller's inactivity timeout, or the request's deadline passed."""
 
-    error_type = "ResponseTimeout"
-
 
 class StreamIncomplete(DynamoError):
     """The worker ended the stream before the work was complete, for a reason it gave:
     it stopped the request to shut down.  The output so far is valid but partial."""
 
-    error_type = "StreamIncomplete"
-
 
 class Unknown(DynamoError):
     """The handler raised an exception with no more specific mapping."""
-
-    error_type = "Unknown"
 
 
 class TransportError(DynamoError):
     """The request plane itself failed."""
 
-    error_type = "TransportError"
-
 
 class CannotConnect(TransportError):
     """No connection could be made to the worker."""
-
-    error_type = "CannotConnect"
 
 
 class NoInstances(CannotConnect):
     """No live instance serves the endpoint."""
 
-    error_type = "NoInstances"
-
 
 class Disconnected(TransportError):
     """The connection to the worker was lost before the stream's terminal frame."""
 
-    error_type = "Disconnected"
-
 
 class ProtocolError(TransportError):
     """A peer sent bytes that are not a valid frame sequence; the connection is closed."""
-
-    error_type = "ProtocolError"
 
 
 def _defined(cls: type[DynamoError]) -> Iterator[type[DynamoError]]:
@@ -126,9 +107,9 @@ def _defined(cls: type[DynamoError]) -> Iterator[type[DynamoError]]:
         yield from _defined(sub)
 
 
-# Each class above that names a code, in definition order (``Unknown`` wins over the base).
+# Each class above that its code names.
 _BY_CODE: Final = {
-    cls.error_type: cls for cls in _defined(DynamoError) if "error_type" in vars(cls)
+    cls.error_type: cls for cls in _defined(DynamoError) if cls.error_type == cls.__name__
 }
 
 
