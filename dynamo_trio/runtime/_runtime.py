@@ -249,42 +249,6 @@ class DistributedRuntime:
                 except Exception as exc:
                     _log.warning("could not deregister %s: %s", key, exc)
 
-    async def register_model(
-        self,
-        endpoint: Endpoint,
-        name: str,
-        model_type: ModelType,
-        *,
-        context_length: int | None = None,
-        max_output_tokens: int | None = None,
-        accepts_continuation: bool = False,
-        tensor_model_config: dict[str, Any] | None = None,
-    ) -> None:
-        """Announce that ``endpoint`` (served by this process) serves model ``name``.
-
-        The frontend enforces the token limits and migrates only to handlers that
-        ``accepts_continuation``; a ``tensor`` model needs ``tensor_model_config``
-        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``).
-        """
-        tensor_config = None
-        if model_type == "tensor" or tensor_model_config is not None:
-            if tensor_model_config is None:
-                raise ValueError("a tensor model needs its tensor_model_config")
-            tensor_config = TensorModelConfig.from_dict(tensor_model_config)
-        card = ModelCard(
-            name=name,
-            model_type=model_type,
-            namespace=endpoint.namespace,
-            component=endpoint.component,
-            endpoint=endpoint.name,
-            instance_id=self.instance_id,
-            context_length=context_length,
-            max_output_tokens=max_output_tokens,
-            accepts_continuation=accepts_continuation,
-            tensor_model_config=tensor_config,
-        )
-        await self._register(card.key, encode_record(card))
-
     def shutdown(self) -> None:
         """Begin a graceful shutdown (synchronous): deregister, send ``goaway``, stop what is in
         flight, kill what is left after ``shutdown_grace`` seconds, close the connections."""
@@ -519,16 +483,30 @@ class Endpoint:
         accepts_continuation: bool = False,
         tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
-        """See :meth:`DistributedRuntime.register_model`."""
-        await self.runtime.register_model(
-            self,
-            name,
-            model_type,
+        """Announce that this endpoint (served by this process) serves model ``name``.
+
+        The frontend enforces the token limits and migrates only to handlers that
+        ``accepts_continuation``; a ``tensor`` model needs ``tensor_model_config``
+        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``).
+        """
+        tensor_config = None
+        if model_type == "tensor" or tensor_model_config is not None:
+            if tensor_model_config is None:
+                raise ValueError("a tensor model needs its tensor_model_config")
+            tensor_config = TensorModelConfig.from_dict(tensor_model_config)
+        card = ModelCard(
+            name=name,
+            model_type=model_type,
+            namespace=self.namespace,
+            component=self.component,
+            endpoint=self.name,
+            instance_id=self.runtime.instance_id,
             context_length=context_length,
             max_output_tokens=max_output_tokens,
             accepts_continuation=accepts_continuation,
-            tensor_model_config=tensor_model_config,
+            tensor_model_config=tensor_config,
         )
+        await self.runtime._register(card.key, encode_record(card))
 
 
 def _check_name(what: str, name: str) -> None:
