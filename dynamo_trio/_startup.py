@@ -22,20 +22,12 @@ def run_command(prog: str, fn: Callable[..., Awaitable[object]], *args: Any) -> 
     try:
         trio.run(fn, *args)
     except BaseException as exc:
-        reasons = _reasons(exc)
-        if not reasons:
+        leaves = _leaves(exc)
+        if not all(isinstance(leaf, CannotServe) for leaf in leaves):
             raise
-        for reason in dict.fromkeys(reasons):  # (each once: tasks may share a cause)
+        for reason in dict.fromkeys(map(str, leaves)):  # (each once: tasks may share a cause)
             print(f"{prog}: error: {reason}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-
-
-def _reasons(exc: BaseException) -> list[str]:
-    """The messages of ``exc``'s :class:`CannotServe` errors if it holds nothing else."""
-    leaves = _leaves(exc)
-    if not all(isinstance(leaf, CannotServe) for leaf in leaves):
-        return []
-    return [str(leaf) for leaf in leaves]
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
