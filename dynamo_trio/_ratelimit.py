@@ -1,5 +1,6 @@
-"""Log lines a peer can cause, at a bounded rate: each kind of refusal is worth a line,
-not a flood.  Kinds are a small fixed set (never a peer's address), so memory stays bounded.
+"""Log lines a peer (or a failing handler) can cause, at a bounded rate: each kind of event
+is worth a line, not a flood.  Kinds are few (never a peer's address); more than
+:data:`MAX_KINDS` at once start over, so memory stays bounded whatever they are.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Final, final
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+MAX_KINDS: Final = 1024
 
 
 @final
@@ -43,6 +46,8 @@ class LogLimiter:
         if not self._logger.isEnabledFor(level):
             return False
         now = self._clock()
+        if kind not in self._tokens and len(self._tokens) >= MAX_KINDS:
+            self.reset()
         tokens, since = self._tokens.get(kind, (float(self._burst), now))
         tokens = min(float(self._burst), tokens + (now - since) / self._interval)
         if tokens < 1.0:

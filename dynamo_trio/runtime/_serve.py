@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import time
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -22,6 +21,7 @@ from .._errors import (
     error_from_exception,
 )
 from .._logcontext import bind_request
+from .._ratelimit import LogLimiter
 from .._tracing import read_request_headers
 from ._annotated import Annotated
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._inflight import InflightRequests
 
 _log = logging.getLogger("dynamo_trio.runtime")
+_bugs: Final = LogLimiter(_log, interval=60.0, burst=1)
 
 
 class ServedEndpoint:
@@ -146,39 +147,20 @@ def _outcome_of(
     error = error_from_exception(exc)
     if isinstance(exc, DynamoError) or isinstance(error, InvalidArgument):
         _log.info("request %s on %s failed: %s", context.id(), path, error)
-    else:
-        _report_bug(path, exc, context.id(), error)
+    else:  # a handler's own failure: one traceback per endpoint and type per interval
+        _bugs.error(
+            f"{path} {_name(exc)}",
+            "request %s on %s failed: %s",
+            context.id(),
+            path,
+            error,
+            exc_info=exc,
+        )
     return error
 
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
-
-
-_BUG_INTERVAL: Final = 60.0
-_bugs_reported: dict[tuple[str, str], tuple[float, int]] = {}  # (path, type): (when, since)
-
-
-def _report_bug(path: str, exc: BaseException, request_id: str, error: DynamoError) -> None:
-    """A handler's own failure: one traceback per endpoint and type per interval, then counts."""
-    key = (path, _name(exc))
-    now = time.monotonic()
-    last, suppressed = _bugs_reported.get(key, (-math.inf, 0))
-    if now - last < _BUG_INTERVAL:
-        _bugs_reported[key] = (last, suppressed + 1)
-        return
-    if len(_bugs_reported) > 1024:  # bounded, whatever the handlers raise
-        _bugs_reported.clear()
-    _bugs_reported[key] = (now, 0)
-    more = f" ({suppressed} more since the last report)" if suppressed else ""
-    _log.error(
-        "request %s on %s failed: %s%s",
-        request_id,
-        path,
-        error,
-        more,
-        exc_info=(type(exc), exc, exc.__traceback__),
-    )
 
 
 def _finish(
