@@ -63,7 +63,7 @@ class LogLimiter:
         return True
 
     def reset(self) -> None:
-        """Forget what was logged (tests)."""
+        """Forget what was logged (tests; and past MAX_KINDS kinds)."""
         self._tokens.clear()
         self._suppressed.clear()
 
