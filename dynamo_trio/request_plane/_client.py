@@ -21,18 +21,15 @@ from .._errors import (
     ProtocolError,
     error_from_wire,
 )
-from ._connection import NETWORK_ERRORS, FrameConnection, describe_close, limited_log, printable
-from ._frames import (
-    HANDSHAKE_MAX_FRAME_SIZE,
-    Control,
-    Credit,
-    End,
-    Error,
-    GoAway,
-    Item,
-    Request,
-    Welcome,
+from ._connection import (
+    NETWORK_ERRORS,
+    FrameConnection,
+    describe_close,
+    handshake,
+    limited_log,
+    printable,
 )
+from ._frames import Control, Credit, End, Error, GoAway, Item, Request
 from ._protocol import ConnectionState, ProtocolConnection, Role
 from ._tls import client_context
 
@@ -351,31 +348,22 @@ class ClientConnection:
         self, stream: trio.abc.Stream, protocol: ProtocolConnection
     ) -> list[Frame]:
         protocol.start()
-        while True:
-            data = protocol.data_to_send()
-            if data:
-                await stream.send_all(data)
-            if protocol.is_established:
-                return []
-            if protocol.state is ConnectionState.CLOSED:
-                close = protocol.close_frame
-                why = describe_close(close) if close is not None else "it closed the connection"
-                raise CannotConnect(f"the worker at {self.address} refused the connection: {why}")
-            chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
-            if not chunk:
-                tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
-                raise CannotConnect(
-                    f"the worker at {self.address} closed the connection during the handshake{tls}"
-                )
-            try:
-                frames = protocol.receive_data(chunk)
-            except ProtocolError:
-                with trio.move_on_after(0.1):  # tell the worker why, best effort
-                    await stream.send_all(protocol.data_to_send())
-                raise
-            if protocol.is_established:  # what followed the welcome is served as usual
-                welcome = next(i for i, frame in enumerate(frames) if isinstance(frame, Welcome))
-                return frames[welcome + 1 :]
+        try:
+            frames = await handshake(stream, protocol)
+        except ProtocolError:
+            with trio.move_on_after(0.1):  # tell the worker why, best effort
+                await stream.send_all(protocol.data_to_send())
+            raise
+        if protocol.closed:
+            close = protocol.close_frame
+            why = describe_close(close) if close is not None else "it closed the connection"
+            raise CannotConnect(f"the worker at {self.address} refused the connection: {why}")
+        if not protocol.is_established:
+            tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
+            raise CannotConnect(
+                f"the worker at {self.address} closed the connection during the handshake{tls}"
+            )
+        return frames
 
     @property
     def drained(self) -> bool:

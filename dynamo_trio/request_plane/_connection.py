@@ -14,10 +14,11 @@ import trio
 from .._contain import split_live_cancellation
 from .._errors import ProtocolError
 from .._ratelimit import LogLimiter
-from ._frames import Close, Ping
+from ._frames import HANDSHAKE_MAX_FRAME_SIZE, Close, Ping, Welcome
+from ._protocol import ConnectionState
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from .._config import RequestPlaneConfig
     from ._frames import Frame
@@ -44,6 +45,33 @@ def printable(text: str, limit: int = 300) -> str:
 def describe_close(frame: Close) -> str:
     """A peer's ``close`` frame, made safe for a log line."""
     return printable(f"{frame.code}: {frame.message}" if frame.message else frame.code)
+
+
+async def handshake(
+    stream: trio.abc.Stream,
+    protocol: ProtocolConnection,
+    authenticate: Callable[[], Awaitable[None]] | None = None,
+) -> list[Frame]:
+    """Drive ``protocol``'s handshake over ``stream`` until it is established (the frames
+    that came behind the ``welcome``), closed or cut short by EOF (``[]``, the state tells
+    which).  A ProtocolError propagates with its ``close`` queued, not sent."""
+    while True:
+        data = protocol.data_to_send()
+        if data:
+            await stream.send_all(data)
+        if not protocol.state.handshaking:
+            return []
+        if protocol.state is ConnectionState.AUTHENTICATING:
+            assert authenticate is not None
+            await authenticate()
+            continue
+        chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
+        if not chunk:
+            return []
+        frames = protocol.receive_data(chunk)
+        if protocol.is_established:  # what followed the welcome is served as usual
+            welcome = next(i for i, frame in enumerate(frames) if isinstance(frame, Welcome))
+            return frames[welcome + 1 :]
 
 
 class FrameConnection:

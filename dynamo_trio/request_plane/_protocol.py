@@ -96,8 +96,7 @@ class Send(enum.Enum):
     REQUEST = "open the stream, queue it"
     ITEM = "spend a credit, queue it"
     TERMINAL = "end the stream, queue it"
-    CONTROL = "queue it if the stream is open (a kill forgets the stream)"
-    CREDIT = "queue it if the stream is open"
+    STREAM_CONTROL = "queue it if the stream is open: a kill forgets it, a credit is counted"
 
 
 _S = ConnectionState
@@ -163,8 +162,7 @@ _GO: Final[_SendRule] = (Send.PLAIN, _S.DRAINING)
 _ITEM: Final[_SendRule] = (Send.ITEM, None)
 _TERM: Final[_SendRule] = (Send.TERMINAL, None)
 _OPEN: Final[_SendRule] = (Send.REQUEST, None)
-_CTRL: Final[_SendRule] = (Send.CONTROL, None)
-_CRED: Final[_SendRule] = (Send.CREDIT, None)
+_CTRL: Final[_SendRule] = (Send.STREAM_CONTROL, None)
 
 # fmt: off
 RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
@@ -210,7 +208,7 @@ SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
     Close:      (_SHUT,           _SHUT,         _SHUT,   _SHUT,    _GONE),
     RawRequest: (_BUG,            _BUG,          _OPEN,   _GONE,    _GONE),
     Control:    (_BUG,            _BUG,          _CTRL,   _CTRL,    _GONE),
-    Credit:     (_BUG,            _BUG,          _CRED,   _CRED,    _GONE),
+    Credit:     (_BUG,            _BUG,          _CTRL,   _CTRL,    _GONE),
 }),
 }
 # fmt: on
@@ -387,22 +385,17 @@ class ProtocolConnection:
         del self._streams[frame.sid]
         return True
 
-    def _send_control(self, frame: Control) -> bool:
-        if frame.sid not in self._streams:
-            return False
-        self._encode(frame)
-        if frame.action == "kill":
-            # Whatever still arrives for it, up to its terminal frame, is dropped.
-            del self._streams[frame.sid]
-            self._killed.add(frame.sid)
-        return True
-
-    def _send_credit(self, frame: Credit) -> bool:
+    def _send_stream_control(self, frame: Control | Credit) -> bool:
         stream = self._streams.get(frame.sid)
         if stream is None:
             return False
         self._encode(frame)
-        stream.granted += frame.items
+        if isinstance(frame, Credit):
+            stream.granted += frame.items
+        elif frame.action == "kill":
+            # Whatever still arrives for it, up to its terminal frame, is dropped.
+            del self._streams[frame.sid]
+            self._killed.add(frame.sid)
         return True
 
     def data_to_send(self) -> bytearray:

@@ -16,7 +16,14 @@ from .._context import CancelReason, Context, ContextState
 from .._errors import Disconnected, ProtocolError, Unknown
 from .._hostport import host_port
 from .._startup import CannotServe
-from ._connection import NETWORK_ERRORS, FrameConnection, limited_log, linger, printable
+from ._connection import (
+    NETWORK_ERRORS,
+    FrameConnection,
+    handshake,
+    limited_log,
+    linger,
+    printable,
+)
 from ._frames import (
     HANDSHAKE_MAX_FRAME_SIZE,
     Close,
@@ -273,33 +280,19 @@ class _Session:
 
     async def _handshake(self) -> bool:
         protocol = self.protocol
-        stream = self._stream
-        while True:
-            data = protocol.data_to_send()
-            if data:
-                await stream.send_all(data)
-            state = protocol.state
-            if state is ConnectionState.OPEN:
-                return True
-            if state is ConnectionState.CLOSED:
-                if protocol.close_frame is None:  # we refused it: let the close arrive
-                    await linger(stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
-                return False
-            if state is ConnectionState.AUTHENTICATING:
-                await self._authenticate()
-                continue
-            chunk = await stream.receive_some(HANDSHAKE_MAX_FRAME_SIZE)
-            if not chunk:
-                return False
-            try:
-                protocol.receive_data(chunk)
-            except ProtocolError as exc:
-                limited_log.warning(
-                    "handshake-refused",
-                    "connection from %s: protocol error before authentication, refused: %s",
-                    self.peer,
-                    printable(exc.message),
-                )
+        try:
+            await handshake(self._stream, protocol, self._authenticate)
+        except ProtocolError as exc:
+            limited_log.warning(
+                "handshake-refused",
+                "connection from %s: protocol error before authentication, refused: %s",
+                self.peer,
+                printable(exc.message),
+            )
+            await self._stream.send_all(protocol.data_to_send())
+        if protocol.closed and protocol.close_frame is None:  # we refused it: let the close arrive
+            await linger(self._stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
+        return protocol.state is ConnectionState.OPEN
 
     async def _authenticate(self) -> None:
         self.awaiting_turn = True
