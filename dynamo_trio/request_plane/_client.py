@@ -387,16 +387,8 @@ class ClientConnection:
                 stream = self._streams.pop(frame.sid, None)
                 if stream is not None:
                     stream._deliver(frame)
-                    self._retire_if_drained()
             elif isinstance(frame, GoAway):
                 _log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
-                self._retire_if_drained()
-
-    def _retire_if_drained(self) -> None:
-        if self._connection is not None:
-            self._connection.retire_if_drained(
-                len(self._streams), "the worker said goaway and no stream is left"
-            )
 
     def open_stream(
         self,
@@ -452,6 +444,10 @@ class ClientConnection:
         connection = self._connection
         if connection is not None:
             connection.send(frame, at_once=at_once)
+
+    def _retire_if_drained(self) -> None:
+        if self._connection is not None:
+            self._connection.retire_if_drained()
 
     def close(self, reason: str) -> None:
         if self._connection is not None:

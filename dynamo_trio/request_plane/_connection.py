@@ -15,7 +15,7 @@ from .._contain import split_live_cancellation
 from .._errors import ProtocolError
 from .._ratelimit import LogLimiter
 from ._frames import HANDSHAKE_MAX_FRAME_SIZE, Close, Ping, Welcome
-from ._protocol import ConnectionState
+from ._protocol import ConnectionState, Role
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -34,6 +34,10 @@ _RECEIVE_MAX: Final = 1 << 20  # reads grow up to this while each fills (a large
 _FINAL_FLUSH_TIMEOUT: Final = 0.25
 _DIRECT_BURST: Final = 2  # frames sent straight to an idle socket per quiet moment
 _DIRECT_PERIOD: Final = 0.001  # how long a quiet moment's allowance lasts
+_DRAINED: Final = {
+    Role.SERVER: "goaway sent and no stream is left",
+    Role.CLIENT: "the worker said goaway and no stream is left",
+}
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -132,10 +136,11 @@ class FrameConnection:
         self._wake_writer(at_once)
         return True
 
-    def retire_if_drained(self, streams_left: int, reason: str) -> None:
+    def retire_if_drained(self) -> None:
         """After ``goaway``, shut down once no stream is left (queued frames go out first)."""
-        if not streams_left and self.close_reason is None and self.protocol.goaway:
-            self.shutdown(reason)
+        protocol = self.protocol
+        if protocol.goaway and not protocol.open_streams and self.close_reason is None:
+            self.shutdown(_DRAINED[protocol.role])
 
     def close(self, reason: str) -> None:
         """End the connection now, sending nothing more (idempotent, synchronous)."""
@@ -229,6 +234,9 @@ class FrameConnection:
                 return
             if self.close_reason is not None:
                 return  # on_frames closed it
+            if protocol.goaway and not protocol.open_streams:
+                self.shutdown(_DRAINED[protocol.role])
+                return
             if protocol.outbox_size:
                 self._wake_writer()
 

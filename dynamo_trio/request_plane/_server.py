@@ -186,7 +186,7 @@ class ServerStream:
         self.context.remove_cancel_callback(self._on_context_cancelled)
         if self._connection.protocol.is_open(self.sid):
             self._connection.send(frame)
-        self._session.retire_if_drained()
+        self._connection.retire_if_drained()
 
 
 class _Session:
@@ -387,13 +387,7 @@ class _Session:
         connection = self.connection
         if connection is not None and self.protocol.state is ConnectionState.OPEN:
             connection.send(GoAway("shutting down"))
-            self.retire_if_drained()
-
-    def retire_if_drained(self) -> None:
-        if self.connection is not None:
-            self.connection.retire_if_drained(
-                len(self.streams), "goaway sent and no stream is left"
-            )
+            connection.retire_if_drained()
 
     def close(self, reason: str, *, graceful: bool) -> None:
         connection = self.connection
