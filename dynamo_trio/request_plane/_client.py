@@ -204,43 +204,44 @@ class ClientStream:
         self._queue.clear()
         self._connection._streams.pop(self.sid, None)
         self._connection._send_control(Control(self.sid, "kill", reason.value))
-        self._connection._retire_if_drained()
+        self._connection._connection.retire_if_drained()
         self._wake()
 
 
 class ClientConnection:
-    """One multiplexed connection to a worker address, owned by a :class:`ConnectionPool`;
-    ``open_transport`` opens the byte stream (default TCP)."""
+    """One multiplexed connection to a worker address, made by a :class:`ConnectionPool`;
+    ``on_closed(connection, reason)`` follows its end."""
 
     def __init__(
         self,
         address: str,
+        stream: trio.abc.Stream,
+        protocol: ProtocolConnection,
         config: RequestPlaneConfig,
-        *,
-        name: str,
-        ssl_context: ssl.SSLContext | None = None,
-        open_transport: OpenTransport | None = None,
+        on_closed: Callable[[ClientConnection, str], None],
     ) -> None:
         self.address: Final = address
         self._config = config
-        self._name = name
-        self._ssl_context = ssl_context
-        self._open_transport = open_transport or _open_tcp
+        self._on_closed = on_closed
         self._streams: dict[int, ClientStream] = {}
-        self._connection: FrameConnection | None = None
-        self.on_closed: list[Callable[[ClientConnection, str], None]] = []
+        self._connection: Final = FrameConnection(
+            stream,
+            protocol,
+            config,
+            on_frames=self._on_frames,
+            on_close=self._connection_lost,
+            name=address,
+        )
 
     @property
     def closed(self) -> bool:
-        return self._connection is None or self._connection.closed
+        return self._connection.closed
 
     @property
     def usable(self) -> bool:
         """Open, and the worker still takes new streams (no ``goaway``)."""
         return (
-            self._connection is not None
-            and not self._connection.closed
-            and self._connection.protocol.state is ConnectionState.OPEN
+            not self._connection.closed and self._connection.protocol.state is ConnectionState.OPEN
         )
 
     @property
@@ -249,36 +250,13 @@ class ClientConnection:
 
     @property
     def close_reason(self) -> str | None:
-        return None if self._connection is None else self._connection.close_reason
+        return self._connection.close_reason
 
-    async def run(self, *, task_status: trio.TaskStatus[ClientConnection]) -> None:
-        """Connect, shake hands, report ready, then serve until the connection ends.
-
-        Before ``started`` (bounded by ``connect_timeout``) failures raise
-        :class:`CannotConnect`; after it only ``trio.Cancelled`` (streams get
-        :class:`Disconnected`).
-        """
-        protocol = ProtocolConnection(
-            Role.CLIENT,
-            max_frame_size=self._config.max_frame_size,
-            token=self._config.auth_token,
-            peer_name=self._name,
-        )
-        stream, early_frames = await self._connect(protocol)
-        connection = FrameConnection(
-            stream,
-            protocol,
-            self._config,
-            on_frames=self._on_frames,
-            on_close=self._connection_lost,
-            name=self.address,
-        )
-        self._connection = connection
-        if early_frames:
-            self._on_frames(early_frames)
-        task_status.started(self)
+    async def run(self) -> None:
+        """Serve until the connection ends (its streams get :class:`Disconnected`); raises
+        only ``trio.Cancelled``."""
         with contain(self._log_escape):  # whatever ends the connection ends it alone
-            await connection.run()
+            await self._connection.run()
 
     def _log_escape(self, escaped: BaseException) -> None:
         limited_log.error(
@@ -289,93 +267,16 @@ class ClientConnection:
             exc_info=escaped,
         )
 
-    async def _connect(self, protocol: ProtocolConnection) -> tuple[trio.abc.Stream, list[Frame]]:
-        """The transport past TLS and the handshake, and frames behind ``welcome``
-        (raises only :class:`CannotConnect` or ``trio.Cancelled``)."""
-        stream: trio.abc.Stream | None = None
-        step = "connect"
-        try:
-            with trio.fail_after(self._config.connect_timeout):
-                stream = await self._open_transport(self.address)
-                if self._ssl_context is not None:
-                    step = "TLS handshake"
-                    host, _ = parse_address(self.address)
-                    stream = trio.SSLStream(
-                        stream,
-                        self._ssl_context,
-                        server_hostname=self._config.tls_server_name or host,
-                        https_compatible=False,
-                    )
-                    await stream.do_handshake()
-                step = "handshake"
-                return stream, await self._handshake(stream, protocol)
-        except BaseException as exc:
-            if stream is not None:
-                await trio.aclose_forcefully(stream)
-            cancelled, failure = split_live_cancellation(exc)
-            if cancelled is not None:
-                raise cancelled from None
-            assert failure is not None
-            raise self._cannot_connect(step, failure) from None
-
-    def _cannot_connect(self, step: str, exc: BaseException) -> CannotConnect:
-        address = self.address
-        if isinstance(exc, CannotConnect):
-            return exc
-        if isinstance(exc, trio.TooSlowError):
-            return CannotConnect(
-                f"no answer from the worker at {address} within "
-                f"{self._config.connect_timeout}s ({step})"
-            )
-        if isinstance(exc, ProtocolError):
-            return CannotConnect(
-                f"handshake with the worker at {address} failed: {printable(exc.message)}"
-            )
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        detail = str(cause) or type(cause).__name__
-        if step == "TLS handshake" or isinstance(cause, ssl.SSLError):
-            hint = (
-                " (check DYN_TCP_TLS_CA and the worker's certificate)"
-                if isinstance(cause, ssl.SSLCertVerificationError)
-                else " (is the worker serving TLS, and does it want a client certificate?)"
-            )
-            return CannotConnect(f"TLS handshake with {address} failed: {detail}{hint}")
-        if isinstance(exc, (*NETWORK_ERRORS, ValueError)):
-            return CannotConnect(f"cannot connect to {address}: {detail}")
-        return CannotConnect(f"cannot connect to {address}: {type(exc).__name__}: {detail}")
-
-    async def _handshake(
-        self, stream: trio.abc.Stream, protocol: ProtocolConnection
-    ) -> list[Frame]:
-        protocol.start()
-        try:
-            frames = await handshake(stream, protocol)
-        except ProtocolError:
-            with trio.move_on_after(0.1):  # tell the worker why, best effort
-                await stream.send_all(protocol.data_to_send())
-            raise
-        if protocol.closed:
-            close = protocol.close_frame
-            why = describe_close(close) if close is not None else "it closed the connection"
-            raise CannotConnect(f"the worker at {self.address} refused the connection: {why}")
-        if not protocol.is_established:
-            tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
-            raise CannotConnect(
-                f"the worker at {self.address} closed the connection during the handshake{tls}"
-            )
-        return frames
-
     @property
     def drained(self) -> bool:
         """The worker said ``goaway`` before the connection ended (an orderly shutdown)."""
-        return self._connection is not None and self._connection.protocol.goaway
+        return self._connection.protocol.goaway
 
     def _connection_lost(self, reason: str) -> None:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._connection_lost(reason)
-        for callback in tuple(self.on_closed):
-            callback(self, reason)
+        self._on_closed(self, reason)
 
     def _on_frames(self, frames: list[Frame]) -> None:
         for frame in frames:
@@ -404,7 +305,7 @@ class ClientConnection:
         seconds left to the caller's deadline (a past one is sent as 0).  Raises
         Disconnected, EngineShutdown after ``goaway``, InvalidArgument."""
         connection = self._connection
-        if connection is None or connection.closed:
+        if connection.closed:
             raise Disconnected(f"connection to {self.address} is closed")
         protocol = connection.protocol
         if protocol.state is not ConnectionState.OPEN:
@@ -441,17 +342,10 @@ class ClientConnection:
 
     def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
         """Send a control-path frame; a closed connection makes it moot, not an error."""
-        connection = self._connection
-        if connection is not None:
-            connection.send(frame, at_once=at_once)
-
-    def _retire_if_drained(self) -> None:
-        if self._connection is not None:
-            self._connection.retire_if_drained()
+        self._connection.send(frame, at_once=at_once)
 
     def close(self, reason: str) -> None:
-        if self._connection is not None:
-            self._connection.close(reason)
+        self._connection.close(reason)
 
 
 async def _open_tcp(address: str) -> trio.abc.Stream:
@@ -486,7 +380,7 @@ class ConnectionPool:
         self._nursery = nursery
         self._name = name
         self._on_connection_lost = on_connection_lost
-        self._open_transport = open_transport
+        self._open_transport = open_transport or _open_tcp
         self._ssl_context = client_context(config) if config.tls else None
         self._connections: dict[str, ClientConnection] = {}
         self._attempts: dict[str, _Attempt] = {}
@@ -523,16 +417,9 @@ class ConnectionPool:
         raise CannotConnect(attempt.error or f"cannot connect to {address}")
 
     async def _attempt(self, address: str, attempt: _Attempt) -> None:
-        connection = ClientConnection(
-            address,
-            self._config,
-            name=self._name,
-            ssl_context=self._ssl_context,
-            open_transport=self._open_transport,
-        )
-        connection.on_closed.append(self._closed)
+        connection = None
         try:
-            await self._nursery.start(connection.run)
+            connection = await self._connect(address)
         except CannotConnect as exc:
             attempt.error = exc.message
         except BaseException as exc:
@@ -557,6 +444,95 @@ class ConnectionPool:
             if self._attempts.get(address) is attempt:
                 del self._attempts[address]
             attempt.done.set()
+        if connection is not None:
+            await connection.run()
+
+    async def _connect(self, address: str) -> ClientConnection:
+        """A connection to ``address`` past TLS and the handshake (raises only
+        :class:`CannotConnect` or ``trio.Cancelled``)."""
+        config = self._config
+        protocol = ProtocolConnection(
+            Role.CLIENT,
+            max_frame_size=config.max_frame_size,
+            token=config.auth_token,
+            peer_name=self._name,
+        )
+        stream: trio.abc.Stream | None = None
+        step = "connect"
+        try:
+            with trio.fail_after(config.connect_timeout):
+                stream = await self._open_transport(address)
+                if self._ssl_context is not None:
+                    step = "TLS handshake"
+                    host, _ = parse_address(address)
+                    stream = trio.SSLStream(
+                        stream,
+                        self._ssl_context,
+                        server_hostname=config.tls_server_name or host,
+                        https_compatible=False,
+                    )
+                    await stream.do_handshake()
+                step = "handshake"
+                early_frames = await self._handshake(address, stream, protocol)
+        except BaseException as exc:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            cancelled, failure = split_live_cancellation(exc)
+            if cancelled is not None:
+                raise cancelled from None
+            assert failure is not None
+            raise self._cannot_connect(address, step, failure) from None
+        connection = ClientConnection(address, stream, protocol, config, self._closed)
+        if early_frames:  # what followed the welcome is served as usual
+            connection._on_frames(early_frames)
+            connection._connection.retire_if_drained()
+        return connection
+
+    def _cannot_connect(self, address: str, step: str, exc: BaseException) -> CannotConnect:
+        if isinstance(exc, CannotConnect):
+            return exc
+        if isinstance(exc, trio.TooSlowError):
+            return CannotConnect(
+                f"no answer from the worker at {address} within "
+                f"{self._config.connect_timeout}s ({step})"
+            )
+        if isinstance(exc, ProtocolError):
+            return CannotConnect(
+                f"handshake with the worker at {address} failed: {printable(exc.message)}"
+            )
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        detail = str(cause) or type(cause).__name__
+        if step == "TLS handshake" or isinstance(cause, ssl.SSLError):
+            hint = (
+                " (check DYN_TCP_TLS_CA and the worker's certificate)"
+                if isinstance(cause, ssl.SSLCertVerificationError)
+                else " (is the worker serving TLS, and does it want a client certificate?)"
+            )
+            return CannotConnect(f"TLS handshake with {address} failed: {detail}{hint}")
+        if isinstance(exc, (*NETWORK_ERRORS, ValueError)):
+            return CannotConnect(f"cannot connect to {address}: {detail}")
+        return CannotConnect(f"cannot connect to {address}: {type(exc).__name__}: {detail}")
+
+    async def _handshake(
+        self, address: str, stream: trio.abc.Stream, protocol: ProtocolConnection
+    ) -> list[Frame]:
+        protocol.start()
+        try:
+            frames = await handshake(stream, protocol)
+        except ProtocolError:
+            with trio.move_on_after(0.1):  # tell the worker why, best effort
+                await stream.send_all(protocol.data_to_send())
+            raise
+        if protocol.closed:
+            close = protocol.close_frame
+            why = describe_close(close) if close is not None else "it closed the connection"
+            raise CannotConnect(f"the worker at {address} refused the connection: {why}")
+        if not protocol.is_established:
+            tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
+            raise CannotConnect(
+                f"the worker at {address} closed the connection during the handshake{tls}"
+            )
+        return frames
 
     def _closed(self, connection: ClientConnection, reason: str) -> None:
         current = self._connections.get(connection.address)

@@ -293,7 +293,7 @@ async def test_a_request_whose_direct_write_fails_is_disconnected_never_orphaned
     pool = ConnectionPool(CONFIG, nursery, name="caller")
     connection = await pool.connect(f"{host}:{port}")
     frames = connection._connection
-    assert frames is not None and frames._socket is not None
+    assert frames._socket is not None
     await trio.testing.wait_all_tasks_blocked()  # the writer is idle: writes go direct
     frames._socket.shutdown(socket.SHUT_WR)  # the next write fails (EPIPE); reads still work
     with pytest.raises(Disconnected, match="connection lost while writing"):
