@@ -103,12 +103,11 @@ class FrameConnection:
         self._on_frames = on_frames
         self._on_close = on_close
         self._writer_wakeup: trio.Event | None = None
-        self._scope: trio.CancelScope | None = None
-        self._reader_scope: trio.CancelScope | None = None
+        self._scope = trio.CancelScope()  # close() cancels it, even before run()
+        self._reader_scope = trio.CancelScope()  # shutdown() cancels it: a flush follows
         self._last_received = 0.0
         self._draining = False  # the reader is done: the writer sends what is left, then stops
         self._flushed = False  # ... and it did
-        self._closed_hard = False  # close() (not shutdown()) was called
         # Only a plain TCP socket takes frames from the sender's task (docs/protocol.md).
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._direct_left = _DIRECT_BURST
@@ -145,15 +144,12 @@ class FrameConnection:
     def close(self, reason: str) -> None:
         """End the connection now, sending nothing more (idempotent, synchronous)."""
         self._declare_closed(reason)
-        self._closed_hard = True
-        if self._scope is not None:
-            self._scope.cancel()
+        self._scope.cancel()
 
     def shutdown(self, reason: str) -> None:
         """End the connection gracefully: queued frames still go out (idempotent, synchronous)."""
         self._declare_closed(reason)
-        if self._reader_scope is not None:
-            self._reader_scope.cancel()
+        self._reader_scope.cancel()
 
     def _declare_closed(self, reason: str) -> None:
         if self.close_reason is None:
@@ -169,16 +165,12 @@ class FrameConnection:
         failures never raise: see :attr:`close_reason`)."""
         self._last_received = trio.current_time()
         try:
-            with trio.CancelScope() as self._scope:
-                if self._closed_hard:  # closed before it ran (a shutdown still flushes)
-                    self._scope.cancel()
+            with self._scope:
                 async with trio.open_nursery() as nursery:
                     heartbeat = trio.CancelScope()
                     nursery.start_soon(self._write_loop)
                     nursery.start_soon(self._heartbeats, heartbeat)
-                    with trio.CancelScope() as self._reader_scope:
-                        if self.close_reason is not None:
-                            self._reader_scope.cancel()  # shut down before it ran
+                    with self._reader_scope:
                         await self._read_loop()
                     # The reader ended on its own: the writer briefly delivers what is queued.
                     heartbeat.cancel()
