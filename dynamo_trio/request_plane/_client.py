@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import ssl
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 
@@ -27,6 +26,7 @@ from ._connection import (
     describe_close,
     handshake,
     limited_log,
+    log,
     printable,
 )
 from ._frames import Control, Credit, End, Error, GoAway, Item, Request
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from ._frames import Frame, Outcome
 
     OpenTransport = Callable[[str], Awaitable[trio.abc.Stream]]
-
-_log = logging.getLogger("dynamo_trio.request_plane")
 
 _FAIR_EVERY: Final = 32
 
@@ -63,6 +61,7 @@ class ClientStream:
         self.outcome: Outcome | None = None  # from the ``end`` frame
         self.end_reason: str | None = None
         self._connection = connection
+        self._frames = connection._connection
         self._queue: deque[Item | End | Error] = deque()
         self._wakeup: trio.Event | None = None
         self._refill_at = max(1, window // 2)
@@ -183,7 +182,7 @@ class ClientStream:
         self._consumed += count
         if self._consumed >= self._refill_at:
             credit, self._consumed = self._consumed, 0
-            self._connection._send_quietly(Credit(self.sid, credit))
+            self._frames.send(Credit(self.sid, credit))
 
     @property
     def draining(self) -> bool:
@@ -194,7 +193,7 @@ class ClientStream:
         """Ask the worker to drain and finish (items keep coming until ``end``)."""
         if not self._done and not self._killed:
             self._stopping = True
-            self._connection._send_control(Control(self.sid, "stop", reason.value))
+            self._control("stop", reason)
 
     def kill(self, reason: CancelReason) -> None:
         """Abandon the stream now: tell the worker, drop what is queued, end ``receive``."""
@@ -203,9 +202,16 @@ class ClientStream:
         self._killed = True
         self._queue.clear()
         self._connection._streams.pop(self.sid, None)
-        self._connection._send_control(Control(self.sid, "kill", reason.value))
-        self._connection._connection.retire_if_drained()
+        self._control("kill", reason)
+        self._frames.retire_if_drained()
         self._wake()
+
+    def _control(self, action: Literal["stop", "kill"], reason: CancelReason) -> None:
+        """Send a stop or kill at once (moot if the connection is closed), then yield the
+        CPU so the worker it woke hears it before this request's teardown
+        (docs/protocol.md, "One connection's tasks")."""
+        self._frames.send(Control(self.sid, action, reason.value), at_once=True)
+        os.sched_yield()
 
 
 class ClientConnection:
@@ -289,7 +295,7 @@ class ClientConnection:
                 if stream is not None:
                     stream._deliver(frame)
             elif isinstance(frame, GoAway):
-                _log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
+                log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
 
     def open_stream(
         self,
@@ -333,16 +339,6 @@ class ClientConnection:
     def streams(self) -> list[ClientStream]:
         """The streams open on this connection (not yet ended, killed or lost)."""
         return list(self._streams.values())
-
-    def _send_control(self, frame: Control) -> None:
-        """Send a stop or kill at once, then yield the CPU so the worker it woke hears it
-        before this request's teardown (docs/protocol.md, "One connection's tasks")."""
-        self._send_quietly(frame, at_once=True)
-        os.sched_yield()
-
-    def _send_quietly(self, frame: Frame, *, at_once: bool = False) -> None:
-        """Send a control-path frame; a closed connection makes it moot, not an error."""
-        self._connection.send(frame, at_once=at_once)
 
     def close(self, reason: str) -> None:
         self._connection.close(reason)

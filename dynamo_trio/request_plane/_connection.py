@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from ._frames import Frame
     from ._protocol import ProtocolConnection
 
-_log = logging.getLogger("dynamo_trio.request_plane")
+log: Final = logging.getLogger("dynamo_trio.request_plane")
 
-limited_log: Final = LogLimiter(_log)  # for events a peer can cause at will
+limited_log: Final = LogLimiter(log)  # for events a peer can cause at will
 
 NETWORK_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _RECEIVE_SIZE: Final = 65536
@@ -158,7 +158,7 @@ class FrameConnection:
                 try:
                     self._on_close(reason)
                 except Exception:  # it runs in whatever task closed the connection
-                    _log.exception("connection %s: error in its close callback", self.name)
+                    log.exception("connection %s: error in its close callback", self.name)
 
     async def run(self) -> None:
         """Serve until the connection ends, then close the stream (network and protocol
@@ -221,7 +221,7 @@ class FrameConnection:
                 self._on_frames(frames)
             if protocol.close_frame is not None:
                 message = describe_close(protocol.close_frame)
-                _log.debug("connection %s: the peer closed it (%s)", self.name, message)
+                log.debug("connection %s: the peer closed it (%s)", self.name, message)
                 self._declare_closed(f"the peer closed the connection ({message})")
                 return
             if self.close_reason is not None:

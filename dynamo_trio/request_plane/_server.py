@@ -3,7 +3,6 @@ then its streams) and served streams."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 from contextlib import suppress
@@ -22,6 +21,7 @@ from ._connection import (
     handshake,
     limited_log,
     linger,
+    log,
     printable,
 )
 from ._frames import (
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from .._config import RequestPlaneConfig
     from .._errors import DynamoError
     from ._frames import Frame, Outcome
-
-_log = logging.getLogger("dynamo_trio.request_plane")
 
 # A handler yielding items without blocking checkpoints fully every this many items or
 # seconds: batches pay the scheduler once, a CPU-bound one still hears its kill.
@@ -319,7 +317,7 @@ class _Session:
 
     def _connection_lost(self, reason: str) -> None:
         if self.streams:
-            _log.info(
+            log.info(
                 "connection %s ended (%s): killing %d open stream(s)",
                 self.peer,
                 reason,
