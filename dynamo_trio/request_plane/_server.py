@@ -383,7 +383,7 @@ class _Session:
 
     def go_away(self) -> None:
         connection = self.connection
-        if connection is not None and self.protocol.state is ConnectionState.OPEN:
+        if connection is not None:  # the protocol drops a second goaway
             connection.send(GoAway("shutting down"))
             connection.retire_if_drained()
 
