@@ -215,11 +215,10 @@ class _Session:
         try:
             with self._gate_scope:
                 admitted = await self._pass_gate()
-        except BaseException:
-            await trio.aclose_forcefully(self._stream)
-            raise
+        finally:
+            if not admitted:
+                await trio.aclose_forcefully(self._stream)
         if not admitted:
-            await trio.aclose_forcefully(self._stream)
             return
         connection = self.connection = FrameConnection(
             self._stream,
