@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing, asynccontextmanager
-from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast, final
+from typing import TYPE_CHECKING, Final, Literal, cast, final
 
 import httpx
 import msgspec
@@ -30,8 +30,6 @@ _FAILOVER_HTTP_STATUS: Final = frozenset({502, 503, 504})
 
 _MAX_TXN_OPS: Final = 64
 """Reads batched into one transaction (etcd allows 128 operations by default)."""
-
-_M = TypeVar("_M")
 
 
 @final
@@ -81,43 +79,25 @@ class KeyValue(msgspec.Struct, frozen=True):
     lease: int = 0
 
 
-class _RangeResponse(msgspec.Struct, frozen=True):
+class _Answer(msgspec.Struct, frozen=True):
+    """Any unary answer, or an error: proto3 omits zero values, so each kind of answer
+    (range, transaction, lease grant or keepalive, error) fills only its own fields."""
+
     header: _Header = msgspec.field(default_factory=_Header)
     kvs: list[KeyValue] = msgspec.field(default_factory=list)
     more: bool = False
-
-
-class _TxnOpResponse(msgspec.Struct, frozen=True):
-    response_range: _RangeResponse = msgspec.field(default_factory=_RangeResponse)
-
-
-class _TxnResponse(msgspec.Struct, frozen=True):
     succeeded: bool = False
-    responses: list[_TxnOpResponse] = msgspec.field(default_factory=list)
-
-
-class _ErrorBody(msgspec.Struct, frozen=True):
+    responses: list[_TxnOp] = msgspec.field(default_factory=list)
+    ID: int = 0
+    TTL: int = 0
+    result: _Answer | None = None  # a keepalive's answer is wrapped in "result"
     error: str = ""
     message: str = ""
     code: int = 0
 
 
-class _GrantResponse(msgspec.Struct, frozen=True):
-    ID: int = 0
-    TTL: int = 0
-    error: str = ""
-
-
-class _KeepAliveResult(msgspec.Struct, frozen=True):
-    TTL: int = 0
-
-
-class _KeepAliveResponse(msgspec.Struct, frozen=True):
-    result: _KeepAliveResult = msgspec.field(default_factory=_KeepAliveResult)
-
-
-class _Empty(msgspec.Struct, frozen=True):
-    pass
+class _TxnOp(msgspec.Struct, frozen=True):
+    response_range: _Answer = msgspec.field(default_factory=_Answer)
 
 
 class WatchEventMessage(msgspec.Struct, frozen=True):
@@ -138,18 +118,15 @@ class WatchResult(msgspec.Struct, frozen=True):
     events: list[WatchEventMessage] = msgspec.field(default_factory=list)
 
 
-class _StreamError(msgspec.Struct, frozen=True):
-    message: str = ""
-
-
 class WatchMessage(msgspec.Struct, frozen=True):
     """One line of the ``/v3/watch`` stream: a result, or the gateway's error."""
 
     result: WatchResult | None = None
-    error: _StreamError | None = None
+    error: _Answer | None = None
 
 
 _encoder = msgspec.json.Encoder()
+_answer_decoder = msgspec.json.Decoder(_Answer, strict=False)
 
 
 def prefix_range(prefix: str) -> tuple[bytes, bytes]:
@@ -168,8 +145,6 @@ class EtcdGateway:
     def __init__(
         self, client: httpx.AsyncClient, endpoints: Sequence[str], *, timeout: float
     ) -> None:
-        if not endpoints:
-            raise ValueError("no etcd endpoint configured")
         self._client = client
         self._endpoints = tuple(url.rstrip("/") for url in endpoints)
         self._current = 0
@@ -190,7 +165,7 @@ class EtcdGateway:
         """Every key under ``prefix`` (non-UTF-8 ones logged and skipped) and its revision."""
         key, range_end = prefix_range(prefix)
         request = {"key": key, "range_end": range_end}
-        response = await self._call("/v3/kv/range", request, _RangeResponse)
+        response = await self._call("/v3/kv/range", request)
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
         kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
@@ -202,7 +177,7 @@ class EtcdGateway:
         for start in range(0, len(keys), _MAX_TXN_OPS):
             batch = keys[start : start + _MAX_TXN_OPS]
             ops = [{"request_range": {"key": key.encode()}} for key in batch]
-            response = await self._call("/v3/kv/txn", {"success": ops}, _TxnResponse)
+            response = await self._call("/v3/kv/txn", {"success": ops})
             if not response.succeeded or len(response.responses) != len(batch):
                 raise DiscoveryError(f"etcd answered a read of {len(batch)} keys with {response}")
             for key, op in zip(batch, response.responses, strict=True):
@@ -213,16 +188,16 @@ class EtcdGateway:
 
     async def put(self, key: str, value: bytes, lease_id: int) -> None:
         request = {"key": key.encode(), "value": value, "lease": str(lease_id)}
-        await self._call("/v3/kv/put", request, _Empty)
+        await self._call("/v3/kv/put", request)
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (absent is fine)."""
-        await self._call("/v3/kv/deleterange", {"key": key.encode()}, _Empty)
+        await self._call("/v3/kv/deleterange", {"key": key.encode()})
 
     async def grant(self, ttl: int, lease_id: int = 0) -> tuple[int, int]:
         """Create a lease (``lease_id`` 0: etcd picks); ``(id, ttl)``, etcd may raise the ttl."""
         request = {"TTL": str(ttl), "ID": str(lease_id)}
-        response = await self._call("/v3/lease/grant", request, _GrantResponse)
+        response = await self._call("/v3/lease/grant", request)
         if response.error or response.ID <= 0 or response.TTL <= 0:
             raise EtcdError(f"etcd refused the lease: {response.error or response}", 0)
         return response.ID, response.TTL
@@ -230,16 +205,16 @@ class EtcdGateway:
     async def keepalive(self, lease_id: int) -> int:
         """Refresh a lease once; returns its remaining TTL (0 or less: the lease is gone)."""
         request = {"ID": str(lease_id)}
-        response = await self._call("/v3/lease/keepalive", request, _KeepAliveResponse)
-        return response.result.TTL
+        response = await self._call("/v3/lease/keepalive", request)
+        return response.result.TTL if response.result else 0
 
     async def revoke(self, lease_id: int) -> None:
         """End a lease now; every key attached to it is deleted in one revision."""
-        await self._call("/v3/lease/revoke", {"ID": str(lease_id)}, _Empty)
+        await self._call("/v3/lease/revoke", {"ID": str(lease_id)})
 
     async def compact(self, revision: int) -> None:
         """Discard history before ``revision`` (used by tests to force a resync)."""
-        await self._call("/v3/kv/compaction", {"revision": str(revision)}, _Empty)
+        await self._call("/v3/kv/compaction", {"revision": str(revision)})
 
     @asynccontextmanager
     async def watch(
@@ -263,10 +238,10 @@ class EtcdGateway:
             with trio.move_on_after(self._timeout, shield=True):
                 await response.aclose()
 
-    async def _call(self, path: str, request: object, response_type: type[_M]) -> _M:
+    async def _call(self, path: str, request: object) -> _Answer:
         response = await self._send(path, request, http_timeout=self._timeout)
         try:
-            return msgspec.json.decode(response.content, type=response_type, strict=False)
+            return _answer_decoder.decode(response.content)
         except msgspec.DecodeError as exc:
             raise DiscoveryError(f"etcd sent an unreadable answer to {path}: {exc}") from None
 
@@ -336,9 +311,9 @@ def decode_key(raw: bytes) -> str | None:
 def _error_from(response: httpx.Response, path: str) -> EtcdError:
     """The error an etcd error answer stands for (its body may be anything)."""
     try:
-        body = msgspec.json.decode(response.content, type=_ErrorBody, strict=False)
+        body = _answer_decoder.decode(response.content)
     except msgspec.DecodeError:
-        body = _ErrorBody()
+        body = _Answer()
     message = (
         body.message or body.error or f"HTTP {response.status_code} {response.content[:200]!r}"
     )
