@@ -49,10 +49,8 @@ class EtcdDiscovery(Discovery):
         self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
-        self._etcd_lease = 0  # the lease keys are attached to now (normally the first, _lease_id)
         self._lock = trio.Lock()  # put/delete against lease recovery and revocation
-        self._lease_lost = False  # re-grant it, then re-put every owned key
-        self._keys_lost = False  # re-put the owned keys under the current lease
+        self._lease_lost = False  # re-grant it (same id), then restore the owned keys
         self._gateway_or_none: EtcdGateway | None = None
         self._granted_at = 0.0  # trio clock
 
@@ -83,7 +81,7 @@ class EtcdDiscovery(Discovery):
             previous = self._owned.get(key)
             self._owned[key] = value
             try:
-                await gateway.put(key, value, self._etcd_lease)
+                await gateway.put(key, value, self._lease_id)
             except DiscoveryError as exc:
                 if not _lease_gone(exc):
                     if previous is None:
@@ -91,7 +89,7 @@ class EtcdDiscovery(Discovery):
                     else:
                         self._owned[key] = previous
                     raise
-                # Recovery re-grants the lease and re-puts every owned key, this one included.
+                # Recovery re-grants the lease and restores the owned keys, this one included.
                 if not await self._regrant_locked(gateway, exc):
                     raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
@@ -137,7 +135,6 @@ class EtcdDiscovery(Discovery):
                 raise DiscoveryError(
                     f"cannot register with etcd at {', '.join(self._endpoints)}: {exc}"
                 ) from exc
-            self._etcd_lease = self._lease_id
             self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
             async with self._run_while_open(lambda: self._keepalive(gateway)):
@@ -147,7 +144,7 @@ class EtcdDiscovery(Discovery):
                 await client.aclose()
 
     async def _keepalive(self, gateway: EtcdGateway) -> None:
-        """Refresh the lease every TTL/3; recover it if etcd says it is gone."""
+        """Refresh the lease every TTL/3, then restore it and the owned keys if etcd lost them."""
         due = self._granted_at + self._ttl / 3
         while True:
             # Due after the last attempt began, so a stalled loop refreshes as soon as it resumes.
@@ -156,42 +153,19 @@ class EtcdDiscovery(Discovery):
             if self._closed:
                 return
             try:
-                remaining = await gateway.keepalive(self._etcd_lease)
+                remaining = await gateway.keepalive(self._lease_id)
             except DiscoveryError as exc:
                 logger.warning("discovery: lease keepalive failed: %s", exc)
                 continue
             if remaining <= 0:
                 logger.warning(
                     "discovery: lease %x expired; re-granting it and re-registering %d keys",
-                    self._etcd_lease,
+                    self._lease_id,
                     len(self._owned),
                 )
                 self._lease_lost = True
             async with self._lock:
-                if self._lease_lost or self._keys_lost:
-                    await self._recover_locked(gateway)
-                else:
-                    await self._repair_keys_locked(gateway)
-
-    async def _repair_keys_locked(self, gateway: EtcdGateway) -> None:
-        """Re-put the owned keys etcd lost while the lease lived (lock held; failures logged)."""
-        if self._closed or not self._owned:
-            return
-        try:
-            stored = await gateway.get_keys(list(self._owned))
-        except DiscoveryError as exc:
-            logger.warning("discovery: cannot check the owned keys (will retry): %s", exc)
-            return
-        found = {key: (kv.value, kv.lease) for key, kv in stored.items()}
-        for key in self._repair(self._etcd_lease, found).rewrite:
-            try:
-                await gateway.put(key, self._owned[key], self._etcd_lease)
-            except DiscoveryError as exc:
-                if _lease_gone(exc):
-                    await self._regrant_locked(gateway, exc)
-                else:
-                    logger.warning("discovery: cannot restore %r (will retry): %s", key, exc)
-                return
+                await self._recover_locked(gateway)
 
     async def _regrant_locked(self, gateway: EtcdGateway, exc: DiscoveryError) -> bool:
         """A request found the lease gone: recover it now (lock held); whether all is back."""
@@ -200,50 +174,49 @@ class EtcdDiscovery(Discovery):
         return await self._recover_locked(gateway)
 
     async def _recover_locked(self, gateway: EtcdGateway) -> bool:
-        """Re-grant the lease and re-put every owned key (lock held); whether all are back
-        (failures are logged and left for the next keepalive tick)."""
+        """Re-grant the lease if it was lost, then re-put the owned keys etcd lost (lock held);
+        whether all are back (failures are logged and left for the next keepalive tick)."""
         if self._closed:
             return False
+        regranted = self._lease_lost
         try:
-            if self._lease_lost:
+            if regranted:
                 try:
-                    self._etcd_lease, self._ttl = await gateway.grant(
-                        self._requested_ttl, self._lease_id
-                    )
+                    _, self._ttl = await gateway.grant(self._requested_ttl, self._lease_id)
                 except EtcdError as exc:
-                    if exc.code != GRPC_ALREADY_EXISTS:
+                    if exc.code != GRPC_ALREADY_EXISTS:  # else it was alive after all
                         raise
-                    self._etcd_lease = self._lease_id  # it is alive after all
                 self._lease_lost = False
-                self._keys_lost = True
-            if self._keys_lost:
-                for key, value in self._owned.items():
-                    await gateway.put(key, value, self._etcd_lease)
-                self._keys_lost = False
+            stored = await gateway.get_keys(list(self._owned))
+            found = {key: (kv.value, kv.lease) for key, kv in stored.items()}
+            for key in self._repair(self._lease_id, found).rewrite:
+                await gateway.put(key, self._owned[key], self._lease_id)
         except DiscoveryError as exc:
+            self._lease_lost |= _lease_gone(exc)
             logger.warning("discovery: lease recovery failed (will retry): %s", exc)
             return False
-        logger.info(
-            "discovery: lease %x recovered with %d keys", self._etcd_lease, len(self._owned)
-        )
+        if regranted:
+            logger.info(
+                "discovery: lease %x recovered with %d keys", self._lease_id, len(self._owned)
+            )
         return True
 
     async def _revoke_lease(self) -> None:
         gateway = self._gateway_or_none
-        if gateway is None or not self._etcd_lease:
+        if gateway is None:
             await trio.lowlevel.checkpoint()
             return
         async with self._lock:
             self._owned.clear()
             try:
-                await gateway.revoke(self._etcd_lease)
+                await gateway.revoke(self._lease_id)
             except EtcdError as exc:
                 if not _lease_gone(exc):
-                    logger.warning("discovery: cannot revoke lease %x: %s", self._etcd_lease, exc)
+                    logger.warning("discovery: cannot revoke lease %x: %s", self._lease_id, exc)
             except DiscoveryError as exc:
                 logger.warning(
                     "discovery: cannot revoke lease %x (it expires in %ds): %s",
-                    self._etcd_lease,
+                    self._lease_id,
                     self._ttl,
                     exc,
                 )
