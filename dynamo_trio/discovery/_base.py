@@ -106,25 +106,55 @@ class Discovery(abc.ABC):
     cancelled ``put`` or ``delete`` may or may not have taken effect.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_record_size: int | None = None) -> None:
         self._started = False
         self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
         self._lease_id = 0  # set by the backend, at construction or (etcd) on entry
         self._owned: dict[str, bytes] = {}  # what this owner put: written back if lost
+        self._lock = trio.Lock()  # put/delete against lease recovery and revocation
+        self._max_record_size = max_record_size
 
     @property
     def lease_id(self) -> int:
         """This instance's positive 63-bit id; it never changes (etcd's exists once entered)."""
         return self._lease_id
 
-    @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:
         """Set ``key`` to ``value``, attached to this instance's lease."""
+        check_key(key)
+        value = check_value(value, self._max_record_size)
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            # Recorded first: recovery rewrites an interrupted write rather than forget it.
+            previous = self._owned.get(key)
+            self._owned[key] = value
+            try:
+                await self._put(key, value)
+            except Exception:
+                if previous is None:
+                    self._owned.pop(key, None)
+                else:
+                    self._owned[key] = previous
+                raise
 
-    @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Remove ``key`` whatever its lease; another live owner writes it back within its TTL."""
+        check_key(key)
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            self._owned.pop(key, None)
+            await self._delete(key)
+
+    @abc.abstractmethod
+    async def _put(self, key: str, value: bytes) -> None:
+        """Store ``key`` under the lease (lock held, ``key`` already owned)."""
+
+    @abc.abstractmethod
+    async def _delete(self, key: str) -> None:
+        """Remove ``key`` from the store (lock held, ``key`` no longer owned)."""
 
     @abc.abstractmethod
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
@@ -143,7 +173,8 @@ class Discovery(abc.ABC):
 
     @abc.abstractmethod
     async def _revoke_lease(self) -> None:
-        """Drop the lease and every key attached to it (called once, by :meth:`aclose`)."""
+        """Drop the lease and every key attached to it (called once, by :meth:`aclose`, lock
+        held; the owned keys are forgotten after it)."""
 
     @asynccontextmanager
     async def _run_while_open(self, *tasks: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
@@ -174,7 +205,9 @@ class Discovery(abc.ABC):
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
-        await self._revoke_lease()
+        async with self._lock:
+            await self._revoke_lease()
+            self._owned.clear()
 
     def _repair(
         self,

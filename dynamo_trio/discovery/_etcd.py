@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final, final
 import httpx
 import trio
 
-from ._base import CLOSE_TIMEOUT, Discovery, DiscoveryError, check_key, check_value
+from ._base import CLOSE_TIMEOUT, Discovery, DiscoveryError, check_key
 from ._etcd_gateway import GRPC_ALREADY_EXISTS, GRPC_NOT_FOUND, EtcdError, EtcdGateway
 from ._etcd_watch import WatchPump
 from ._watch import WATCH_BUFFER, Watch, WatchEvent
@@ -42,14 +42,12 @@ class EtcdDiscovery(Discovery):
     """Discovery in an etcd v3 cluster (``config.etcd_endpoints``)."""
 
     def __init__(self, config: DiscoveryConfig) -> None:
-        super().__init__()
+        super().__init__(config.max_record_size)
         if not config.etcd_endpoints:
             raise ValueError("no etcd endpoint configured")
         self._endpoints = config.etcd_endpoints
-        self._max_record_size = config.max_record_size
         self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._ttl = self._requested_ttl
-        self._lock = trio.Lock()  # put/delete against lease recovery and revocation
         self._lease_lost = False  # re-grant it (same id), then restore the owned keys
         self._gateway_or_none: EtcdGateway | None = None
         self._granted_at = 0.0  # trio clock
@@ -72,34 +70,19 @@ class EtcdDiscovery(Discovery):
         assert self._gateway_or_none is not None  # set before _started
         return self._gateway_or_none
 
-    async def put(self, key: str, value: bytes) -> None:
-        check_key(key)
-        value = check_value(value, self._max_record_size)
+    async def _put(self, key: str, value: bytes) -> None:
         gateway = self._gateway
-        async with self._lock:
-            self._check_open()
-            previous = self._owned.get(key)
-            self._owned[key] = value
-            try:
-                await gateway.put(key, value, self._lease_id)
-            except DiscoveryError as exc:
-                if not _lease_gone(exc):
-                    if previous is None:
-                        self._owned.pop(key, None)
-                    else:
-                        self._owned[key] = previous
-                    raise
-                # Recovery re-grants the lease and restores the owned keys, this one included.
-                if not await self._regrant_locked(gateway, exc):
-                    raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
+        try:
+            await gateway.put(key, value, self._lease_id)
+        except DiscoveryError as exc:
+            if not _lease_gone(exc):
+                raise
+            # Recovery re-grants the lease and restores the owned keys, this one included.
+            if not await self._regrant_locked(gateway, exc):
+                raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
-    async def delete(self, key: str) -> None:
-        check_key(key)
-        gateway = self._gateway
-        async with self._lock:
-            self._check_open()
-            self._owned.pop(key, None)
-            await gateway.delete(key)
+    async def _delete(self, key: str) -> None:
+        await self._gateway.delete(key)
 
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
         check_key(prefix)
@@ -204,19 +187,16 @@ class EtcdDiscovery(Discovery):
     async def _revoke_lease(self) -> None:
         gateway = self._gateway_or_none
         if gateway is None:
-            await trio.lowlevel.checkpoint()
             return
-        async with self._lock:
-            self._owned.clear()
-            try:
-                await gateway.revoke(self._lease_id)
-            except EtcdError as exc:
-                if not _lease_gone(exc):
-                    logger.warning("discovery: cannot revoke lease %x: %s", self._lease_id, exc)
-            except DiscoveryError as exc:
-                logger.warning(
-                    "discovery: cannot revoke lease %x (it expires in %ds): %s",
-                    self._lease_id,
-                    self._ttl,
-                    exc,
-                )
+        try:
+            await gateway.revoke(self._lease_id)
+        except EtcdError as exc:
+            if not _lease_gone(exc):
+                logger.warning("discovery: cannot revoke lease %x: %s", self._lease_id, exc)
+        except DiscoveryError as exc:
+            logger.warning(
+                "discovery: cannot revoke lease %x (it expires in %ds): %s",
+                self._lease_id,
+                self._ttl,
+                exc,
+            )

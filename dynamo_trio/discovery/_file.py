@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._base import Discovery, DiscoveryError, check_key, check_value, random_lease_id
+from ._base import Discovery, DiscoveryError, check_key, random_lease_id
 from ._file_store import FileLayout, Scanner, Signature
 from ._watch import WATCH_BUFFER, Watch, WatchEvent, diff_events
 
@@ -37,7 +37,6 @@ class FileDiscovery(Discovery):
         self._poll_interval = config.poll_interval
         self._lease_id = random_lease_id()
         self._written: dict[str, Signature] = {}  # each owned file as last written or checked
-        self._lock = trio.Lock()  # writes against lease recovery and revocation
         self._last_problem: str | None = None  # keepalive failures are logged once each
         self._touched_at = -math.inf  # trio clock
         self._scanner = Scanner(self._layout, self._ttl)  # one thread at a time: _scan_lock
@@ -47,35 +46,23 @@ class FileDiscovery(Discovery):
         self._watches = 0
         self._watch_opened = trio.Event()  # set and replaced: the poll runs only while watched
 
-    async def put(self, key: str, value: bytes) -> None:
-        check_key(key)
-        value = check_value(value)
+    async def _put(self, key: str, value: bytes) -> None:
         self._layout.encode_entry(key, value, self._lease_id)  # ValueError if too large
-        self._check_open()
-        async with self._lock:
-            self._check_open()
-            # Recorded first: recovery rewrites an interrupted write rather than forget it.
-            previous = self._owned.get(key)
-            self._owned[key] = value
-            self._written.pop(key, None)
-            try:
-                written, lost = await trio.to_thread.run_sync(
-                    self._write_with_fresh_lease, key, value, dict(self._owned)
-                )
-            except OSError as exc:
-                if previous is None:
-                    self._owned.pop(key, None)
-                else:
-                    self._owned[key] = previous
-                raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
-            self._touched_at = trio.current_time()
-            if lost:  # the lease file had gone: everything owned was written back
-                logger.warning(
-                    "discovery: lease %016x was lost; re-registered %d keys",
-                    self._lease_id,
-                    len(written),
-                )
-            self._written.update(written)
+        self._written.pop(key, None)
+        try:
+            written, lost = await trio.to_thread.run_sync(
+                self._write_with_fresh_lease, key, value, dict(self._owned)
+            )
+        except OSError as exc:
+            raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
+        self._touched_at = trio.current_time()
+        if lost:  # the lease file had gone: everything owned was written back
+            logger.warning(
+                "discovery: lease %016x was lost; re-registered %d keys",
+                self._lease_id,
+                len(written),
+            )
+        self._written.update(written)
 
     def _write_with_fresh_lease(
         self, key: str, value: bytes, owned: dict[str, bytes]
@@ -86,19 +73,12 @@ class FileDiscovery(Discovery):
             return {key: self._layout.write_entry(key, value, self._lease_id)}, False
         return self._recover(owned), True
 
-    async def delete(self, key: str) -> None:
-        check_key(key)
-        self._check_open()
-        async with self._lock:
-            self._check_open()
-            self._owned.pop(key, None)
-            self._written.pop(key, None)
-            try:
-                await trio.to_thread.run_sync(self._layout.delete_entry, key)
-            except OSError as exc:
-                raise DiscoveryError(
-                    f"cannot delete {key!r} in {self._layout.root}: {exc}"
-                ) from exc
+    async def _delete(self, key: str) -> None:
+        self._written.pop(key, None)
+        try:
+            await trio.to_thread.run_sync(self._layout.delete_entry, key)
+        except OSError as exc:
+            raise DiscoveryError(f"cannot delete {key!r} in {self._layout.root}: {exc}") from exc
 
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
         check_key(prefix)
@@ -246,14 +226,11 @@ class FileDiscovery(Discovery):
         }
 
     async def _revoke_lease(self) -> None:
-        async with self._lock:
-            keys = list(self._owned)
-            self._owned.clear()
-            self._written.clear()
-            try:
-                await trio.to_thread.run_sync(self._revoke, keys)
-            except OSError as exc:
-                logger.warning("discovery: cannot revoke lease %016x: %s", self._lease_id, exc)
+        self._written.clear()
+        try:
+            await trio.to_thread.run_sync(self._revoke, list(self._owned))
+        except OSError as exc:
+            logger.warning("discovery: cannot revoke lease %016x: %s", self._lease_id, exc)
 
     def _revoke(self, keys: list[str]) -> None:
         self._layout.remove_lease(self._lease_id)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._base import Discovery, check_key, check_value, random_lease_id
+from ._base import Discovery, check_key, random_lease_id
 from ._watch import Watch, WatchEvent
 
 if TYPE_CHECKING:
@@ -110,28 +110,18 @@ class MemoryDiscovery(Discovery):
         lease_ttl: float = 10.0,
         max_record_size: int | None = None,
     ) -> None:
-        super().__init__()
-        self._max_record_size = max_record_size
+        super().__init__(max_record_size)
         if not lease_ttl > 0:
             raise ValueError(f"lease_ttl must be positive, not {lease_ttl}")
         self._store = default_memory_store() if store is None else store
         self._lease_id = self._store.new_lease()
         self._ttl = lease_ttl
 
-    async def put(self, key: str, value: bytes) -> None:
-        check_key(key)
-        value = check_value(value, self._max_record_size)
-        await trio.lowlevel.checkpoint()
-        self._check_open()
+    async def _put(self, key: str, value: bytes) -> None:
         self._store.restore_lease(self._lease_id)
-        self._owned[key] = value
         self._store.put(key, value, self._lease_id)
 
-    async def delete(self, key: str) -> None:
-        check_key(key)
-        await trio.lowlevel.checkpoint()
-        self._check_open()
-        self._owned.pop(key, None)
+    async def _delete(self, key: str) -> None:
         self._store.delete(key)
 
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
@@ -170,6 +160,4 @@ class MemoryDiscovery(Discovery):
                 store.put(key, self._owned[key], self._lease_id)
 
     async def _revoke_lease(self) -> None:
-        await trio.lowlevel.checkpoint()
-        self._owned.clear()
         self._store.revoke(self._lease_id)
