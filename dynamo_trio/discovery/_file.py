@@ -205,9 +205,14 @@ class FileDiscovery(Discovery):
 
     async def _repair_entries(self) -> None:
         """Write back the owned entries the directory lost (lock held)."""
-        found, signatures, alive = await trio.to_thread.run_sync(
-            self._layout.audit, dict(self._owned), dict(self._written), self._lease_id
-        )
+        async with self._scan_lock:  # the scanner judges the other leases
+            found, signatures, alive = await trio.to_thread.run_sync(
+                self._layout.audit,
+                dict(self._owned),
+                dict(self._written),
+                self._lease_id,
+                self._scanner.lease_alive,
+            )
         self._written.update(signatures)
         repairs = self._repair(self._lease_id, found, alive.__contains__)
         for key in repairs.relinquish:

@@ -24,7 +24,7 @@ import msgspec
 from ._report import BadRecordReport
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -291,7 +291,11 @@ class FileLayout:
         return (signature, entry) if entry.key == key else None
 
     def audit(
-        self, owned: Mapping[str, bytes], written: Mapping[str, Signature], lease_id: int
+        self,
+        owned: Mapping[str, bytes],
+        written: Mapping[str, Signature],
+        lease_id: int,
+        lease_alive: Callable[[int], bool],
     ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
         """What the store holds for each owned key (rule 5): ``{key: (value, lease)}``, the
         signatures to remember, and which other leases named are alive.  A file still at its
@@ -316,20 +320,7 @@ class FileLayout:
                 found[key] = (stored[1].value, stored[1].lease)
                 signatures[key] = stored[0]
         others = {lease for _, lease in found.values() if lease != lease_id}
-        return found, signatures, {lease for lease in others if self.lease_alive(lease)}
-
-    def lease_alive(self, lease_id: int) -> bool:
-        """Whether ``lease_id`` has a lease file fresh for its own ttl (rule 2)."""
-        if not 0 < lease_id < 2**64:
-            return False
-        path = self.lease_path(lease_id)
-        try:
-            st = os.lstat(path)
-            _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
-            ttl = parse_lease(data)
-        except (OSError, Unreadable, ValueError):
-            return False
-        return time.time() - st.st_mtime <= ttl
+        return found, signatures, {lease for lease in others if lease_alive(lease)}
 
     def remove_entries_of(self, keys: list[str], lease_id: int) -> None:
         """Delete those of ``keys`` still attached to ``lease_id`` (after the lease is gone)."""
@@ -475,13 +466,12 @@ class Scanner:
         if now - self._lease_swept_when >= self._full_rescan:
             self._lease_swept_when = now
             self._sweep_leases()
-        wall = time.time()
-        return frozenset(
-            lease_id
-            for lease_id in self._wanted
-            if 0 < lease_id < 2**64
-            and self._lease_is_alive(self._layout.lease_path(lease_id), wall)
-        )
+        return frozenset(lease_id for lease_id in self._wanted if self.lease_alive(lease_id))
+
+    def lease_alive(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` has a lease file fresh for its own ttl (rule 2)."""
+        path = self._layout.lease_path(lease_id)
+        return 0 < lease_id < 2**64 and self._lease_is_alive(path, time.time())
 
     def _lease_is_alive(self, path: Path, wall: float) -> bool:
         name = path.name
