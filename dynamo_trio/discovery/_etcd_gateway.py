@@ -212,10 +212,6 @@ class EtcdGateway:
         """End a lease now; every key attached to it is deleted in one revision."""
         await self._call("/v3/lease/revoke", {"ID": str(lease_id)})
 
-    async def compact(self, revision: int) -> None:
-        """Discard history before ``revision`` (used by tests to force a resync)."""
-        await self._call("/v3/kv/compaction", {"revision": str(revision)})
-
     @asynccontextmanager
     async def watch(
         self, prefix: str, start_revision: int
