@@ -50,28 +50,33 @@ class FileDiscovery(Discovery):
         self._layout.encode_entry(key, value, self._lease_id)  # ValueError if too large
         self._written.pop(key, None)
         try:
-            written, lost = await trio.to_thread.run_sync(
-                self._write_with_fresh_lease, key, value, dict(self._owned)
-            )
+            written = await trio.to_thread.run_sync(self._write, key, value, dict(self._owned))
         except OSError as exc:
             raise DiscoveryError(f"cannot write {key!r} in {self._layout.root}: {exc}") from exc
         self._touched_at = trio.current_time()
-        if lost:  # the lease file had gone: everything owned was written back
-            logger.warning(
-                "discovery: lease %016x was lost; re-registered %d keys",
-                self._lease_id,
-                len(written),
-            )
         self._written.update(written)
 
-    def _write_with_fresh_lease(
-        self, key: str, value: bytes, owned: dict[str, bytes]
-    ) -> tuple[dict[str, Signature], bool]:
+    def _write(self, key: str, value: bytes, owned: dict[str, bytes]) -> dict[str, Signature]:
         """Refresh the lease, then write ``key`` (never under a lease readers may judge stale);
-        the signatures written, and whether the lease was lost (then all is recovered)."""
+        the signatures written (every owned key's if the lease had been lost)."""
+        recovered = self._refresh_lease(owned)
+        if recovered is not None:
+            return recovered
+        return {key: self._layout.write_entry(key, value, self._lease_id)}
+
+    def _refresh_lease(self, owned: dict[str, bytes]) -> dict[str, Signature] | None:
+        """Touch the lease file; if it had gone, recreate it and rewrite ``owned`` (rule 5),
+        returning their signatures."""
         if self._layout.touch_lease(self._lease_id):
-            return {key: self._layout.write_entry(key, value, self._lease_id)}, False
-        return self._recover(owned), True
+            return None
+        logger.warning(
+            "discovery: lease %016x was lost; re-registering %d keys", self._lease_id, len(owned)
+        )
+        self._layout.create_lease(self._lease_id, self._ttl)
+        return {
+            key: self._layout.write_entry(key, value, self._lease_id)
+            for key, value in owned.items()
+        }
 
     async def _delete(self, key: str) -> None:
         self._written.pop(key, None)
@@ -181,18 +186,13 @@ class FileDiscovery(Discovery):
                     return
                 self._touched_at = trio.current_time()
                 try:
-                    if not await trio.to_thread.run_sync(self._layout.touch_lease, self._lease_id):
-                        logger.warning(
-                            "discovery: lease %016x was lost; re-registering %d keys",
-                            self._lease_id,
-                            len(self._owned),
-                        )
-                        self._written.clear()
-                        self._written = await trio.to_thread.run_sync(
-                            self._recover, dict(self._owned)
-                        )
-                    else:
+                    recovered = await trio.to_thread.run_sync(
+                        self._refresh_lease, dict(self._owned)
+                    )
+                    if recovered is None:
                         await self._repair_entries()
+                    else:
+                        self._written = recovered
                 except OSError as exc:
                     problem = f"cannot keep lease {self._lease_id:016x} and its keys: {exc}"
                     if problem != self._last_problem:
@@ -222,13 +222,6 @@ class FileDiscovery(Discovery):
             self._written[key] = await trio.to_thread.run_sync(
                 self._layout.write_entry, key, self._owned[key], self._lease_id
             )
-
-    def _recover(self, owned: dict[str, bytes]) -> dict[str, Signature]:
-        self._layout.create_lease(self._lease_id, self._ttl)
-        return {
-            key: self._layout.write_entry(key, value, self._lease_id)
-            for key, value in owned.items()
-        }
 
     async def _revoke_lease(self) -> None:
         self._written.clear()
