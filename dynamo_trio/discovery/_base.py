@@ -117,7 +117,10 @@ class Discovery(abc.ABC):
 
     @property
     def lease_id(self) -> int:
-        """This instance's positive 63-bit id; it never changes (etcd's exists once entered)."""
+        """This instance's positive 63-bit id; it never changes (:class:`DiscoveryError` if the
+        backend has none yet: etcd's is granted on entry)."""
+        if not self._lease_id:
+            raise DiscoveryError(f"{type(self).__name__} has no lease before it is started")
         return self._lease_id
 
     async def put(self, key: str, value: bytes) -> None:
@@ -211,17 +214,16 @@ class Discovery(abc.ABC):
 
     def _repair(
         self,
-        lease_id: int,
         found: Mapping[str, tuple[bytes, int]],
         lease_alive: Callable[[int], bool] = lambda lease: True,
     ) -> Repairs:
         """:func:`plan_repairs` for the owned keys, logged; the relinquished keys are forgotten."""
-        repairs = plan_repairs(self._owned, lease_id, found, lease_alive)
+        repairs = plan_repairs(self._owned, self._lease_id, found, lease_alive)
         if rewrite := repairs.rewrite:
             logger.warning(
                 "discovery: %d key(s) of lease %x were lost from the store; writing them back: %s",
                 len(rewrite),
-                lease_id,
+                self._lease_id,
                 ", ".join(repr(key) for key in rewrite[:5]) + (" ..." if len(rewrite) > 5 else ""),
             )
         for key in repairs.relinquish:

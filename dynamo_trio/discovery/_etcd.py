@@ -50,14 +50,6 @@ class EtcdDiscovery(Discovery):
         self._ttl = self._requested_ttl
         self._lease_lost = False  # re-grant it (same id), then restore the owned keys
         self._gateway_or_none: EtcdGateway | None = None
-        self._granted_at = 0.0  # trio clock
-
-    @property
-    def lease_id(self) -> int:
-        """The etcd lease id granted on entry (:class:`DiscoveryError` before)."""
-        if not self._lease_id:
-            raise DiscoveryError("EtcdDiscovery has no lease before it is started")
-        return self._lease_id
 
     @property
     def lease_ttl(self) -> int:
@@ -77,8 +69,9 @@ class EtcdDiscovery(Discovery):
         except DiscoveryError as exc:
             if not _lease_gone(exc):
                 raise
-            # Recovery re-grants the lease and restores the owned keys, this one included.
-            if not await self._regrant_locked(gateway, exc):
+            logger.warning("discovery: lease lost (%s); re-granting it", exc)
+            self._lease_lost = True  # recovery restores the owned keys, this one included
+            if not await self._recover_locked(gateway):
                 raise DiscoveryError(f"lease lost and not recovered yet: {exc}") from exc
 
     async def _delete(self, key: str) -> None:
@@ -118,7 +111,6 @@ class EtcdDiscovery(Discovery):
                 raise DiscoveryError(
                     f"cannot register with etcd at {', '.join(self._endpoints)}: {exc}"
                 ) from exc
-            self._granted_at = trio.current_time()
             self._gateway_or_none = gateway
             async with self._run_while_open(lambda: self._keepalive(gateway)):
                 yield
@@ -128,7 +120,7 @@ class EtcdDiscovery(Discovery):
 
     async def _keepalive(self, gateway: EtcdGateway) -> None:
         """Refresh the lease every TTL/3, then restore it and the owned keys if etcd lost them."""
-        due = self._granted_at + self._ttl / 3
+        due = trio.current_time() + self._ttl / 3
         while True:
             # Due after the last attempt began, so a stalled loop refreshes as soon as it resumes.
             await trio.sleep_until(due)
@@ -150,12 +142,6 @@ class EtcdDiscovery(Discovery):
             async with self._lock:
                 await self._recover_locked(gateway)
 
-    async def _regrant_locked(self, gateway: EtcdGateway, exc: DiscoveryError) -> bool:
-        """A request found the lease gone: recover it now (lock held); whether all is back."""
-        logger.warning("discovery: lease lost (%s); re-granting it", exc)
-        self._lease_lost = True
-        return await self._recover_locked(gateway)
-
     async def _recover_locked(self, gateway: EtcdGateway) -> bool:
         """Re-grant the lease if it was lost, then re-put the owned keys etcd lost (lock held);
         whether all are back (failures are logged and left for the next keepalive tick)."""
@@ -172,7 +158,7 @@ class EtcdDiscovery(Discovery):
                 self._lease_lost = False
             stored = await gateway.get_keys(list(self._owned))
             found = {key: (kv.value, kv.lease) for key, kv in stored.items()}
-            for key in self._repair(self._lease_id, found).rewrite:
+            for key in self._repair(found).rewrite:
                 await gateway.put(key, self._owned[key], self._lease_id)
         except DiscoveryError as exc:
             self._lease_lost |= _lease_gone(exc)

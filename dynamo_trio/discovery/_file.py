@@ -214,7 +214,7 @@ class FileDiscovery(Discovery):
                 self._scanner.lease_alive,
             )
         self._written.update(signatures)
-        repairs = self._repair(self._lease_id, found, alive.__contains__)
+        repairs = self._repair(found, alive.__contains__)
         for key in repairs.relinquish:
             self._written.pop(key, None)
         for key in repairs.rewrite:

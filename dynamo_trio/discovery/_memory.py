@@ -156,7 +156,7 @@ class MemoryDiscovery(Discovery):
             store = self._store
             found = {key: stored for key in self._owned if (stored := store.lookup(key))}
             store.restore_lease(self._lease_id)
-            for key in self._repair(self._lease_id, found, store.lease_alive).rewrite:
+            for key in self._repair(found, store.lease_alive).rewrite:
                 store.put(key, self._owned[key], self._lease_id)
 
     async def _revoke_lease(self) -> None:
