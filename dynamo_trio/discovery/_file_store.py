@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from ._base import check_key
 from ._report import BadRecordReport
 
 if TYPE_CHECKING:
@@ -153,12 +154,10 @@ def parse_entry(data: bytes, name: str | None = None) -> _Entry:
     """Decode an entry file; ValueError with the reason if it is not one or not ``name``'s."""
     entry = _entry_decoder.decode(data)
     try:
-        expected = _name_of(entry.key)
-    except UnicodeEncodeError:
-        raise ValueError(f"it holds a key that is not valid UTF-8: {entry.key!r}") from None
-    if "\0" in entry.key:
-        raise ValueError(f"it holds a key with a NUL character: {entry.key!r}")
-    if name is not None and expected != name:
+        check_key(entry.key)
+    except ValueError as exc:
+        raise ValueError(f"it holds an invalid key ({exc})") from None
+    if name is not None and _name_of(entry.key) != name:
         raise ValueError(f"it holds key {entry.key!r}")
     return entry
 
