@@ -162,7 +162,7 @@ class EtcdDiscovery(Discovery):
                 await gateway.put(key, self._owned[key], self._lease_id)
         except DiscoveryError as exc:
             self._lease_lost |= _lease_gone(exc)
-            logger.warning("discovery: lease recovery failed (will retry): %s", exc)
+            logger.warning("discovery: cannot restore the lease and its keys (will retry): %s", exc)
             return False
         if regranted:
             logger.info(
