@@ -221,9 +221,9 @@ class EtcdGateway:
         create = {"key": key, "range_end": range_end, "start_revision": str(start_revision)}
         body = {"create_request": create}
         http_timeout = httpx.Timeout(self._timeout, read=None)
-        response = await self._send("/v3/watch", body, http_timeout=http_timeout, stream=True)
-        url = str(response.request.url)
-        endpoint = next((e for e in self._endpoints if url.startswith(f"{e}/")), self.endpoint)
+        endpoint, response = await self._send(
+            "/v3/watch", body, http_timeout=http_timeout, stream=True
+        )
         # aiter_lines() is an async generator (typed as a plain iterator):
         # close it here, not whenever the garbage collector gets to it.
         lines = cast("AsyncGenerator[str, None]", response.aiter_lines())
@@ -235,7 +235,7 @@ class EtcdGateway:
                 await response.aclose()
 
     async def _call(self, path: str, request: object) -> _Answer:
-        response = await self._send(path, request, http_timeout=self._timeout)
+        _, response = await self._send(path, request, http_timeout=self._timeout)
         try:
             return _answer_decoder.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -248,10 +248,10 @@ class EtcdGateway:
         *,
         http_timeout: float | httpx.Timeout,
         stream: bool = False,
-    ) -> httpx.Response:
-        """Send to the current endpoint, failing over to the next ones; return a 200 response
-        (open if ``stream``: the caller closes it).  :class:`EtcdError` for an error another
-        endpoint would not fix."""
+    ) -> tuple[str, httpx.Response]:
+        """Send to the current endpoint, failing over to the next ones; return the endpoint
+        that answered and its 200 response (open if ``stream``: the caller closes it).
+        :class:`EtcdError` for an error another endpoint would not fix."""
         content = _encoder.encode(request)
         failures: list[str] = []
         for _ in range(len(self._endpoints)):
@@ -267,7 +267,7 @@ class EtcdGateway:
             try:
                 response = await self._client.send(http_request, stream=stream)
                 if response.status_code == httpx.codes.OK:
-                    return response
+                    return endpoint, response
                 try:
                     await response.aread()  # error bodies are small
                 finally:
