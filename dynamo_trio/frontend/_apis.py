@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..discovery import ModelType
-    from ..metrics import FrontendEndpoint
+    from ..metrics import FrontendEndpoint, FrontendRequestTracker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,49 +50,77 @@ class Api:
         return llm.openai_error_body(status, message)
 
 
-def _data_events(events: list[dict[str, object]]) -> bytes:
-    return b"".join(llm.encode_event(event) for event in events)
-
-
 def _typed_events(events: list[dict[str, object]]) -> bytes:
     return b"".join(llm.encode_event(event, event=str(event["type"])) for event in events)
 
 
-def _openai_items(stream: Any, items: list[object]) -> bytes:
-    return stream.feed_sse(items)  # type: ignore[no-any-return]
+class TextBody:
+    """A text route's streamed body, as OpenAI's SSE: each batch of engine items as the
+    stream's chunks (the tokens they fold counted as they go out), then ``[DONE]``."""
+
+    __slots__ = ("_events", "_generation", "_tracker")
+
+    content_type: Final = "text/event-stream"
+    keepalive: Final = True
+
+    def __init__(self, events: Any, tracker: FrontendRequestTracker) -> None:
+        self._events = events
+        self._generation: llm.Generation = events.generation
+        self._tracker = tracker
+
+    def feed_batch(self, batch: list[object]) -> bytes:
+        generation = self._generation
+        counted = generation.output_tokens
+        try:
+            return self._encode(batch)
+        finally:  # (the tokens folded before an engine error count too)
+            self._tracker.tokens(generation.output_tokens - counted)
+
+    def _encode(self, batch: list[object]) -> bytes:
+        return self._events.feed_sse(batch)  # type: ignore[no-any-return]
+
+    def finish(self) -> bytes:
+        return b"".join(map(llm.encode_event, self._events.finish())) + llm.DONE
+
+    def fail(self, status: int, message: str) -> bytes:
+        failure = self._events.fail(message, status=status)
+        return b"".join(map(llm.encode_error_event, failure))
 
 
-def _typed_items(stream: Any, items: list[object]) -> bytes:
-    return _typed_events([event for item in items for event in stream.feed(item)])
+class _TypedBody(TextBody):
+    """Events named by their ``type``, and no ``[DONE]`` (Anthropic's messages)."""
+
+    __slots__ = ()
+
+    def _encode(self, batch: list[object]) -> bytes:
+        return _typed_events([event for item in batch for event in self._events.feed(item)])
+
+    def finish(self) -> bytes:
+        return _typed_events(self._events.finish())
+
+    def fail(self, status: int, message: str) -> bytes:
+        return _typed_events(self._events.fail(message, status=status))
 
 
-def _openai_failure(stream: Any, status: int, message: str) -> bytes:
-    return b"".join(llm.encode_error_event(body) for body in stream.fail(message, status=status))
+class _ResponsesBody(_TypedBody):
+    """The Responses API's: its failure has a ``code``, not a status."""
 
+    __slots__ = ()
 
-def _responses_failure(stream: Any, status: int, message: str) -> bytes:
-    code = "invalid_request" if status == 400 else "server_error"
-    return _typed_events(stream.fail(message, code=code))
-
-
-def _anthropic_failure(stream: Any, status: int, message: str) -> bytes:
-    return _typed_events(stream.fail(message, status=status))
+    def fail(self, status: int, message: str) -> bytes:
+        code = "invalid_request" if status == 400 else "server_error"
+        return _typed_events(self._events.fail(message, code=code))
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextApi(Api):
-    """One text-generating route (its defaults are OpenAI's SSE)."""
+    """One text-generating route."""
 
     unary: Callable[[Any, str, llm.Generation], dict[str, object]]
     open_stream: Callable[[Any, str], Any]
-    encode: Callable[[list[dict[str, object]]], bytes] = _data_events
-    """SSE bytes for a batch of events."""
-    encode_items: Callable[[Any, list[object]], bytes] = _openai_items
-    """SSE bytes for a batch of engine items fed to the stream: ``(stream, items)``."""
-    fail_stream: Callable[[Any, int, str], bytes] = _openai_failure
-    """SSE bytes that end a failed stream: ``(stream, status, message)``."""
-    done: bytes = llm.DONE
-    """What ends a successful stream after its events (OpenAI's ``[DONE]``)."""
+    """``(request, request_id)`` to the stream of events (:mod:`dynamo_trio.llm`'s)."""
+    body: type[TextBody] = TextBody
+    """How those events go on the wire."""
 
 
 CHAT: Final = TextApi(
@@ -120,10 +148,7 @@ RESPONSES: Final = TextApi(
     parse=llm.parse_responses_request,
     unary=llm.response_object,
     open_stream=llm.ResponseStream,
-    encode=_typed_events,
-    encode_items=_typed_items,
-    fail_stream=_responses_failure,
-    done=b"",
+    body=_ResponsesBody,
 )
 
 ANTHROPIC_MESSAGES: Final = TextApi(
@@ -134,15 +159,12 @@ ANTHROPIC_MESSAGES: Final = TextApi(
     parse=llm.parse_messages_request,
     unary=llm.message_object,
     open_stream=llm.MessagesStream,
-    encode=_typed_events,
-    encode_items=_typed_items,
-    fail_stream=_anthropic_failure,
-    done=b"",
+    body=_TypedBody,
 )
 
 
-class MediaStream(Protocol):
-    """A streamed media body (SSE, MJPEG, audio): the bytes for each worker item."""
+class StreamBody(Protocol):
+    """A streamed body (SSE, MJPEG, audio): its content type, its end and its failure."""
 
     @property
     def content_type(self) -> str: ...
@@ -151,11 +173,16 @@ class MediaStream(Protocol):
         """Whether silences may be filled with SSE keep-alive comments."""
         ...
 
-    def feed(self, item: object) -> bytes: ...
     def finish(self) -> bytes: ...
     def fail(self, status: int, message: str) -> bytes:
         """What ends the body after a failure once it has started (may be nothing)."""
         ...
+
+
+class MediaStream(StreamBody, Protocol):
+    """A media route's streamed body: the bytes for each worker item."""
+
+    def feed(self, item: object) -> bytes: ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from ..metrics import FrontendMetrics, RequestType
 from ._apis import TextApi
 from ._body import Reply
 from ._hangup import RequestLifecycle, bind_to_request
-from ._models import ModelRegistry, ModelStream, StreamFaults
+from ._models import ModelRegistry, StreamFaults
 from ._turns import Turns
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import Api, MediaApi, MediaStream
+    from ._apis import MediaApi, StreamBody
     from ._models import ModelRoute
 
 _log = logging.getLogger("dynamo_trio.frontend")
@@ -86,14 +86,11 @@ class Pipeline:
         self.config: Final = config
         self.metrics: Final = FrontendMetrics(runtime.registry)
         self.models: Final = ModelRegistry(runtime, config.namespace, config.router_mode)
-        idle_timeout = config.backend_stream_timeout or None
-        self._text_faults: Final = StreamFaults(
+        # (only a text request moves after its first item: see ModelStream)
+        self._faults: Final = StreamFaults(
             migration_limit=config.migration_limit,
-            idle_timeout=idle_timeout,
+            idle_timeout=config.backend_stream_timeout or None,
             on_migration=self.metrics.migrated,
-        )
-        self._embed_faults: Final = StreamFaults(
-            idle_timeout=idle_timeout, on_migration=self.metrics.migrated
         )
         self._nursery = nursery
         self.turns: Final = Turns(
@@ -140,8 +137,8 @@ class Pipeline:
         deadline: float | None = None,
     ) -> JsonReply | BytesReply | StreamReply:
         """Serve one request to a generating route: unary, or streamed (a text API's
-        events, or the body a media API opens, which says how a failure ends it:
-        :meth:`~._apis.MediaStream.fail`); ``deadline`` in ``time.monotonic()`` seconds."""
+        events, or the body a media API opens), the stream's body saying how a failure
+        ends it (:meth:`~._apis.StreamBody.fail`); ``deadline`` in ``time.monotonic()`` seconds."""
         if self.shutting_down:
             raise RequestError(
                 503,
@@ -150,39 +147,11 @@ class Pipeline:
             )
         request = api.parse(payload)
         route = self.models.route(request.model, api.model_type)
-        if isinstance(api, TextApi):
+        text = isinstance(api, TextApi)
+        if text:
             request.check_limits(route.card)
-            lifecycle = self._lifecycle(request, api, request.stream, request_id, trace, deadline)
-            produce = self._stream_text if request.stream else self._unary_text
-            return await self._run(lifecycle, api, produce, api, request, route)
-        # (an embeddings request has no ``stream``, and no ``open_stream`` either)
-        open_stream = api.open_stream if api.open_stream is not None and request.stream else None
-        lifecycle = self._lifecycle(
-            request, api, open_stream is not None, request_id, trace, deadline
-        )
-        if open_stream is None:
-            return await self._run(lifecycle, api, self._unary_media, api, request, route)
-        body = open_stream(request, request_id)
-        return await self._run(
-            lifecycle,
-            api,
-            self._stream_media,
-            body,
-            request,
-            route,
-            content_type=body.content_type,
-            keepalive=body.keepalive,
-        )
-
-    def _lifecycle(
-        self,
-        request: Any,
-        api: Api,
-        stream: bool,
-        request_id: str,
-        trace: TraceContext | None,
-        deadline: float | None,
-    ) -> RequestLifecycle:
+        # (an embeddings request has no ``stream``, and its API no ``open_stream``)
+        stream = api.open_stream is not None and request.stream
         request_type: RequestType = "stream" if stream else "unary"
         context = Context(request_id, trace=trace if trace is not None else TraceContext.new())
         if deadline is not None:
@@ -198,26 +167,31 @@ class Pipeline:
         )
         context.add_cancel_callback(lifecycle.heard_cancel)
         bind_to_request(lifecycle)
-        return lifecycle
+        body: StreamBody | None = None
+        if stream and isinstance(api, TextApi):
+            body = text_body = api.body(api.open_stream(request, request_id), tracker)
+            produce: Any = self._stream
+            args: tuple[Any, ...] = (text_body, text_body.feed_batch, request, route)
+        elif stream and api.open_stream is not None:
+            body = media = api.open_stream(request, request_id)
 
-    async def _run(
-        self,
-        lifecycle: RequestLifecycle,
-        api: Api,
-        produce: Any,
-        *args: Any,
-        content_type: str = "text/event-stream",
-        keepalive: bool = True,
-    ) -> JsonReply | BytesReply | StreamReply:
-        """The view's side: start the producer, answer with the first thing it sends."""
-        reply = Reply(keepalive=self.config.keepalive_interval if keepalive else 0.0)
+            def encode(batch: list[Any]) -> bytes:
+                return b"".join(media.feed(item) for item in batch)
+
+            produce, args = self._stream, (media, encode, request, route)
+        else:
+            produce, args = (self._unary_text if text else self._unary_media), (api, request, route)
+        reply = Reply(
+            keepalive=self.config.keepalive_interval if body is not None and body.keepalive else 0.0
+        )
+        reply.stream_failure = None if body is None else body.fail
         self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
         # Cancelled here: the client left (the HangUpGuard applied the hang-up rule).
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
-        if isinstance(first, bytes):
-            return StreamReply(reply, content_type)
+        if isinstance(first, bytes) and body is not None:
+            return StreamReply(reply, body.content_type)
         if isinstance(first, _Failed):
             return JsonReply(first.status, api.error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
@@ -319,9 +293,7 @@ class Pipeline:
     ) -> None:
         generation = Generation()
         tracker = lifecycle.tracker
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._text_faults
-        ) as stream:
+        async with await route.call(request.to_engine(), lifecycle.context, self._faults) as stream:
             while batch := await stream.receive_batch():
                 counted = generation.output_tokens
                 try:
@@ -332,40 +304,18 @@ class Pipeline:
         lifecycle.completed()
         await reply.send(JsonReply(200, api.unary(request, lifecycle.context.id(), generation)))
 
-    async def _stream_text(
+    async def _stream(
         self,
         reply: Reply,
         lifecycle: RequestLifecycle,
-        api: TextApi,
+        body: StreamBody,
+        encode: Callable[[list[Any]], bytes],
         request: Any,
         route: ModelRoute,
     ) -> None:
-        events = api.open_stream(request, lifecycle.context.id())
-        reply.stream_failure = lambda status, message: api.fail_stream(events, status, message)
-        tracker = lifecycle.tracker
-        generation = events.generation
-
-        def encode(batch: list[Any]) -> bytes:
-            counted = generation.output_tokens
-            try:
-                return api.encode_items(events, batch)
-            finally:  # (the tokens folded before an engine error count too)
-                tracker.tokens(generation.output_tokens - counted)
-
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._text_faults
-        ) as stream:
-            await self._send_batches(reply, stream, encode)
-        last = api.encode(events.finish()) + api.done
-        lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
-        await reply.send(last)
-
-    async def _send_batches(
-        self, reply: Reply, stream: ModelStream, encode: Callable[[list[Any]], bytes]
-    ) -> None:
-        """Send ``stream``'s encoded batches to ``reply``: the first from here, then pulled
-        by the body itself (:meth:`Reply.lend`), then whatever a departed body left; all
-        but the first take turns (:mod:`._turns`)."""
+        """Send the model's batches, ``encode``d, to ``reply``: the first from here, then
+        pulled by the body itself (:meth:`Reply.lend`), then whatever a departed body left
+        (all but the first take turns: :mod:`._turns`); then ``body``'s end."""
         turns = self.turns
 
         async def pull() -> bytes | None:
@@ -380,16 +330,17 @@ class Pipeline:
                 if data:
                     return data
 
-        batch = await stream.receive_batch()  # (nothing nudges before the lending)
-        if not batch:
-            return
-        data = encode(batch) or await pull()  # the first batch takes no turn
-        if data is None:
-            return
-        await reply.send(data)
-        await reply.lend(pull, stream.nudge)
-        while (data := await pull()) is not None:  # what a departed body left
-            await reply.send(data)
+        async with await route.call(request.to_engine(), lifecycle.context, self._faults) as stream:
+            batch = await stream.receive_batch()  # (nothing nudges before the lending)
+            data = (encode(batch) or await pull()) if batch else None  # no turn for the first
+            if data is not None:
+                await reply.send(data)
+                await reply.lend(pull, stream.nudge)
+                while (data := await pull()) is not None:  # what a departed body left
+                    await reply.send(data)
+        last = body.finish()
+        lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
+        await reply.send(last)
 
     async def _unary_media(
         self,
@@ -401,9 +352,7 @@ class Pipeline:
     ) -> None:
         started = time.monotonic()
         items: list[object] = []
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._embed_faults
-        ) as stream:
+        async with await route.call(request.to_engine(), lifecycle.context, self._faults) as stream:
             while batch := await stream.receive_batch():
                 items.extend(batch)
         answer = api.unary(request, lifecycle.context.id(), items, started)
@@ -412,22 +361,3 @@ class Pipeline:
             await reply.send(BytesReply(200, answer.content, answer.content_type))
         else:
             await reply.send(JsonReply(200, answer))
-
-    async def _stream_media(
-        self,
-        reply: Reply,
-        lifecycle: RequestLifecycle,
-        body: MediaStream,
-        request: Any,
-        route: ModelRoute,
-    ) -> None:
-        reply.stream_failure = body.fail
-        async with await route.call(
-            request.to_engine(), lifecycle.context, self._embed_faults
-        ) as stream:
-            await self._send_batches(
-                reply, stream, lambda batch: b"".join(body.feed(item) for item in batch)
-            )
-        last = body.finish()
-        lifecycle.completed()  # before the last bytes go: a hang-up after this cancels nothing
-        await reply.send(last)
