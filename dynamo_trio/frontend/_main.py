@@ -27,7 +27,6 @@ from ..runtime import DistributedRuntime
 from ..runtime._runtime import configure_logging
 from ._app import serve_frontend
 from ._workers import (
-    SUPERVISOR_ENV,
     WORKER_INDEX_ENV,
     WORKERS_DIR_ENV,
     WorkerView,
@@ -59,12 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         tune_gc(config.gc_threshold)
         give_back_large_buffers()  # request bodies of many MiB are not kept once freed
     if index is not None:  # one of --http-workers' processes
-        supervisor = os.environ.get(SUPERVISOR_ENV)
         view = WorkerView(
-            int(index),
-            config.frontend.http_workers,
-            Path(os.environ[WORKERS_DIR_ENV]),
-            int(supervisor) if supervisor else None,
+            int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])
         )
         with holding_shared(view.shared):
             run_command(parser.prog, partial(run_frontend, config, view=view))

@@ -42,13 +42,10 @@ WORKERS_DIR_ENV: Final = "DYN_HTTP_WORKERS_DIR"
 """Set by the supervisor: the directory its processes share (their metrics)."""
 WORKERS_ENV: Final = "DYN_HTTP_WORKERS"
 """The number of processes (the supervisor passes its own count on)."""
-SUPERVISOR_ENV: Final = "DYN_HTTP_SUPERVISOR_PID"
-"""Set by the supervisor: its process id (a process whose supervisor is gone shuts down)."""
 
 _MAX_BACKOFF: Final = 10.0
 _STARTUP_TIMEOUT: Final = 60.0
 _GATHER_TIMEOUT: Final = 2.0
-_ORPHAN_POLL: Final = 0.5
 
 
 async def run_frontend_workers(
@@ -130,7 +127,6 @@ class _Child:
             WORKER_INDEX_ENV: str(index),
             WORKERS_ENV: str(count),
             WORKERS_DIR_ENV: str(shared),
-            SUPERVISOR_ENV: str(os.getpid()),
             "PROMETHEUS_MULTIPROC_DIR": str(shared / "metrics"),
         }
         self._metrics = shared / "metrics"
@@ -201,24 +197,19 @@ async def _discard(stdout: trio.abc.ReceiveStream) -> None:
 class WorkerView:
     """In one of the supervisor's processes: ``/metrics`` and ``/debug/requests`` for all."""
 
-    def __init__(self, index: int, count: int, shared: Path, supervisor: int | None = None) -> None:
+    def __init__(self, index: int, count: int, shared: Path) -> None:
         self.index: Final = index
         self.count: Final = count
         self.shared: Final = shared
-        self.supervisor: Final = supervisor
-        """The supervisor's process id, if known."""
         self.socket_path: Final = self.socket_of(index)
 
     async def stop_when_orphaned(self, stop: trio.Event) -> None:
-        """Set ``stop`` (a graceful drain) once the supervisor is gone (SIGKILLed, say)."""
+        """Set ``stop`` (a graceful drain) once the supervisor is gone (SIGKILLed, say):
+        its lifeline (:mod:`dynamo_trio._lifeline`) ends."""
         fd = take_lifeline()
-        if fd is not None:
-            await parent_gone(fd)
-        elif self.supervisor is None:
+        if fd is None:
             return
-        else:
-            while os.getppid() == self.supervisor:  # noqa: ASYNC110 (no event for a parent's death)
-                await trio.sleep(_ORPHAN_POLL)
+        await parent_gone(fd)
         _log.warning("frontend process %d: its supervisor is gone; shutting down", self.index)
         stop.set()
 
