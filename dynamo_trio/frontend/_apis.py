@@ -37,17 +37,17 @@ class Api:
         return error.anthropic_body() if self.anthropic else error.openai_body()
 
     def error_body(
-        self, status: int, message: str, cause: BaseException | None = None
+        self, status: int, message: str, cause: BaseException | None = None, code: str | None = None
     ) -> dict[str, object]:
-        """The API's JSON error body; a worker's refusal that names its parameter keeps
-        its ``code`` and ``param``."""
+        """The API's JSON error body (OpenAI's with ``code``, if given); a worker's refusal
+        that names its parameter keeps its ``code`` and ``param``."""
         if self.prompt_param is not None and isinstance(cause, DynamoError):
             refined = llm.context_length_error(cause, param=self.prompt_param)
             if refined is not None:
                 return self.request_error_body(refined)
         if self.anthropic:
             return llm.anthropic_error_body(status, message)
-        return llm.openai_error_body(status, message)
+        return llm.openai_error_body(status, message, code=code)
 
 
 def _typed_events(events: list[dict[str, object]]) -> bytes:
@@ -256,6 +256,4 @@ def api_for_path(path: str) -> TextApi:
 def edge_error_body(path: str, status: int, message: str, code: str | None = None) -> bytes:
     """The frontend's :data:`~dynamo_trio.edge.ErrorBody`: what the HTTP edge answers
     itself (refusals, timeouts) in the shape of ``path``'s API."""
-    if api_for_path(path).anthropic:
-        return json_bytes(llm.anthropic_error_body(status, message))
-    return json_bytes(llm.openai_error_body(status, message, code=code))
+    return json_bytes(api_for_path(path).error_body(status, message, code=code))
