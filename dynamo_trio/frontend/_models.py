@@ -94,9 +94,9 @@ class ModelRoute:
     ) -> ModelStream:
         """Send ``request`` to one of the model's instances, linked under ``context``;
         ``NoInstances``/``CannotConnect`` (503) if none is live and reachable."""
-        tried: set[Target] = set()
-        target, stream = await self._registry._send(self, request, context, tried, faults=faults)
-        return ModelStream(self, request, context, tried, target, stream, faults)
+        stream = ModelStream(self, request, context, faults)
+        await stream._send(request)
+        return stream
 
 
 @final
@@ -109,18 +109,15 @@ class ModelStream:
         route: ModelRoute,
         request: Any,
         context: Context,
-        tried: set[Target],
-        target: Target | None,
-        stream: ResponseStream,
         faults: StreamFaults = _NO_FAULT_HANDLING,
     ) -> None:
         self._route = route
         self._request = request
         self._context = context
-        self._tried = tried
-        self._target = target
-        self._stream = stream
         self._faults = faults
+        self._tried: set[Target] = set()
+        self._target: Target | None = None
+        self._stream: ResponseStream  # (see _send)
         self._started = False  # an item has arrived
         self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
         self._migrations_left = faults.migration_limit if self._is_text else 0
@@ -222,18 +219,9 @@ class ModelStream:
 
     async def _recover(self, exc: DynamoError) -> None:
         """Send the request to another instance after ``exc``, or raise ``exc``."""
-        registry = self._route._registry
-        registry._failed(self._target, exc)
+        self._route._registry._failed(self._target, exc)
         if not self._started:
-            self._target, self._stream = await registry._send(
-                self._route,
-                self._request,
-                self._context,
-                self._tried,
-                last_error=exc,
-                faults=self._faults,
-                moved=("new_request", _reason(exc)),
-            )
+            await self._send(self._request, moved=("new_request", _reason(exc)), last_error=exc)
             return
         if self._migrations_left <= 0 or self._context.is_stopped():
             raise exc
@@ -241,15 +229,7 @@ class ModelStream:
         request = dict(self._request)
         request["continuation"] = {"text": "".join(self._text), "token_ids": list(self._token_ids)}
         try:
-            self._target, self._stream = await registry._send(
-                self._route,
-                request,
-                self._context,
-                self._tried,
-                faults=self._faults,
-                moved=("ongoing_request", _reason(exc)),
-                continuing=True,
-            )
+            await self._send(request, moved=("ongoing_request", _reason(exc)), continuing=True)
         except CannotConnect as lost:  # NoInstances is one
             raise type(exc)(
                 f"{exc.message}; no other instance could take the request over ({lost.message})"
@@ -260,6 +240,54 @@ class ModelStream:
             self._stream.instance_id or 0,
             len(self._token_ids),
             exc,
+        )
+
+    async def _send(
+        self,
+        request: Any,
+        *,
+        moved: Moved | None = None,
+        last_error: DynamoError | None = None,
+        continuing: bool = False,
+    ) -> None:
+        """Send ``request`` to an instance the router chooses, moving on from any that fails;
+        ``moved`` is counted once it reaches one; ``continuing``: only to those taking
+        continuations."""
+        route, tried, context = self._route, self._tried, self._context
+        registry = route._registry
+        router = registry._runtime.router
+        on_migration = self._faults.on_migration
+        wait_until = trio.current_time() + _INSTANCE_WAIT
+
+        async def candidates() -> dict[Target, str]:
+            while True:
+                listed, unlisted = await registry._candidates(route, tried, continuing)
+                live = any(router.is_live(t) and t not in tried for t in listed)
+                if live or not unlisted or trio.current_time() >= wait_until:
+                    return listed
+                await registry._wait_for_any(unlisted, wait_until)
+
+        async def send(target: Target) -> tuple[Target, ResponseStream]:
+            nonlocal moved
+            client = registry._clients[target[0]]
+            try:
+                stream = await client.direct(request, target[1], context=context)
+            except CannotConnect as exc:
+                if not isinstance(exc, NoInstances):  # (that one left discovery a moment ago)
+                    moved = moved or ("new_request", "cannot_connect")
+                raise
+            if moved is not None and on_migration is not None and stream.instance_id:
+                on_migration(route.name, *moved)
+            return target, stream
+
+        self._target, self._stream = await router.send(
+            candidates,
+            send,
+            tried,
+            mode=registry._router_mode,
+            turn=(route.name, route.model_type),
+            last_error=last_error,
+            nobody=f"no live instance serves the {route.model_type} model `{route.name}`",
         )
 
     async def __aenter__(self) -> Self:
@@ -383,53 +411,6 @@ class ModelRegistry:
             )
             client = self._clients.setdefault(path, await endpoint.client())
         return client
-
-    async def _send(
-        self,
-        route: ModelRoute,
-        request: Any,
-        context: Context,
-        tried: set[Target],
-        *,
-        last_error: DynamoError | None = None,
-        faults: StreamFaults = _NO_FAULT_HANDLING,
-        moved: Moved | None = None,
-        continuing: bool = False,
-    ) -> tuple[Target | None, ResponseStream]:
-        """Send to an instance the router chooses, moving on from any that fails; ``moved``
-        is counted once it reaches one; ``continuing``: only to those taking continuations."""
-        router = self._runtime.router
-        wait_until = trio.current_time() + _INSTANCE_WAIT
-
-        async def candidates() -> dict[Target, str]:
-            while True:
-                listed, unlisted = await self._candidates(route, tried, continuing)
-                live = any(router.is_live(t) and t not in tried for t in listed)
-                if live or not unlisted or trio.current_time() >= wait_until:
-                    return listed
-                await self._wait_for_any(unlisted, wait_until)
-
-        async def send(target: Target) -> tuple[Target | None, ResponseStream]:
-            nonlocal moved
-            try:
-                stream = await self._clients[target[0]].direct(request, target[1], context=context)
-            except CannotConnect as exc:
-                if not isinstance(exc, NoInstances):  # (that one left discovery a moment ago)
-                    moved = moved or ("new_request", "cannot_connect")
-                raise
-            if moved is not None and faults.on_migration is not None and stream.instance_id:
-                faults.on_migration(route.name, *moved)
-            return target, stream
-
-        return await router.send(
-            candidates,
-            send,
-            tried,
-            mode=self._router_mode,
-            turn=(route.name, route.model_type),
-            last_error=last_error,
-            nobody=f"no live instance serves the {route.model_type} model `{route.name}`",
-        )
 
     async def _candidates(
         self, route: ModelRoute, tried: set[Target], continuing: bool
