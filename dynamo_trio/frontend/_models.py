@@ -155,7 +155,11 @@ class ModelStream:
             if not items:
                 if self._context.is_killed():  # (reading it enforces the deadline)
                     await trio.lowlevel.checkpoint()  # a kill lands now
-                if self._stopped_unasked():
+                if (
+                    self._stream.outcome == "stopped"
+                    and not self._finished
+                    and not self._context.is_stopped()
+                ):
                     await self._recover(
                         StreamIncomplete("the worker ended the request early without being asked")
                     )
@@ -171,14 +175,6 @@ class ModelStream:
     def nudge(self) -> None:
         """Make :meth:`receive_batch` waiting for items (now or next) return ``None``."""
         self._stream.nudge()
-
-    def _stopped_unasked(self) -> bool:
-        """The worker ended an incomplete generation ``stopped`` though nobody asked."""
-        return (
-            self._stream.outcome == "stopped"
-            and not self._finished
-            and not self._context.is_stopped()
-        )
 
     def _note(self, items: list[Any]) -> None:
         """Note a text generation's output; hold back a worker's own ``cancelled`` last item."""

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from .._config import FrontendConfig
     from ..runtime import DistributedRuntime
-    from ._apis import MediaApi, StreamBody
+    from ._apis import Api, MediaApi, StreamBody
     from ._models import ModelRoute
 
 _log = logging.getLogger("dynamo_trio.frontend")
@@ -65,15 +65,6 @@ class StreamReply:
 
     body: Reply
     content_type: str = "text/event-stream"
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """The request failed before any byte of the response was produced."""
-
-    status: int
-    message: str
-    cause: BaseException | None = None
 
 
 class Pipeline:
@@ -185,19 +176,17 @@ class Pipeline:
             keepalive=self.config.keepalive_interval if body is not None and body.keepalive else 0.0
         )
         reply.stream_failure = None if body is None else body.fail
-        self._nursery.start_soon(self._produce, lifecycle, reply, produce, *args)
+        self._nursery.start_soon(self._produce, lifecycle, reply, api, produce, *args)
         # Cancelled here: the client left (the HangUpGuard applied the hang-up rule).
         first = await reply.first()
         if first is None:  # nothing was produced: the request was cancelled on our side
             return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes) and body is not None:
             return StreamReply(reply, body.content_type)
-        if isinstance(first, _Failed):
-            return JsonReply(first.status, api.error_body(first.status, first.message, first.cause))
         return cast("JsonReply | BytesReply", first)
 
     async def _produce(
-        self, lifecycle: RequestLifecycle, reply: Reply, produce: Any, *args: Any
+        self, lifecycle: RequestLifecycle, reply: Reply, api: Api, produce: Any, *args: Any
     ) -> None:
         """The producer's side, a task of the frontend's nursery: the request's work, in
         its scope; whatever it raises ends this request only."""
@@ -212,7 +201,7 @@ class Pipeline:
                             async with context.scope(drain_grace=grace):
                                 await produce(reply, lifecycle, *args)
                         failure = failures[0] if failures else None
-                        status, error_type = await self._failed(failure, reply, lifecycle)
+                        status, error_type = await self._failed(failure, reply, lifecycle, api)
                     finally:
                         reply.close()
                 lifecycle.tracker.finish(status, error_type)
@@ -233,10 +222,11 @@ class Pipeline:
                 self._drained.set()
 
     async def _failed(
-        self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle
+        self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle, api: Api
     ) -> tuple[Any, str | None]:
         """How the request ended (``exc``: what its work raised), told to the client: the
-        one place a failure becomes an HTTP status, a stream's error event, a metric's."""
+        one place a failure becomes an HTTP status (in ``api``'s error body), a stream's
+        error event, a metric's."""
         context = lifecycle.context
         if (exc is None or is_cancellation(exc)) and context.is_killed():
             reason = None if lifecycle.client_is_gone else context.reason  # the server's?
@@ -280,7 +270,7 @@ class Pipeline:
         if reply.sent_any and reply.stream_failure is not None:
             await reply.send(reply.stream_failure(status, message))
         else:
-            await reply.send(_Failed(status, message, exc))
+            await reply.send(JsonReply(status, api.error_body(status, message, exc)))
         return "error", error_type
 
     async def _unary_text(
