@@ -51,20 +51,11 @@ class JsonReply:
 
 
 @dataclass(frozen=True)
-class BytesReply:
-    """Answer with this body (not JSON: audio) and content type."""
-
-    status: int
-    content: bytes
-    content_type: str
-
-
-@dataclass(frozen=True)
 class StreamReply:
-    """Answer with this stream: server-sent events, unless ``content_type`` says otherwise."""
+    """Answer with this stream, of this content type."""
 
     body: Reply
-    content_type: str = "text/event-stream"
+    content_type: str
 
 
 class Pipeline:
@@ -126,7 +117,7 @@ class Pipeline:
         trace: TraceContext | None = None,
         *,
         deadline: float | None = None,
-    ) -> JsonReply | BytesReply | StreamReply:
+    ) -> JsonReply | BinaryBody | StreamReply:
         """Serve one request to a generating route: unary, or streamed (a text API's
         events, or the body a media API opens), the stream's body saying how a failure
         ends it (:meth:`~._apis.StreamBody.fail`); ``deadline`` in ``time.monotonic()`` seconds."""
@@ -183,7 +174,7 @@ class Pipeline:
             return JsonReply(503, api.error_body(503, "the frontend is shutting down"))
         if isinstance(first, bytes) and body is not None:
             return StreamReply(reply, body.content_type)
-        return cast("JsonReply | BytesReply", first)
+        return cast("JsonReply | BinaryBody", first)
 
     async def _produce(
         self, lifecycle: RequestLifecycle, reply: Reply, api: Api, produce: Any, *args: Any
@@ -347,7 +338,4 @@ class Pipeline:
                 items.extend(batch)
         answer = api.unary(request, lifecycle.context.id(), items, started)
         lifecycle.completed()
-        if isinstance(answer, BinaryBody):
-            await reply.send(BytesReply(200, answer.content, answer.content_type))
-        else:
-            await reply.send(JsonReply(200, answer))
+        await reply.send(answer if isinstance(answer, BinaryBody) else JsonReply(200, answer))

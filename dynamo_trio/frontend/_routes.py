@@ -22,7 +22,7 @@ from .._tracing import (
     request_ids,
 )
 from ..edge import BodyPrefetch, json_bytes, shown
-from ..llm import RequestError, decode_json_body, model_object
+from ..llm import BinaryBody, RequestError, decode_json_body, model_object
 from ._apis import (
     ANTHROPIC_MESSAGES,
     CHAT,
@@ -36,7 +36,7 @@ from ._apis import (
     VIDEOS_MJPEG,
     MediaApi,
 )
-from ._pipeline import BytesReply, JsonReply, StreamReply
+from ._pipeline import JsonReply, StreamReply
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -120,14 +120,12 @@ def _decode_json(body: bytes, max_depth: int) -> object:
     return decode_json_body(body, max_depth=max_depth)
 
 
-def _reply(result: JsonReply | BytesReply | StreamReply, ids: RequestIds) -> Response:
+def _reply(result: JsonReply | BinaryBody | StreamReply, ids: RequestIds) -> Response:
     if isinstance(result, JsonReply):
         return json_response(result.payload, result.status, ids)
     response: Response
-    if isinstance(result, BytesReply):
-        response = current_app.response_class(
-            result.content, status=result.status, content_type=result.content_type
-        )
+    if isinstance(result, BinaryBody):
+        response = current_app.response_class(result.content, content_type=result.content_type)
     else:
         response = current_app.response_class(
             result.body, content_type=result.content_type, headers=_SSE_HEADERS
