@@ -38,10 +38,9 @@ class BodyPrefetch:
     (waiting only for the end message once all ``Content-Length`` bytes are in); the app's
     view takes it with :meth:`take`, and the app's ``receive`` replays the rest."""
 
-    __slots__ = ("_body", "_replay", "_taken")
+    __slots__ = ("_body", "_taken")
 
-    def __init__(self, replay: list[ASGIReceiveEvent], body: bytes | None) -> None:
-        self._replay = replay
+    def __init__(self, body: bytes | None) -> None:
         self._body = body
         self._taken = False
 
@@ -79,12 +78,23 @@ class BodyPrefetch:
             parts = [part for message in taken if (part := _body_of(message))]
             # One piece (the usual case) is shared with the replay, not copied.
             body = parts[0] if len(parts) == 1 else b"".join(parts)
-        prefetch = cls(taken, body)
+        prefetch = cls(body)
         if body is not None:
             if scope.get("extensions") is None:
                 scope["extensions"] = {}
             cast("dict[str, object]", scope["extensions"])[PREFETCHED_BODY] = prefetch
-        return prefetch._receive_after(receive)
+
+        async def replaying() -> ASGIReceiveEvent:
+            if not taken:
+                return await receive()
+            if prefetch._taken and taken[0]["type"] == "http.request":
+                # The view has the body: the app's own copy of it would be dead weight.
+                while taken and taken[0]["type"] == "http.request":
+                    del taken[0]
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return taken.pop(0)
+
+        return replaying
 
     @staticmethod
     def take(scope: Mapping[str, Any]) -> bytes | None:
@@ -95,18 +105,3 @@ class BodyPrefetch:
         body, found._body = found._body, None
         found._taken = True
         return body
-
-    def _receive_after(self, receive: ASGIReceiveCallable) -> ASGIReceiveCallable:
-        replay = self._replay
-
-        async def replaying() -> ASGIReceiveEvent:
-            if not replay:
-                return await receive()
-            if self._taken and replay[0]["type"] == "http.request":
-                # The view has the body: the app's own copy of it would be dead weight.
-                while replay and replay[0]["type"] == "http.request":
-                    del replay[0]
-                return {"type": "http.request", "body": b"", "more_body": False}
-            return replay.pop(0)
-
-        return replaying
