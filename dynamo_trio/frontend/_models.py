@@ -309,7 +309,6 @@ class ModelRegistry:
         self._first_seen: dict[str, int] = {}
         self._index_version = -1
         self._index: dict[tuple[str, ModelType], list[ModelCard]] = {}
-        self._types: dict[str, set[ModelType]] = {}
         self._clients: dict[str, Client] = {}
 
     async def start(self) -> None:
@@ -358,20 +357,18 @@ class ModelRegistry:
         if view.version == self._index_version:
             return
         index: dict[tuple[str, ModelType], list[ModelCard]] = defaultdict(list)
-        types: dict[str, set[ModelType]] = defaultdict(set)
         cards = view.items()
         for key in sorted(cards):
             card = cards[key]
             index[card.name, card.model_type].append(card)
-            types[card.name].add(card.model_type)
-        self._index, self._types = dict(index), dict(types)
+        self._index = dict(index)
         self._index_version = view.version
 
     def models(self) -> list[tuple[str, int]]:
         """``(name, created)`` for every model with at least one card, by name."""
         self._refresh()
         now = int(time.time())
-        names = sorted(self._types)
+        names = sorted({name for name, _ in self._index})
         for name in names:
             self._first_seen.setdefault(name, now)
         return [(name, self._first_seen[name]) for name in names]
@@ -384,12 +381,12 @@ class ModelRegistry:
     def route(self, name: str, model_type: ModelType) -> ModelRoute:
         """The route for ``name`` as a ``model_type`` model (404 if not served as that)."""
         self._refresh()
-        served = self._types.get(name)
         cards = self._index.get((name, model_type))
-        if not served or not cards:
+        if not cards:
+            served = sorted(served_type for named, served_type in self._index if named == name)
             message = (
                 f"The model `{name}` does not serve {model_type} requests "
-                f"(it serves {', '.join(sorted(served))})."
+                f"(it serves {', '.join(served)})."
                 if served
                 else f"The model `{name}` does not exist."
             )
