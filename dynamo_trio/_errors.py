@@ -19,11 +19,12 @@ class DynamoError(Exception):
     ``caused_by`` names the remote exception type if a handler raised it (``"ValueError"``)."""
 
     error_type: ClassVar[str] = "Unknown"
-    """The wire code (Dynamo's ``ErrorType`` name): a subclass's name unless it sets one."""
+    """The wire code (Dynamo's ``ErrorType`` name): each class of this module's own name
+    unless it sets one; a subclass made elsewhere keeps its parent's, which peers know."""
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
-        if "error_type" not in vars(cls):
+        if cls.__module__ == __name__ and "error_type" not in vars(cls):
             cls.error_type = cls.__name__
 
     def __init__(self, message: str = "", *, caused_by: str | None = None) -> None:

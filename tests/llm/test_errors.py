@@ -150,6 +150,23 @@ def test_status_for_error(error: BaseException, status: int) -> None:
     assert status_for_error(error) == status
 
 
+def test_an_error_subclassed_outside_the_package_travels_as_its_parents_code() -> None:
+    class PromptTooLong(InvalidArgument):
+        pass
+
+    class Overloaded(ResourceExhausted):
+        pass
+
+    for error, parent in (
+        (PromptTooLong("long"), InvalidArgument),
+        (Overloaded("busy"), ResourceExhausted),
+    ):
+        assert error.error_type == parent.__name__
+        again = error_from_wire(error.error_type, error.message)
+        assert type(again) is parent
+        assert again.message == error.message
+
+
 def _reject(error: RequestError) -> httpx2.Response:
     return httpx2.Response(error.status, json=error.openai_body())
 
