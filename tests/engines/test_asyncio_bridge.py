@@ -82,7 +82,7 @@ async def bridge() -> AsyncIterator[AsyncioLoop]:
     async with open_asyncio_loop() as loop:
         assert len(set(threading.enumerate()) - before) == 1
         yield loop
-    assert set(threading.enumerate()) == before, "the loop's thread was not joined"
+    assert set(threading.enumerate()) <= before, "the loop's thread was not joined"
 
 
 async def idle(bridge: AsyncioLoop, engine: FakeAsyncEngine) -> dict[str, int]:
@@ -290,7 +290,7 @@ async def test_closing_the_loop_ends_a_stream_still_open() -> None:
         await read_into(got, items)
     assert got == list(range(1, len(got) + 1)) and len(got) < 4
     await other.aclose()
-    assert set(threading.enumerate()) == before
+    assert set(threading.enumerate()) <= before
 
 
 async def test_through_the_runtime_an_engine_error_is_a_typed_error(cluster: Cluster) -> None:

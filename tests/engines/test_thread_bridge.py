@@ -45,7 +45,7 @@ def threads() -> Iterator[None]:
     """No thread the test started is alive at its end."""
     before = set(threading.enumerate())
     yield
-    assert set(threading.enumerate()) == before
+    assert set(threading.enumerate()) <= before  # (an idle trio thread from before may end)
 
 
 @pytest.mark.usefixtures("threads")

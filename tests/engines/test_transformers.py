@@ -141,7 +141,7 @@ async def test_a_kill_ends_the_generation_at_the_next_token(engine: Transformers
     assert len(items) == 5
     assert generated(engine) - before in (5, 6)  # the token under way at most
     assert engine.metrics.requests_running._value.get() == 0
-    assert set(threading.enumerate()) == before_threads
+    assert set(threading.enumerate()) <= before_threads
 
 
 async def test_closing_the_handler_joins_the_generation_thread(
@@ -153,7 +153,7 @@ async def test_closing_the_handler_joins_the_generation_thread(
     for _ in range(3):
         await handler.__anext__()
     await handler.aclose()  # what the runtime does when the stream is abandoned
-    assert set(threading.enumerate()) == before_threads
+    assert set(threading.enumerate()) <= before_threads
     assert engine.metrics.requests_running._value.get() == 0
     assert generated(engine) - before in (3, 4)
     items = await run(engine, chat(max_tokens=2, ignore_eos=True))  # the slot is free again
