@@ -62,12 +62,21 @@ async def lease_renewals(file_kv: Path, lease_id: int, count: int) -> None:
     """Wait until the owner of ``lease_id`` (file discovery) has renewed it ``count`` more
     times: its keepalive touches the lease file every third of a TTL."""
     path = FileLayout(file_kv).lease_path(lease_id)
-    last, seen = path.stat().st_mtime_ns, 0
+    last, seen = _mtime(path), 0
     with trio.fail_after(60):  # a hang guard only
         while seen < count:
             await trio.sleep(0.05)  # polls another process's file
-            now = path.stat().st_mtime_ns
-            seen, last = seen + (now != last), now
+            now = _mtime(path)
+            seen, last = seen + (now is not None and now != last), now
+
+
+def _mtime(path: Path) -> int | None:
+    """The lease file's mtime; ``None`` while it is briefly away: another process's scanner
+    moves a lease it judges stale aside and back (a worker starved by a busy machine)."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 async def assert_still_serving(

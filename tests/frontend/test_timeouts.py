@@ -161,13 +161,14 @@ async def test_a_request_deadline_travels_to_the_worker_and_ends_the_request(
 
 
 async def test_the_server_maximum_caps_every_deadline(stack: StartStack) -> None:
-    running = await stack("--max-request-timeout", "1", inter_token_latency_ms=10, memory=True)
+    # Deadlines long enough that a busy machine still gets each request to the worker in time.
+    running = await stack("--max-request-timeout", "3", inter_token_latency_ms=10, memory=True)
     worker, url = running.worker, running.url
     async with http_client(url, timeout=30) as http, trio.open_nursery() as nursery:
         for request_id, headers in (
             ("asks-more", {"x-request-timeout": "60"}),
             ("asks-nothing", {}),
-            ("asks-less", {"x-request-timeout": "0.5"}),
+            ("asks-less", {"x-request-timeout": "2"}),
         ):
 
             async def post(request_id: str, headers: dict[str, str]) -> None:
@@ -179,7 +180,7 @@ async def test_the_server_maximum_caps_every_deadline(stack: StartStack) -> None
                 assert_openai_error(response, 504, "timeout_error")
 
             nursery.start_soon(post, request_id, headers)
-    for request_id, most in (("asks-more", 1.0), ("asks-nothing", 1.0), ("asks-less", 0.5)):
+    for request_id, most in (("asks-more", 3.0), ("asks-nothing", 3.0), ("asks-less", 2.0)):
         start = await worker.wait_for("start", id=request_id)
         assert 0 < start["remaining"] <= most, (request_id, start)
         exit_event = await worker.wait_for("exit", id=request_id)
