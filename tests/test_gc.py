@@ -97,35 +97,9 @@ _SERVE = [
 def test_the_serving_processes_apply_it_before_serving(
     entry: str, required: list[str], argv: list[str]
 ) -> None:
-    """The frontend, the mocker and ``run`` tune their process's collector before they serve."""
-    script = textwrap.dedent(
-        f"""
-        import gc, sys, trio
-        from dynamo_trio.cli import main
-
-        def report(*args, **kwargs):
-            print(gc.get_threshold()[0], gc.get_freeze_count() > 0)
-
-        trio.run = report
-        main(["{entry}", *sys.argv[1:]])
-        """
-    )
-    threshold, frozen = _python("-c", script, *required, *argv).split()
-    if argv[1:] == ["0"]:
-        pythons_own = int(_python("-c", "import gc; print(gc.get_threshold()[0])"))
-        assert (int(threshold), frozen) == (pythons_own, "False")
-    else:
-        expected = int(argv[1]) if argv else DEFAULT_GEN0_THRESHOLD
-        assert (int(threshold), frozen) == (expected, "True")
-
-
-@pytest.mark.parametrize(("entry", "required"), _SERVE)
-def test_the_frontend_s_modules_are_frozen_with_the_rest_and_a_mocker_never_loads_them(
-    entry: str, required: list[str]
-) -> None:
-    """quart-trio and flask (~0.25 s of CPU to import) load before the collector is
-    tuned in the processes that serve HTTP, so they are frozen with the rest; a mock
-    worker, started by the dozen, does without them."""
+    """The frontend, the mocker and ``run`` tune their process's collector before they serve.
+    quart-trio and flask load before that in the processes that serve HTTP, so they are
+    frozen with the rest; a mock worker, started by the dozen, does without them."""
     script = textwrap.dedent(
         f"""
         import gc, sys, trio
@@ -134,12 +108,20 @@ def test_the_frontend_s_modules_are_frozen_with_the_rest_and_a_mocker_never_load
         def report(*args, **kwargs):
             quart = sys.modules.get("quart.app")
             frozen = quart is not None and all(o is not quart.Quart for o in gc.get_objects())
+            print(gc.get_threshold()[0], gc.get_freeze_count() > 0)
             print("quart" in sys.modules, "flask" in sys.modules, frozen)
 
         trio.run = report
         main(["{entry}", *sys.argv[1:]])
         """
     )
+    tuned, modules = _python("-c", script, *required, *argv).splitlines()
+    threshold, frozen = tuned.split()
+    if argv[1:] == ["0"]:
+        pythons_own = int(_python("-c", "import gc; print(gc.get_threshold()[0])"))
+        assert (int(threshold), frozen) == (pythons_own, "False")
+        return
+    expected = int(argv[1]) if argv else DEFAULT_GEN0_THRESHOLD
+    assert (int(threshold), frozen) == (expected, "True")
     serves_http = entry != "mocker"
-    expected = " ".join([str(serves_http)] * 3)
-    assert _python("-c", script, *required).strip() == expected
+    assert modules == " ".join([str(serves_http)] * 3)

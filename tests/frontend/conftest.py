@@ -70,23 +70,31 @@ StartStack = Callable[..., Awaitable[Served]]
 StartProcStack = Callable[..., Awaitable[Stack]]
 
 
+def _inline(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return run
+
+
 @pytest.fixture(autouse=True)
 def _sdk_platform_inline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The openai and anthropic clients look their platform up in a worker thread on their
-    first request.  On the autojump clock, the thread's real time lets virtual time run
-    through every deadline (on a busy machine a test's bound fired while the thread ran):
-    the lookup runs inline instead, as any other blocking call of the SDKs does."""
-    import anthropic._base_client
+    """The openai client looks its platform up in a worker thread on its first request.
+    On the autojump clock, the thread's real time lets virtual time run through every
+    deadline (on a busy machine a test's bound fired while the thread ran): the lookup
+    runs inline instead, as any other blocking call of the SDK does."""
     import openai._base_client
 
-    def inline(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-        async def run(*args: Any, **kwargs: Any) -> Any:
-            return fn(*args, **kwargs)
+    monkeypatch.setattr(openai._base_client, "asyncify", _inline)
 
-        return run
 
-    monkeypatch.setattr(openai._base_client, "asyncify", inline)
-    monkeypatch.setattr(anthropic._base_client, "asyncify", inline)
+@pytest.fixture
+def anthropic_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the anthropic client, which the tests that use it import themselves
+    (the slowest import of the suite, so a pytest worker that runs none skips it)."""
+    import anthropic._base_client
+
+    monkeypatch.setattr(anthropic._base_client, "asyncify", _inline)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import itertools
 import statistics
 from typing import TYPE_CHECKING
 
-import anthropic
 import openai
+import pytest
 import trio
 import trio.testing
 
@@ -30,6 +30,7 @@ TOKEN_GAP = 1.5
 
 
 @openai_client_leaves_generators
+@pytest.mark.usefixtures("anthropic_inline")
 async def test_keepalive_comments_arrive_between_slow_tokens(
     stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -66,6 +67,8 @@ async def test_keepalive_comments_arrive_between_slow_tokens(
         assert chunks[-1].choices[0].finish_reason == "length"
 
     async def through_anthropic() -> None:
+        import anthropic
+
         client = anthropic.AsyncAnthropic(
             base_url=running.url,
             api_key="-",

@@ -13,10 +13,8 @@ import struct
 import wave
 from typing import TYPE_CHECKING
 
-import anthropic
 import openai
 import pytest
-from anthropic.types import Message
 from openai.types import Completion, CreateEmbeddingResponse, ImagesResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 from openai.types.responses import (
@@ -34,6 +32,7 @@ from .conftest import openai_client_leaves_generators, parse_sse
 from .test_media import mjpeg_parts
 
 if TYPE_CHECKING:
+    import anthropic
     import trio.testing
 
     from .conftest import StartStack
@@ -52,6 +51,8 @@ def openai_client(url: str) -> openai.AsyncOpenAI:
 
 
 def anthropic_client(url: str) -> anthropic.AsyncAnthropic:
+    import anthropic  # a slow import, made only where used (see anthropic_inline)
+
     return anthropic.AsyncAnthropic(
         base_url=url, api_key="unused", max_retries=0, timeout=10, http_client=sdk_http_client(url)
     )
@@ -194,9 +195,12 @@ async def test_openai_responses(stack: StartStack, autojump_clock: trio.testing.
     assert final.usage == response.usage
 
 
+@pytest.mark.usefixtures("anthropic_inline")
 async def test_anthropic_messages(
     stack: StartStack, autojump_clock: trio.testing.MockClock
 ) -> None:
+    from anthropic.types import Message
+
     running = await stack(memory=True)
     async with anthropic_client(running.url) as client:
         message = await client.messages.create(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -128,9 +127,12 @@ async def test_sigterm_lets_requests_in_flight_finish_and_exits_0(
 
 
 @openai_client_leaves_generators
+@pytest.mark.usefixtures("anthropic_inline")
 async def test_requests_still_running_after_the_grace_end_recognisably(
     proc_stack: StartProcStack,
 ) -> None:
+    import anthropic
+
     running = await proc_stack()
     results: dict[str, Any] = {}
     started = trio.Semaphore(0)

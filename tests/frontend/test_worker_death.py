@@ -15,7 +15,6 @@ import json
 import signal
 from typing import TYPE_CHECKING, Any
 
-import anthropic
 import openai
 import pytest
 import trio
@@ -97,7 +96,10 @@ async def wait_started(running: Stack, request_id: str, ready: trio.Event) -> No
 
 
 @openai_client_leaves_generators
+@pytest.mark.usefixtures("anthropic_inline")
 async def test_streams_in_flight_end_with_an_error_event(proc_stack: StartProcStack) -> None:
+    import anthropic
+
     running = await proc_stack()
     scenario = Scenario(running)
     openai_client = openai.AsyncOpenAI(
