@@ -10,7 +10,8 @@ and the request plane are loopback TCP, or with ``memory=True`` memory streams
 (:mod:`tests._memhttp`, :mod:`tests._memplane`: the test may run on the
 autojump clock; its clients come from :func:`~tests._memhttp.http_client`).
 What needs processes (signals, a worker killed, the command line) uses
-:mod:`tests._procs` instead.
+:mod:`tests._procs` instead; with ``processes=True`` a cluster shares their
+discovery, so that a frontend here serves worker processes the test kills.
 """
 
 from __future__ import annotations
@@ -147,11 +148,22 @@ async def _hold(opened: Any, *, task_status: trio.TaskStatus[Any]) -> None:
 class Cluster:
     """Runtimes of one test on one :class:`MemoryStore`: workers and frontends, each
     configured as its command line would be in ``env`` (``tests/_procs.py``'s
-    children's ``DYN_*`` test settings), serving in ``nursery``."""
+    children's ``DYN_*`` test settings), serving in ``nursery``.  With
+    ``processes=True`` they use ``env``'s discovery instead (the file store of the
+    processes started in ``env``): they and those processes see each other."""
 
-    def __init__(self, nursery: trio.Nursery, env: dict[str, str], *, memory: bool = False) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        env: dict[str, str],
+        *,
+        memory: bool = False,
+        processes: bool = False,
+    ) -> None:
+        assert not (memory and processes), "processes reach each other over TCP"
         self.nursery = nursery
         self.env = env
+        self.processes = processes
         self.store = MemoryStore()
         self.log = Records()
         self._logging = False
@@ -164,7 +176,8 @@ class Cluster:
         if not self._logging:
             await self.nursery.start(_logging_into, self.log)
             self._logging = True
-        config = config.replace(discovery=dataclasses.replace(config.discovery, backend="mem"))
+        if not self.processes:
+            config = config.replace(discovery=dataclasses.replace(config.discovery, backend="mem"))
         if self.transport is not None:  # its status server: over memory too (status_url)
             config = config.replace(system=dataclasses.replace(config.system, port=-1))
         runtime: DistributedRuntime = await self.nursery.start(
