@@ -38,19 +38,28 @@ def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
     )
 
 
-async def samples(url: str) -> list[Sample]:
-    """Every sample on ``url``'s ``/metrics``."""
+async def samples(url: str, name: str | None = None) -> list[Sample]:
+    """Every sample on ``url``'s ``/metrics``, or every sample named ``name`` (the other
+    lines left unparsed: parsing a whole exposition is most of what a scrape costs)."""
     async with http_client(url) as http:
         response = await http.get("/metrics")
     assert response.status_code == 200, response.text
-    return parse(response.text)
+    if name is None:
+        return parse(response.text)
+    named = (line for line in response.text.splitlines() if _sample_name(line) == name)
+    return parse("\n".join(named))
+
+
+def _sample_name(line: str) -> str:
+    """The sample name an exposition's line starts with (a comment's: ``#``)."""
+    return line.partition("{")[0].partition(" ")[0]
 
 
 async def scrape(url: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` (matching ``labels``) on ``url``'s ``/metrics``."""
-    return total(await samples(url), name, **labels)
+    return total(await samples(url, name), name, **labels)
 
 
 async def scrape_all(url: str, name: str) -> list[tuple[dict[str, str], float]]:
     """Every sample of ``name`` on ``url``'s ``/metrics``, with its labels (for messages)."""
-    return [(labels, value) for found, labels, value in await samples(url) if found == name]
+    return [(labels, value) for _, labels, value in await samples(url, name)]
