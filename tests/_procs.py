@@ -1,7 +1,8 @@
 """The one process harness of the tests: children started with ``sys.executable``, their
 stdout JSON lines collected as events, and the stacks built from them (a model
-worker and ``python -m dynamo_trio.frontend``).  Tests whose point is not
-processes use :mod:`tests._serving` instead.
+worker and ``python -m dynamo_trio.frontend``), a test's own or one a whole module
+shares (:func:`shared_stack`).  Tests whose point is not processes use
+:mod:`tests._serving` instead.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -21,17 +22,24 @@ from tests._metrics import scrape
 from tests._serving import MODELS, first_event, wait_for_models
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 ROOT = Path(__file__).parents[1]
 MODEL_WORKER = ROOT / "tests" / "e2e" / "_model_worker.py"
 
 
-class Proc:
-    """A child process whose stdout JSON lines are collected as events."""
+class _Child(Protocol):
+    """A child process, started in a trio loop or outside any (:class:`SharedStack`)."""
 
-    def __init__(self, process: trio.Process, name: str) -> None:
-        self.process = process
+    @property
+    def returncode(self) -> int | None: ...
+
+
+class Output:
+    """What a child process writes, as it comes: its stdout JSON lines as events, its stderr."""
+
+    def __init__(self, child: _Child, name: str) -> None:
+        self._child = child
         self.name = name
         self.events: list[dict[str, Any]] = []
         self.stdout_lines: list[str] = []
@@ -39,10 +47,9 @@ class Proc:
         self.stdout_closed = False
         self._changed = trio.Event()
 
-    async def _read_stdout(self) -> None:
-        assert self.process.stdout is not None
+    async def read_stdout(self, stream: trio.abc.ReceiveStream) -> None:
         buffer = b""
-        async for chunk in self.process.stdout:
+        async for chunk in stream:
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for raw in lines:
@@ -62,9 +69,8 @@ class Proc:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        async for chunk in self.process.stderr:
+    async def read_stderr(self, stream: trio.abc.ReceiveStream) -> None:
+        async for chunk in stream:
             self.stderr += chunk
             self._notify()
 
@@ -77,7 +83,7 @@ class Proc:
                     return found
                 if self.stdout_closed:
                     raise AssertionError(
-                        f"{self.name} exited ({self.process.returncode}) before {event!r}:\n"
+                        f"{self.name} exited ({self._child.returncode}) before {event!r}:\n"
                         f"{self.stderr.decode(errors='replace')[-3000:]}"
                     )
                 await self._changed.wait()
@@ -91,6 +97,22 @@ class Proc:
         with trio.fail_after(within):
             while text.encode() not in self.stderr:
                 await self._changed.wait()
+
+
+class Proc(Output):
+    """A child process of the test's trio loop, its stdout JSON lines collected as events."""
+
+    def __init__(self, process: trio.Process, name: str) -> None:
+        super().__init__(process, name)
+        self.process = process
+
+    async def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        await self.read_stdout(self.process.stdout)
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        await self.read_stderr(self.process.stderr)
 
     def signal(self, signum: int) -> None:
         if self.process.returncode is None:
@@ -156,7 +178,7 @@ async def spawner(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
                 await proc.process.wait()
 
 
-async def frontend_url(frontend: Proc, *, within: float = 15) -> str:
+async def frontend_url(frontend: Output, *, within: float = 15) -> str:
     """The URL a frontend process (or ``run``, or a supervisor) says it listens on."""
     with trio.fail_after(within):
         while not any("listening on" in line for line in frontend.stdout_lines):
@@ -211,10 +233,10 @@ async def start_frontend(
     return frontend, url
 
 
-class Stack:
-    """A frontend process and a model-worker process, as a user would run them."""
+class Served:
+    """A frontend and a model worker, seen through their output and their metrics."""
 
-    def __init__(self, frontend: Proc, worker: Proc, url: str, worker_status: str) -> None:
+    def __init__(self, frontend: Output, worker: Output, url: str, worker_status: str) -> None:
         self.frontend = frontend
         self.worker = worker
         self.url = url
@@ -223,6 +245,16 @@ class Stack:
     async def metric(self, name: str, *, worker: bool = False, **labels: str) -> float:
         """Sum of the samples of ``name`` (matching ``labels``) on the frontend or worker."""
         return await scrape(self.worker_status if worker else self.url, name, **labels)
+
+
+class Stack(Served):
+    """A frontend process and a model-worker process, as a user would run them."""
+
+    frontend: Proc
+    worker: Proc
+
+    def __init__(self, frontend: Proc, worker: Proc, url: str, worker_status: str) -> None:
+        super().__init__(frontend, worker, url, worker_status)
 
 
 async def start_stack(
@@ -243,3 +275,128 @@ async def start_stack(
     frontend, url = await start_frontend(spawn, env, *frontend_flags, frontend_env=frontend_env)
     ready = await worker.wait_for("ready", within=15)
     return Stack(frontend, worker, url, ready["status_url"])
+
+
+class _FileTail(trio.abc.ReceiveStream):
+    """A file a child started outside trio writes, read from ``offset``: the stream ends once
+    the child has exited and everything it wrote is read."""
+
+    def __init__(self, path: Path, offset: int, child: subprocess.Popen[bytes]) -> None:
+        self._file = path.open("rb", buffering=0)
+        self._file.seek(offset)
+        self._child = child
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while True:
+            exited = self._child.poll() is not None
+            chunk = self._file.read(max_bytes or 65536)
+            if chunk or exited:
+                return chunk
+            await trio.sleep(0.01)  # a regular file is always readable: nothing to wait on
+
+    async def aclose(self) -> None:
+        self._file.close()
+        await trio.lowlevel.checkpoint()
+
+
+class SharedStack:
+    """A frontend process and a model-worker process that a whole test module shares.
+    pytest-trio runs each test in a trio loop of its own, so they are started outside
+    any (:func:`shared_stack`), their output goes to files, and each test reads those
+    in its own loop (:meth:`served`)."""
+
+    def __init__(
+        self, logs: Path, frontend: subprocess.Popen[bytes], worker: subprocess.Popen[bytes]
+    ) -> None:
+        self._logs = logs
+        self._children = {"frontend": frontend, "model-worker": worker}
+        self.url = ""
+        self.worker_status = ""
+
+    def _follow(self, nursery: trio.Nursery, *, from_start: bool) -> tuple[Output, Output]:
+        """The frontend's and the worker's output, read in ``nursery`` from their start or
+        from the last whole line written so far."""
+        outputs = []
+        for name, child in self._children.items():
+            output = Output(child, name)
+            for suffix, read in (("out", output.read_stdout), ("err", output.read_stderr)):
+                path = self._logs / f"{name}.{suffix}"
+                offset = 0 if from_start else path.read_bytes().rfind(b"\n") + 1
+                nursery.start_soon(_read_to_end, read, _FileTail(path, offset, child))
+            outputs.append(output)
+        frontend, worker = outputs
+        return frontend, worker
+
+    async def _started(self) -> None:
+        async with trio.open_nursery() as nursery:
+            frontend, worker = self._follow(nursery, from_start=True)
+            self.url = await frontend_url(frontend, within=60)
+            await wait_for_models(self.url, MODELS, within=20)
+            self.worker_status = (await worker.wait_for("ready", within=15))["status_url"]
+            nursery.cancel_scope.cancel()
+
+    async def served(self, nursery: trio.Nursery) -> Served:
+        """The stack seen from the calling test's trio loop (its output from here on, read
+        in ``nursery``), once no request is in flight on it: whatever an earlier test left
+        has ended, and its counts are in."""
+        frontend, worker = self._follow(nursery, from_start=False)
+        inflight = (
+            (self.url, "dynamo_frontend_inflight_requests"),
+            (self.worker_status, "dynamo_component_inflight_requests"),
+        )
+        with trio.fail_after(30):  # a hang guard only
+            for url, gauge in inflight:  # the frontend's first: the worker's come from it
+                while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
+                    await trio.sleep(0.02)
+        return Served(frontend, worker, self.url, self.worker_status)
+
+
+async def _read_to_end(
+    read: Callable[[trio.abc.ReceiveStream], Awaitable[None]], stream: trio.abc.ReceiveStream
+) -> None:
+    async with stream:
+        await read(stream)
+
+
+@contextmanager
+def shared_stack(
+    tmp_path: Path, *frontend_flags: str, inter_token_latency_ms: float = 20.0
+) -> Iterator[SharedStack]:
+    """:func:`start_stack`'s processes for a whole test module, started outside any trio
+    loop, their output in files under ``tmp_path``; killed and reaped at the end."""
+    env = e2e_environment(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(*argv: str, name: str) -> subprocess.Popen[bytes]:
+        with (logs / f"{name}.out").open("wb") as out, (logs / f"{name}.err").open("wb") as err:
+            child = subprocess.Popen(
+                [sys.executable, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=ROOT,
+            )
+        children.append(child)
+        return child
+
+    try:
+        worker = start(
+            str(MODEL_WORKER),
+            "--inter-token-latency-ms",
+            str(inter_token_latency_ms),
+            name="model-worker",
+        )
+        frontend = start(
+            "-m", "dynamo_trio.frontend", "--http-port", "0", *frontend_flags, name="frontend"
+        )
+        shared = SharedStack(logs, frontend, worker)
+        trio.run(shared._started)
+        yield shared
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait()

@@ -1,7 +1,9 @@
 """A client hanging up on the frontend cancels the work on the worker (SPEC §6, seed phases 1-2).
 
-A real frontend process and a real worker process; the client is a raw socket
-(so the test chooses between a FIN and a reset), httpx, or the openai client.
+A real frontend process and a real worker process, which the module's tests share
+(so each counts what it adds to the counters, and starts once nothing is in flight);
+the client is a raw socket (so the test chooses between a FIN and a reset), httpx,
+or the openai client.
 Each route's hang-ups by FIN are ``tests/frontend/test_hangups.py``'s (in one
 process, over memory streams); the resets and the clients' own closes are here.
 """
@@ -20,11 +22,13 @@ import pytest
 import trio
 
 from tests._memhttp import http_client
+from tests._metrics import samples, total
+from tests._procs import SharedStack, shared_stack
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
-    from .conftest import Stack
+    from tests._procs import Served
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +40,38 @@ abandons_httpx_stream = pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnraisableExceptionWarning"
 )
 
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedStack]:
+    """One frontend and one model worker for the module (each xdist worker its own):
+    starting them is most of what a test of theirs costs."""
+    with shared_stack(tmp_path_factory.mktemp("stack")) as stack:
+        yield stack
+
+
+@pytest.fixture
+async def running(shared: SharedStack, nursery: trio.Nursery) -> Served:
+    """The shared stack, from this test's trio loop, once nothing is in flight on it."""
+    return await shared.served(nursery)
+
+
+async def cancellations(running: Served, **labels: str) -> dict[str, float]:
+    """The frontend's cancellations with ``labels`` and in all, and the worker's: a test
+    on the shared stack asserts what it adds to them."""
+    frontend = await samples(running.url, "dynamo_frontend_model_cancellation_total")
+    return {
+        "labelled": total(frontend, "dynamo_frontend_model_cancellation_total", **labels),
+        "frontend": total(frontend, "dynamo_frontend_model_cancellation_total"),
+        "worker": await running.metric("dynamo_component_cancellation_total", worker=True),
+    }
+
+
+async def added(running: Served, before: dict[str, float], **labels: str) -> dict[str, float]:
+    """What the cancellation counters have gained since ``before``."""
+    after = await cancellations(running, **labels)
+    return {name: after[name] - before[name] for name in after}
+
+
 ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat_completions": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     "completions": ("/v1/completions", {"prompt": "hi"}),
@@ -44,7 +80,7 @@ ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-async def open_raw(stack: Stack, path: str, body: dict[str, Any], request_id: str) -> Any:
+async def open_raw(stack: Served, path: str, body: dict[str, Any], request_id: str) -> Any:
     """Send a POST on a raw socket and return the socket stream, response unread."""
     parts = urlsplit(stack.url)
     assert parts.hostname is not None
@@ -76,7 +112,7 @@ async def hang_up(stream: Any, how: str) -> None:
     await stream.aclose()
 
 
-async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: float = 15.0) -> None:
+async def assert_killed_on_worker(stack: Served, request_id: str, *, within: float = 15.0) -> None:
     """The worker's handler ended ``request_id`` killed for a client disconnect (``within``
     is a hang guard: the state and reason, not a time, say the hang-up did it)."""
     try:
@@ -95,39 +131,40 @@ async def assert_killed_on_worker(stack: Stack, request_id: str, *, within: floa
 @pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", ["chat_completions", "completions"])
 async def test_hang_up_before_the_response_starts_unary(
-    stack: Callable[..., Any], route: str, how: str
+    running: Served, route: str, how: str
 ) -> None:
-    running = await stack()
     path, body = ROUTES[route]
+    labels = {"endpoint": route, "request_type": "unary", "model": "prefill"}
+    before = await cancellations(running, **labels)
     request_id = f"unary-{uuid.uuid4()}"
     stream = await open_raw(running, path, {**body, "model": "prefill"}, request_id)
     await running.worker.wait_for("start", id=request_id)
     await hang_up(stream, how)
     await assert_killed_on_worker(running, request_id)
-    labels = {"endpoint": route, "request_type": "unary", "model": "prefill"}
-    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
-    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
+    counted = await added(running, before, **labels)
+    assert counted["labelled"] == 1, counted
+    assert counted["worker"] == 1, counted
 
 
 @pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", list(ROUTES))
-async def test_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
-    running = await stack()
+async def test_hang_up_mid_stream(running: Served, route: str, how: str) -> None:
     path, body = ROUTES[route]
+    labels = {"endpoint": route, "request_type": "stream", "model": "mock"}
+    before = await cancellations(running, **labels)
     request_id = f"stream-{uuid.uuid4()}"
     payload = {**body, "model": "mock", "stream": True, "max_tokens": 10_000}
     stream = await open_raw(running, path, payload, request_id)
     await read_until(stream, b"data:", 5)
     await hang_up(stream, how)
     await assert_killed_on_worker(running, request_id)
-    labels = {"endpoint": route, "request_type": "stream", "model": "mock"}
-    assert await running.metric("dynamo_frontend_model_cancellation_total", **labels) == 1
+    counted = await added(running, before, **labels)
+    assert counted["labelled"] == 1, counted
     assert await running.metric("dynamo_frontend_inflight_requests") == 0
 
 
 @abandons_httpx_stream
-async def test_httpx_leaving_a_stream_cancels_it(stack: Callable[..., Any]) -> None:
-    running = await stack()
+async def test_httpx_leaving_a_stream_cancels_it(running: Served) -> None:
     request_id = f"httpx-{uuid.uuid4()}"
     async with http_client(running.url) as http:
         body = {"model": "mock", "prompt": "hi", "stream": True, "max_tokens": 10_000}
@@ -143,8 +180,7 @@ async def test_httpx_leaving_a_stream_cancels_it(stack: Callable[..., Any]) -> N
 
 
 @abandons_httpx_stream
-async def test_openai_client_closing_a_stream_cancels_it(stack: Callable[..., Any]) -> None:
-    running = await stack()
+async def test_openai_client_closing_a_stream_cancels_it(running: Served) -> None:
     request_id = f"openai-{uuid.uuid4()}"
     client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="none", max_retries=0)
     async with client:
@@ -165,6 +201,7 @@ async def test_openai_client_closing_a_stream_cancels_it(stack: Callable[..., An
 
 
 async def test_the_frontend_counter_is_exact_over_many_requests(stack: Callable[..., Any]) -> None:
+    """On a stack of its own: its worker makes tokens faster than the shared one."""
     running = await stack(inter_token_latency_ms=2.0)
     cancelled = 0
     async with http_client(running.url, timeout=30) as http:
@@ -203,20 +240,16 @@ LONG_INPUT = "x" * 4000
 """Speech that takes minutes to say: 2000 chunks, a step each."""
 
 
-async def assert_counted_once(running: Stack, model: str, endpoint: str, request_type: str) -> None:
-    counted = await running.metric(
-        "dynamo_frontend_model_cancellation_total",
-        endpoint=endpoint,
-        request_type=request_type,
-        model=model,
-    )
-    assert counted == 1
-    assert await running.metric("dynamo_frontend_model_cancellation_total") == 1, "no other label"
-    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 1
+def assert_counted_once(counted: dict[str, float]) -> None:
+    """One cancellation with the request's labels, none with another, one on the worker."""
+    assert counted["labelled"] == 1, counted
+    assert counted["frontend"] == 1, ("no other label", counted)
+    assert counted["worker"] == 1, counted
 
 
-async def test_hang_up_during_a_unary_images_steps(stack: Callable[..., Any]) -> None:
-    running = await stack()
+async def test_hang_up_during_a_unary_images_steps(running: Served) -> None:
+    labels = {"endpoint": "images", "request_type": "unary", "model": "mock-image"}
+    before = await cancellations(running, **labels)
     request_id = f"image-steps-{uuid.uuid4()}"
     body = {"model": "mock-image", "prompt": "hi", "nvext": {"num_inference_steps": 1000}}
     stream = await open_raw(running, "/v1/images/generations", body, request_id)
@@ -225,7 +258,7 @@ async def test_hang_up_during_a_unary_images_steps(stack: Callable[..., Any]) ->
     await assert_killed_on_worker(running, request_id)
     exit_event = await running.worker.wait_for("exit", id=request_id)
     assert (exit_event["how"], exit_event["items"]) == ("Cancelled", 0), "cancelled in a step"
-    await assert_counted_once(running, "mock-image", "images", "unary")
+    assert_counted_once(await added(running, before, **labels))
 
 
 async def read_bytes(stream: Any, count: int) -> bytes:
@@ -260,9 +293,11 @@ MID_STREAM: dict[str, tuple[str, dict[str, Any], Callable[[Any], Any]]] = {
 
 @pytest.mark.parametrize("how", ["rst"])  # a FIN: tests/frontend/test_hangups.py
 @pytest.mark.parametrize("route", list(MID_STREAM))
-async def test_media_hang_up_mid_stream(stack: Callable[..., Any], route: str, how: str) -> None:
-    running = await stack()
+async def test_media_hang_up_mid_stream(running: Served, route: str, how: str) -> None:
     path, body, read_some = MID_STREAM[route]
+    endpoint = "audios" if route.startswith("speech") else "videos"
+    labels = {"endpoint": endpoint, "request_type": "stream", "model": str(body["model"])}
+    before = await cancellations(running, **labels)
     request_id = f"media-mid-{uuid.uuid4()}"
     stream = await open_raw(running, path, body, request_id)
     await read_some(stream)
@@ -270,8 +305,7 @@ async def test_media_hang_up_mid_stream(stack: Callable[..., Any], route: str, h
     await assert_killed_on_worker(running, request_id)
     exit_event = await running.worker.wait_for("exit", id=request_id)
     assert 3 <= exit_event["items"] < 2000, exit_event
-    endpoint = "audios" if route.startswith("speech") else "videos"
-    await assert_counted_once(running, str(body["model"]), endpoint, "stream")
+    assert_counted_once(await added(running, before, **labels))
     assert await running.metric("dynamo_frontend_inflight_requests") == 0
 
 
@@ -315,10 +349,10 @@ def whole(received: bytes, last: bytes | None) -> bool:
 
 @pytest.mark.parametrize("route", list(COMPLETE))
 async def test_a_complete_media_response_closed_at_once_is_not_counted(
-    stack: Callable[..., Any], route: str
+    running: Served, route: str
 ) -> None:
-    running = await stack()
     path, body, last = COMPLETE[route]
+    before = await cancellations(running)
     request_id = f"media-done-{uuid.uuid4()}"
     stream = await open_raw(running, path, body, request_id)
     exit_event = await running.worker.wait_for("exit", id=request_id)
@@ -334,5 +368,6 @@ async def test_a_complete_media_response_closed_at_once_is_not_counted(
     with trio.fail_after(30):  # a hang guard only
         while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
             await trio.sleep(0.05)
-    assert await running.metric("dynamo_frontend_model_cancellation_total") == 0
-    assert await running.metric("dynamo_component_cancellation_total", worker=True) == 0
+    counted = await added(running, before)
+    assert counted["frontend"] == 0, counted
+    assert counted["worker"] == 0, counted
