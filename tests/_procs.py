@@ -22,7 +22,7 @@ from tests._metrics import scrape
 from tests._serving import MODELS, first_event, wait_for_models
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 ROOT = Path(__file__).parents[1]
 MODEL_WORKER = ROOT / "tests" / "e2e" / "_model_worker.py"
@@ -312,6 +312,12 @@ class SharedStack:
         self._children = {"frontend": frontend, "model-worker": worker}
         self.url = ""
         self.worker_status = ""
+        """The worker's status URL, if it reports one (the model worker's ``ready``)."""
+
+    @property
+    def frontend_log(self) -> Path:
+        """The frontend's stderr, all of it so far."""
+        return self._logs / "frontend.err"
 
     def _follow(self, nursery: trio.Nursery, *, from_start: bool) -> tuple[Output, Output]:
         """The frontend's and the worker's output, read in ``nursery`` from their start or
@@ -327,12 +333,13 @@ class SharedStack:
         frontend, worker = outputs
         return frontend, worker
 
-    async def _started(self) -> None:
+    async def _started(self, models: frozenset[str] | set[str], reports_ready: bool) -> None:
         async with trio.open_nursery() as nursery:
             frontend, worker = self._follow(nursery, from_start=True)
             self.url = await frontend_url(frontend, within=60)
-            await wait_for_models(self.url, MODELS, within=20)
-            self.worker_status = (await worker.wait_for("ready", within=15))["status_url"]
+            await wait_for_models(self.url, models, within=20)
+            if reports_ready:
+                self.worker_status = (await worker.wait_for("ready", within=15))["status_url"]
             nursery.cancel_scope.cancel()
 
     async def served(self, nursery: trio.Nursery) -> Served:
@@ -340,10 +347,9 @@ class SharedStack:
         in ``nursery``), once no request is in flight on it: whatever an earlier test left
         has ended, and its counts are in."""
         frontend, worker = self._follow(nursery, from_start=False)
-        inflight = (
-            (self.url, "dynamo_frontend_inflight_requests"),
-            (self.worker_status, "dynamo_component_inflight_requests"),
-        )
+        inflight = [(self.url, "dynamo_frontend_inflight_requests")]
+        if self.worker_status:
+            inflight.append((self.worker_status, "dynamo_component_inflight_requests"))
         with trio.fail_after(30):  # a hang guard only
             for url, gauge in inflight:  # the frontend's first: the worker's come from it
                 while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
@@ -360,11 +366,23 @@ async def _read_to_end(
 
 @contextmanager
 def shared_stack(
-    tmp_path: Path, *frontend_flags: str, inter_token_latency_ms: float = 20.0
+    tmp_path: Path,
+    *frontend_flags: str,
+    inter_token_latency_ms: float = 20.0,
+    worker: Sequence[str] | None = None,
+    models: frozenset[str] | set[str] = MODELS,
+    overrides: dict[str, str] | None = None,
+    sigterm_frontend: bool = False,
 ) -> Iterator[SharedStack]:
     """:func:`start_stack`'s processes for a whole test module, started outside any trio
-    loop, their output in files under ``tmp_path``; killed and reaped at the end."""
-    env = e2e_environment(tmp_path)
+    loop, their output in files under ``tmp_path``; killed and reaped at the end.
+
+    ``worker`` is another worker's argv (after the interpreter), one serving ``models``
+    (a worker other than the model worker reports no status URL); ``overrides`` go over
+    :func:`e2e_environment`'s settings.  With ``sigterm_frontend`` the frontend gets a
+    SIGTERM first at the end, and must exit 0.
+    """
+    env = e2e_environment(tmp_path, **(overrides or {}))
     logs = tmp_path / "logs"
     logs.mkdir()
     children: list[subprocess.Popen[bytes]] = []
@@ -383,18 +401,18 @@ def shared_stack(
         return child
 
     try:
-        worker = start(
-            str(MODEL_WORKER),
-            "--inter-token-latency-ms",
-            str(inter_token_latency_ms),
-            name="model-worker",
-        )
+        latency = ("--inter-token-latency-ms", str(inter_token_latency_ms))
+        worker_process = start(*(worker or (str(MODEL_WORKER), *latency)), name="model-worker")
         frontend = start(
             "-m", "dynamo_trio.frontend", "--http-port", "0", *frontend_flags, name="frontend"
         )
-        shared = SharedStack(logs, frontend, worker)
-        trio.run(shared._started)
+        shared = SharedStack(logs, frontend, worker_process)
+        trio.run(shared._started, models, worker is None)
         yield shared
+        if sigterm_frontend:
+            frontend.send_signal(signal.SIGTERM)
+            code = frontend.wait(timeout=15)  # a hang guard only
+            assert code == 0, shared.frontend_log.read_text(errors="replace")[-4000:]
     finally:
         for child in children:
             child.kill()

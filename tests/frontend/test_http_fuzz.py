@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import socket
-import subprocess
-import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -37,7 +33,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests._fuzz import examples
 from tests._memhttp import TLS
-from tests.e2e.conftest import ROOT, e2e_environment
+from tests._procs import shared_stack
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -56,19 +52,36 @@ FUZZ = settings(
 # ---------------------------------------------------------------------------- the server
 
 
-class Frontend:
-    """The frontend and mocker processes, and the frontend's log read so far."""
+MOCKER = (
+    "-m",
+    "dynamo_trio",
+    "mocker",
+    "--model-name",
+    "mock",
+    "--embedding-model-name",
+    "mock-embed",
+    "--image-model-name",
+    "mock-image",
+    "--video-model-name",
+    "mock-video",
+    "--speech-model-name",
+    "mock-speech",
+    "--media-step-ms",
+    "0",
+    "--inter-token-latency-ms",
+    "0",
+    "--context-length",
+    "512",
+    "--max-output-tokens",
+    str(MAX_OUTPUT),
+)
 
-    def __init__(
-        self,
-        url: str,
-        frontend: subprocess.Popen[bytes],
-        mocker: subprocess.Popen[bytes],
-        log: Path,
-    ):
+
+class Frontend:
+    """The frontend's URL, and its log read so far."""
+
+    def __init__(self, url: str, log: Path):
         self.url = url
-        self.frontend = frontend
-        self.mocker = mocker
         self.log = log
         self._seen = 0
 
@@ -82,71 +95,17 @@ class Frontend:
 
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
-    tmp = tmp_path_factory.mktemp("fuzz")
-    # A raw head that promises a body it never sends waits this long for its 408.
-    env = e2e_environment(tmp, DYN_HTTP_BODY_TIMEOUT_SECS="1")
-    logs = [open(tmp / name, "wb") for name in ("mocker.log", "frontend.log")]  # noqa: SIM115
-    mocker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dynamo_trio",
-            "mocker",
-            "--model-name",
-            "mock",
-            "--embedding-model-name",
-            "mock-embed",
-            "--image-model-name",
-            "mock-image",
-            "--video-model-name",
-            "mock-video",
-            "--speech-model-name",
-            "mock-speech",
-            "--media-step-ms",
-            "0",
-            "--inter-token-latency-ms",
-            "0",
-            "--context-length",
-            "512",
-            "--max-output-tokens",
-            str(MAX_OUTPUT),
-        ],
-        env=env,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=logs[0],
-        stderr=subprocess.STDOUT,
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dynamo_trio", "frontend", "--http-port", "0"],
-        env=env,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=logs[1],
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert "listening on" in line, (tmp / "frontend.log").read_text()
-        url = line.rsplit(" ", 1)[1].strip()
-        deadline = time.monotonic() + 20
-        with httpx.Client(verify=TLS, base_url=url) as http:
-            while {m["id"] for m in http.get("/v1/models").json()["data"]} != MODELS:
-                assert time.monotonic() < deadline, "the mocker's models never appeared"
-                time.sleep(0.05)
-        yield Frontend(url, process, mocker, tmp / "frontend.log")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0, (tmp / "frontend.log").read_text()[-4000:]
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
-        for child in (process, mocker):
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-        for log in logs:
-            log.close()
+    """The frontend and the mocker, serving the module; at the end a SIGTERM makes the
+    frontend exit 0."""
+    with shared_stack(
+        tmp_path_factory.mktemp("fuzz"),
+        worker=MOCKER,
+        models=MODELS,
+        # A raw head that promises a body it never sends waits this long for its 408.
+        overrides={"DYN_HTTP_BODY_TIMEOUT_SECS": "1"},
+        sigterm_frontend=True,
+    ) as stack:
+        yield Frontend(stack.url, stack.frontend_log)
 
 
 @pytest.fixture(scope="module")
