@@ -128,6 +128,13 @@ def cluster(nursery: trio.Nursery, env: dict[str, str]) -> Cluster:
 
 
 @pytest.fixture
+def here(nursery: trio.Nursery, env: dict[str, str]) -> Cluster:
+    """The frontend, and any worker never signalled, in the test's process: on the
+    discovery of the worker processes the test starts (and kills)."""
+    return Cluster(nursery, env, processes=True)
+
+
+@pytest.fixture
 async def proc_stack(spawn: Callable[..., Any], env: dict[str, str]) -> StartProcStack:
     """:func:`stack` as two processes (``python -m dynamo_trio.frontend`` and
     ``tests/e2e/_model_worker.py``), for tests of signals, killed workers and logs."""

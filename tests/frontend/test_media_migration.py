@@ -2,6 +2,9 @@
 instance, as any request does; after it, there is no continuation for media, so the
 body ends with its failure (MJPEG: an error part, no closing boundary), whatever
 ``--migration-limit`` says, and nobody counts it as a client's hang-up.
+
+The workers are processes (either may be the one killed); the frontend serves in the
+test's process.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import trio
 from tests._memhttp import http_client
 from tests.e2e.conftest import scrape
 
-from ._faults import migrations, serving, start_frontend, start_workers
+from ._faults import frontend_here, migrations, serving, start_workers
 from .test_media import parts_of
 
 if TYPE_CHECKING:
@@ -25,14 +28,16 @@ if TYPE_CHECKING:
 
     import httpx
 
+    from tests._serving import Cluster
+
 pytestmark = pytest.mark.slow
 
 
 async def test_an_image_whose_worker_dies_during_its_steps_is_made_by_another(
-    spawn: Callable[..., Any], env: dict[str, str]
+    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
 ) -> None:
     workers = await start_workers(spawn, env, "worker 0", "worker 1")
-    _, url = await start_frontend(spawn, env)
+    url = await frontend_here(here)
     body = {
         "model": "mock-image",
         "prompt": "p",
@@ -68,10 +73,10 @@ async def test_an_image_whose_worker_dies_during_its_steps_is_made_by_another(
 
 
 async def test_a_partly_streamed_video_whose_worker_dies_ends_with_an_error_part(
-    spawn: Callable[..., Any], env: dict[str, str]
+    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
 ) -> None:
     workers = await start_workers(spawn, env, "worker 0", "worker 1")
-    _, url = await start_frontend(spawn, env, "--migration-limit", "3")
+    url = await frontend_here(here, "--migration-limit", "3")
     body = {"model": "mock-video", "prompt": "p", "size": "8x8", "nvext": {"num_frames": 5000}}
     received = b""
     async with http_client(url, timeout=30) as http:

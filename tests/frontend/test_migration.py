@@ -56,13 +56,6 @@ STREAMS = 24
 UNARY = 6
 
 
-@pytest.fixture
-def here(nursery: trio.Nursery, env: dict[str, str]) -> Cluster:
-    """The frontend, and any worker never signalled, in the test's process: on the
-    discovery of the worker processes the test starts (and kills)."""
-    return Cluster(nursery, env, processes=True)
-
-
 def _body(
     rng: random.Random, index: int, *, stream: bool, max_tokens: int
 ) -> tuple[str, dict[str, Any]]:
