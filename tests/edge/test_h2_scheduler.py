@@ -5,12 +5,19 @@ behind a flow of new ones (hypercorn's tree let it, until 1000 ended the connect
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, strategies as st
 from priority.priority import DeadlockError, DuplicateStreamError, MissingStreamError
 
 from dynamo_trio.edge._h2 import RoundRobin
+
+from ._serving import answer_lifespan, served_bare
+from .test_h2_whole import calls
+
+if TYPE_CHECKING:
+    import trio
 
 
 def take(scheduler: RoundRobin, count: int) -> list[int]:
@@ -96,3 +103,30 @@ def test_a_turn_goes_to_an_active_stream_and_the_line_stays_bounded(
             with pytest.raises(DeadlockError):
                 next(scheduler)
         assert len(scheduler._turns) <= 6
+
+
+class _Sees:
+    """An ASGI app that notes, for each request, the sending order of the HTTP/2 connection
+    it came on (reached as :func:`~dynamo_trio.edge._h2.send_whole_response` reaches it)."""
+
+    def __init__(self) -> None:
+        self.orders: list[type] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        while (await receive()).get("more_body", False):
+            pass
+        self.orders.append(type(send.__self__.send.__self__.priority))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_the_servers_http2_connections_send_in_turn(nursery: trio.Nursery) -> None:
+    """Every HTTP/2 connection the edge serves sends its streams by :class:`RoundRobin`."""
+    app = _Sees()
+    url = await served_bare(nursery, app, cleartext_http2=True)
+    replies = await calls(url, [b"a", b"b", b"c"], trailers=False)
+    assert [reply.data for reply in replies] == [b"ok"] * 3
+    assert app.orders == [RoundRobin] * 3
