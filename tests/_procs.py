@@ -1,8 +1,8 @@
 """The one process harness of the tests: children started with ``sys.executable``, their
 stdout JSON lines collected as events, and the stacks built from them (a model
 worker and ``python -m dynamo_trio.frontend``), a test's own or one a whole module
-shares (:func:`shared_stack`).  Tests whose point is not processes use
-:mod:`tests._serving` instead.
+shares (:func:`shared_stack`; other programs: :func:`shared_processes`).  Tests whose
+point is not processes use :mod:`tests._serving` instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests._metrics import scrape
 from tests._serving import MODELS, first_event, wait_for_models
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 ROOT = Path(__file__).parents[1]
 MODEL_WORKER = ROOT / "tests" / "e2e" / "_model_worker.py"
@@ -299,17 +299,56 @@ class _FileTail(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
-class SharedStack:
-    """A frontend process and a model-worker process that a whole test module shares.
-    pytest-trio runs each test in a trio loop of its own, so they are started outside
-    any (:func:`shared_stack`), their output goes to files, and each test reads those
-    in its own loop (:meth:`served`)."""
+class SharedProcesses:
+    """Processes that a whole test module shares.  pytest-trio runs each test in a trio
+    loop of its own, so they are started outside any (:func:`shared_processes`), their
+    output goes to files, and each test reads those in its own loop (:meth:`follow`)."""
 
     def __init__(
-        self, logs: Path, frontend: subprocess.Popen[bytes], worker: subprocess.Popen[bytes]
+        self, logs: Path, children: dict[str, subprocess.Popen[bytes]], env: dict[str, str]
     ) -> None:
         self._logs = logs
-        self._children = {"frontend": frontend, "model-worker": worker}
+        self._children = children
+        self.env = env
+        """Their environment: a test's own children and runtime use it to reach them."""
+
+    def log(self, name: str) -> Path:
+        """The stderr of the process called ``name``, all of it so far."""
+        return self._logs / f"{name}.err"
+
+    def follow(self, nursery: trio.Nursery, *, from_start: bool = False) -> dict[str, Output]:
+        """Each process's output by name, read in ``nursery`` from its start or from the
+        last whole line written so far."""
+        outputs = {}
+        for name, child in self._children.items():
+            output = Output(child, name)
+            for suffix, read in (("out", output.read_stdout), ("err", output.read_stderr)):
+                path = self._logs / f"{name}.{suffix}"
+                offset = 0 if from_start else path.read_bytes().rfind(b"\n") + 1
+                nursery.start_soon(_read_to_end, read, _FileTail(path, offset, child))
+            outputs[name] = output
+        return outputs
+
+    def returncode(self, name: str) -> int | None:
+        """The exit status of the process called ``name``; ``None`` while it runs."""
+        return self._children[name].poll()
+
+    @staticmethod
+    async def idle(*inflight: tuple[str, str]) -> None:
+        """Wait until each ``(url, gauge)`` of requests in flight reads 0, in turn: whatever
+        an earlier test left has ended, and its counts are in."""
+        with trio.fail_after(30):  # a hang guard only
+            for url, gauge in inflight:
+                while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
+                    await trio.sleep(0.02)
+
+
+class SharedStack:
+    """A frontend process and a model-worker process that a whole test module shares
+    (:func:`shared_stack`), read in each test's own trio loop (:meth:`served`)."""
+
+    def __init__(self, processes: SharedProcesses) -> None:
+        self._processes = processes
         self.url = ""
         self.worker_status = ""
         """The worker's status URL, if it reports one (the model worker's ``ready``)."""
@@ -317,21 +356,11 @@ class SharedStack:
     @property
     def frontend_log(self) -> Path:
         """The frontend's stderr, all of it so far."""
-        return self._logs / "frontend.err"
+        return self._processes.log("frontend")
 
     def _follow(self, nursery: trio.Nursery, *, from_start: bool) -> tuple[Output, Output]:
-        """The frontend's and the worker's output, read in ``nursery`` from their start or
-        from the last whole line written so far."""
-        outputs = []
-        for name, child in self._children.items():
-            output = Output(child, name)
-            for suffix, read in (("out", output.read_stdout), ("err", output.read_stderr)):
-                path = self._logs / f"{name}.{suffix}"
-                offset = 0 if from_start else path.read_bytes().rfind(b"\n") + 1
-                nursery.start_soon(_read_to_end, read, _FileTail(path, offset, child))
-            outputs.append(output)
-        frontend, worker = outputs
-        return frontend, worker
+        outputs = self._processes.follow(nursery, from_start=from_start)
+        return outputs["frontend"], outputs["model-worker"]
 
     async def _started(self, models: frozenset[str] | set[str], reports_ready: bool) -> None:
         async with trio.open_nursery() as nursery:
@@ -350,10 +379,7 @@ class SharedStack:
         inflight = [(self.url, "dynamo_frontend_inflight_requests")]
         if self.worker_status:
             inflight.append((self.worker_status, "dynamo_component_inflight_requests"))
-        with trio.fail_after(30):  # a hang guard only
-            for url, gauge in inflight:  # the frontend's first: the worker's come from it
-                while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
-                    await trio.sleep(0.02)
+        await self._processes.idle(*inflight)  # the frontend's first: the worker's come from it
         return Served(frontend, worker, self.url, self.worker_status)
 
 
@@ -362,6 +388,39 @@ async def _read_to_end(
 ) -> None:
     async with stream:
         await read(stream)
+
+
+@contextmanager
+def shared_processes(
+    tmp_path: Path,
+    programs: Mapping[str, Sequence[str]],
+    *,
+    overrides: dict[str, str] | None = None,
+) -> Iterator[SharedProcesses]:
+    """``programs`` (each an argv after the interpreter, by name) for a whole test module,
+    started at once outside any trio loop, their output in files under ``tmp_path``;
+    killed and reaped at the end.  ``overrides`` go over :func:`e2e_environment`'s settings."""
+    env = e2e_environment(tmp_path, **(overrides or {}))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, argv in programs.items():
+            with (logs / f"{name}.out").open("wb") as out, (logs / f"{name}.err").open("wb") as err:
+                children[name] = subprocess.Popen(
+                    [sys.executable, *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=ROOT,
+                )
+        yield SharedProcesses(logs, children, env)
+    finally:
+        for child in children.values():
+            child.kill()
+        for child in children.values():
+            child.wait()
 
 
 @contextmanager
@@ -374,47 +433,23 @@ def shared_stack(
     overrides: dict[str, str] | None = None,
     sigterm_frontend: bool = False,
 ) -> Iterator[SharedStack]:
-    """:func:`start_stack`'s processes for a whole test module, started outside any trio
-    loop, their output in files under ``tmp_path``; killed and reaped at the end.
+    """:func:`start_stack`'s processes for a whole test module (:func:`shared_processes`).
 
     ``worker`` is another worker's argv (after the interpreter), one serving ``models``
-    (a worker other than the model worker reports no status URL); ``overrides`` go over
-    :func:`e2e_environment`'s settings.  With ``sigterm_frontend`` the frontend gets a
-    SIGTERM first at the end, and must exit 0.
+    (a worker other than the model worker reports no status URL).  With
+    ``sigterm_frontend`` the frontend gets a SIGTERM first at the end, and must exit 0.
     """
-    env = e2e_environment(tmp_path, **(overrides or {}))
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    children: list[subprocess.Popen[bytes]] = []
-
-    def start(*argv: str, name: str) -> subprocess.Popen[bytes]:
-        with (logs / f"{name}.out").open("wb") as out, (logs / f"{name}.err").open("wb") as err:
-            child = subprocess.Popen(
-                [sys.executable, *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-                cwd=ROOT,
-            )
-        children.append(child)
-        return child
-
-    try:
-        latency = ("--inter-token-latency-ms", str(inter_token_latency_ms))
-        worker_process = start(*(worker or (str(MODEL_WORKER), *latency)), name="model-worker")
-        frontend = start(
-            "-m", "dynamo_trio.frontend", "--http-port", "0", *frontend_flags, name="frontend"
-        )
-        shared = SharedStack(logs, frontend, worker_process)
+    latency = ("--inter-token-latency-ms", str(inter_token_latency_ms))
+    programs = {
+        "model-worker": worker or (str(MODEL_WORKER), *latency),
+        "frontend": ("-m", "dynamo_trio.frontend", "--http-port", "0", *frontend_flags),
+    }
+    with shared_processes(tmp_path, programs, overrides=overrides) as processes:
+        shared = SharedStack(processes)
         trio.run(shared._started, models, worker is None)
         yield shared
         if sigterm_frontend:
+            frontend = processes._children["frontend"]
             frontend.send_signal(signal.SIGTERM)
             code = frontend.wait(timeout=15)  # a hang guard only
             assert code == 0, shared.frontend_log.read_text(errors="replace")[-4000:]
-    finally:
-        for child in children:
-            child.kill()
-        for child in children:
-            child.wait()

@@ -8,11 +8,16 @@
 3. Leaving ``parent.scope()`` normally did not end the remote work linked in it.
 4. Through a middle hop, both reach the end of the chain.
 
+The backend and the middle worker are processes the module's tests share (none
+signals them): each test counts what it adds to their counters, and starts once
+nothing is in flight on them.  Each test's callers are its own processes.
+
 Dynamo's own cancellation demo, ported, is ``test_dynamo_example.py``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +27,15 @@ import trio
 from dynamo_trio import Context, EngineShutdown
 from dynamo_trio.discovery._file_store import FileLayout
 from dynamo_trio.runtime import DistributedRuntime
+from tests._procs import SharedProcesses, shared_processes
 
 from .conftest import scrape as metric
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from dynamo_trio import Config
-
-    from .conftest import Proc
+    from tests._procs import Output
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +49,59 @@ async def settled(status_url: str) -> None:
             await trio.sleep(0.02)
 
 
-async def start(
-    spawn: Callable[..., Any], env: dict[str, str], component: str
-) -> tuple[Proc, dict[str, Any]]:
-    proc = await spawn(str(PROCS), "worker", component, env=env, name=component)
-    return proc, await proc.wait_for("ready", within=15)
+WORKERS = ("backend", "middle")
+
+
+@dataclass
+class Workers:
+    """The shared workers: their ``ready`` events by name."""
+
+    processes: SharedProcesses
+    ready: dict[str, dict[str, Any]]
+
+
+@dataclass
+class Running:
+    """The shared workers seen from a test's trio loop: their output from its start."""
+
+    workers: Workers
+    output: dict[str, Output]
+
+    def alive(self, name: str) -> bool:
+        return self.workers.processes.returncode(name) is None
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """``_structured_procs.py worker backend`` and ``... worker middle``, for the module
+    (each xdist worker its own)."""
+    programs = {name: (str(PROCS), "worker", name) for name in WORKERS}
+    with shared_processes(tmp_path_factory.mktemp("structured"), programs) as processes:
+        yield Workers(processes, trio.run(_ready, processes))
+
+
+async def _ready(processes: SharedProcesses) -> dict[str, dict[str, Any]]:
+    async with trio.open_nursery() as nursery:
+        output = processes.follow(nursery, from_start=True)
+        ready = {name: await output[name].wait_for("ready", within=30) for name in WORKERS}
+        nursery.cancel_scope.cancel()
+    return ready
+
+
+@pytest.fixture
+def env(workers: Workers) -> dict[str, str]:
+    """The shared workers' environment: the test's callers and runtime find them with it."""
+    return workers.processes.env
+
+
+@pytest.fixture
+async def running(workers: Workers, nursery: trio.Nursery) -> Running:
+    """The shared workers, once nothing an earlier test sent is in flight on them."""
+    gauge = "dynamo_component_inflight_requests"
+    await workers.processes.idle(
+        *((ready["status_url"], gauge) for ready in workers.ready.values())
+    )
+    return Running(workers, workers.processes.follow(nursery))
 
 
 async def backend_client(runtime: DistributedRuntime) -> Any:
@@ -79,15 +132,14 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-async def assert_still_serving(
-    worker: Proc, ready: dict[str, Any], client: Any, other: Any, file_kv: Path
-) -> None:
+async def assert_still_serving(running: Running, client: Any, other: Any, file_kv: Path) -> None:
     """The worker lives, streams other than the failed one flow, and it stays registered."""
+    ready = running.workers.ready["backend"]
     with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
     # Renewed a lease's worth of times since: its keepalive outlived the failure.
     await lease_renewals(file_kv, ready["instance_id"], 4)
-    assert worker.process.returncode is None
+    assert running.alive("backend")
     assert ready["instance_id"] in client.instance_ids()
     with trio.fail_after(30):  # a hang guard only
         await other.__anext__()
@@ -97,9 +149,12 @@ async def assert_still_serving(
 
 
 async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
-    spawn: Callable[..., Any], env: dict[str, str], config: Config
+    running: Running, config: Config
 ) -> None:
-    worker, ready = await start(spawn, env, "backend")
+    worker = running.output["backend"]
+    status = running.workers.ready["backend"]["status_url"]
+    cancelled = await metric(status, "dynamo_component_cancellation_total")
+    errors = await metric(status, "dynamo_component_errors_total")
     async with DistributedRuntime(config) as runtime:
         client = await backend_client(runtime)
         other = await client.generate({"mode": "seed"}, context=Context("other"))
@@ -117,26 +172,23 @@ async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
         exit_event = await worker.wait_for("exit", id="seed")
         assert (exit_event["state"], exit_event["how"]) == ("STOPPED", "CancelledError")
 
-        await assert_still_serving(worker, ready, client, other, config.discovery.file_kv)
+        await assert_still_serving(running, client, other, config.discovery.file_kv)
         await other.aclose()
         await worker.wait_for("exit", id="other")
-    status = ready["status_url"]
     await settled(status)
-    assert await metric(status, "dynamo_component_cancellation_total") == 2  # stop + close
-    assert await metric(status, "dynamo_component_errors_total") == 0
+    assert (
+        await metric(status, "dynamo_component_cancellation_total") == cancelled + 2
+    )  # stop, close
+    assert await metric(status, "dynamo_component_errors_total") == errors
 
 
 @pytest.mark.parametrize(
     ("exception", "error"), [("GeneratorExit", EngineShutdown), ("KeyError", Exception)]
 )
 async def test_a_handler_raising_ends_only_its_request(
-    spawn: Callable[..., Any],
-    env: dict[str, str],
-    config: Config,
-    exception: str,
-    error: type[Exception],
+    running: Running, config: Config, exception: str, error: type[Exception]
 ) -> None:
-    worker, ready = await start(spawn, env, "backend")
+    worker = running.output["backend"]
     async with DistributedRuntime(config) as runtime:
         client = await backend_client(runtime)
         other = await client.generate({"mode": "seed"}, context=Context("other"))
@@ -150,7 +202,7 @@ async def test_a_handler_raising_ends_only_its_request(
         assert getattr(raised.value, "caused_by", None) == exception
         exit_event = await worker.wait_for("exit", id="raiser")
         assert exit_event["how"] == exception
-        await assert_still_serving(worker, ready, client, other, config.discovery.file_kv)
+        await assert_still_serving(running, client, other, config.discovery.file_kv)
         await other.aclose()
 
 
@@ -162,9 +214,12 @@ async def test_a_handler_raising_ends_only_its_request(
     [("enclosing_timeout", "scope timeout"), ("scope_exit", "parent finished")],
 )
 async def test_a_callers_scope_ends_the_remote_work_at_once(
-    spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
+    running: Running, spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
 ) -> None:
-    worker, ready = await start(spawn, env, "backend")
+    worker = running.output["backend"]
+    status = running.workers.ready["backend"]["status_url"]
+    cancelled = await metric(status, "dynamo_component_cancellation_total")
+    for_reason = await metric(status, "dynamo_component_cancelled_requests_total", reason=reason)
     caller = await spawn(str(PROCS), "caller", pattern, "backend", env=env, name="caller")
     sent = await caller.wait_for("sent", within=15)
     await worker.wait_for("start", id=sent["id"])
@@ -182,10 +237,10 @@ async def test_a_callers_scope_ends_the_remote_work_at_once(
     # the stream object (the garbage collector never closes it: "stream closed") and its
     # connection lives (heartbeats flow: no "transport lost").
     assert caller.process.returncode is None  # not a dying process's doing either
-    status = ready["status_url"]
     await settled(status)
-    assert await metric(status, "dynamo_component_cancellation_total") == 1
-    assert await metric(status, "dynamo_component_cancelled_requests_total", reason=reason) == 1
+    assert await metric(status, "dynamo_component_cancellation_total") == cancelled + 1
+    after = await metric(status, "dynamo_component_cancelled_requests_total", reason=reason)
+    assert after == for_reason + 1
 
 
 # ---------------------------------------------------------------------------- finding 4: chains
@@ -196,10 +251,11 @@ async def test_a_callers_scope_ends_the_remote_work_at_once(
     [("enclosing_timeout", "scope timeout"), ("scope_exit", "parent finished")],
 )
 async def test_a_callers_scope_reaches_the_end_of_a_chain(
-    spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
+    running: Running, spawn: Callable[..., Any], env: dict[str, str], pattern: str, reason: str
 ) -> None:
-    backend, backend_ready = await start(spawn, env, "backend")
-    middle, _ = await start(spawn, env, "middle")
+    backend, middle = running.output["backend"], running.output["middle"]
+    status = running.workers.ready["backend"]["status_url"]
+    cancelled = await metric(status, "dynamo_component_cancellation_total")
     caller = await spawn(str(PROCS), "caller", pattern, "middle", env=env, name="caller")
     sent = await caller.wait_for("sent", within=15)
     left = await caller.wait_for("left scope", within=30)
@@ -209,6 +265,5 @@ async def test_a_callers_scope_reaches_the_end_of_a_chain(
     # One id end to end; the reason travels with the kill, hop by hop.
     assert (middle_exit["state"], middle_exit["reason"]) == ("KILLED", reason)
     assert (backend_exit["state"], backend_exit["reason"]) == ("KILLED", reason)
-    status = backend_ready["status_url"]
     await settled(status)
-    assert await metric(status, "dynamo_component_cancellation_total") == 1
+    assert await metric(status, "dynamo_component_cancellation_total") == cancelled + 1
