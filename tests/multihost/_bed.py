@@ -262,9 +262,10 @@ class Deployment:
         self.nursery.start_soon(proc._read_stdout)
         return proc, log
 
-    async def start_worker(self, host: str, *flags: str) -> Worker:
-        """A mocker on ``host`` serving :data:`MODEL`; returns once it is registered."""
-        argv = ["--model-name", MODEL, "--inter-token-latency-ms", "10", *flags]
+    async def start_worker(self, host: str, *flags: str, token_ms: float = 10.0) -> Worker:
+        """A mocker on ``host`` serving :data:`MODEL`, a token every ``token_ms``; returns
+        once it is registered."""
+        argv = ["--model-name", MODEL, "--inter-token-latency-ms", str(token_ms), *flags]
         proc, log = await self._spawn(host, "mocker", argv)
         worker = Worker(self.bed, host, proc, log)
         self.members.append(worker)

@@ -31,13 +31,13 @@ FRONTEND_HOSTS = ("fe1", "fe2")
 
 
 async def start_all(
-    deploy: Deployment, *, frontends: tuple[str, ...] = FRONTEND_HOSTS
+    deploy: Deployment, *, frontends: tuple[str, ...] = FRONTEND_HOSTS, token_ms: float = 10.0
 ) -> tuple[list[Worker], list[Frontend]]:
     """Workers on every worker host (in parallel), then the frontends."""
     workers: dict[str, Worker] = {}
 
     async def one(host: str) -> None:
-        workers[host] = await deploy.start_worker(host)
+        workers[host] = await deploy.start_worker(host, token_ms=token_ms)
 
     async with trio.open_nursery() as nursery:
         for host in WORKER_HOSTS:

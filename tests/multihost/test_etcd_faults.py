@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
+PAUSE = 0.2
+"""Between one client's requests: a few a second per frontend, all through each fault."""
+
 
 @dataclass
 class Presence:
@@ -42,6 +45,8 @@ class Presence:
     longest_gap: dict[str, float] = field(default_factory=dict)
     unreadable: float = 0.0
     duplicates: list[list[str]] = field(default_factory=list)
+    interval: float = 0.25
+    """Between reads: a small part of a lease TTL."""
 
     def _key(self, worker: Worker) -> str:
         return f"v1/instances/{self.deploy.namespace}/mocker/generate/{worker.instance_id:x}"
@@ -63,7 +68,7 @@ class Presence:
                 keys = await trio.to_thread.run_sync(self.deploy.bed.etcd_keys, prefix)
             except AssertionError:  # no member answers: the whole cluster is down
                 self.unreadable += trio.current_time() - asked
-                await trio.sleep(0.1)
+                await trio.sleep(self.interval)
                 continue
             answered = trio.current_time()
             addresses = [json.loads(value)["address"] for value in keys.values()]
@@ -75,7 +80,7 @@ class Presence:
                 elif key in self.missing_since:
                     gap = answered - self.missing_since.pop(key)
                     self.longest_gap[key] = max(self.longest_gap[key], gap)
-            await trio.sleep(0.1)
+            await trio.sleep(self.interval)
 
     def gaps(self) -> dict[str, float]:
         """The longest gap of each key (one still missing counts until now)."""
@@ -111,7 +116,7 @@ async def test_etcd_member_killed_then_whole_cluster_restarted(deploy: Deploymen
     presence = Presence(deploy)
     for worker in workers:
         presence.expect(worker)
-    traffic = Traffic(frontends)
+    traffic = Traffic(frontends, pause=PAUSE)
 
     async with trio.open_nursery() as monitor:
         await monitor.start(presence.run)
@@ -128,7 +133,7 @@ async def test_etcd_member_killed_then_whole_cluster_restarted(deploy: Deploymen
         await trio.to_thread.run_sync(etcd.start_member, "etcd1")
 
         # The whole cluster goes down (longer than a lease TTL) and comes back.
-        traffic_2 = Traffic(frontends)
+        traffic_2 = Traffic(frontends, pause=PAUSE)
         async with trio.open_nursery() as nursery:
             await nursery.start(traffic_2.run)
             for host in etcd.hosts:
@@ -178,7 +183,7 @@ async def test_etcd_member_host_cut_off(deploy: Deployment) -> None:
     presence = Presence(deploy)
     for worker in workers:
         presence.expect(worker)
-    traffic = Traffic(frontends)
+    traffic = Traffic(frontends, pause=PAUSE)
 
     async with trio.open_nursery() as monitor:
         await monitor.start(presence.run)
