@@ -13,7 +13,7 @@ from dynamo_trio import Context, llm
 from dynamo_trio.mocker import MockEngine, MockerSettings
 from tests._metrics import scrape, scrape_all as scrape_all
 from tests._procs import Proc, start_frontend as start_frontend, start_model_worker
-from tests._serving import MODELS, Events, wait_for_models
+from tests._serving import MODELS, wait_for_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,18 +44,6 @@ async def frontend_here(cluster: Cluster, *flags: str) -> str:
     url = await cluster.frontend(*flags)
     await wait_for_models(url, MODELS, within=20)
     return url
-
-
-async def worker_here(
-    cluster: Cluster, *, inter_token_latency_ms: float = 10.0, ttft_ms: float = 0.0
-) -> tuple[Events, str]:
-    """:func:`start_worker`'s models served in the test's process, for a worker never
-    signalled: its events and its status URL, once it has registered."""
-    events = Events()
-    runtime = await cluster.model_worker(
-        events, inter_token_latency_ms=inter_token_latency_ms, ttft_ms=ttft_ms
-    )
-    return events, await cluster.status_url(runtime)
 
 
 async def start_workers(spawn: Callable[..., Any], env: dict[str, str], *names: str) -> list[Proc]:

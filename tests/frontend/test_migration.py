@@ -1,15 +1,14 @@
 """Request migration (``--migration-limit``): a lost worker costs the client nothing.
 
-Real processes: the model workers that are signalled (the mock engine; two or
-three at a time).  The frontend, and a worker never signalled, serve in the
-test's process (the frontend runs as processes for ``--http-workers``).  Workers
-are SIGKILLed mid-stream at random token positions, round after round, with many
-streams and unary requests in flight; every request then completes with exactly
-the text and usage the mock engine owes it (computed here by running the same
-engine in-process), in order, nothing repeated or missing, and the frontend
-counts each move once.  When no instance is left, the client gets a clear,
-retryable 503 (an error event once streaming).  A request that was cancelled is
-never moved, and a hang-up during a migration cancels the new attempt.
+Real processes: a frontend and two or three model workers (the mock engine).
+Workers are SIGKILLed mid-stream at random token positions, round after round,
+with many streams and unary requests in flight; every request then completes
+with exactly the text and usage the mock engine owes it (computed here by
+running the same engine in-process), in order, nothing repeated or missing,
+and the frontend counts each move once.  When no instance is left, the client
+gets a clear, retryable 503 (an error event once streaming).  A request that
+was cancelled is never moved, and a hang-up during a migration cancels the new
+attempt.
 """
 
 from __future__ import annotations
@@ -23,20 +22,18 @@ import pytest
 import trio
 
 from tests._memhttp import http_client
-from tests._serving import Cluster, first_event
+from tests._serving import first_event
 from tests.e2e.conftest import scrape
 
 from ._faults import (
     LiveStream,
     expected_output,
-    frontend_here,
     migrations,
     scrape_all,
     serving,
     start_frontend,
     start_worker,
     start_workers,
-    worker_here,
 )
 from .conftest import CHAT_BODY, assert_openai_error
 
@@ -45,7 +42,6 @@ if TYPE_CHECKING:
 
     import httpx
 
-    from tests._serving import Events
     from tests.e2e.conftest import Proc
 
 pytestmark = pytest.mark.slow
@@ -181,11 +177,11 @@ def _check(plan: _Round) -> int:
 
 
 async def test_sigkill_at_random_token_positions_migrates_every_request(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     rng = random.Random(11)
     workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
-    url = await frontend_here(here, "--migration-limit", "3")
+    _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     everyone = list(workers)  # the dead too: their events stay
     moved_total = 0
     on_victims = 0
@@ -219,11 +215,11 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
                 await scrape_all(url, "dynamo_frontend_model_migration_total")
             )
             # The victim comes back as a new instance, while the next round runs.
-            if round_index + 1 < ROUNDS:
-                restarting = trio.Event()
-                replaced = workers.index(victim)
-                name = f"worker {replaced}.{round_index}"
-                background.start_soon(restart, replaced, restarting, name)
+            restarting = trio.Event()
+            replaced = workers.index(victim)
+            background.start_soon(restart, replaced, restarting, f"worker {replaced}.{round_index}")
+        assert restarting is not None
+        await restarting.wait()
 
     # Enough were moved for the test to mean something: about a third of the requests
     # run on each round's victim, fewer when the machine is loaded (a request that
@@ -246,7 +242,7 @@ async def test_sigkill_at_random_token_positions_migrates_every_request(
 async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[str, str]) -> None:
     """Each of ``--http-workers``' processes migrates its own requests; the counter is
     the sum over them."""
-    workers = await start_workers(spawn, env, "worker 0", "worker 1")
+    workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
     _, url = await start_frontend(spawn, env, "--migration-limit", "2", "--http-workers", "2")
     plan = await _plan(random.Random(5), 0, streams=12, unary=4)
     async with http_client(url, timeout=30) as http:
@@ -260,11 +256,10 @@ async def test_migration_with_http_workers(spawn: Callable[..., Any], env: dict[
 
 
 async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    # A third worker is still there when the second is killed: the limit ends it.
     workers = await start_workers(spawn, env, "worker 0", "worker 1", "worker 2")
-    url = await frontend_here(here, "--migration-limit", "1")
+    _, url = await start_frontend(spawn, env, "--migration-limit", "1")
     body = {**CHAT_BODY, "max_tokens": 400, "stream": True, "seed": 1}
     moved = LiveStream("/v1/chat/completions", body, "moves-once")
     async with (
@@ -294,10 +289,10 @@ async def test_a_request_moves_up_to_the_limit_then_fails_with_a_503(
 
 
 async def test_no_instance_left_is_a_retryable_503(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     worker, _ = await start_worker(spawn, env, name="only worker")
-    url = await frontend_here(here, "--migration-limit", "3")
+    _, url = await start_frontend(spawn, env, "--migration-limit", "3")
     body = {**CHAT_BODY, "max_tokens": 500, "stream": True}
     streamed = LiveStream("/v1/chat/completions", body, "s")
     async with (
@@ -331,20 +326,19 @@ async def test_no_instance_left_is_a_retryable_503(
 
 
 async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
-    # 30 ms a token: the stream (15 s) is still running once the frontend has seen the
-    # second worker (seconds, on a loaded host).
+    # 30 ms a token: the stream (15 s) is still running once the second worker is up
+    # (starting a worker process takes seconds on a loaded host).
     fast, _ = await start_worker(spawn, env, name="fast worker", inter_token_latency_ms=30)
-    url = await frontend_here(here, "--migration-limit", "2")
+    _, url = await start_frontend(spawn, env, "--migration-limit", "2")
     live = LiveStream("/v1/chat/completions", {**CHAT_BODY, "max_tokens": 500, "stream": True}, "h")
     async with http_client(url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.run, http)
             await live.wait_tokens(5)
-            # Only now a second worker, whose every request takes 30 s to its first token
-            # (never signalled: it serves in the test's process).
-            slow, slow_status = await worker_here(here, ttft_ms=30_000)
+            # Only now a second worker, whose every request takes 30 s to its first token.
+            slow, slow_ready = await start_worker(spawn, env, name="slow worker", ttft_ms=30_000)
             await _let_the_frontend_see_the_new_worker(http, slow)
             fast.signal(signal.SIGKILL)
             started = await slow.wait_for("start", id="h", within=10)
@@ -355,7 +349,7 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
     # Two hang-ups reached the slow worker: the probe that found it, then this request.
     [probe] = [e for e in slow.events if e["event"] == "exit" and e["id"] != "h"]
     assert (probe["state"], probe["reason"]) == ("KILLED", "client disconnect")
-    assert await scrape(slow_status, "dynamo_component_cancellation_total") == 2
+    assert await scrape(slow_ready["status_url"], "dynamo_component_cancellation_total") == 2
     assert await scrape(url, "dynamo_frontend_model_cancellation_total") == 2
     assert await migrations(url, migration_type="ongoing_request") == 1
     with trio.fail_after(30):  # a hang guard only
@@ -364,12 +358,12 @@ async def test_a_hang_up_during_a_migration_cancels_the_new_attempt(
 
 
 async def test_a_cancelled_request_is_never_migrated(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster
+    spawn: Callable[..., Any], env: dict[str, str]
 ) -> None:
     # "prefill" ignores a stop: its request stays on the worker, stopped, until killed.
     first, second = await start_workers(spawn, env, "first worker", "second worker")
-    url = await frontend_here(
-        here, "--migration-limit", "3", "--on-disconnect", "stop", "--stop-grace", "30"
+    _, url = await start_frontend(
+        spawn, env, "--migration-limit", "3", "--on-disconnect", "stop", "--stop-grace", "30"
     )
     async with http_client(url, timeout=30) as http:
         async with trio.open_nursery() as nursery:
@@ -401,16 +395,16 @@ async def test_a_cancelled_request_is_never_migrated(
 
 @pytest.mark.parametrize("limit", [0, 2])
 async def test_a_worker_shutting_down_mid_stream(
-    spawn: Callable[..., Any], env: dict[str, str], here: Cluster, limit: int
+    spawn: Callable[..., Any], env: dict[str, str], limit: int
 ) -> None:
     """SIGTERM stops the worker's requests (reason ``shutdown``): with migration the
     stream goes on elsewhere, complete; without, it ends with a 503 error event, never
     with an ending that reads as a complete answer."""
-    # 30 ms a token: the stream (9 s) is still running when the SIGTERM comes, after the
-    # frontend saw a second worker (seconds, on a loaded host: at 10 ms a token, one run
-    # in twenty had finished the stream by then).
+    # 30 ms a token: the stream (9 s) is still running when the SIGTERM comes, after a
+    # second worker started (seconds, on a loaded host: at 10 ms a token, one run in
+    # twenty had finished the stream by then).
     first, _ = await start_worker(spawn, env, name="first worker", inter_token_latency_ms=30)
-    url = await frontend_here(here, "--migration-limit", str(limit))
+    _, url = await start_frontend(spawn, env, "--migration-limit", str(limit))
     body = {
         **CHAT_BODY,
         "max_tokens": 300,
@@ -424,7 +418,7 @@ async def test_a_worker_shutting_down_mid_stream(
     ):
         nursery.start_soon(live.run, http)
         await live.wait_tokens(5)
-        second, _ = await worker_here(here)  # never signalled: in the test's process
+        second, _ = await start_worker(spawn, env, name="second worker")
         await _let_the_frontend_see_the_new_worker(http, second)
         first.signal(signal.SIGTERM)
     exit_event = await first.wait_for("exit", id="t")
@@ -448,9 +442,7 @@ async def test_a_worker_shutting_down_mid_stream(
     assert await first.wait_exit() == 0
 
 
-async def _let_the_frontend_see_the_new_worker(
-    http: httpx.AsyncClient, worker: Proc | Events
-) -> None:
+async def _let_the_frontend_see_the_new_worker(http: httpx.AsyncClient, worker: Proc) -> None:
     """Wait until the frontend has routed a request to ``worker``, so that the migration
     that follows has a live instance to go to: one-token probes, sent one at a time
     (round-robin over the instances the frontend lists), until one starts there.  That
