@@ -61,12 +61,12 @@ def environment(network: Network, etcd: EtcdCluster, host: str) -> dict[str, str
     return env
 
 
-def metric(url: str, name: str, **labels: str) -> float:
+def metric(http: httpx.Client, url: str, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples (matching ``labels``) at ``url``/metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+    for family in text_string_to_metric_families(http.get(f"{url}/metrics").text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
@@ -107,12 +107,12 @@ def main() -> None:
         start("fe1", "frontend")
 
         # From here on, this process is on the client host: every request crosses the router.
-        with in_netns(network.host("client").namespace):
+        with in_netns(network.host("client").namespace), httpx.Client(timeout=30) as http:
             for _ in range(300):  # up to 30 s
                 try:
-                    models = httpx.get(f"{frontend}/v1/models").json()["data"]
+                    models = http.get(f"{frontend}/v1/models").json()["data"]
                     if {m["id"] for m in models} == {MODEL} and all(
-                        httpx.get(f"{url}/health").status_code == 200 for url in workers.values()
+                        http.get(f"{url}/health").status_code == 200 for url in workers.values()
                     ):
                         break
                 except httpx.HTTPError:
@@ -124,21 +124,21 @@ def main() -> None:
 
             for n in range(4):
                 before = {
-                    h: metric(u, "dynamo_component_requests_total") for h, u in workers.items()
+                    h: metric(http, u, "dynamo_component_requests_total")
+                    for h, u in workers.items()
                 }
-                reply = httpx.post(
+                reply = http.post(
                     f"{frontend}/v1/chat/completions",
                     json={
                         "model": MODEL,
                         "messages": [{"role": "user", "content": f"question {n}"}],
                         "max_tokens": 5,
                     },
-                    timeout=30,
                 ).json()
                 ran_on = [
                     h
                     for h, u in workers.items()
-                    if metric(u, "dynamo_component_requests_total") > before[h]
+                    if metric(http, u, "dynamo_component_requests_total") > before[h]
                 ]
                 text = reply["choices"][0]["message"]["content"]
                 print(f"request {n}: {text!r:40.40} ran on {', '.join(ran_on)}")
@@ -170,13 +170,13 @@ def main() -> None:
             holder = next(
                 h
                 for h, u in workers.items()
-                if any(r["id"] == "hang-up-demo" for r in httpx.get(f"{u}/debug/requests").json())
+                if any(r["id"] == "hang-up-demo" for r in http.get(f"{u}/debug/requests").json())
             )
             sock.close()
             hung_up = time.monotonic()
             name = "dynamo_component_cancelled_requests_total"
             deadline = hung_up + 10
-            while metric(workers[holder], name, reason="client disconnect") < 1:
+            while metric(http, workers[holder], name, reason="client disconnect") < 1:
                 if time.monotonic() > deadline:
                     sys.exit(f"{holder} did not count the hang-up; logs in {scratch}")
                 time.sleep(0.005)
