@@ -92,8 +92,15 @@ _SERVE = [
 ]
 
 
-@pytest.mark.parametrize(("entry", "required"), _SERVE)
-@pytest.mark.parametrize("argv", [[], ["--gc-threshold", "0"], ["--gc-threshold", "1234"]])
+# Each serving command with a threshold of its own; the setting's default and 0 once (one
+# parser for every command: test_the_setting_comes_from_the_environment_and_the_command_line).
+_CASES = [(entry, required, ["--gc-threshold", "1234"]) for entry, required in _SERVE] + [
+    ("mocker", ["--model-name", "m"], []),
+    ("mocker", ["--model-name", "m"], ["--gc-threshold", "0"]),
+]
+
+
+@pytest.mark.parametrize(("entry", "required", "argv"), _CASES)
 def test_the_serving_processes_apply_it_before_serving(
     entry: str, required: list[str], argv: list[str]
 ) -> None:
