@@ -189,6 +189,17 @@ async def frontend_url(frontend: Output, *, within: float = 15) -> str:
     return line.rsplit(" ", 1)[1]
 
 
+def model_worker_argv(inter_token_latency_ms: float, ttft_ms: float = 0.0) -> tuple[str, ...]:
+    """``tests/e2e/_model_worker.py``'s command line, after the interpreter."""
+    latency = ("--inter-token-latency-ms", str(inter_token_latency_ms))
+    return (str(MODEL_WORKER), *latency, "--ttft-ms", str(ttft_ms))
+
+
+def frontend_argv(*flags: str) -> tuple[str, ...]:
+    """``python -m dynamo_trio.frontend --http-port 0 *flags``, after the interpreter."""
+    return ("-m", "dynamo_trio.frontend", "--http-port", "0", *flags)
+
+
 async def start_model_worker(
     spawn: Callable[..., Any],
     env: dict[str, str],
@@ -198,15 +209,8 @@ async def start_model_worker(
     ttft_ms: float = 0.0,
 ) -> tuple[Proc, dict[str, Any]]:
     """A model worker (``tests/e2e/_model_worker.py``), once it has registered."""
-    worker = await spawn(
-        str(MODEL_WORKER),
-        "--inter-token-latency-ms",
-        str(inter_token_latency_ms),
-        "--ttft-ms",
-        str(ttft_ms),
-        env=env,
-        name=name,
-    )
+    argv = model_worker_argv(inter_token_latency_ms, ttft_ms)
+    worker = await spawn(*argv, env=env, name=name)
     ready = await worker.wait_for("ready", within=20)
     return worker, ready
 
@@ -219,18 +223,16 @@ async def start_frontend(
     models: frozenset[str] | set[str] = MODELS,
 ) -> tuple[Proc, str]:
     """``python -m dynamo_trio.frontend --http-port 0 *flags``, once it lists ``models``."""
-    frontend = await spawn(
-        "-m",
-        "dynamo_trio.frontend",
-        "--http-port",
-        "0",
-        *flags,
-        env={**env, **(frontend_env or {})},
-        name="frontend",
-    )
+    env = {**env, **(frontend_env or {})}
+    frontend = await spawn(*frontend_argv(*flags), env=env, name="frontend")
+    return frontend, await listing(frontend, models)
+
+
+async def listing(frontend: Output, models: frozenset[str] | set[str]) -> str:
+    """The URL of a frontend process, once it lists ``models``."""
     url = await frontend_url(frontend, within=60)  # a supervisor's processes start first
     await wait_for_models(url, models, within=20)
-    return frontend, url
+    return url
 
 
 class Served:
@@ -333,14 +335,11 @@ class SharedProcesses:
         """The exit status of the process called ``name``; ``None`` while it runs."""
         return self._children[name].poll()
 
-    @staticmethod
-    async def idle(*inflight: tuple[str, str]) -> None:
-        """Wait until each ``(url, gauge)`` of requests in flight reads 0, in turn: whatever
-        an earlier test left has ended, and its counts are in."""
-        with trio.fail_after(30):  # a hang guard only
-            for url, gauge in inflight:
-                while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
-                    await trio.sleep(0.02)
+    def terminate(self, name: str) -> int:
+        """SIGTERM the process called ``name``; its exit status once it has exited."""
+        child = self._children[name]
+        child.send_signal(signal.SIGTERM)
+        return child.wait(timeout=15)  # a hang guard only
 
 
 class SharedStack:
@@ -365,8 +364,7 @@ class SharedStack:
     async def _started(self, models: frozenset[str] | set[str], reports_ready: bool) -> None:
         async with trio.open_nursery() as nursery:
             frontend, worker = self._follow(nursery, from_start=True)
-            self.url = await frontend_url(frontend, within=60)
-            await wait_for_models(self.url, models, within=20)
+            self.url = await listing(frontend, models)
             if reports_ready:
                 self.worker_status = (await worker.wait_for("ready", within=15))["status_url"]
             nursery.cancel_scope.cancel()
@@ -379,8 +377,17 @@ class SharedStack:
         inflight = [(self.url, "dynamo_frontend_inflight_requests")]
         if self.worker_status:
             inflight.append((self.worker_status, "dynamo_component_inflight_requests"))
-        await self._processes.idle(*inflight)  # the frontend's first: the worker's come from it
+        await until_idle(*inflight)  # the frontend's first: the worker's come from it
         return Served(frontend, worker, self.url, self.worker_status)
+
+
+async def until_idle(*inflight: tuple[str, str]) -> None:
+    """Wait until each ``(url, gauge)`` of requests in flight reads 0, in turn: whatever was
+    sent before has ended, and its counts are in (polled: they are other processes)."""
+    with trio.fail_after(30):  # a hang guard only
+        for url, gauge in inflight:
+            while await scrape(url, gauge) != 0:  # noqa: ASYNC110 - polls other processes
+                await trio.sleep(0.02)
 
 
 async def _read_to_end(
@@ -439,17 +446,14 @@ def shared_stack(
     (a worker other than the model worker reports no status URL).  With
     ``sigterm_frontend`` the frontend gets a SIGTERM first at the end, and must exit 0.
     """
-    latency = ("--inter-token-latency-ms", str(inter_token_latency_ms))
     programs = {
-        "model-worker": worker or (str(MODEL_WORKER), *latency),
-        "frontend": ("-m", "dynamo_trio.frontend", "--http-port", "0", *frontend_flags),
+        "model-worker": worker or model_worker_argv(inter_token_latency_ms),
+        "frontend": frontend_argv(*frontend_flags),
     }
     with shared_processes(tmp_path, programs, overrides=overrides) as processes:
         shared = SharedStack(processes)
         trio.run(shared._started, models, worker is None)
         yield shared
         if sigterm_frontend:
-            frontend = processes._children["frontend"]
-            frontend.send_signal(signal.SIGTERM)
-            code = frontend.wait(timeout=15)  # a hang guard only
+            code = processes.terminate("frontend")
             assert code == 0, shared.frontend_log.read_text(errors="replace")[-4000:]

@@ -23,7 +23,7 @@ import trio
 
 from tests._memhttp import http_client
 from tests._metrics import samples, total
-from tests._procs import SharedStack, shared_stack
+from tests._procs import SharedStack, shared_stack, until_idle
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -365,9 +365,7 @@ async def test_a_complete_media_response_closed_at_once_is_not_counted(
     assert received.startswith(b"HTTP/1.1 200"), received[:300]
     await hang_up(stream, "rst")
     assert (exit_event["how"], exit_event["state"]) == ("returned", "LIVE"), exit_event
-    with trio.fail_after(30):  # a hang guard only
-        while await running.metric("dynamo_frontend_inflight_requests") != 0:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+    await until_idle((running.url, "dynamo_frontend_inflight_requests"))
     counted = await added(running, before)
     assert counted["frontend"] == 0, counted
     assert counted["worker"] == 0, counted

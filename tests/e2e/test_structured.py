@@ -27,7 +27,7 @@ import trio
 from dynamo_trio import Context, EngineShutdown
 from dynamo_trio.discovery._file_store import FileLayout
 from dynamo_trio.runtime import DistributedRuntime
-from tests._procs import SharedProcesses, shared_processes
+from tests._procs import SharedProcesses, shared_processes, until_idle
 
 from .conftest import scrape as metric
 
@@ -42,11 +42,7 @@ pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("_structured_procs.py")
 
 
-async def settled(status_url: str) -> None:
-    """The worker has finished every request (polled: it is another process)."""
-    with trio.fail_after(30):  # a hang guard only
-        while await metric(status_url, "dynamo_component_inflight_requests") != 0:  # noqa: ASYNC110
-            await trio.sleep(0.02)
+INFLIGHT = "dynamo_component_inflight_requests"
 
 
 WORKERS = ("backend", "middle")
@@ -97,10 +93,7 @@ def env(workers: Workers) -> dict[str, str]:
 @pytest.fixture
 async def running(workers: Workers, nursery: trio.Nursery) -> Running:
     """The shared workers, once nothing an earlier test sent is in flight on them."""
-    gauge = "dynamo_component_inflight_requests"
-    await workers.processes.idle(
-        *((ready["status_url"], gauge) for ready in workers.ready.values())
-    )
+    await until_idle(*((ready["status_url"], INFLIGHT) for ready in workers.ready.values()))
     return Running(workers, workers.processes.follow(nursery))
 
 
@@ -175,7 +168,7 @@ async def test_the_seed_handler_raising_cancelled_error_ends_only_its_request(
         await assert_still_serving(running, client, other, config.discovery.file_kv)
         await other.aclose()
         await worker.wait_for("exit", id="other")
-    await settled(status)
+    await until_idle((status, INFLIGHT))
     assert (
         await metric(status, "dynamo_component_cancellation_total") == cancelled + 2
     )  # stop, close
@@ -237,7 +230,7 @@ async def test_a_callers_scope_ends_the_remote_work_at_once(
     # the stream object (the garbage collector never closes it: "stream closed") and its
     # connection lives (heartbeats flow: no "transport lost").
     assert caller.process.returncode is None  # not a dying process's doing either
-    await settled(status)
+    await until_idle((status, INFLIGHT))
     assert await metric(status, "dynamo_component_cancellation_total") == cancelled + 1
     after = await metric(status, "dynamo_component_cancelled_requests_total", reason=reason)
     assert after == for_reason + 1
@@ -265,5 +258,5 @@ async def test_a_callers_scope_reaches_the_end_of_a_chain(
     # One id end to end; the reason travels with the kill, hop by hop.
     assert (middle_exit["state"], middle_exit["reason"]) == ("KILLED", reason)
     assert (backend_exit["state"], backend_exit["reason"]) == ("KILLED", reason)
-    await settled(status)
+    await until_idle((status, INFLIGHT))
     assert await metric(status, "dynamo_component_cancellation_total") == cancelled + 1
