@@ -127,56 +127,42 @@ class ClientStream:
         queue = self._queue
         while True:
             if queue and not self._killed:
-                if not isinstance(queue[0], Item):
-                    await self._terminal(queue.popleft())
+                frame = queue.popleft()
+                if not isinstance(frame, Item):
+                    self._done = True
+                    await trio.lowlevel.checkpoint_if_cancelled()  # over: no loop can spin on it
+                    if isinstance(frame, Error):
+                        raise error_from_wire(frame.code, frame.message, frame.caused_by)
+                    self.outcome, self.end_reason = frame.outcome, frame.reason
                     return None
-                items: list[Item] = [queue.popleft()]  # type: ignore[list-item]
+                items = [frame]
                 while many and queue and isinstance(queue[0], Item):
                     items.append(queue.popleft())  # type: ignore[arg-type]
                 self._took_items(len(items))
                 if many:
                     self._nudged = False
-                await self._fair_checkpoint()
+                self._since_checkpoint += 1
+                if self._since_checkpoint >= _FAIR_EVERY:
+                    self._since_checkpoint = 0
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 return items
-            if many and self._nudged and not self._killed and not self._done and self._lost is None:
+            if self._killed or self._done:
+                self._done = True
+                await trio.lowlevel.checkpoint()
+                return None
+            if self._lost is not None:
+                self._done = True
+                await trio.lowlevel.checkpoint()
+                raise Disconnected(f"stream ended before generation completed: {self._lost}")
+            if many and self._nudged:
                 self._nudged = False
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return []
-            if await self._ended_or_wait():
-                return None
-
-    async def _terminal(self, frame: Item | End | Error) -> None:
-        self._done = True
-        await trio.lowlevel.checkpoint_if_cancelled()  # over: no loop can spin on it
-        if isinstance(frame, End):
-            self.outcome = frame.outcome
-            self.end_reason = frame.reason
-            return
-        assert isinstance(frame, Error)
-        raise error_from_wire(frame.code, frame.message, frame.caused_by)
-
-    async def _ended_or_wait(self) -> bool:
-        """``True`` if the stream is over, raise if lost, else wait for a frame: ``False``."""
-        if self._killed or self._done:
-            self._done = True
-            await trio.lowlevel.checkpoint()
-            return True
-        if self._lost is not None:
-            self._done = True
-            await trio.lowlevel.checkpoint()
-            raise Disconnected(f"stream ended before generation completed: {self._lost}")
-        self._wakeup = wakeup = trio.Event()
-        await wakeup.wait()
-        self._since_checkpoint = 0
-        return False
-
-    async def _fair_checkpoint(self) -> None:
-        self._since_checkpoint += 1
-        if self._since_checkpoint >= _FAIR_EVERY:
+            self._wakeup = wakeup = trio.Event()
+            await wakeup.wait()
             self._since_checkpoint = 0
-            await trio.lowlevel.checkpoint()
-        else:
-            await trio.lowlevel.checkpoint_if_cancelled()
 
     def _took_items(self, count: int) -> None:
         self._consumed += count
