@@ -538,22 +538,17 @@ class ProtocolConnection:
         self._last_sid = raw.sid
         try:
             frame = validate_request(raw)
-        except InvalidArgument as exc:
-            self._refuse(raw.sid, exc)
-            return None
-        if self.state is _S.DRAINING:
-            self._refuse(frame.sid, EngineShutdown("the worker is shutting down"))
-            return None
-        if len(self._streams) >= self._max_streams:
-            why = f"too many concurrent streams on this connection (limit {self._max_streams})"
-            self._refuse(frame.sid, ResourceExhausted(why))
+            if self.state is _S.DRAINING:
+                raise EngineShutdown("the worker is shutting down")
+            if len(self._streams) >= self._max_streams:
+                why = f"too many concurrent streams on this connection (limit {self._max_streams})"
+                raise ResourceExhausted(why)
+        except DynamoError as refusal:
+            self.refused_streams += 1
+            self._encode(Error(raw.sid, refusal.error_type, refusal.message))
             return None
         self._streams[frame.sid] = _StreamState(frame.window, frame.window)
         return frame
-
-    def _refuse(self, sid: int, error: DynamoError) -> None:
-        self.refused_streams += 1
-        self._encode(Error(sid, error.error_type, error.message))
 
     def _on_stream_control(self, frame: Control | Credit) -> Control | Credit | None:
         if frame.sid > self._last_sid or frame.sid <= 0:
