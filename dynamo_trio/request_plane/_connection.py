@@ -224,11 +224,9 @@ class FrameConnection:
                 log.debug("connection %s: the peer closed it (%s)", self.name, message)
                 self._declare_closed(f"the peer closed the connection ({message})")
                 return
+            self.retire_if_drained()
             if self.close_reason is not None:
-                return  # on_frames closed it
-            if protocol.goaway and not protocol.open_streams:
-                self.shutdown(_DRAINED[protocol.role])
-                return
+                return  # on_frames closed it, or it is drained
             if protocol.outbox_size:
                 self._wake_writer()
 
