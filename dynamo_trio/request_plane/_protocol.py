@@ -108,15 +108,10 @@ _HANDSHAKE: Final = (Hello, Challenge, Auth, Welcome)
 _SERVER_ONLY: Final = (Challenge, Welcome, GoAway, Item, End, Error)
 _CLIENT_ONLY: Final = (Hello, Auth, RawRequest, Control, Credit)
 
-SERVER_STATES: Final = (
-    _S.AWAIT_HELLO,
-    _S.AWAIT_AUTH,
-    _S.AUTHENTICATING,
-    _S.OPEN,
-    _S.DRAINING,
-    _S.CLOSED,
-)
-CLIENT_STATES: Final = (_S.AWAIT_CHALLENGE, _S.AWAIT_WELCOME, _S.OPEN, _S.DRAINING, _S.CLOSED)
+# Each role's handshake states, then the ones both share (the tables' column order).
+_SHARED_STATES: Final = (_S.OPEN, _S.DRAINING, _S.CLOSED)
+SERVER_STATES: Final = (_S.AWAIT_HELLO, _S.AWAIT_AUTH, _S.AUTHENTICATING, *_SHARED_STATES)
+CLIENT_STATES: Final = (_S.AWAIT_CHALLENGE, _S.AWAIT_WELCOME, *_SHARED_STATES)
 
 
 def _table(
@@ -522,9 +517,8 @@ class ProtocolConnection:
 
     def _on_welcome(self, frame: Welcome) -> Welcome:
         self._check_version(frame.version)
-        token = self._token
-        if token is not None:
-            expected = server_proof(token, self._peer_nonce, self._nonce)
+        if self._token is not None:
+            expected = server_proof(self._token, self._peer_nonce, self._nonce)
             if frame.proof is None or not hmac.compare_digest(frame.proof, expected):
                 why = "the worker did not prove it knows the request-plane token"
                 self._fail("unauthenticated", why)
