@@ -232,9 +232,7 @@ class ClientConnection:
     @property
     def usable(self) -> bool:
         """Open, and the worker still takes new streams (no ``goaway``)."""
-        return (
-            not self._connection.closed and self._connection.protocol.state is ConnectionState.OPEN
-        )
+        return not self.closed and self._connection.protocol.state is ConnectionState.OPEN
 
     @property
     def open_streams(self) -> int:

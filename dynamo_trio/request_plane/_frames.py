@@ -183,8 +183,7 @@ class FrameDecoder:
         try:
             while True:
                 position = self._position
-                available = len(buffer) - position
-                if available < _HEADER.size:
+                if len(buffer) - position < _HEADER.size:
                     break
                 (size,) = _HEADER.unpack_from(buffer, position)
                 if size > self.max_frame_size:

@@ -50,9 +50,7 @@ class AuthTurns:
         return sum(len(waiting) for waiting in self._sources.values())
 
     def _head(self) -> _Waiter | None:
-        for waiting in self._sources.values():
-            return waiting[0]
-        return None
+        return next((waiting[0] for waiting in self._sources.values()), None)
 
     def _leave(self, waiter: _Waiter) -> None:
         waiting = self._sources.get(waiter.key)
