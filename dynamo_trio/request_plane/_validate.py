@@ -35,14 +35,12 @@ def validate_request(raw: RawRequest) -> Request:
         if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
             raise _invalid("timeout", "absent, or a finite number of seconds >= 0", timeout)
         timeout = float(timeout)
-    headers = raw.headers
-    if headers is not None:
-        _check_headers(headers)
-    problem = json_problem(raw.payload)
-    if problem is not None:
+    if raw.headers is not None:
+        _check_headers(raw.headers)
+    if (problem := json_problem(raw.payload)) is not None:
         raise InvalidArgument(f"invalid request frame: `payload` {problem}")
     return Request(
-        raw.sid, endpoint, instance_id, request_id, raw.payload, window, timeout, headers
+        raw.sid, endpoint, instance_id, request_id, raw.payload, window, timeout, raw.headers
     )
 
 
