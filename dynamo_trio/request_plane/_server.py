@@ -146,8 +146,7 @@ class ServerStream:
     ) -> None:
         """Send one item, waiting for a credit if none is left (Disconnected, InvalidArgument)."""
         connection = self._connection
-        protocol = connection.protocol
-        while protocol.credits(self.sid) <= 0:
+        while connection.protocol.credits(self.sid) <= 0:
             if connection.closed:
                 raise Disconnected(f"connection to {connection.name} lost")
             self._credit_wakeup = wakeup = trio.Event()
@@ -158,14 +157,14 @@ class ServerStream:
             raise Disconnected(f"connection to {connection.name} lost")
         self._since_checkpoint += 1
         if (
-            self._since_checkpoint >= _YIELD_EVERY
-            or time.perf_counter() - self._slice_started >= _YIELD_AFTER
+            self._since_checkpoint < _YIELD_EVERY
+            and time.perf_counter() - self._slice_started < _YIELD_AFTER
         ):
-            await trio.lowlevel.checkpoint()
-            self._since_checkpoint = 0
-            self._slice_started = time.perf_counter()
-        else:
             await trio.lowlevel.checkpoint_if_cancelled()
+            return
+        await trio.lowlevel.checkpoint()
+        self._since_checkpoint = 0
+        self._slice_started = time.perf_counter()
 
     def end(self, outcome: Outcome, reason: CancelReason | None = None) -> None:
         """Finish the stream with an ``end`` frame (no-op if the connection is gone)."""
