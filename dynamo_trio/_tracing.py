@@ -92,15 +92,6 @@ def _random_hex(bits: int) -> str:
     return f"{value:0{bits // 4}x}"
 
 
-def _clean_tracestate(value: str | None) -> str | None:
-    if value is None:
-        return None
-    value = value.strip(_OWS)
-    if not value or len(value) > MAX_TRACESTATE_LENGTH or not _TRACESTATE_RE.fullmatch(value):
-        return None
-    return value
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class TraceContext:
@@ -137,13 +128,12 @@ class TraceContext:
         parent = parse_traceparent(traceparent)
         if parent is None:
             return cls.new(x_request_id=x_request_id)
+        state = (tracestate or "").strip(_OWS)
+        if len(state) > MAX_TRACESTATE_LENGTH or not _TRACESTATE_RE.fullmatch(state):
+            state = ""
+        span = new_span_id()
         return cls(
-            parent.trace_id,
-            new_span_id(),
-            parent.parent_id,
-            parent.flags,
-            _clean_tracestate(tracestate),
-            x_request_id,
+            parent.trace_id, span, parent.parent_id, parent.flags, state or None, x_request_id
         )
 
     @property
