@@ -473,20 +473,16 @@ def _build(kind: type[Any], raw: Mapping[str, str]) -> Any:
     for item in dataclasses.fields(kind):
         if "env" not in item.metadata:  # a section
             values[item.name] = _build(cast("type[Any]", item.default_factory), raw)
-        elif item.metadata["env"] in raw:
-            values[item.name] = _declared(item, "").read(raw[item.metadata["env"]])
+        elif (env := item.metadata["env"]) in raw:
+            values[item.name] = Setting(name=item.name, **item.metadata).read(raw[env])
     return kind(**values)
-
-
-def _declared(item: dataclasses.Field[Any], prefix: str) -> Setting:
-    return Setting(name=prefix + item.name, **item.metadata)
 
 
 def settings(kind: type[Any] = Config, prefix: str = "") -> Iterator[Setting]:
     """Every setting, in declaration order (sections first)."""
     for item in dataclasses.fields(kind):
         if "env" in item.metadata:
-            yield _declared(item, prefix)
+            yield Setting(name=prefix + item.name, **item.metadata)
         else:
             yield from settings(cast("type[Any]", item.default_factory), f"{item.name}.")
 
