@@ -297,10 +297,13 @@ class Context:
 
     def _tighten_deadlines(self, deadline: float) -> list[Context]:
         changed = []
-        for ctx in self._subtree():
+        stack = [self]
+        while stack:
+            ctx = stack.pop()
             if ctx._deadline is None or deadline < ctx._deadline:
                 ctx._deadline = deadline
                 changed.append(ctx)
+            stack.extend(ctx._children)
         return changed
 
     def _check_deadline(self) -> None:
@@ -415,13 +418,6 @@ class Context:
                 self._parent = None
         _dispatch_effects(changed)
 
-    def _subtree(self) -> Iterator[Context]:
-        stack = [self]
-        while stack:
-            ctx = stack.pop()
-            yield ctx
-            stack.extend(ctx._children)
-
     def add_cancel_callback(self, callback: CancelCallback) -> None:
         """Call ``callback(context, state, reason)`` in the trio thread on each later transition
         (quick and non-blocking; an exception is logged)."""
@@ -452,10 +448,10 @@ class Context:
     def _learn_run(self, token: trio.lowlevel.TrioToken) -> bool:
         """Make the run of ``token`` this context's owner, unless another live run owns it."""
         owner = self._token
-        if owner is token:
-            return True
-        if owner is not None and _run_is_alive(owner):
-            return False
+        if owner is not None and owner is not token:
+            with suppress(trio.RunFinishedError):  # only a finished run refuses new work
+                owner.run_sync_soon(lambda: None)
+                return False
         self._token = token
         return True
 
@@ -785,14 +781,6 @@ def _run_in(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *a
         return
     with suppress(trio.RunFinishedError):
         token.run_sync_soon(fn, *args)
-
-
-def _run_is_alive(token: trio.lowlevel.TrioToken) -> bool:
-    try:
-        token.run_sync_soon(lambda: None)
-    except trio.RunFinishedError:
-        return False
-    return True
 
 
 def _deadlines_changed(changed: list[Context]) -> None:
