@@ -412,10 +412,8 @@ class Context:
             for child in tuple(self._children):
                 changed += child._mark(ContextState.KILLED, CancelReason.PARENT_FINISHED)
             self._finished = True
-            parent = self._parent
-            if parent is not None:
-                del parent._children[self]
-                self._parent = None
+            if self._parent is not None:
+                self._parent.unlink_child(self)
         _dispatch_effects(changed)
 
     def add_cancel_callback(self, callback: CancelCallback) -> None:
@@ -845,14 +843,9 @@ def reason_for_cancelled(cancelled: trio.Cancelled) -> CancelReason:
 
 def find_cancelled(exc: BaseException | None) -> trio.Cancelled | None:
     """The first :class:`trio.Cancelled` in ``exc`` (which may be an exception group)."""
-    if isinstance(exc, trio.Cancelled):
-        return exc
     if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = find_cancelled(inner)
-            if found is not None:
-                return found
-    return None
+        return next(filter(None, map(find_cancelled, exc.exceptions)), None)
+    return exc if isinstance(exc, trio.Cancelled) else None
 
 
 def _is_failure(exc: BaseException) -> bool:
