@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, Literal, cast, final, get_args
@@ -165,13 +166,7 @@ def _setting(
         flag = "--" + env.removeprefix("DYN_").lower().replace("_", "-")
     if isinstance(parse, _Choice):
         doc += f": {', '.join(parse.allowed)}"
-    spec = {
-        "env": env,
-        "flag": flag,
-        "parse": parse,
-        "doc": doc,
-        "default": shown or _shown(default),
-    }
+    spec = dict(env=env, flag=flag, parse=parse, doc=doc, default=shown or _shown(default))
     if isinstance(default, FunctionType):
         return field(default_factory=default, metadata=spec)
     return field(default=default, metadata=spec)
@@ -492,21 +487,19 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     leave the environment's value (read them with :func:`config_from_args`)."""
     if parser.usage is None:  # too many flags for a usage line
         parser.usage = "%(prog)s [options]"
-    groups: dict[str, Any] = {}
-    for setting in settings():
-        if setting.flag is None:
-            continue
-        section = setting.name.rpartition(".")[0] or "process"
-        if section not in groups:
-            groups[section] = parser.add_argument_group(f"{section} settings")
-        groups[section].add_argument(
-            setting.flag,
-            dest=setting.env,
-            type=setting.check_flag,
-            default=argparse.SUPPRESS,
-            metavar="VALUE",
-            help=f"{setting.doc} ({setting.env}; default {setting.default})".replace("%", "%%"),
-        )
+    for section, group in groupby(settings(), lambda s: s.name.rpartition(".")[0] or "process"):
+        arguments = parser.add_argument_group(f"{section} settings")
+        for setting in group:
+            if setting.flag is None:
+                continue
+            arguments.add_argument(
+                setting.flag,
+                dest=setting.env,
+                type=setting.check_flag,
+                default=argparse.SUPPRESS,
+                metavar="VALUE",
+                help=f"{setting.doc} ({setting.env}; default {setting.default})".replace("%", "%%"),
+            )
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
