@@ -244,9 +244,7 @@ def read_request_headers(headers: Mapping[str, str]) -> tuple[TraceContext, dict
     """A worker's own span of the caller's trace (or a new trace), and the caller's metadata;
     unknown header names are ignored (a newer caller may send more)."""
     trace = TraceContext.continued(
-        headers.get(TRACEPARENT),
-        headers.get(TRACESTATE),
-        x_request_id=headers.get(X_REQUEST_ID),
+        headers.get(TRACEPARENT), headers.get(TRACESTATE), x_request_id=headers.get(X_REQUEST_ID)
     )
     prefix = METADATA_PREFIX
     metadata = {name[len(prefix) :]: v for name, v in headers.items() if name.startswith(prefix)}
