@@ -284,9 +284,7 @@ class Context:
 
     def time_remaining(self) -> float | None:
         """Seconds until the deadline (never negative), or ``None`` without a deadline."""
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - time.monotonic())
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def set_deadline(self, deadline: float) -> None:
         """Give the context a deadline in ``time.monotonic()`` seconds (only ever earlier);
