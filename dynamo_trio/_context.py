@@ -223,11 +223,7 @@ class Context:
 
     def trace_headers(self) -> dict[str, str] | None:
         """W3C trace headers (and ``request-id``) for a downstream engine; None without a trace."""
-        if self._trace is None:
-            return None
-        headers = self._trace.headers()
-        headers[REQUEST_ID] = self._id
-        return headers
+        return None if self._trace is None else {**self._trace.headers(), REQUEST_ID: self._id}
 
     def detached(self, id: str) -> Context:
         """A new, independent context with request id ``id``: same trace, a copy of the
