@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from ._base import Discovery, DiscoveryError
 from ._file import FileDiscovery
 from ._memory import MemoryDiscovery, MemoryStore, default_memory_store
-from ._open import make_discovery, open_discovery
 from ._records import (
     TENSOR_DATA_TYPES,
     Instance,
@@ -30,6 +29,9 @@ from ._view import PrefixView, view_prefix
 from ._watch import Watch, WatchEvent
 
 if _TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from .._config import DiscoveryConfig
     from ._etcd import EtcdDiscovery
 
 
@@ -41,6 +43,32 @@ def __getattr__(name: str) -> object:
 
         return EtcdDiscovery
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_discovery(
+    config: "DiscoveryConfig", *, memory_store: MemoryStore | None = None
+) -> Discovery:
+    """Build (not start) the backend named by ``config.backend`` (``mem`` uses ``memory_store``)."""
+    match config.backend:
+        case "mem":
+            return MemoryDiscovery(
+                memory_store, lease_ttl=config.lease_ttl, max_record_size=config.max_record_size
+            )
+        case "file":
+            return FileDiscovery(config)
+        case "etcd":
+            from ._etcd import EtcdDiscovery
+
+            return EtcdDiscovery(config)
+        case other:
+            raise ValueError(f"unknown discovery backend {other!r} (mem, file or etcd)")
+
+
+def open_discovery(
+    config: "DiscoveryConfig", *, memory_store: MemoryStore | None = None
+) -> "AbstractAsyncContextManager[Discovery]":
+    """Hold a lease in the backend named by ``config.backend`` while the context lasts."""
+    return make_discovery(config, memory_store=memory_store)
 
 
 __all__ = [
