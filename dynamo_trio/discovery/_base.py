@@ -8,7 +8,7 @@ import logging
 import secrets
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, final
 
 import trio
 
@@ -25,12 +25,45 @@ if TYPE_CHECKING:
 CLOSE_TIMEOUT: Final = 5.0
 """Seconds a backend may spend revoking its lease on exit before giving up."""
 
+NAMED_PER_BATCH: Final = 10
+"""Bad records named individually per batch; the rest are counted."""
+
 logger = logging.getLogger("dynamo_trio.discovery")
 
 
 class DiscoveryError(CannotServe):
     """The backend is unreachable, refused the request, or is closed (corrupt data read is
     logged and skipped, never raised)."""
+
+
+@final
+class BadRecordReport:
+    """Names up to :data:`NAMED_PER_BATCH` bad records per batch (a scan, a burst of watch
+    events), then counts ``what``: each is reported once per version by readers that cache."""
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._logger = logger
+        self._what = what
+        self._named = 0
+        self._more = 0
+
+    def bad(self, where: str, reason: str) -> None:
+        """Report one bad record: ``where`` it is and why it was skipped."""
+        if self._named < NAMED_PER_BATCH:
+            self._named += 1
+            self._logger.warning("discovery: skipping %s: %s", where, reason)
+        else:
+            self._more += 1
+
+    def end_batch(self) -> None:
+        """Log the summary of the records not named, and start a new batch."""
+        if self._more:
+            self._logger.warning(
+                "discovery: skipping %d more %s (each is reported once, until it changes)",
+                self._more,
+                self._what,
+            )
+        self._named = self._more = 0
 
 
 def check_key(key: str) -> str:

@@ -21,8 +21,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from ._base import check_key
-from ._report import BadRecordReport
+from ._base import BadRecordReport, check_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, final
 
 import trio
 
-from ._base import DiscoveryError
-from ._report import BadRecordReport
+from ._base import BadRecordReport, DiscoveryError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
