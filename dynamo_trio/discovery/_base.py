@@ -273,9 +273,8 @@ class Discovery(abc.ABC):
     async def __aenter__(self) -> Self:
         if self._lifetime_cm is not None or self._closed:
             raise RuntimeError(f"a {type(self).__name__} can be entered only once")
-        lifetime = self._lifetime()
-        self._lifetime_cm = lifetime
-        await lifetime.__aenter__()
+        self._lifetime_cm = self._lifetime()
+        await self._lifetime_cm.__aenter__()
         self._started = True
         return self
 
@@ -285,7 +284,6 @@ class Discovery(abc.ABC):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        lifetime = self._lifetime_cm
-        if lifetime is None:
+        if self._lifetime_cm is None:
             raise RuntimeError(f"{type(self).__name__} was not entered")
-        return await lifetime.__aexit__(exc_type, exc_value, traceback)
+        return await self._lifetime_cm.__aexit__(exc_type, exc_value, traceback)
