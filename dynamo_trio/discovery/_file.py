@@ -59,8 +59,7 @@ class FileDiscovery(Discovery):
     def _write(self, key: str, value: bytes, owned: dict[str, bytes]) -> dict[str, Signature]:
         """Refresh the lease, then write ``key`` (never under a lease readers may judge stale);
         the signatures written (every owned key's if the lease had been lost)."""
-        recovered = self._refresh_lease(owned)
-        if recovered is not None:
+        if (recovered := self._refresh_lease(owned)) is not None:
             return recovered
         return {key: self._layout.write_entry(key, value, self._lease_id)}
 
@@ -226,13 +225,9 @@ class FileDiscovery(Discovery):
     async def _revoke_lease(self) -> None:
         self._written.clear()
         try:
-            await trio.to_thread.run_sync(self._revoke, list(self._owned))
+            await trio.to_thread.run_sync(self._layout.revoke, self._lease_id, list(self._owned))
         except OSError as exc:
             logger.warning("discovery: cannot revoke lease %016x: %s", self._lease_id, exc)
-
-    def _revoke(self, keys: list[str]) -> None:
-        self._layout.remove_lease(self._lease_id)
-        self._layout.remove_entries_of(keys, self._lease_id)
 
 
 def _under(entries: dict[str, bytes], prefix: str) -> dict[str, bytes]:

@@ -320,8 +320,9 @@ class FileLayout:
         others = {lease for _, lease in found.values() if lease != lease_id}
         return found, signatures, {lease for lease in others if lease_alive(lease)}
 
-    def remove_entries_of(self, keys: list[str], lease_id: int) -> None:
-        """Delete those of ``keys`` still attached to ``lease_id`` (after the lease is gone)."""
+    def revoke(self, lease_id: int, keys: list[str]) -> None:
+        """Delete the heartbeat, then those of ``keys`` still attached to ``lease_id``."""
+        self.remove_lease(lease_id)
         for key in keys:
             stored = self.read_entry(key)
             if stored is not None and stored[1].lease == lease_id:
