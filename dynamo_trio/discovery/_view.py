@@ -77,8 +77,8 @@ class PrefixView(Generic[T]):
         for event in events:
             if event.kind == "put" and event.value is not None:
                 changed |= self._store(event.key, event.value)
-            else:
-                changed |= self._forget(event.key)
+            elif self._raw.pop(event.key, None) is not None:
+                changed |= self._records.pop(event.key, None) is not None
         self._report.end_batch()
         if changed:
             self._bump()
@@ -94,9 +94,6 @@ class PrefixView(Generic[T]):
             return self._records.pop(key, None) is not None
         self._records[key] = record
         return True
-
-    def _forget(self, key: str) -> bool:
-        return self._raw.pop(key, None) is not None and self._records.pop(key, None) is not None
 
     def _bump(self) -> None:
         self._version += 1
