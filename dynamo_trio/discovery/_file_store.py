@@ -367,11 +367,8 @@ class Scanner:
 
     def scan(self) -> dict[str, bytes]:
         """Every live key: the same (read-only) object until something changes."""
-        changed = False
         now = time.monotonic()
-        if self._listing_is_stale(now):
-            changed |= self._list_entries()
-            self._listed_when = now
+        changed = self._listing_is_stale(now) and self._list_entries(now)
         alive = self._live_leases(now)
         if changed or alive != self._alive:
             self._alive = alive
@@ -398,24 +395,24 @@ class Scanner:
             return True
         return (st.st_ino, st.st_mtime_ns) != self._listed_at
 
-    def _list_entries(self) -> bool:
-        """List ``kv/`` and refresh the verdicts; whether any entry changed."""
+    def _list_entries(self, now: float) -> bool:
+        """List ``kv/`` (at monotonic ``now``) and refresh the verdicts; whether any changed."""
         kv_dir = self._layout.kv_dir
         before_ns = time.time_ns()
-        try:
+        directory: tuple[int, int] | None = None
+        with contextlib.suppress(OSError):
             st = os.lstat(kv_dir)
-            directory = (st.st_ino, st.st_mtime_ns)
-            trusted = st.st_mtime_ns < before_ns - _MTIME_TRUSTED_AFTER_NS
-        except OSError:
-            directory, trusted = None, False
+            if st.st_mtime_ns < before_ns - _MTIME_TRUSTED_AFTER_NS:
+                directory = (st.st_ino, st.st_mtime_ns)
         listing = self._scandir(kv_dir)
-        self._listed_at = directory if trusted else None
-        now = time.time()
+        self._listed_at = directory
+        self._listed_when = now
+        wall = time.time()
         old = self._entries
         new: dict[str, _Verdict] = {}
         for dirent in listing:
             if dirent.name.startswith("."):
-                _remove_if_abandoned(dirent, now)
+                _remove_if_abandoned(dirent, wall)
             elif (verdict := self._judge(dirent, old.get(dirent.name))) is not None:  # not vanished
                 new[dirent.name] = verdict
         self._entries = new
