@@ -164,8 +164,7 @@ class EtcdGateway:
     async def range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
         """Every key under ``prefix`` (non-UTF-8 ones logged and skipped) and its revision."""
         key, range_end = prefix_range(prefix)
-        request = {"key": key, "range_end": range_end}
-        response = await self._call("/v3/kv/range", request)
+        response = await self._call("/v3/kv/range", {"key": key, "range_end": range_end})
         if response.more:  # only with a limit, which is never set; be loud if it happens
             raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
         kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
@@ -196,16 +195,14 @@ class EtcdGateway:
 
     async def grant(self, ttl: int, lease_id: int = 0) -> tuple[int, int]:
         """Create a lease (``lease_id`` 0: etcd picks); ``(id, ttl)``, etcd may raise the ttl."""
-        request = {"TTL": str(ttl), "ID": str(lease_id)}
-        response = await self._call("/v3/lease/grant", request)
+        response = await self._call("/v3/lease/grant", {"TTL": str(ttl), "ID": str(lease_id)})
         if response.error or response.ID <= 0 or response.TTL <= 0:
             raise EtcdError(f"etcd refused the lease: {response.error or response}", 0)
         return response.ID, response.TTL
 
     async def keepalive(self, lease_id: int) -> int:
         """Refresh a lease once; returns its remaining TTL (0 or less: the lease is gone)."""
-        request = {"ID": str(lease_id)}
-        response = await self._call("/v3/lease/keepalive", request)
+        response = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
         return response.result.TTL if response.result else 0
 
     async def revoke(self, lease_id: int) -> None:
@@ -219,10 +216,9 @@ class EtcdGateway:
         """Yield ``(endpoint, lines)`` of a watch of ``prefix``; leaving closes the connection."""
         key, range_end = prefix_range(prefix)
         create = {"key": key, "range_end": range_end, "start_revision": str(start_revision)}
-        body = {"create_request": create}
         http_timeout = httpx.Timeout(self._timeout, read=None)
         endpoint, response = await self._send(
-            "/v3/watch", body, http_timeout=http_timeout, stream=True
+            "/v3/watch", {"create_request": create}, http_timeout=http_timeout, stream=True
         )
         # aiter_lines() is an async generator (typed as a plain iterator):
         # close it here, not whenever the garbage collector gets to it.
