@@ -21,6 +21,7 @@ import trustme
 
 from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
+from dynamo_trio.discovery._etcd import WatchPump
 from dynamo_trio.discovery._etcd_gateway import (
     EtcdError,
     EtcdGateway,
@@ -28,7 +29,6 @@ from dynamo_trio.discovery._etcd_gateway import (
     _message,
     prefix_range,
 )
-from dynamo_trio.discovery._etcd_watch import WatchPump
 from tests._memhttp import TLS
 
 from ._etcd_server import EtcdServer, free_port
@@ -445,7 +445,7 @@ def test_prefix_range() -> None:
 async def test_a_consumer_far_behind_gets_coalesced_changes(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("dynamo_trio.discovery._etcd_watch._MAX_PENDING", 3)
+    monkeypatch.setattr("dynamo_trio.discovery._etcd._MAX_PENDING", 3)
     lines = [b'{"result": {"created": true, "header": {"revision": "10"}}}']
     for i in range(10):
         kv = {"key": b64(f"p/{i}"), "value": b64("v"), "mod_revision": str(11 + i)}
