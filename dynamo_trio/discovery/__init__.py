@@ -25,8 +25,7 @@ from ._records import (
     instance_prefix,
     model_prefix,
 )
-from ._view import PrefixView, view_prefix
-from ._watch import Watch, WatchEvent
+from ._watch import PrefixView, Watch, WatchEvent, view_prefix
 
 if _TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
