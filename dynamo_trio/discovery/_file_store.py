@@ -432,17 +432,15 @@ class Scanner:
             return cached
         try:
             signature, data = read_regular_file(dirent.path, self._layout.max_record_size, st)
+            return (signature, parse_entry(data, dirent.name))
         except FileNotFoundError:
             return None
         except Unreadable as exc:
-            self._reporter.bad(dirent.path, str(exc))
-            return (signature, None)
-        try:
-            entry = parse_entry(data, dirent.name)
-        except ValueError as exc:
-            self._reporter.bad(dirent.path, f"not a discovery entry ({exc})")
-            return (signature, None)
-        return (signature, entry)
+            reason = str(exc)
+        except ValueError as exc:  # from parse_entry
+            reason = f"not a discovery entry ({exc})"
+        self._reporter.bad(dirent.path, reason)
+        return (signature, None)
 
     def _collect(self, alive: frozenset[int]) -> dict[str, bytes]:
         """The live state, collecting entries of dead leases (rules 3 and 4)."""
