@@ -14,11 +14,16 @@ from ._embeddings import (
     parse_embedding_request,
 )
 from ._errors import (
+    CONTEXT_LENGTH_EXCEEDED,
     MAX_ERROR_MESSAGE,
+    ContextLengthExceeded,
     RequestError,
+    TokenLimits,
     anthropic_error_body,
     anthropic_error_type,
     bounded_message,
+    check_output_tokens,
+    context_length_error,
     openai_error_body,
     openai_error_type,
     reason_phrase,
@@ -27,13 +32,6 @@ from ._errors import (
 from ._generation import Generation
 from ._images import ImageRequest, image_response, parse_image_edit_request, parse_image_request
 from ._json import INTEGER_RANGE, decode_json_body
-from ._limits import (
-    CONTEXT_LENGTH_EXCEEDED,
-    ContextLengthExceeded,
-    TokenLimits,
-    check_output_tokens,
-    context_length_error,
-)
 from ._media import BinaryBody
 from ._openai import (
     ChatCompletionStream,
@@ -59,6 +57,7 @@ from ._protocol import (
     FinishReason,
     GenerateOutput,
     GenerateRequest,
+    SamplingParams,
     Usage,
     parse_embed_output,
     parse_generate_output,
@@ -72,7 +71,6 @@ from ._responses import (
     response_object,
     responses_usage,
 )
-from ._sampling import SamplingParams
 from ._speech import AUDIO_TYPES, SpeechRequest, SpeechStream, parse_speech_request, speech_body
 from ._sse import DONE, encode_comment, encode_error_event, encode_event, keepalive_comment
 from ._stops import StopMatcher

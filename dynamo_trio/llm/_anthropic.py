@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
-from ._errors import anthropic_error_body
+from ._errors import TokenLimits, anthropic_error_body, check_output_tokens
 from ._generation import EventStream, Generation
-from ._limits import check_output_tokens
-from ._sampling import SamplingParams
+from ._protocol import EngineMessage, GenerateRequest, SamplingParams
 from ._validate import (
     expect_object,
     model_name,
@@ -22,10 +21,6 @@ from ._validate import (
     stop_sequences,
     text_content,
 )
-
-if TYPE_CHECKING:
-    from ._limits import TokenLimits
-    from ._protocol import EngineMessage, GenerateRequest
 
 _ROLES: Final = ("user", "assistant")
 _BLOCK_TYPES: Final = frozenset({"text"})

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
-from ._errors import openai_error_body
+from ._errors import TokenLimits, check_output_tokens, openai_error_body
 from ._generation import EventStream, Generation, plain_text
-from ._limits import check_output_tokens
-from ._sampling import SamplingParams
+from ._protocol import EngineMessage, FinishReason, GenerateRequest, SamplingParams, Usage
 from ._sse import encode_event
 from ._validate import (
     JsonObject,
@@ -33,9 +32,6 @@ from ._validate import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-    from ._limits import TokenLimits
-    from ._protocol import EngineMessage, FinishReason, GenerateRequest, Usage
 
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})

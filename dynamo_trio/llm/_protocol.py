@@ -1,12 +1,18 @@
-"""The engine protocol: what a worker is sent and what it streams back (docs/llm.md)."""
+"""The engine protocol: what a worker is sent and what it streams back, and the sampling
+options every text API maps onto (docs/llm.md).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired, TypedDict, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Literal, NotRequired, TypedDict, TypeVar
 
 import msgspec
 
 from .._errors import DynamoError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 """Why a generation ended, as the engine reports it (docs/llm.md)."""
@@ -54,6 +60,49 @@ class GenerateRequest(TypedDict):
     ignore_eos: NotRequired[bool]
     """Keep generating past end of sequence (benchmarks)."""
     continuation: NotRequired[Continuation | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """How to generate, as parsed from any text API; ``None`` means the engine's default."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def chat_request(
+        self, model: str, messages: Sequence[EngineMessage], *, system: str | None = None
+    ) -> GenerateRequest:
+        """The engine request for a conversation; ``system`` becomes a leading system message."""
+        request = self._request(model, "chat")
+        leading: list[EngineMessage] = [{"role": "system", "content": system}] if system else []
+        request["messages"] = [*leading, *messages]  # the parsers' own fresh dicts
+        return request
+
+    def completion_request(self, model: str, prompt: str) -> GenerateRequest:
+        """The engine request to continue ``prompt``."""
+        request = self._request(model, "completion")
+        request["prompt"] = prompt
+        return request
+
+    def _request(self, model: str, request_type: Literal["chat", "completion"]) -> GenerateRequest:
+        return {
+            "model": model,
+            "request_type": request_type,
+            "max_tokens": self.max_tokens,
+            "min_tokens": self.min_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": list(self.stop),
+            "ignore_eos": self.ignore_eos,
+        }
 
 
 class Usage(TypedDict):

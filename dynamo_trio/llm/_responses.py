@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
+from ._errors import TokenLimits, check_output_tokens
 from ._generation import EventStream, Generation
-from ._limits import check_output_tokens
-from ._sampling import SamplingParams
+from ._protocol import EngineMessage, GenerateRequest, SamplingParams, Usage
 from ._validate import (
     JsonObject,
     expect_list,
@@ -27,10 +27,6 @@ from ._validate import (
     too_long,
     unsupported,
 )
-
-if TYPE_CHECKING:
-    from ._limits import TokenLimits
-    from ._protocol import EngineMessage, GenerateRequest, Usage
 
 _ROLES: Final = ("user", "assistant", "system", "developer")
 _PART_TYPES: Final = frozenset({"input_text", "output_text"})
