@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from ._errors import TokenLimits, check_output_tokens
 from ._generation import EventStream, Generation
@@ -35,6 +35,10 @@ _MAX_METADATA_KEY_LENGTH: Final = 64
 _MAX_METADATA_VALUE_LENGTH: Final = 512
 
 ResponseStatus = Literal["completed", "incomplete", "cancelled", "failed", "in_progress"]
+_FINISHED_STATUS: Final[dict[str, ResponseStatus]] = {
+    "length": "incomplete",
+    "cancelled": "cancelled",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,83 +151,6 @@ def responses_usage(usage: Usage) -> dict[str, object]:
     }
 
 
-def _finished(
-    request: ResponsesRequest, request_id: str, created_at: int, generation: Generation
-) -> tuple[dict[str, object], dict[str, object]]:
-    """A finished generation's message item, and the response that holds it."""
-    reason = generation.finish_reason
-    status: ResponseStatus = "completed"
-    details: dict[str, object] | None = None
-    if reason == "length":
-        status, details = "incomplete", {"reason": "max_output_tokens"}
-    elif reason == "cancelled":
-        status = "cancelled"
-    item_status = "completed" if status == "completed" else "incomplete"
-    item = _message_item(f"msg_{request_id}", item_status, [_output_text(generation.text)])
-    response = _response(
-        request,
-        request_id,
-        created_at,
-        status,
-        output=[item],
-        usage=generation.usage,
-        incomplete_details=details,
-    )
-    return item, response
-
-
-def _output_text(text: str) -> dict[str, object]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _message_item(item_id: str, status: str, content: list[dict[str, object]]) -> dict[str, object]:
-    return {
-        "id": item_id,
-        "type": "message",
-        "role": "assistant",
-        "status": status,
-        "content": content,
-    }
-
-
-def _response(
-    request: ResponsesRequest,
-    request_id: str,
-    created_at: int,
-    status: ResponseStatus,
-    *,
-    output: list[dict[str, object]],
-    usage: Usage | None,
-    incomplete_details: dict[str, object] | None = None,
-    error: dict[str, object] | None = None,
-) -> dict[str, object]:
-    sampling = request.sampling
-    return {
-        "id": f"resp_{request_id}",
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "background": False,
-        "error": error,
-        "incomplete_details": incomplete_details,
-        "instructions": request.instructions,
-        "max_output_tokens": sampling.max_tokens,
-        "metadata": dict(request.metadata),
-        "model": request.model,
-        "output": output,
-        "parallel_tool_calls": True,
-        "previous_response_id": None,
-        "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
-        "truncation": "disabled",
-        "usage": None if usage is None else responses_usage(usage),
-    }
-
-
 def response_object(
     request: ResponsesRequest,
     request_id: str,
@@ -232,8 +159,11 @@ def response_object(
     created_at: int | None = None,
 ) -> dict[str, object]:
     """The unary ``response`` object for a finished generation."""
-    when = int(time.time()) if created_at is None else created_at
-    return _finished(request, request_id, when, generation)[1]
+    return ResponseStream(request, request_id, created_at=created_at)._finished(generation)[1]
+
+
+def _output_text(text: str) -> dict[str, object]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 class ResponseStream(EventStream):
@@ -259,21 +189,74 @@ class ResponseStream(EventStream):
         self._sequence += 1
         return event
 
-    def _snapshot(self, status: ResponseStatus, **fields: Any) -> dict[str, object]:
-        return _response(self._request, self._request_id, self._created_at, status, **fields)
+    def _response(
+        self,
+        status: ResponseStatus,
+        output: list[dict[str, object]],
+        usage: Usage | None,
+        *,
+        incomplete_details: dict[str, object] | None = None,
+        error: dict[str, object] | None = None,
+    ) -> dict[str, object]:
+        request, sampling = self._request, self._request.sampling
+        return {
+            "id": f"resp_{self._request_id}",
+            "object": "response",
+            "created_at": self._created_at,
+            "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "background": False,
+            "error": error,
+            "incomplete_details": incomplete_details,
+            "instructions": request.instructions,
+            "max_output_tokens": sampling.max_tokens,
+            "metadata": dict(request.metadata),
+            "model": request.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
+            "truncation": "disabled",
+            "usage": None if usage is None else responses_usage(usage),
+        }
+
+    def _item(self, status: str, text: str | None) -> dict[str, object]:
+        """The message item (no content part while ``text`` is None)."""
+        content = [] if text is None else [_output_text(text)]
+        return {
+            "id": self._item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def _finished(self, generation: Generation) -> tuple[dict[str, object], dict[str, object]]:
+        """A finished generation's message item, and the response that holds it."""
+        reason = generation.finish_reason
+        status = _FINISHED_STATUS.get(reason, "completed")
+        details: dict[str, object] | None = None
+        if reason == "length":
+            details = {"reason": "max_output_tokens"}
+        item = self._item("completed" if status == "completed" else "incomplete", generation.text)
+        return item, self._response(status, [item], generation.usage, incomplete_details=details)
 
     def _in_text(self, type: str, **fields: object) -> dict[str, object]:
         return self._event(type, item_id=self._item_id, output_index=0, content_index=0, **fields)
 
     def _opening(self) -> list[dict[str, object]]:
-        in_progress = self._snapshot("in_progress", output=[], usage=None)
+        in_progress = self._response("in_progress", [], None)
         return [
             self._event("response.created", response=in_progress),
             self._event("response.in_progress", response=in_progress),
             self._event(
                 "response.output_item.added",
                 output_index=0,
-                item=_message_item(self._item_id, "in_progress", []),
+                item=self._item("in_progress", None),
             ),
             self._in_text(
                 "response.content_part.added",
@@ -291,15 +274,15 @@ class ResponseStream(EventStream):
         if not self._close():
             return events
         text = self._generation.text
-        output = [_message_item(self._item_id, "incomplete", [_output_text(text)])] if text else []
+        output = [self._item("incomplete", text)] if text else []
         events.append(self._event("error", code=code, message=message, param=None))
         events.append(
             self._event(
                 "response.failed",
-                response=self._snapshot(
+                response=self._response(
                     "failed",
-                    output=output,
-                    usage=self._generation.usage,
+                    output,
+                    self._generation.usage,
                     error={"code": code, "message": message},
                 ),
             )
@@ -308,9 +291,8 @@ class ResponseStream(EventStream):
 
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []
-        generation = self._generation
-        item, response = _finished(self._request, self._request_id, self._created_at, generation)
-        text = generation.text
+        item, response = self._finished(self._generation)
+        text = self._generation.text
         status = response["status"]
         return [
             *events,
