@@ -148,10 +148,8 @@ class MessagesStream(EventStream):
         return [{"type": "content_block_delta", "index": 0, "delta": delta}]
 
     def fail(self, message: str, *, status: int = 500) -> list[dict[str, object]]:
-        """The ``error`` event that ends a failed stream (``[]`` if it already ended).
-
-        ``status`` picks the error type (500 ``api_error``, 503 ``overloaded_error``...).
-        """
+        """The ``error`` event that ends a failed stream (``[]`` if it already ended); ``status``
+        picks the error type (500 ``api_error``, 503 ``overloaded_error``...)."""
         return [anthropic_error_body(status, message)] if self._close() else []
 
     def _closing(self, text: str) -> list[dict[str, object]]:

@@ -131,11 +131,9 @@ class Generation:
 
 
 class EventStream:
-    """Engine items in, one API's stream events out: opened once, closed once.
-
-    Subclasses say what opens the stream, what a text delta is, and what closes it
-    (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it).
-    """
+    """Engine items in, one API's stream events out: opened once, closed once. Subclasses say
+    what opens the stream, what a text delta is, and what closes it (``_closing`` gets the
+    last item's text, ``""`` when :meth:`finish` ends it)."""
 
     __slots__ = ("_closed", "_generation", "_started")
 

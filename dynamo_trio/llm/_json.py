@@ -43,11 +43,9 @@ _NUMBERS: Final[frozenset[type]] = frozenset({int, float, bool})
 
 
 def decode_json_body(body: bytes, *, max_depth: int) -> object:
-    """Decode a request body that must be one JSON value (RFC 8259, UTF-8), ``[]`` depth 1.
-
-    A 400 :class:`RequestError` for invalid JSON, deeper nesting or a repeated key; with
-    ``param`` the path of an integer outside :data:`INTEGER_RANGE` or a NaN/Infinity.
-    """
+    """Decode a request body that must be one JSON value (RFC 8259, UTF-8), ``[]`` depth 1: a
+    400 :class:`RequestError` for invalid JSON, deeper nesting or a repeated key; with ``param``
+    the path of an integer outside :data:`INTEGER_RANGE` or a NaN/Infinity."""
     try:
         value = _DECODER.decode(body)
     except RecursionError:

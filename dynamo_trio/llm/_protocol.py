@@ -185,10 +185,8 @@ def validate_embed_request(request: object) -> EmbedRequest:
 
 
 def parse_generate_output(item: object) -> GenerateOutput:
-    """Check one output item as the frontend receives it (EngineError if malformed).
-
-    A ``finish_reason`` of ``"error"`` is raised by :class:`~dynamo_trio.llm.Generation`.
-    """
+    """Check one output item as the frontend receives it (EngineError if malformed; a
+    ``finish_reason`` of ``"error"`` is raised by :class:`~dynamo_trio.llm.Generation`)."""
     return _convert(item, GenerateOutput, EngineError, "malformed engine output")
 
 

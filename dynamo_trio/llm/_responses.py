@@ -167,10 +167,8 @@ def _output_text(text: str) -> dict[str, object]:
 
 
 class ResponseStream(EventStream):
-    """Turns engine output items into the Responses API's streaming events.
-
-    The response is ``resp_<request_id>``, its message item ``msg_<request_id>``.
-    """
+    """Turns engine output items into the Responses API's streaming events (the response is
+    ``resp_<request_id>``, its message item ``msg_<request_id>``)."""
 
     __slots__ = ("_created_at", "_item_id", "_request", "_request_id", "_sequence")
 

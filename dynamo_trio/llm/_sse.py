@@ -24,10 +24,8 @@ def _field(name: bytes, value: str) -> bytes:
 def encode_event(
     data: str | bytes | Mapping[str, object], event: str | None = None, *, id: str | None = None
 ) -> bytes:
-    """The bytes of one SSE event: ``data`` a JSON object (compact) or text (maybe multi-line).
-
-    ValueError for a line break in ``event`` or ``id`` or a NUL in ``id``.
-    """
+    """The bytes of one SSE event: ``data`` a JSON object (compact) or text (maybe multi-line);
+    ValueError for a line break in ``event`` or ``id`` or a NUL in ``id``."""
     head = b"" if event is None else _field(b"event", event)
     if id is not None:
         if "\0" in id:

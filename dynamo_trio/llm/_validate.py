@@ -136,13 +136,9 @@ def message(
     *,
     contentless: str | None = None,
 ) -> EngineMessage:
-    """Item ``index`` of the conversation under ``key`` as an engine message.
-
-    The usual one (a dict with a role in ``roles`` and string content) is read
-    with no parameter path built; any other is checked, its errors naming
-    ``key[index]``.  Only a ``contentless`` role may have null content (chat's
-    assistant turn that only called tools).
-    """
+    """Item ``index`` of the conversation under ``key`` as an engine message: the usual one (a
+    role in ``roles``, string content) read with no path built, any other checked (errors name
+    ``key[index]``); only a ``contentless`` role may have null content (a turn of tool calls)."""
     if type(value) is dict:
         role, content = value.get("role"), value.get("content")
         if type(role) is str and role in roles and type(content) is str:
@@ -272,12 +268,9 @@ def stop_sequences(
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:
-    """Message content: a string, or a non-empty array of text parts joined by newlines.
-
-    A part is ``{"type": t, "text": "..."}`` with ``t`` in ``part_types``;
-    any other part type (images, audio, tool results) is refused as
-    unsupported, naming the part.
-    """
+    """Message content: a string, or a non-empty array of text parts joined by newlines (a part
+    is ``{"type": t, "text": "..."}`` with ``t`` in ``part_types``; any other, images, audio,
+    tool results, is refused as unsupported, naming the part)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
