@@ -118,24 +118,17 @@ def _usage(generation: Generation) -> dict[str, object]:
 class MessagesStream(EventStream):
     """Turns engine output items into the Messages API's streaming events (``msg_<request_id>``)."""
 
-    __slots__ = ("_id", "_model")
+    __slots__ = ("_request", "_request_id")
 
     def __init__(self, request: MessagesRequest, request_id: str) -> None:
         super().__init__()
-        self._id = f"msg_{request_id}"
-        self._model = request.model
+        self._request = request
+        self._request_id = request_id
 
     def _opening(self) -> list[dict[str, object]]:
-        message: dict[str, object] = {
-            "id": self._id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
-        }
+        # The message as it starts: an empty generation's, with no content or stop reason yet.
+        empty = message_object(self._request, self._request_id, Generation())
+        message = empty | {"content": [], "stop_reason": None}
         block = {"type": "text", "text": ""}
         return [
             {"type": "message_start", "message": message},
