@@ -7,12 +7,6 @@ from ._anthropic import (
     message_object,
     parse_messages_request,
 )
-from ._embeddings import (
-    EmbeddingRequest,
-    embedding_response,
-    encode_base64_floats,
-    parse_embedding_request,
-)
 from ._errors import (
     CONTEXT_LENGTH_EXCEEDED,
     MAX_ERROR_MESSAGE,
@@ -38,14 +32,18 @@ from ._openai import (
     ChatRequest,
     CompletionRequest,
     CompletionStream,
+    EmbeddingRequest,
     chat_completion,
     completion,
+    embedding_response,
+    encode_base64_floats,
     model_list,
     model_object,
     openai_finish_reason,
     openai_usage,
     parse_chat_request,
     parse_completion_request,
+    parse_embedding_request,
 )
 from ._protocol import (
     Continuation,

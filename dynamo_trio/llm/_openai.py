@@ -1,7 +1,10 @@
-"""The OpenAI chat completions, completions and models APIs: parsing, shapes (docs/llm.md)."""
+"""The OpenAI chat completions, completions, models and embeddings APIs: parsing, shapes
+(docs/llm.md)."""
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
@@ -10,7 +13,15 @@ import msgspec
 
 from ._errors import TokenLimits, check_output_tokens, openai_error_body
 from ._generation import EventStream, Generation, plain_text
-from ._protocol import EngineMessage, FinishReason, GenerateRequest, SamplingParams, Usage
+from ._protocol import (
+    EmbedRequest,
+    EngineMessage,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    Usage,
+    parse_embed_output,
+)
 from ._sse import encode_event
 from ._validate import (
     JsonObject,
@@ -31,14 +42,16 @@ from ._validate import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})
 _MAX_STOP_SEQUENCES: Final = 4
 _MAX_LOGIT_BIAS: Final = 300
+_MAX_EMBEDDING_INPUTS: Final = 2048
 
 OpenAIFinishReason = Literal["stop", "length"]
+EncodingFormat = Literal["float", "base64"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -394,4 +407,90 @@ def model_list(models: Iterable[str], *, created: int | None = None) -> dict[str
     return {
         "object": "list",
         "data": [model_object(m, created=when) for m in dict.fromkeys(models)],
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbeddingRequest:
+    """A validated ``POST /v1/embeddings`` body."""
+
+    model: str
+    inputs: tuple[str, ...]
+    encoding_format: EncodingFormat = "float"
+    dimensions: int | None = None
+
+    def to_engine(self) -> EmbedRequest:
+        """The engine request: one vector per input."""
+        return {
+            "model": self.model,
+            "request_type": "embedding",
+            "input": list(self.inputs),
+            "dimensions": self.dimensions,
+        }
+
+
+def parse_embedding_request(body: object) -> EmbeddingRequest:
+    """Validate an embeddings body (a 400 RequestError naming the parameter, if not)."""
+    obj = expect_object(body, None)
+    model = model_name(obj)
+    inputs = _inputs(required(obj, "input"))
+    encoding = optional_str(obj, "encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise invalid_value(
+            "encoding_format", f"expected 'float' or 'base64', but got {encoding!r}."
+        )
+    return EmbeddingRequest(
+        model=model,
+        inputs=inputs,
+        encoding_format="float" if encoding == "float" else "base64",
+        dimensions=optional_int(obj, "dimensions", minimum=1),
+    )
+
+
+def _inputs(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        if not value:
+            raise invalid_value("input", "expected a non-empty string.")
+        return (value,)
+    if not isinstance(value, list):
+        raise invalid_type("input", "a string or an array of strings", value)
+    if not value:
+        raise invalid_value("input", "expected at least one input, but got an empty array.")
+    if len(value) > _MAX_EMBEDDING_INPUTS:
+        raise invalid_value(
+            "input", f"expected at most {_MAX_EMBEDDING_INPUTS} inputs, but got {len(value)}."
+        )
+    if any(isinstance(v, int | list) and not isinstance(v, bool) for v in value):
+        raise unsupported("input", "token-id inputs are not supported; send the input as text.")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise invalid_type(join("input", index), "a string", item)
+        if not item:
+            raise invalid_value(join("input", index), "expected a non-empty string.")
+    return tuple(value)
+
+
+def encode_base64_floats(vector: Sequence[float]) -> str:
+    """A vector as base64 of little-endian float32 bytes (``encoding_format="base64"``)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def embedding_response(request: EmbeddingRequest, output: object) -> dict[str, object]:
+    """The embeddings ``list`` object for the engine's output item (EngineError if malformed)."""
+    valid = parse_embed_output(output, count=len(request.inputs))
+    as_base64 = request.encoding_format == "base64"
+    data = [
+        {
+            "object": "embedding",
+            "index": index,
+            "embedding": encode_base64_floats(vector) if as_base64 else vector,
+        }
+        for index, vector in enumerate(valid["embeddings"])
+    ]
+    prompt_tokens = valid["usage"]["prompt_tokens"]
+    return {
+        "object": "list",
+        "data": data,
+        "model": request.model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
