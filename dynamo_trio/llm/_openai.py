@@ -103,12 +103,11 @@ def parse_chat_request(body: object) -> ChatRequest:
         raise unsupported("logprobs", "log probabilities are not supported by this server.")
     optional_int(obj, "top_logprobs", minimum=0, maximum=20)
     stream, include_usage = _stream_flags(obj)
-    sampling = _sampling(obj)
     given = obj.get("max_completion_tokens") is not None
     return ChatRequest(
         model=model,
         messages=messages,
-        sampling=sampling,
+        sampling=_sampling(obj),
         stream=stream,
         include_usage=include_usage,
         max_tokens_param="max_completion_tokens" if given else "max_tokens",
