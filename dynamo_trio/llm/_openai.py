@@ -26,6 +26,7 @@ from ._sse import encode_event
 from ._validate import (
     JsonObject,
     expect_object,
+    expect_str,
     invalid_type,
     invalid_value,
     join,
@@ -149,8 +150,7 @@ def _prompt(value: object) -> str:
     ):
         raise unsupported("prompt", "token-id prompts are not supported; send the prompt as text.")
     for index, item in enumerate(value):
-        if not isinstance(item, str):
-            raise invalid_type(join("prompt", index), "a string", item)
+        expect_str(item, join("prompt", index))
     if len(value) > 1:
         raise unsupported(
             "prompt",
@@ -448,9 +448,7 @@ def parse_embedding_request(body: object) -> EmbeddingRequest:
 
 def _inputs(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
-        if not value:
-            raise invalid_value("input", "expected a non-empty string.")
-        return (value,)
+        return (expect_str(value, "input", nonempty=True),)
     if not isinstance(value, list):
         raise invalid_type("input", "a string or an array of strings", value)
     if not value:
@@ -461,12 +459,9 @@ def _inputs(value: object) -> tuple[str, ...]:
         )
     if any(isinstance(v, int | list) and not isinstance(v, bool) for v in value):
         raise unsupported("input", "token-id inputs are not supported; send the input as text.")
-    for index, item in enumerate(value):
-        if not isinstance(item, str):
-            raise invalid_type(join("input", index), "a string", item)
-        if not item:
-            raise invalid_value(join("input", index), "expected a non-empty string.")
-    return tuple(value)
+    return tuple(
+        expect_str(item, join("input", index), nonempty=True) for index, item in enumerate(value)
+    )
 
 
 def encode_base64_floats(vector: Sequence[float]) -> str:

@@ -13,7 +13,7 @@ from ._validate import (
     JsonObject,
     expect_list,
     expect_object,
-    invalid_type,
+    expect_str,
     invalid_value,
     join,
     message,
@@ -24,7 +24,6 @@ from ._validate import (
     optional_object,
     optional_str,
     required,
-    too_long,
     unsupported,
 )
 
@@ -131,11 +130,8 @@ def _metadata(obj: JsonObject) -> dict[str, str]:
                 f"expected keys of at most {_MAX_METADATA_KEY_LENGTH} characters, but got a "
                 f"key of {len(key)} characters.",
             )
-        if not isinstance(value, str):
-            raise invalid_type(join("metadata", key), "a string", value)
-        if len(value) > _MAX_METADATA_VALUE_LENGTH:
-            raise too_long(join("metadata", key), _MAX_METADATA_VALUE_LENGTH, value)
-        checked[key] = value
+        param = join("metadata", key)
+        checked[key] = expect_str(value, param, max_length=_MAX_METADATA_VALUE_LENGTH)
     return checked
 
 

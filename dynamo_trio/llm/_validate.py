@@ -83,6 +83,20 @@ def expect_list(value: object, param: str) -> list[object]:
     return value
 
 
+def expect_str(
+    value: object, param: str, *, nonempty: bool = False, max_length: int | None = None
+) -> str:
+    """``value`` as a string, or a 400 naming ``param``; ``nonempty`` refuses ``""``,
+    ``max_length`` longer ones."""
+    if not isinstance(value, str):
+        raise invalid_type(param, "a string", value)
+    if nonempty and not value:
+        raise invalid_value(param, "expected a non-empty string.")
+    if max_length is not None and len(value) > max_length:
+        raise too_long(param, max_length, value)
+    return value
+
+
 def required(body: JsonObject, key: str, prefix: str = "") -> object:
     """The value of a required field (present and not null)."""
     value = body.get(key)
@@ -99,15 +113,9 @@ def required_str(
     nonempty: bool = False,
     max_length: int | None = None,
 ) -> str:
-    """A required string field; ``nonempty`` refuses ``""``, ``max_length`` longer ones."""
+    """A required string field (:func:`expect_str`'s checks)."""
     value = required(body, key, prefix)
-    if not isinstance(value, str):
-        raise invalid_type(join(prefix, key), "a string", value)
-    if nonempty and not value:
-        raise invalid_value(join(prefix, key), "expected a non-empty string.")
-    if max_length is not None and len(value) > max_length:
-        raise too_long(join(prefix, key), max_length, value)
-    return value
+    return expect_str(value, join(prefix, key), nonempty=nonempty, max_length=max_length)
 
 
 def read_messages(
@@ -244,27 +252,17 @@ def stop_sequences(
     value = body.get(key)
     if value is None:
         return ()
-    if isinstance(value, list):
-        items: list[object] = value
-    elif allow_string and isinstance(value, str):
-        items = [value]
-    else:
+    if allow_string and isinstance(value, str):
+        return (expect_str(value, key, nonempty=True, max_length=MAX_STOP_SEQUENCE_LENGTH),)
+    if not isinstance(value, list):
         expected = "a string or an array of strings" if allow_string else "an array of strings"
         raise invalid_type(key, expected, value)
-    single = isinstance(value, str)
-    if len(items) > max_items:
-        raise invalid_value(key, f"expected at most {max_items} items, but got {len(items)}.")
-    strings = []
-    for index, item in enumerate(items):
-        param = key if single else join(key, index)
-        if not isinstance(item, str):
-            raise invalid_type(param, "a string", item)
-        if not item:
-            raise invalid_value(param, "expected a non-empty string.")
-        if len(item) > MAX_STOP_SEQUENCE_LENGTH:
-            raise too_long(param, MAX_STOP_SEQUENCE_LENGTH, item)
-        strings.append(item)
-    return tuple(strings)
+    if len(value) > max_items:
+        raise invalid_value(key, f"expected at most {max_items} items, but got {len(value)}.")
+    return tuple(
+        expect_str(item, join(key, index), nonempty=True, max_length=MAX_STOP_SEQUENCE_LENGTH)
+        for index, item in enumerate(value)
+    )
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:
