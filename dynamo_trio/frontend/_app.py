@@ -23,7 +23,7 @@ from ..llm import reason_phrase
 from ._apis import api_for_path, edge_error_body
 from ._hangup import HangUpGuard
 from ._pipeline import Pipeline
-from ._routes import ROUTES, json_response, reply_ids
+from ._routes import API_ROUTES, generate_view, json_response, models_view, reply_ids
 
 if TYPE_CHECKING:
     import socket
@@ -40,7 +40,7 @@ _log = logging.getLogger("dynamo_trio.frontend")
 
 
 def build_app(pipeline: Pipeline) -> QuartTrio:
-    """The quart-trio app serving ``pipeline``'s API routes (:data:`~._routes.ROUTES`)."""
+    """The quart-trio app serving ``pipeline``'s API routes (:data:`~._routes.API_ROUTES`)."""
     config = pipeline.config
     app = QuartTrio("dynamo_trio.frontend")
     if VIEW_FIRST:
@@ -51,8 +51,9 @@ def build_app(pipeline: Pipeline) -> QuartTrio:
         BODY_TIMEOUT=config.body_timeout,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    for route in ROUTES:
-        app.add_url_rule(route.path, route.name, route.view(pipeline), methods=[route.method])
+    for path, name, api in API_ROUTES:
+        app.add_url_rule(path, name, partial(generate_view, pipeline, api), methods=["POST"])
+    app.add_url_rule("/v1/models", "models", partial(models_view, pipeline), methods=["GET"])
     app.register_error_handler(HTTPException, partial(_http_error, config))
     app.register_error_handler(Exception, _internal_error)
     return app

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from quart import Response, current_app, request
@@ -34,14 +32,11 @@ from ._apis import (
     SPEECH,
     VIDEOS,
     VIDEOS_MJPEG,
-    MediaApi,
 )
 from ._pipeline import JsonReply, StreamReply
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from ._apis import TextApi
+    from ._apis import MediaApi, TextApi
     from ._pipeline import Pipeline
 
 _JSON_TYPES: Final = ("application/json", "application/x-ndjson")
@@ -166,32 +161,17 @@ async def models_view(pipeline: Pipeline) -> Response:
     return json_response({"object": "list", "data": data})
 
 
-@dataclass(frozen=True, slots=True)
-class ApiRoute:
-    """One row of the route table: a generating API's route, or (``api=None``) the model list."""
-
-    method: str
-    path: str
-    name: str
-    api: TextApi | MediaApi | None = None
-
-    def view(self, pipeline: Pipeline) -> Callable[[], Awaitable[Response]]:
-        if self.api is None:
-            return partial(models_view, pipeline)
-        return partial(generate_view, pipeline, self.api)
-
-
-ROUTES: Final = (
-    ApiRoute("POST", "/v1/chat/completions", "chat_completions", CHAT),
-    ApiRoute("POST", "/v1/completions", "completions", COMPLETIONS),
-    ApiRoute("POST", "/v1/responses", "responses", RESPONSES),
-    ApiRoute("POST", "/v1/messages", "anthropic_messages", ANTHROPIC_MESSAGES),
-    ApiRoute("POST", "/v1/embeddings", "embeddings", EMBEDDINGS),
-    ApiRoute("POST", "/v1/images/generations", "images_generations", IMAGE_GENERATIONS),
-    ApiRoute("POST", "/v1/images/edits", "images_edits", IMAGE_EDITS),
-    ApiRoute("POST", "/v1/audio/speech", "audio_speech", SPEECH),
-    ApiRoute("POST", "/v1/videos", "videos", VIDEOS),
-    ApiRoute("POST", "/v1/videos/stream", "videos_stream", VIDEOS_MJPEG),
-    ApiRoute("GET", "/v1/models", "models"),
+API_ROUTES: Final = (
+    ("/v1/chat/completions", "chat_completions", CHAT),
+    ("/v1/completions", "completions", COMPLETIONS),
+    ("/v1/responses", "responses", RESPONSES),
+    ("/v1/messages", "anthropic_messages", ANTHROPIC_MESSAGES),
+    ("/v1/embeddings", "embeddings", EMBEDDINGS),
+    ("/v1/images/generations", "images_generations", IMAGE_GENERATIONS),
+    ("/v1/images/edits", "images_edits", IMAGE_EDITS),
+    ("/v1/audio/speech", "audio_speech", SPEECH),
+    ("/v1/videos", "videos", VIDEOS),
+    ("/v1/videos/stream", "videos_stream", VIDEOS_MJPEG),
 )
-"""The API routes, registered on the app in this order."""
+"""The generating routes, ``(path, endpoint name, API)``, each a ``POST``, registered in
+this order (then ``GET /v1/models``)."""
