@@ -39,9 +39,6 @@ _PREPARE_RETRY: Final = (0.1, 2.0)  # backoff (first, longest) to open an instan
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomplete)
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})  # streams that can continue elsewhere
 
-Moved = tuple[str, str]
-"""``(migration_type, reason)`` of a move to another instance (the metric's labels)."""
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamFaults:
@@ -84,11 +81,6 @@ class ModelRoute:
         self.card: Final = card
         """One of the model's cards (the first by key), for what all its cards share."""
 
-    @property
-    def cards(self) -> list[ModelCard]:
-        """Every card currently registered for the model as this type."""
-        return self._registry.cards(self.name, self.model_type)
-
     async def call(
         self, request: Any, context: Context, faults: StreamFaults = _NO_FAULT_HANDLING
     ) -> ModelStream:
@@ -109,15 +101,15 @@ class ModelStream:
         route: ModelRoute,
         request: Any,
         context: Context,
-        faults: StreamFaults = _NO_FAULT_HANDLING,
+        faults: StreamFaults,
     ) -> None:
         self._route = route
         self._request = request
         self._context = context
         self._faults = faults
         self._tried: set[Target] = set()
-        self._target: Target | None = None
-        self._stream: ResponseStream  # (see _send)
+        self._target: Target  # (see _send)
+        self._stream: ResponseStream
         self._started = False  # an item has arrived
         self._is_text = type(request) is dict and request.get("request_type") in _TEXT_REQUESTS
         self._migrations_left = faults.migration_limit if self._is_text else 0
@@ -150,9 +142,9 @@ class ModelStream:
                     return []  # the generation was complete; only its end was lost
                 await self._recover(exc)
                 continue
-            if not items and not self._stream.done:
-                return None  # nudged
             if not items:
+                if not self._stream.done:
+                    return None  # nudged
                 if self._context.is_killed():  # (reading it enforces the deadline)
                     await trio.lowlevel.checkpoint()  # a kill lands now
                 if (
@@ -214,8 +206,13 @@ class ModelStream:
         return held
 
     async def _recover(self, exc: DynamoError) -> None:
-        """Send the request to another instance after ``exc``, or raise ``exc``."""
-        self._route._registry._failed(self._target, exc)
+        """Take the failed instance out of rotation (a no-op if already out), then send the
+        request to another after ``exc``, or raise ``exc``."""
+        self._route._registry._runtime.router.failed(
+            self._target,
+            f"{type(exc).__name__}: {exc}",
+            expected=isinstance(exc, EngineShutdown | StreamIncomplete),  # it is draining
+        )
         if not self._started:
             await self._send(self._request, moved=("new_request", _reason(exc)), last_error=exc)
             return
@@ -242,13 +239,13 @@ class ModelStream:
         self,
         request: Any,
         *,
-        moved: Moved | None = None,
+        moved: tuple[str, str] | None = None,
         last_error: DynamoError | None = None,
         continuing: bool = False,
     ) -> None:
         """Send ``request`` to an instance the router chooses, moving on from any that fails;
-        ``moved`` is counted once it reaches one; ``continuing``: only to those taking
-        continuations."""
+        ``moved`` (``(migration_type, reason)``, the metric's labels) is counted once it
+        reaches one; ``continuing``: only to those taking continuations."""
         route, tried, context = self._route, self._tried, self._context
         registry = route._registry
         router = registry._runtime.router
@@ -443,12 +440,3 @@ class ModelRegistry:
                 nursery.start_soon(until, view.wait_changed, version)
                 for instance_id, client in unlisted:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
-
-    def _failed(self, target: Target | None, error: DynamoError) -> None:
-        """Take ``target`` out of rotation (a no-op if already out)."""
-        if target is not None:
-            self._runtime.router.failed(
-                target,
-                f"{type(error).__name__}: {error}",
-                expected=isinstance(error, EngineShutdown | StreamIncomplete),  # it is draining
-            )

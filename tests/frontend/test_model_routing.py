@@ -205,6 +205,8 @@ async def test_a_name_clash_between_types_serves_each_type_from_its_own_workers(
     assert len(registry.models()) == 1
     for model_type, expected in (("chat", "chat"), ("embeddings", "embeddings")):
         route = registry.route("m", model_type)  # type: ignore[arg-type]
-        assert [card.model_type for card in route.cards] == [model_type]
+        assert [card.model_type for card in registry.cards(route.name, route.model_type)] == [
+            model_type
+        ]
         async with await route.call({}, Context()) as stream:
             assert await everything(stream) == [{"who": expected}]
