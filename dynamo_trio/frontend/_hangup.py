@@ -38,7 +38,7 @@ _SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN
 class RequestLifecycle:
     """One request's context, its metrics, and what a hang-up does to them."""
 
-    __slots__ = ("_completed", "_gone", "_policy", "context", "request_kind", "tracker")
+    __slots__ = ("_completed", "_policy", "client_is_gone", "context", "request_kind", "tracker")
 
     def __init__(
         self,
@@ -52,13 +52,8 @@ class RequestLifecycle:
         self.tracker: Final = tracker
         self.request_kind: Final = request_kind
         self._policy: Final = policy
-        self._gone = False
+        self.client_is_gone = False  # the request was cancelled by its client
         self._completed = False
-
-    @property
-    def client_is_gone(self) -> bool:
-        """Whether the request was cancelled by its client."""
-        return self._gone
 
     def completed(self) -> None:
         """The work is complete: what remains is handing the last bytes on."""
@@ -72,9 +67,9 @@ class RequestLifecycle:
 
     def client_gone(self) -> None:
         """The client's connection ended: apply the rule (idempotent)."""
-        if self._gone or self._completed or self.tracker.finished:
+        if self.client_is_gone or self._completed or self.tracker.finished:
             return
-        self._gone = True
+        self.client_is_gone = True
         context = self.context
         _hangups.log(
             logging.INFO,
@@ -91,25 +86,17 @@ class RequestLifecycle:
             context.kill(CancelReason.CLIENT_DISCONNECT)
 
 
-class _Slot:
-    __slots__ = ("lifecycle",)
-
-    def __init__(self) -> None:
-        self.lifecycle: RequestLifecycle | None = None
-
-    def client_gone(self) -> None:
-        if self.lifecycle is not None:
-            self.lifecycle.client_gone()
-
-
-_SLOT: Final[ContextVar[_Slot | None]] = ContextVar("dynamo_trio_request_slot", default=None)
+_BOUND: Final[ContextVar[list[RequestLifecycle] | None]] = ContextVar(
+    "dynamo_trio_request_lifecycles", default=None
+)
+"""The lifecycles tied to the HTTP request being handled (``None``: outside the guard)."""
 
 
 def bind_to_request(lifecycle: RequestLifecycle) -> None:
     """Tie ``lifecycle`` to the HTTP request being handled (no-op outside the guard)."""
-    slot = _SLOT.get()
-    if slot is not None:
-        slot.lifecycle = lifecycle
+    bound = _BOUND.get()
+    if bound is not None:
+        bound.append(lifecycle)
 
 
 @final
@@ -125,23 +112,28 @@ class HangUpGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        slot = _Slot()
-        token = _SLOT.set(slot)
+        bound: list[RequestLifecycle] = []
+        token = _BOUND.set(bound)
+
+        def client_gone() -> None:
+            for lifecycle in bound:
+                lifecycle.client_gone()
+
         # Told by the task that read the hang-up, a pass before ``http.disconnect``.
         gone = connection_gone(scope)
         if gone is not None:
-            gone.add(slot.client_gone)
+            gone.add(client_gone)
 
         async def watched_receive() -> ASGIReceiveEvent:
             message = await receive()
             if message["type"] == "http.disconnect":
-                slot.client_gone()
+                client_gone()
             return message
 
         try:
             await self.app(scope, watched_receive, send)
         finally:
             if gone is not None:
-                gone.discard(slot.client_gone)
-            _SLOT.reset(token)
-            slot.client_gone()
+                gone.discard(client_gone)
+            _BOUND.reset(token)
+            client_gone()
