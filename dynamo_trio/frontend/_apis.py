@@ -164,19 +164,16 @@ ANTHROPIC_MESSAGES: Final = TextApi(
 
 
 class StreamBody(Protocol):
-    """A streamed body (SSE, MJPEG, audio): its content type, its end and its failure."""
+    """A streamed body (SSE, MJPEG, audio): its content type, whether silences may be filled
+    with SSE keep-alive comments, its end, and what ends it after a failure once it has
+    started (may be nothing)."""
 
     @property
     def content_type(self) -> str: ...
     @property
-    def keepalive(self) -> bool:
-        """Whether silences may be filled with SSE keep-alive comments."""
-        ...
-
+    def keepalive(self) -> bool: ...
     def finish(self) -> bytes: ...
-    def fail(self, status: int, message: str) -> bytes:
-        """What ends the body after a failure once it has started (may be nothing)."""
-        ...
+    def fail(self, status: int, message: str) -> bytes: ...
 
 
 class MediaStream(StreamBody, Protocol):
@@ -214,8 +211,6 @@ EMBEDDINGS: Final = MediaApi(
     prompt_param="input",
     unary=_embeddings,
 )
-
-
 IMAGE_GENERATIONS: Final = MediaApi(
     label="images", model_type="images", parse=llm.parse_image_request, unary=_images
 )
