@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from contextlib import ExitStack
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from .._config import FrontendConfig
     from ..edge import MetricsSource
     from ..runtime import DistributedRuntime
-    from ._turns import Turns
 
 _log = logging.getLogger("dynamo_trio.frontend")
 
@@ -188,12 +188,11 @@ async def serve_frontend(
     With ``config.kserve_grpc_port`` also serves KServe gRPC (its address to
     ``on_grpc_listening``); ``metrics``/``inflight`` replace this process's views.
     """
-    turns: Turns | None = None
-    try:
+    with ExitStack() as cleanup:  # (exits after the nursery)
         async with trio.open_nursery() as nursery:
             pipeline = Pipeline(runtime, config, nursery)
-            turns = pipeline.turns
-            turns.install()  # until the last request has ended
+            pipeline.turns.install()  # until the last request has ended
+            cleanup.callback(pipeline.turns.uninstall)
             await pipeline.start()
             app = build_app(pipeline)
             drained = trio.Event()
@@ -238,9 +237,6 @@ async def serve_frontend(
                 if on_grpc_listening is not None:
                     on_grpc_listening(address)
             task_status.started(binds[0])
-    finally:
-        if turns is not None:
-            turns.uninstall()
 
 
 FLUSH_GRACE: Final = 2.0
@@ -264,11 +260,9 @@ async def _drain(pipeline: Pipeline, grace: float) -> None:
     pipeline.begin_drain()
     with trio.move_on_after(grace):
         await pipeline.wait_drained()
-    if pipeline.in_flight:
+    if left := pipeline.in_flight:
         _log.warning(
-            "ending %d request(s) still running after the %.1fs shutdown grace",
-            pipeline.in_flight,
-            grace,
+            "ending %d request(s) still running after the %.1fs shutdown grace", left, grace
         )
         pipeline.end_all()
         with trio.move_on_after(_END_SETTLE):

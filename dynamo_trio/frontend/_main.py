@@ -78,8 +78,7 @@ async def run_frontend(
 ) -> None:
     """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return;
     ``view``: this process is one of ``--http-workers``' (:mod:`._workers`)."""
-    if stop is None:
-        stop = trio.Event()
+    stop = stop or trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
         nursery.start_soon(shut_down_on_signals, stop.set)
         async with trio.open_nursery() as serving:
