@@ -323,16 +323,14 @@ class ModelRegistry:
         while True:
             cards = view.items().values()
             missing = {path: card for card in cards if (path := _path(card)) not in self._clients}
-            failed = False
             for card in missing.values():
                 try:
                     await self._client(card)
                 except DiscoveryError as exc:
                     _log.warning("cannot watch the instances of %s yet: %s", _path(card), exc)
-                    failed = True
                 except RuntimeError:
                     return  # the runtime is closing
-            if failed:
+            if missing.keys() - self._clients.keys():  # some failed: try again
                 await trio.sleep(delay)
                 delay = min(delay * 2, _PREPARE_RETRY[1])
                 continue
@@ -418,12 +416,10 @@ class ModelRegistry:
                     f"cannot look up the instances of {_path(card)} (discovery unavailable: {exc})"
                 ) from None
             target = (_path(card), card.instance_id)
-            address = client.targets().get(target)
-            if address is None:
-                if target not in tried:
-                    unlisted.append((card.instance_id, client))
-            else:
+            if (address := client.targets().get(target)) is not None:
                 listed[target] = address
+            elif target not in tried:
+                unlisted.append((card.instance_id, client))
         return listed, unlisted
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
