@@ -72,13 +72,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 async def run_frontend(
     config: Config,
     *,
-    stop: trio.Event | None = None,
     view: WorkerView | None = None,
     on_listening: Callable[[str], object] | None = None,
 ) -> None:
-    """Serve the frontend until SIGINT/SIGTERM (or ``stop``), then drain and return;
-    ``view``: this process is one of ``--http-workers``' (:mod:`._workers`)."""
-    stop = stop or trio.Event()
+    """Serve the frontend until SIGINT/SIGTERM, then drain and return; ``view``: this
+    process is one of ``--http-workers``' (:mod:`._workers`)."""
+    stop = trio.Event()
     async with DistributedRuntime(config) as runtime, trio.open_nursery() as nursery:
         nursery.start_soon(shut_down_on_signals, stop.set)
         async with trio.open_nursery() as serving:

@@ -52,11 +52,10 @@ async def run_frontend_workers(
     config: Config,
     argv: Sequence[str],
     *,
-    stop: trio.Event | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``config.frontend.http_workers`` frontend processes (each given ``argv``) on
-    one port until ``stop`` is set or a signal comes; the URL once every one listens."""
+    one port until a signal comes; the URL once every one listens."""
     frontend = config.frontend
     count = frontend.http_workers
     # Held (bound, not listening) for our whole life: the port stays ours between restarts.
@@ -65,7 +64,7 @@ async def run_frontend_workers(
     url = f"http://{host_port(frontend.host, port)}"
     shared = Path(tempfile.mkdtemp(prefix="dynamo-trio-frontend-"))
     (shared / "metrics").mkdir()
-    stop = stop or trio.Event()
+    stop = trio.Event()
     children = [_Child(index, count, argv, port, shared) for index in range(count)]
     try:
         # Held while we live; we remove the directory ourselves (below).
