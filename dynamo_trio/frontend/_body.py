@@ -130,12 +130,6 @@ class Reply(ResponseBody):
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> bytes:
-        piece = await self._next()
-        if piece is None:
-            raise StopAsyncIteration
-        return piece
-
     def _give_back(self, error: BaseException | None = None) -> None:
         """The body is done with the lent source (``error``: what pulling raised)."""
         if self._pull is not None:
@@ -162,9 +156,9 @@ class Reply(ResponseBody):
             self._last_piece = trio.current_time()
         return piece
 
-    async def _next(self) -> bytes | None:
+    async def __anext__(self) -> bytes:
         """The next piece to send (the chunks waiting, gathered; a piece pulled from a
-        lent source; or a keep-alive comment); ``None`` once the stream is over."""
+        lent source; or a keep-alive comment), until the stream is over."""
         if self._first is not None:
             first, self._first = self._first, None
             return self._gather(first)
@@ -181,11 +175,13 @@ class Reply(ResponseBody):
                     if piece is None:
                         continue  # given back: the producer sends the rest
             except trio.EndOfChannel:
-                return None
-            if piece is None or piece:
+                break
+            if piece is None:
+                break
+            if piece:
                 return piece
             # (empty: lend()'s nudge)
-        return None
+        raise StopAsyncIteration
 
     async def _wait(self) -> bytes | None:
         """The chunks the producer sends next, gathered (a keep-alive comment after
