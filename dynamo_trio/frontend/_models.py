@@ -97,11 +97,7 @@ class ModelStream:
     worker fails: before the first item always, after it as :class:`StreamFaults` allows."""
 
     def __init__(
-        self,
-        route: ModelRoute,
-        request: Any,
-        context: Context,
-        faults: StreamFaults,
+        self, route: ModelRoute, request: Any, context: Context, faults: StreamFaults
     ) -> None:
         self._route = route
         self._request = request
