@@ -348,9 +348,7 @@ class ModelRegistry:
         if view.version == self._index_version:
             return
         index: dict[tuple[str, ModelType], list[ModelCard]] = defaultdict(list)
-        cards = view.items()
-        for key in sorted(cards):
-            card = cards[key]
+        for _key, card in sorted(view.items().items()):
             index[card.name, card.model_type].append(card)
         self._index = dict(index)
         self._index_version = view.version
@@ -360,9 +358,7 @@ class ModelRegistry:
         self._refresh()
         now = int(time.time())
         names = sorted({name for name, _ in self._index})
-        for name in names:
-            self._first_seen.setdefault(name, now)
-        return [(name, self._first_seen[name]) for name in names]
+        return [(name, self._first_seen.setdefault(name, now)) for name in names]
 
     def cards(self, name: str, model_type: ModelType) -> list[ModelCard]:
         """The cards of ``name`` as ``model_type``, by key."""
