@@ -34,9 +34,8 @@ from ..discovery import (
 from ..metrics import StatusReport, WorkerMetrics, serve_status
 from ..request_plane import ClientConnection, ConnectionPool, RequestPlaneServer
 from ._client import Client
-from ._inflight import InflightRequests
 from ._router import Router
-from ._serve import ServedEndpoint, serve_stream
+from ._serve import InflightRequests, ServedEndpoint, serve_stream
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable

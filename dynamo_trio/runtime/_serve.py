@@ -1,11 +1,12 @@
-"""Serving one request: the handler runs inside its context, and the outcome goes on the wire
-(docs/architecture.md, "Serving a request", has the table of endings)."""
+"""Serving one request: the handler runs inside its context, counted in flight, and the outcome
+goes on the wire (docs/architecture.md, "Serving a request", has the table of endings)."""
 
 from __future__ import annotations
 
 import inspect
 import logging
 import math
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -26,15 +27,60 @@ from .._tracing import read_request_headers
 from ._annotated import Annotated
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from .._context import Context
     from ..metrics import EndpointMetrics, RequestTracker
     from ..request_plane import ServerStream
-    from ._inflight import InflightRequests
 
 _log = logging.getLogger("dynamo_trio.runtime")
 _bugs: Final = LogLimiter(_log, interval=60.0, burst=1)
+
+
+class InflightRequests:
+    """The requests in flight in one process (for graceful shutdown and introspection): a set
+    of contexts that can be awaited empty and listed as trees."""
+
+    def __init__(self) -> None:
+        self._contexts: set[Context] = set()
+        self._idle: trio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def __iter__(self) -> Iterator[Context]:
+        return iter(tuple(self._contexts))
+
+    def kill_all(self, reason: CancelReason) -> None:
+        for context in self:
+            context.kill(reason)
+
+    @contextmanager
+    def track(self, context: Context) -> Iterator[Context]:
+        """Count ``context`` as in flight for the duration of the block."""
+        self._contexts.add(context)
+        try:
+            yield context
+        finally:
+            self._contexts.discard(context)
+            if not self._contexts and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    async def wait_empty(self) -> None:
+        """Return once no request is in flight."""
+        while self._contexts:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+        await trio.lowlevel.checkpoint()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each in-flight request as a tree (``Context.snapshot()``), oldest first."""
+        return [
+            context.snapshot()
+            for context in sorted(self._contexts, key=lambda context: context.created_at)
+        ]
 
 
 class ServedEndpoint:
@@ -97,9 +143,8 @@ async def serve_stream(
     if stream.cancel_signal is not None:
         tracker.cancelled(stream.cancel_signal.value)
     stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
-    inflight.add(context)
     error: DynamoError | None = None
-    with bind_request(context):  # every log line about this request names it and its trace
+    with inflight.track(context), bind_request(context):  # log lines name it and its trace
         try:  # contain(), written out; the stream's task nursery hosts the watcher
             await context.run(
                 _relay,
@@ -116,7 +161,6 @@ async def serve_stream(
             if cancelled is not None:
                 raise cancelled from None
         finally:
-            inflight.discard(context)
             _finish(stream, context, tracker, error)
 
 
