@@ -179,5 +179,4 @@ class Router:
 
 def _rest_for(failures: int) -> float:
     """How long a target rests out of rotation after ``failures`` failures in a row."""
-    doubled: float = _DOWN_FOR * 2.0 ** min(failures - 1, 16)
-    return min(doubled, _MAX_DOWN_FOR)
+    return min(_DOWN_FOR * 2.0 ** min(failures - 1, 16), _MAX_DOWN_FOR)
