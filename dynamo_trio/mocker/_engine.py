@@ -35,16 +35,12 @@ class MockEngine:
         await endpoint.serve_endpoint(engine.generate)
     """
 
-    __slots__ = ("_first_delay", "_settings", "_token_delay")
+    __slots__ = ("_first_delay", "_token_delay", "settings")
 
     def __init__(self, settings: MockerSettings | None = None) -> None:
-        self._settings = MockerSettings() if settings is None else settings
-        self._first_delay = self._settings.ttft_ms / 1000
-        self._token_delay = self._settings.inter_token_latency_ms / 1000
-
-    @property
-    def settings(self) -> MockerSettings:
-        return self._settings
+        self.settings: Final = MockerSettings() if settings is None else settings
+        self._first_delay = self.settings.ttft_ms / 1000
+        self._token_delay = self.settings.inter_token_latency_ms / 1000
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
         """Generate text for an engine request, one item per token (``text`` empty while held
@@ -82,7 +78,7 @@ class MockEngine:
 
     def _max_tokens(self, requested: int | None, prompt_tokens: int, request_type: str) -> int:
         """The tokens to generate at most (ValueError over the model's limits)."""
-        settings = self._settings
+        settings = self.settings
         if requested is not None and requested > settings.max_output_tokens:
             raise ValueError(
                 f"max_tokens is too large: {requested}. This model supports at most "
@@ -104,14 +100,14 @@ class MockEngine:
         """Embed each input as a unit vector fixed by its hash, after ``ttft_ms`` (fewer
         ``dimensions``: the leading components, renormalised); ValueError if invalid."""
         valid = validate_embed_request(request)
-        full = self._settings.embedding_dimensions
+        full = self.settings.embedding_dimensions
         dimensions = valid.get("dimensions") or full
         if dimensions > full:
             raise ValueError(
                 f"invalid embedding request: dimensions ({dimensions}) exceeds this model's "
                 f"embedding size ({full})"
             )
-        context_length = self._settings.context_length
+        context_length = self.settings.context_length
         inputs = valid["input"]
         counts = [await count_tokens_yielding(text) for text in inputs]
         for tokens in counts:
