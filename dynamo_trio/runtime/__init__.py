@@ -1,7 +1,6 @@
 """The distributed runtime: serving endpoints, calling them, and the response streams between."""
 
-from ._annotated import Annotated
-from ._client import Client, DataStream, ResponseStream
+from ._client import Annotated, Client, DataStream, ResponseStream
 from ._router import Router, Target
 from ._runtime import (
     Component,

@@ -1,5 +1,6 @@
 """Calling an endpoint: a child context linked under the caller's (its deadline, stop and
-kill reach the worker as frames), sent where the router chooses, read as a ResponseStream."""
+kill reach the worker as frames), sent where the router chooses, read as a ResponseStream of
+Annotated items."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from .._errors import (
 from .._logcontext import current_request
 from .._tracing import check_metadata, request_headers
 from ..request_plane import ClientStream
-from ._annotated import Annotated
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -41,12 +41,59 @@ _R = TypeVar("_R")
 _CONNECT_ATTEMPTS: Final = 3  # distinct instances a routed call tries on CannotConnect
 
 
+@final
+class Annotated:
+    """One item of a response stream: JSON-like ``data`` and SSE ``id``/``event``/``comment``;
+    handlers may yield plain values (they become ``data``) or an ``Annotated``."""
+
+    __slots__ = ("_data", "comment", "event", "id")
+
+    def __init__(
+        self,
+        data: Any = None,
+        *,
+        id: str | None = None,
+        event: str | None = None,
+        comment: list[str] | None = None,
+    ) -> None:
+        self._data = data
+        self.id = id
+        self.event = event
+        self.comment = comment
+
+    def data(self) -> Any:
+        """The item's value (a method, as in Dynamo's Python bindings)."""
+        return self._data
+
+    def comments(self) -> list[str] | None:
+        """The comment lines (Dynamo's method name; also the :attr:`comment` attribute)."""
+        return self.comment
+
+    def is_error(self) -> bool:
+        """Always false: an error ends a stream by raising, as in Dynamo."""
+        return False
+
+    def __repr__(self) -> str:
+        extras = "".join(
+            f", {name}={value!r}"
+            for name, value in (("id", self.id), ("event", self.event), ("comment", self.comment))
+            if value is not None
+        )
+        return f"Annotated({self._data!r}{extras})"
+
+    def _fields(self) -> tuple[Any, str | None, str | None, list[str] | None]:
+        return self._data, self.id, self.event, self.comment
+
+    def __eq__(self, other: object) -> bool:
+        return self._fields() == other._fields() if isinstance(other, Annotated) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class ResponseStream:
     """The items of one call, as an async iterator of :class:`Annotated`; closing kills the call.
-
     Iteration ends cleanly only when the stream ended as this caller wanted
-    (``docs/cancellation.md`` tabulates the endings and what leaving early does).
-    """
+    (``docs/cancellation.md`` tabulates the endings and what leaving early does)."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from .._errors import (
 from .._logcontext import bind_request
 from .._ratelimit import LogLimiter
 from .._tracing import read_request_headers
-from ._annotated import Annotated
+from ._client import Annotated
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
