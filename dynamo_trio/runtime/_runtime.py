@@ -549,18 +549,15 @@ def dynamo_worker(
     return decorate
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (``DYN_LOG``), unless the application set logging up."""
-    if not logging.getLogger().handlers:
-        _log_to_stderr(level, LOG_FORMAT)
-
-
-def _log_to_stderr(level: str, text: str) -> None:
-    """One stderr handler whose lines name the request being served."""
+def configure_logging(level: str, text: str = LOG_FORMAT) -> None:
+    """Log to stderr at ``level`` (``DYN_LOG``) in lines that name the request being served,
+    unless the application set logging up."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
     handler = logging.StreamHandler()
     handler.addFilter(RequestLogFilter())
     handler.setFormatter(logging.Formatter(text))
-    root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level.upper())
     if level != "debug":  # httpx logs every request (each etcd keepalive) at INFO
@@ -576,7 +573,7 @@ def configure_dynamo_logging(service_name: str | None = None, worker_id: int | N
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
-    _log_to_stderr(level, text)
+    configure_logging(level, text)
 
 
 async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> None:
