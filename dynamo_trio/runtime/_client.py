@@ -410,9 +410,9 @@ class Client:
         to: RouterMode | int,
     ) -> ResponseStream:
         """Send where the router chooses in mode ``to``, or to the instance ``to``."""
+        if context is not None and context.is_stopped():
+            return stream_type(Context(context.id()), None, instance_id=None)
         child = self._child_context(context)
-        if child is None:
-            return stream_type(Context(context.id() if context else None), None, instance_id=None)
         addresses: dict[Target, str] = {}
 
         async def targets() -> dict[Target, str]:
@@ -442,13 +442,10 @@ class Client:
             child.finish()
             raise
 
-    def _child_context(self, parent: Context | None) -> Context | None:
-        """The call's context, linked under ``parent`` and in its trace (else the current
-        request's); ``None`` if ``parent`` is cancelled."""
+    def _child_context(self, parent: Context | None) -> Context:
+        """The call's context, under ``parent`` and in its trace (else the current request's)."""
         if parent is None:
             return Context(trace=_current_trace())
-        if parent.is_stopped():
-            return None
         metadata = parent.metadata.copy()
         check_metadata(metadata)
         child = Context(parent.id(), metadata, trace=parent.trace or _current_trace())
