@@ -336,24 +336,19 @@ class DistributedRuntime:
                 if at == address:
                     self.router.failed(target, reason, expected=drained)
 
-    async def _watch(
-        self,
-        prefix: str,
-        decode: Callable[[bytes], Any],
-        *,
-        task_status: trio.TaskStatus[PrefixView[Any]],
-    ) -> None:
-        async with view_prefix(self.discovery, prefix, decode) as view:
-            task_status.started(view)
-            await trio.sleep_forever()
-
     def start_soon(self, task: Callable[[], Awaitable[object]], *, name: str) -> None:
         """Run ``task`` in the runtime's nursery: it lasts at most as long as the runtime."""
         self._require_nursery().start_soon(task, name=name)
 
     async def watch_prefix(self, prefix: str, decode: Callable[[bytes], Any]) -> PrefixView[Any]:
         """A live view of discovery records under ``prefix``, kept for the runtime's life."""
-        view: PrefixView[Any] = await self._require_nursery().start(self._watch, prefix, decode)
+
+        async def watch(*, task_status: trio.TaskStatus[PrefixView[Any]]) -> None:
+            async with view_prefix(self.discovery, prefix, decode) as view:
+                task_status.started(view)
+                await trio.sleep_forever()
+
+        view: PrefixView[Any] = await self._require_nursery().start(watch)
         return view
 
     def track(self, context: Context) -> AbstractContextManager[Context]:
