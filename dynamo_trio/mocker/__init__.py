@@ -1,9 +1,7 @@
-"""The mock LLM engine, for testing the runtime and frontend without a model.
-
-``MockEngine(settings).generate`` and ``.embed`` are endpoint handlers
-speaking the engine protocol of :mod:`dynamo_trio.llm`; ``MediaEngine(settings)``'s
-``.images``, ``.videos`` and ``.speech`` serve the media models.
-"""
+"""The mock LLM engine, for testing the runtime and frontend without a model:
+``MockEngine(settings).generate`` and ``.embed`` are endpoint handlers speaking the engine
+protocol of :mod:`dynamo_trio.llm`; ``MediaEngine(settings)``'s ``.images``, ``.videos`` and
+``.speech`` serve the media models."""
 
 from ._engine import MockEngine
 from ._media import MediaEngine

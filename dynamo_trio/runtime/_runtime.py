@@ -68,11 +68,9 @@ class Transport(Protocol):
 @final
 class DistributedRuntime:
     """The per-process runtime, used as ``async with DistributedRuntime(config) as runtime``;
-    leaving the block leaves no task, socket or registration behind.
-
-    ``config`` defaults to ``Config.from_env()``; ``memory_store`` is the ``mem`` discovery
-    store to share within the process; ``transport`` replaces the request plane's TCP.
-    """
+    leaving the block leaves no task, socket or registration behind.  ``config`` defaults to
+    ``Config.from_env()``; ``memory_store`` is the ``mem`` discovery store to share within the
+    process; ``transport`` replaces the request plane's TCP."""
 
     def __init__(
         self,
@@ -415,13 +413,11 @@ class Endpoint:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve ``handler(request[, context])`` here until the runtime shuts down.
-
-        ``nursery.start`` returns once registered (at once, registering nothing, if the
-        shutdown began first).  ``graceful_shutdown=False``: a shutdown kills this
-        endpoint's requests instead of draining them.  ``metrics_labels`` are extra
-        labels on its ``dynamo_component_*`` series.
-        """
+        """Serve ``handler(request[, context])`` here until the runtime shuts down;
+        ``nursery.start`` returns once registered (at once, registering nothing, if the shutdown
+        began first).  ``graceful_shutdown=False``: a shutdown kills this endpoint's requests
+        instead of draining them.  ``metrics_labels`` are extra labels on its
+        ``dynamo_component_*`` series."""
         runtime = self.runtime
         if runtime.shutting_down:
             task_status.started()
@@ -477,12 +473,10 @@ class Endpoint:
         accepts_continuation: bool = False,
         tensor_model_config: dict[str, Any] | None = None,
     ) -> None:
-        """Announce that this endpoint (served by this process) serves model ``name``.
-
-        The frontend enforces the token limits and migrates only to handlers that
+        """Announce that this endpoint (served by this process) serves model ``name``; the
+        frontend enforces the token limits and migrates only to handlers that
         ``accepts_continuation``; a ``tensor`` model needs ``tensor_model_config``
-        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``).
-        """
+        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``)."""
         tensor_config = None
         if model_type == "tensor" or tensor_model_config is not None:
             if tensor_model_config is None:
@@ -511,11 +505,9 @@ def _check_name(what: str, name: str) -> None:
 def dynamo_worker(
     config: Config | None = None, *, handle_signals: bool = True, enable_nats: bool | None = None
 ) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
-    """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime.
-
-    SIGINT/SIGTERM start a graceful shutdown (a second one ends the process);
-    ``enable_nats`` is ignored with a ``DeprecationWarning``, as in Dynamo.
-    """
+    """Decorate ``async def main(runtime, ...)`` so that ``trio.run(main)`` runs it in a runtime;
+    SIGINT/SIGTERM start a graceful shutdown (a second one ends the process), and
+    ``enable_nats`` is ignored with a ``DeprecationWarning``, as in Dynamo."""
     if enable_nats is not None:
         warnings.warn(
             "dynamo_worker(enable_nats=...) is deprecated (as in Dynamo 1.6.1) and ignored: "
