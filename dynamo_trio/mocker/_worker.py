@@ -35,7 +35,6 @@ async def serve_mocker(
     """Serve each named model on its own endpoint of ``{namespace}/{component}`` until the
     runtime shuts down; the cards carry the settings' limits, so the frontend enforces them."""
     limits: dict[str, Any] = {"context_length": settings.context_length}
-    text_card = {**limits, "max_output_tokens": settings.max_output_tokens}
     tensor_card: dict[str, Any] = {}
     if tensor_model_name is not None:
         tensor_card["tensor_model_config"] = tensor_model_config(tensor_model_name)
@@ -43,7 +42,7 @@ async def serve_mocker(
     media_engine = MediaEngine(settings)
     served: list[tuple[str | None, str, Any, tuple[ModelType, ...], dict[str, Any]]] = [
         (model_name, "generate", engine.generate, ("chat", "completions"),
-         {**text_card, "accepts_continuation": True}),
+         {**limits, "max_output_tokens": settings.max_output_tokens, "accepts_continuation": True}),
         (embedding_model_name, "embed", engine.embed, ("embeddings",), limits),
         (tensor_model_name, "infer", echo_tensor, ("tensor",), tensor_card),
         (image_model_name, "images", media_engine.images, ("images",), {}),
