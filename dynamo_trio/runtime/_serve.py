@@ -27,7 +27,7 @@ from .._tracing import read_request_headers
 from ._client import Annotated
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import Callable, Iterator
 
     from .._context import Context
     from ..metrics import EndpointMetrics, RequestTracker
@@ -106,20 +106,6 @@ class ServedEndpoint:
         self.wants_context: Final = wants_context
         self.graceful_shutdown: Final = graceful_shutdown  # else a shutdown kills its requests
 
-    def open(self, request: Any, context: Context) -> AsyncIterator[Any]:
-        """Call the handler and check it gave back an async iterator."""
-        result = (
-            self.handler(request, context=context) if self.wants_context else self.handler(request)
-        )
-        if not hasattr(result, "__anext__"):
-            if inspect.iscoroutine(result):
-                result.close()
-            raise TypeError(
-                f"the handler for {self.path} must be an async generator "
-                f"(it returned {type(result).__name__})"
-            )
-        return result  # type: ignore[no-any-return]
-
 
 async def serve_stream(
     stream: ServerStream,
@@ -137,8 +123,7 @@ async def serve_stream(
     context._set_trace(trace)
     if metadata:
         context.metadata = metadata
-    context.attributes["endpoint"] = endpoint.path
-    context.attributes["peer"] = stream.peer
+    context.attributes.update(endpoint=endpoint.path, peer=stream.peer)
     tracker = endpoint.metrics.start_request()
     if stream.cancel_signal is not None:
         tracker.cancelled(stream.cancel_signal.value)
@@ -238,7 +223,15 @@ class _StaleCancelled(Exception):
 
 async def _relay(stream: ServerStream, endpoint: ServedEndpoint, context: Context) -> None:
     """The handler's items onto the stream (inside the context's scope)."""
-    generator = endpoint.open(stream.payload, context)
+    request, handler = stream.payload, endpoint.handler
+    generator = handler(request, context=context) if endpoint.wants_context else handler(request)
+    if not hasattr(generator, "__anext__"):
+        if inspect.iscoroutine(generator):
+            generator.close()
+        raise TypeError(
+            f"the handler for {endpoint.path} must be an async generator "
+            f"(it returned {type(generator).__name__})"
+        )
     try:
         async for item in generator:
             if isinstance(item, Annotated):
