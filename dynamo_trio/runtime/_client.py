@@ -470,8 +470,7 @@ class Client:
         self._router.connected(target)
         if child.is_stopped():
             return stream_type(child, None, instance_id=None)
-        child.attributes["endpoint"] = self._path
-        child.attributes["instance"] = f"{instance_id:x}"
+        child.attributes.update(endpoint=self._path, instance=f"{instance_id:x}")
         remaining = child.time_remaining()
         try:
             stream = connection.open_stream(
