@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs
 
 import trio
@@ -88,25 +89,18 @@ async def exposition(encode: Callable[[Any], bytes], registry: CollectorRegistry
             group = []
             await trio.lowlevel.checkpoint()
     parts.append(encode(_Families(group)))
-    trailer = b""
-    for index, part in enumerate(parts):
-        if part.endswith(_EOF):
-            parts[index], trailer = part[: -len(_EOF)], _EOF
-    parts.append(trailer)
-    return b"".join(parts)
+    body = b"".join(part.removesuffix(_EOF) for part in parts)
+    return body + _EOF if parts[-1].endswith(_EOF) else body
 
 
-@final
+@dataclass(frozen=True, slots=True)
 class _Families:
     """Collected metric families, as a registry for an encoder."""
 
-    __slots__ = ("_families",)
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
+    families: list[Metric]
 
     def collect(self) -> list[Metric]:
-        return self._families
+        return self.families
 
 
 def _min_age(query: bytes) -> float:

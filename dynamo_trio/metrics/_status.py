@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import trio
@@ -90,21 +91,11 @@ async def serve_status(
     hc.read_timeout = _READ_TIMEOUT
     sockets = listen_sockets([host_port(config.host, config.port)])
     edge = Edge(status_routes(health=report, metrics=registry, inflight=inflight))
-    trigger = shutdown_trigger or trio.sleep_forever
-    await serve_http(edge, hc, trigger, sockets=sockets, task_status=_FirstBind(task_status))
-
-
-class _FirstBind:
-    """Hands the list of bound URLs on as the one URL the caller waits for."""
-
-    def __init__(self, task_status: trio.TaskStatus[str]) -> None:
-        self._task_status = task_status
-
-    def started(self, value: list[str] | None = None) -> None:
-        if not value:
-            raise RuntimeError("the status server reported no bound address")
-        _log.info("status server listening on %s", value[0])
-        self._task_status.started(value[0])
+    serve = partial(serve_http, edge, hc, shutdown_trigger or trio.sleep_forever, sockets=sockets)
+    async with trio.open_nursery() as nursery:
+        url = (await nursery.start(serve))[0]
+        _log.info("status server listening on %s", url)
+        task_status.started(url)
 
 
 def _readiness(ok: bool) -> str:
