@@ -31,26 +31,6 @@ _REFILL_PER_SECOND: Final = 0.1  # the share of max_resets back each second
 
 
 @final
-class ResetBudget:
-    """Stream resets one connection's client may still make (a token bucket)."""
-
-    def __init__(self, max_resets: int) -> None:
-        self._max = max_resets
-        self._left = float(max_resets)
-        self._at = trio.current_time()
-
-    def spend(self, resets: int) -> bool:
-        """Take ``resets``; ``False`` once the client has made more than the bound."""
-        now = trio.current_time()
-        self._left = min(
-            float(self._max), self._left + (now - self._at) * self._max * _REFILL_PER_SECOND
-        )
-        self._at = now
-        self._left -= resets
-        return self._left >= 0
-
-
-@final
 class GuardedProtocol:
     """hypercorn's per-connection protocol (``wrapped``), with the switch to HTTP/2 decided
     here; a client that resets more than ``max_resets`` streams in a burst gets ``GOAWAY``."""
@@ -115,17 +95,25 @@ class GuardedProtocol:
             await protocol.handle(RawData(data=data))
 
     def _guard(self, protocol: H2Protocol) -> None:
-        """Count the client's resets; let a closed stream's late data in (:class:`_Streams`)."""
+        """Count the client's resets (a token bucket of ``max_resets``); let a closed stream's
+        late data in (:class:`_Streams`)."""
         protocol.streams = _Streams(protocol.streams)
         connection = protocol.connection
         receive = connection.receive_data
-        budget = ResetBudget(self._max_resets)
+        most = self._max_resets
+        left, at = float(most), trio.current_time()
         client = self._wrapped.client
 
         def receive_data(data: Any) -> list[h2.events.Event]:
+            nonlocal left, at
             events: list[h2.events.Event] = receive(data)
             resets = sum(1 for event in events if isinstance(event, h2.events.StreamReset))
-            if resets and not budget.spend(resets):
+            if not resets:
+                return events
+            now = trio.current_time()
+            left = min(float(most), left + (now - at) * most * _REFILL_PER_SECOND) - resets
+            at = now
+            if left < 0:
                 limited_log.warning(
                     "rapid-reset",
                     "HTTP/2 client %s reset more than %d streams: GOAWAY (ENHANCE_YOUR_CALM)",
