@@ -18,9 +18,16 @@ from ._edge import (
     json_bytes,
     shown,
 )
-from ._gone import CONNECTION_GONE, ConnectionGone, connection_gone
 from ._prefetch import PREFETCHED_BODY, BodyPrefetch
-from ._server import dead_peer_options, listen_sockets, serve_http, serve_stream
+from ._server import (
+    CONNECTION_GONE,
+    ConnectionGone,
+    connection_gone,
+    dead_peer_options,
+    listen_sockets,
+    serve_http,
+    serve_stream,
+)
 from ._status import Health, InflightListing, MetricsSource, status_routes
 
 __all__ = [

@@ -1,5 +1,6 @@
 """Serving an ASGI app over HTTP: hypercorn's per-connection code under an accept loop
-whose shutdown always ends (docs/architecture.md, "The HTTP edge").
+whose shutdown always ends (docs/architecture.md, "The HTTP edge"), each connection's hang-up
+told to the app at once (:class:`ConnectionGone`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from .._contain import split_live_cancellation
 from .._ratelimit import LogLimiter
 from .._startup import CannotServe
 from ._chunks import CONNECTION_WRITER
-from ._gone import CONNECTION_GONE, ConnectionGone
 from ._guard import GuardedProtocol
 from ._h2 import RoundRobin
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.protocol import ProtocolWrapper
@@ -198,7 +198,7 @@ async def _serve_connection(
         state = ConnectionState(lifespan_state.copy())
         server = _Connection(wrapped, config, context, state, tls_typed, guard=guard)
         state[CONNECTION_WRITER] = server.write  # ._chunks
-        state[CONNECTION_GONE] = ordered.gone  # ._gone
+        state[CONNECTION_GONE] = ordered.gone
         try:
             await server.run()
         finally:
@@ -337,6 +337,57 @@ class _IdleTimer:
                 with trio.CancelScope(shield=True):
                     await self._connection._initiate_server_close()
                 return
+
+
+CONNECTION_GONE: Final = "dynamo_trio.connection_gone"
+"""The key of the connection's :class:`ConnectionGone` in its ASGI state: the client's
+hang-up, told by the task that reads the connection a scheduler pass before
+``http.disconnect`` reaches the app."""
+
+
+@final
+class ConnectionGone:
+    """Callbacks to run, each once, in the order added, when the client ends the
+    connection (its EOF, or a reset); one added after that runs at once."""
+
+    __slots__ = ("_callbacks", "gone")
+
+    def __init__(self) -> None:
+        self._callbacks: dict[Callable[[], object], None] = {}
+        self.gone = False
+        """Whether the client has ended the connection."""
+
+    def add(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` when the client ends the connection (now if it has)."""
+        if self.gone:
+            _run(callback)
+        else:
+            self._callbacks[callback] = None
+
+    def discard(self, callback: Callable[[], object]) -> None:
+        """Forget ``callback`` (a request that ended no longer needs telling)."""
+        self._callbacks.pop(callback, None)
+
+    def fire(self) -> None:
+        """The client has ended the connection: run the callbacks (idempotent)."""
+        self.gone = True
+        callbacks = tuple(self._callbacks)
+        self._callbacks.clear()
+        for callback in callbacks:
+            _run(callback)
+
+
+def connection_gone(scope: Mapping[str, Any]) -> ConnectionGone | None:
+    """The :class:`ConnectionGone` of ``scope``'s connection (``None`` off the edge's server)."""
+    gone = (scope.get("state") or {}).get(CONNECTION_GONE)
+    return gone if isinstance(gone, ConnectionGone) else None
+
+
+def _run(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception as exc:
+        limited_log.error("connection-gone", "a hang-up callback %r failed", callback, exc_info=exc)
 
 
 class _OrderedSends(trio.abc.HalfCloseableStream):

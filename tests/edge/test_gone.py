@@ -1,4 +1,4 @@
-"""ConnectionGone (:mod:`dynamo_trio.edge._gone`): the app hears its client leave from
+"""ConnectionGone (:mod:`dynamo_trio.edge._server`): the app hears its client leave from
 the task that read the EOF or the reset, before ``http.disconnect`` reaches it."""
 
 from __future__ import annotations
