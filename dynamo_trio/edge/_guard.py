@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("dynamo_trio.http")
 limited_log: Final = LogLimiter(_log)
+"""What a connection can make the server log, at a bounded rate."""
 
 _REFILL_PER_SECOND: Final = 0.1  # the share of max_resets back each second
 

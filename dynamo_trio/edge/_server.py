@@ -24,10 +24,9 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
 from .._contain import split_live_cancellation
-from .._ratelimit import LogLimiter
 from .._startup import CannotServe
 from ._chunks import CONNECTION_WRITER
-from ._guard import GuardedProtocol
+from ._guard import GuardedProtocol, limited_log
 from ._h2 import RoundRobin
 
 if TYPE_CHECKING:
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
 _log = logging.getLogger("dynamo_trio.http")
-limited_log: Final = LogLimiter(_log)
-"""What a connection can make the server log, at a bounded rate."""
 
 
 def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket.socket]:
