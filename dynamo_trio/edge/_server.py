@@ -91,13 +91,13 @@ async def serve_http(
     config: HypercornConfig,
     shutdown_trigger: Callable[[], Awaitable[None]],
     *,
-    sockets: list[socket.socket] | None = None,
+    sockets: list[socket.socket],
     dead_peer_timeout: float = 0.0,
     cleartext_http2: bool = False,
     http2_max_resets: int = 100,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` over plain HTTP on ``sockets`` (else ``config.bind``) until
+    """Serve ``app`` over plain HTTP on ``sockets`` (:func:`listen_sockets`) until
     ``shutdown_trigger`` returns; the bound URLs go to ``task_status``.
 
     On shutdown: stop accepting, let connections finish for ``config.graceful_timeout``,
@@ -131,16 +131,13 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        if sockets is None:
-            sockets = config.create_sockets().insecure_sockets
         listeners = []
         binds = []
         for sock in sockets:
             sock.listen(config.backlog)
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-            bind = repr_socket_addr(sock.family, sock.getsockname())
-            binds.append(f"http://{bind}")
-            _log.debug("listening on http://%s", bind)
+            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            _log.debug("listening on %s", binds[-1])
         async with trio.open_nursery() as closer:
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accepting:
