@@ -14,7 +14,7 @@ import trio
 from .._contain import contain
 from .._ratelimit import LogLimiter
 from ._chunks import direct_chunks
-from ._prefetch import BodyPrefetch
+from ._prefetch import BodyPrefetch, is_end
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -286,10 +286,8 @@ def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
 
 async def _drain(receive: ASGIReceiveCallable) -> None:
     """Read the request body to its end (routes answered here take none)."""
-    while True:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
+    while not is_end(await receive()):
+        pass
 
 
 def _headers(response: EdgeResponse, *, close: bool) -> list[tuple[bytes, bytes]]:

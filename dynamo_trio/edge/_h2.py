@@ -33,9 +33,7 @@ async def send_whole_response(
     if type(stream) is not HTTPStream or stream.closed or stream.state != ASGIHTTPState.REQUEST:
         return False
     protocol = getattr(stream.send, "__self__", None)
-    if type(protocol) is not H2Protocol:
-        return False
-    if (b"te", b"trailers") not in stream.scope["headers"]:
+    if type(protocol) is not H2Protocol or (b"te", b"trailers") not in stream.scope["headers"]:
         return False
     connection = protocol.connection
     stream_id = stream.stream_id

@@ -17,7 +17,8 @@ PREFETCHED_BODY: Final = "dynamo_trio.prefetched_body"
 """The key of a request's :class:`BodyPrefetch` in ``scope["extensions"]``."""
 
 
-def _is_end(message: ASGIReceiveEvent) -> bool:
+def is_end(message: ASGIReceiveEvent) -> bool:
+    """Whether ``message`` is the last of a request's body (or not part of it)."""
     return message["type"] != "http.request" or not message.get("more_body", False)
 
 
@@ -55,14 +56,14 @@ class BodyPrefetch:
             return receive
         taken: list[ASGIReceiveEvent] = []
         size = 0
-        while not taken or not _is_end(taken[-1]):
+        while not taken or not is_end(taken[-1]):
             try:
                 message = cast("ASGIReceiveEvent", channel.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             taken.append(message)
             size += len(_body_of(message))
-        if taken and not _is_end(taken[-1]) and size == _declared_length(scope):
+        if taken and not is_end(taken[-1]) and size == _declared_length(scope):
             # (A queue closed meanwhile is left for the app to find, as it would have.)
             with (
                 trio.move_on_after(end_timeout),
@@ -72,7 +73,7 @@ class BodyPrefetch:
                 size += len(_body_of(taken[-1]))  # (none from hypercorn: h11 had them all)
         if not taken:
             return receive
-        complete = taken[-1]["type"] == "http.request" and _is_end(taken[-1])
+        complete = taken[-1]["type"] == "http.request" and is_end(taken[-1])
         body = None
         if complete and size <= limit:
             parts = [part for message in taken if (part := _body_of(message))]
