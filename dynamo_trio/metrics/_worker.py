@@ -132,20 +132,18 @@ class WorkerMetrics:
     # The collector interface: one family per name, merging every endpoint's series.
 
     def describe(self) -> list[Metric]:
-        return [Metric(_family_name(name, kind), doc, kind) for name, kind, doc, _, _ in _FAMILIES]
+        return [
+            Metric(name.removesuffix("_total") if kind == "counter" else name, doc, kind)
+            for name, kind, doc, _, _ in _FAMILIES
+        ]
 
     def collect(self) -> Iterator[Metric]:
         endpoints = tuple(self._endpoints.values())
-        for index, (name, kind, doc, _, _) in enumerate(_FAMILIES):
-            family = Metric(_family_name(name, kind), doc, kind)
+        for index, family in enumerate(self.describe()):
             for endpoint in endpoints:
                 for metric in endpoint._metrics[index].collect():
                     family.samples.extend(metric.samples)
             yield family
-
-
-def _family_name(name: str, kind: _Kind) -> str:
-    return name.removesuffix("_total") if kind == "counter" else name
 
 
 def _spec(index: int, labelnames: list[str]) -> tuple[str, str, tuple[str, ...]]:
