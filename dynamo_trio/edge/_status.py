@@ -59,9 +59,8 @@ def status_routes(
         except ValueError:
             return EdgeResponse(400, json_bytes({"error": "min_age must be a number of seconds"}))
         listed = inflight()
-        trees = list(listed if not isinstance(listed, Awaitable) else await listed)
-        kept = [tree for tree in trees if _age(tree) >= min_age]
-        kept.sort(key=_age, reverse=True)
+        trees = listed if not isinstance(listed, Awaitable) else await listed
+        kept = sorted((tree for tree in trees if _age(tree) >= min_age), key=_age, reverse=True)
         return EdgeResponse(200, json_bytes(kept))
 
     return [
@@ -104,10 +103,7 @@ class _Families:
 
 
 def _min_age(query: bytes) -> float:
-    values = parse_qs(query.decode("latin-1")).get("min_age")
-    if not values:
-        return 0.0
-    value = float(values[-1])
+    value = float(parse_qs(query.decode("latin-1")).get("min_age", ["0"])[-1])
     if value != value:  # NaN
         raise ValueError("NaN")
     return value
