@@ -188,20 +188,18 @@ class FrontendRequestTracker(_Lifecycle):
     """One HTTP request: cancelled at most once, finished exactly once (all is ignored after).
     :meth:`cancelled` and :meth:`finish` are thread-safe; the token methods are the stream's."""
 
-    __slots__ = ("_first_token_at", "_last_token_at", "_route", "_started")
+    __slots__ = ("_last_token_at", "_route", "_started")
 
     def __init__(self, route: _Route, started: float) -> None:
         super().__init__()
         self._route = route
         self._started = started
-        self._first_token_at: float | None = None
-        self._last_token_at: float | None = None
+        self._last_token_at: float | None = None  # None: no token yet
 
     def first_token(self) -> None:
         """Observe the time to first token, once (for callers that do not count tokens)."""
-        if self._first_token_at is None and not self._finished:
-            now = self._route.metrics._clock()
-            self._first_token_at = self._last_token_at = now
+        if self._last_token_at is None and not self._finished:
+            now = self._last_token_at = self._route.metrics._clock()
             self._route.ttft.observe(now - self._started)
 
     def tokens(self, count: int = 1) -> None:
@@ -210,7 +208,7 @@ class FrontendRequestTracker(_Lifecycle):
         if count <= 0 or self._finished:
             return
         self._route.output_tokens.inc(count)
-        if self._first_token_at is None:
+        if self._last_token_at is None:
             self.first_token()
             count -= 1
             if count == 0:
