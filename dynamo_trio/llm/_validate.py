@@ -19,6 +19,7 @@ MAX_STOP_SEQUENCE_LENGTH: Final = 1024
 """Longest stop sequence, in characters: engines match each one against every token."""
 
 _TYPE_NAMES: Final[dict[type, str]] = {
+    type(None): "null",
     bool: "a boolean",
     int: "an integer",
     float: "a number",
@@ -30,8 +31,6 @@ _TYPE_NAMES: Final[dict[type, str]] = {
 
 def describe(value: object) -> str:
     """The JSON type of ``value``, with an article: ``"an integer"``, ``"null"``."""
-    if value is None:
-        return "null"
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
@@ -56,12 +55,6 @@ def invalid_type(param: str | None, expected: str, value: object) -> RequestErro
 def invalid_value(param: str, detail: str) -> RequestError:
     """The error for a value of the right type that is not allowed."""
     return _bad_request(param, f"Invalid value for '{param}': {detail}", "invalid_value")
-
-
-def missing(param: str) -> RequestError:
-    """The error for an absent (or null) required parameter."""
-    message = f"Missing required parameter: '{param}'."
-    return _bad_request(param, message, "missing_required_parameter")
 
 
 def unsupported(param: str, detail: str) -> RequestError:
@@ -93,7 +86,8 @@ def expect_str(
     if nonempty and not value:
         raise invalid_value(param, "expected a non-empty string.")
     if max_length is not None and len(value) > max_length:
-        raise too_long(param, max_length, value)
+        detail = f"expected at most {max_length} characters, but got {len(value)} characters."
+        raise invalid_value(param, detail)
     return value
 
 
@@ -101,7 +95,10 @@ def required(body: JsonObject, key: str, prefix: str = "") -> object:
     """The value of a required field (present and not null)."""
     value = body.get(key)
     if value is None:
-        raise missing(join(prefix, key))
+        param = join(prefix, key)
+        raise _bad_request(
+            param, f"Missing required parameter: '{param}'.", "missing_required_parameter"
+        )
     return value
 
 
@@ -172,13 +169,6 @@ def model_name(body: JsonObject) -> str:
     return required_str(body, "model", nonempty=True, max_length=MAX_MODEL_NAME_LENGTH)
 
 
-def too_long(param: str, max_length: int, value: str) -> RequestError:
-    """The error for a string over ``max_length`` characters."""
-    return invalid_value(
-        param, f"expected at most {max_length} characters, but got {len(value)} characters."
-    )
-
-
 def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
     value = body.get(key)
     if value is None or isinstance(value, str):
@@ -207,17 +197,8 @@ def optional_int(
     maximum: int | None = None,
 ) -> int | None:
     """An optional integer field within ``[minimum, maximum]``."""
-    value = body.get(key)
-    if value is None:
-        return None
-    param = join(prefix, key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise invalid_type(param, "an integer", value)
-    if minimum is not None and value < minimum:
-        raise invalid_value(param, f"expected an integer >= {minimum}, but got {value}.")
-    if maximum is not None and value > maximum:
-        raise invalid_value(param, f"expected an integer <= {maximum}, but got {value}.")
-    return value
+    value = _number(body, key, prefix, minimum, maximum, integer=True)
+    return None if value is None else int(value)
 
 
 def optional_number(
@@ -229,19 +210,28 @@ def optional_number(
     maximum: float | None = None,
 ) -> float | None:
     """An optional finite number field within ``[minimum, maximum]``, as a float."""
+    value = _number(body, key, prefix, minimum, maximum, integer=False)
+    return None if value is None else float(value)
+
+
+def _number(
+    body: JsonObject, key: str, prefix: str, low: float | None, high: float | None, integer: bool
+) -> float | None:
+    """Field ``key``: an integer (or, not ``integer``, any finite number) in ``[low, high]``."""
     value = body.get(key)
     if value is None:
         return None
     param = join(prefix, key)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise invalid_type(param, "a number", value)
-    if not math.isfinite(value):
+    noun, spec = ("an integer", "") if integer else ("a number", "g")
+    if not isinstance(value, int if integer else int | float) or isinstance(value, bool):
+        raise invalid_type(param, noun, value)
+    if isinstance(value, float) and not math.isfinite(value):
         raise invalid_value(param, f"expected a finite number, but got {value}.")
-    if minimum is not None and value < minimum:
-        raise invalid_value(param, f"expected a number >= {minimum:g}, but got {value}.")
-    if maximum is not None and value > maximum:
-        raise invalid_value(param, f"expected a number <= {maximum:g}, but got {value}.")
-    return float(value)
+    if low is not None and value < low:
+        raise invalid_value(param, f"expected {noun} >= {low:{spec}}, but got {value}.")
+    if high is not None and value > high:
+        raise invalid_value(param, f"expected {noun} <= {high:{spec}}, but got {value}.")
+    return value
 
 
 def stop_sequences(
