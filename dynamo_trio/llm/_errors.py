@@ -7,6 +7,8 @@ docs/llm.md ("Errors") has the statuses and the error types of each API.
 from __future__ import annotations
 
 import http
+import math
+from dataclasses import KW_ONLY, dataclass
 from typing import Final, Protocol
 
 from .._errors import (
@@ -25,29 +27,21 @@ from .._errors import (
 from ._protocol import EngineError
 
 
+@dataclass(eq=False)
 class RequestError(Exception):
     """A request the frontend refuses: its HTTP status, a message naming the parameter,
     and the error ``type`` and ``code`` if not the status's defaults for the API that
     renders it; ``param`` is the offending parameter's path (``"messages[0].content"``)."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        code: str | None = None,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status: Final = status
-        self.message: Final = message
-        self.type: Final = type
-        self.code: Final = code
-        self.param: Final = param
+    status: int
+    message: str
+    _: KW_ONLY
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
 
-    def __repr__(self) -> str:
-        return f"RequestError({self.status}, {self.message!r}, param={self.param!r})"
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     def openai_body(self) -> dict[str, object]:
         """This error as an OpenAI error body."""
@@ -162,10 +156,7 @@ def status_for_error(exc: BaseException) -> int:
     """The HTTP status a failed request is answered with (docs/llm.md, "Errors")."""
     if isinstance(exc, RequestError):
         return exc.status
-    for kinds, status in _STATUS_OF:
-        if isinstance(exc, kinds):
-            return status
-    return 500
+    return next((status for kinds, status in _STATUS_OF if isinstance(exc, kinds)), 500)
 
 
 CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"
@@ -189,9 +180,7 @@ def check_output_tokens(
     """Refuse (400 naming it) the first of ``requested`` (``{param: count or None}``) over the
     model's limits, worded as Anthropic's API does if ``anthropic``."""
     known = [n for n in (limits.max_output_tokens, limits.context_length) if n is not None]
-    if not known:
-        return
-    ceiling = min(known)  # the most tokens one request may ask the model to generate
+    ceiling = min(known, default=math.inf)  # the most tokens one request may ask to generate
     for param, value in requested.items():
         if value is None or value <= ceiling:
             continue
@@ -228,8 +217,7 @@ class ContextLengthExceeded(ValueError):
     ) -> None:
         start = f"This model's maximum context length is {context_length} tokens. However, "
         if prompt_tokens is None:
-            if prompt_chars is None:
-                raise TypeError("a prompt refused untokenized is told by its prompt_chars")
+            assert prompt_chars is not None, "a prompt refused untokenized needs prompt_chars"
             chars, most = prompt_chars
             message = (
                 f"{start}your {prompt_kind} contains {chars} characters (more than {most}, "
