@@ -147,11 +147,11 @@ class MessagesStream(EventStream):
 
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []
-        stop_reason, stop_sequence = anthropic_stop_reason(self._generation)
+        stop_reason, stop_sequence = anthropic_stop_reason(self.generation)
         delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         return [
             *events,
             {"type": "content_block_stop", "index": 0},
-            {"type": "message_delta", "delta": delta, "usage": _usage(self._generation)},
+            {"type": "message_delta", "delta": delta, "usage": _usage(self.generation)},
             {"type": "message_stop"},
         ]

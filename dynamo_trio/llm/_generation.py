@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Final
 from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
+_NO_IDS: Final[list[object]] = []
 
 
 def plain_text(item: object) -> str | None:
@@ -17,37 +18,27 @@ def plain_text(item: object) -> str | None:
     a cheap check on every token's path, before the full ``parse_generate_output``."""
     if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
         return None
-    text = item.get("text", "")
-    if type(text) is not str:
+    text, token_ids = item.get("text", ""), item.get("token_ids", _NO_IDS)
+    if type(text) is not str or type(token_ids) is not list:
         return None
-    if "token_ids" in item:
-        token_ids = item["token_ids"]
-        if type(token_ids) is not list:
+    for token_id in token_ids:
+        if type(token_id) is not int:
             return None
-        for token_id in token_ids:
-            if type(token_id) is not int:
-                return None
     return text
 
 
 class Generation:
     """The state of one generation, built up (synchronously, cheaply) from its engine items."""
 
-    __slots__ = (
-        "_counted_tokens",
-        "_finish_reason",
-        "_pieces",
-        "_reported",
-        "_stop_sequence",
-        "_untokenized",
-    )
+    __slots__ = ("_counted", "_pieces", "_reason", "_reported", "_untokenized", "stop_sequence")
 
     def __init__(self) -> None:
         self._pieces: list[str] = []
-        self._finish_reason: FinishReason | None = None
-        self._stop_sequence: str | None = None
+        self._reason: FinishReason | None = None
+        self.stop_sequence: str | None = None
+        """The stop sequence that ended generation, if the engine named one."""
         self._reported: Usage | None = None
-        self._counted_tokens = 0
+        self._counted = 0
         self._untokenized = 0  # items folded with text and no token ids
 
     @classmethod
@@ -61,7 +52,7 @@ class Generation:
     def feed(self, item: object) -> str:
         """Fold one engine output item in and return its text (``""`` after the end); EngineError
         for a malformed item or ``finish_reason: "error"``."""
-        if self._finish_reason is not None:
+        if self._reason is not None:
             return ""
         text = plain_text(item)
         if text is not None:
@@ -70,29 +61,26 @@ class Generation:
         output = parse_generate_output(item)
         token_ids = output.get("token_ids")
         if token_ids is not None:
-            self._counted_tokens += len(token_ids)
+            self._counted += len(token_ids)
         elif output.get("text"):
             self._untokenized += 1
-        usage = output.get("usage")
-        if usage is not None:
+        if (usage := output.get("usage")) is not None:
             self._reported = usage
-        reason = output.get("finish_reason")
-        if reason == "error":
+        if (reason := output.get("finish_reason")) == "error":
             raise EngineError(output.get("error") or "the engine failed without saying why")
         text = output.get("text", "")
         if text:
             self._pieces.append(text)
         if reason is not None:
-            self._finish_reason = reason
-            self._stop_sequence = output.get("stop_sequence")
+            self._reason, self.stop_sequence = reason, output.get("stop_sequence")
         return text
 
     def feed_plain(self, text: str, token_ids: list[int] | None) -> None:
         """:meth:`feed` for an item :func:`plain_text` already accepted."""
-        if self._finish_reason is not None:
+        if self._reason is not None:
             return
         if token_ids is not None:
-            self._counted_tokens += len(token_ids)
+            self._counted += len(token_ids)
         elif text:
             self._untokenized += 1
         if text:
@@ -101,7 +89,7 @@ class Generation:
     @property
     def output_tokens(self) -> int:
         """Output tokens so far: token ids, or one per item with text and no token ids."""
-        return self._counted_tokens + self._untokenized
+        return self._counted + self._untokenized
 
     @property
     def text(self) -> str:
@@ -111,22 +99,18 @@ class Generation:
 
     @property
     def finished(self) -> bool:
-        return self._finish_reason is not None
+        return self._reason is not None
 
     @property
     def finish_reason(self) -> FinishReason:
         """The engine's reason, ``"stop"`` if it gave none."""
-        return self._finish_reason or "stop"
-
-    @property
-    def stop_sequence(self) -> str | None:
-        return self._stop_sequence
+        return self._reason or "stop"
 
     @property
     def usage(self) -> Usage:
         """The engine's last report (a copy), else the token ids counted."""
         if self._reported is None:
-            return {"prompt_tokens": 0, "completion_tokens": self._counted_tokens}
+            return {"prompt_tokens": 0, "completion_tokens": self._counted}
         return self._reported.copy()
 
 
@@ -135,17 +119,16 @@ class EventStream:
     what opens the stream, what a text delta is, and what closes it (``_closing`` gets the
     last item's text, ``""`` when :meth:`finish` ends it)."""
 
-    __slots__ = ("_closed", "_generation", "_started")
+    __slots__ = ("_closed", "_started", "generation")
+
+    _delta: Callable[[str], list[dict[str, object]]]
+    _closing: Callable[[str], list[dict[str, object]]]
 
     def __init__(self) -> None:
-        self._generation = Generation()
+        self.generation = Generation()
+        """The generation folded so far (text, finish reason, usage)."""
         self._started = False
         self._closed = False
-
-    @property
-    def generation(self) -> Generation:
-        """The generation folded so far (text, finish reason, usage)."""
-        return self._generation
 
     def start(self) -> list[dict[str, object]]:
         """The events that open the stream (once; later calls return ``[]``)."""
@@ -160,8 +143,8 @@ class EventStream:
         events = self.start()
         if self._closed:
             return events
-        text = self._generation.feed(item)
-        if self._generation.finished and self._close():
+        text = self.generation.feed(item)
+        if self.generation.finished and self._close():
             return events + self._closing(text)
         return events + self._delta(text) if text else events
 
@@ -177,9 +160,3 @@ class EventStream:
 
     def _opening(self) -> list[dict[str, object]]:
         return []
-
-    def _delta(self, text: str) -> list[dict[str, object]]:
-        raise NotImplementedError
-
-    def _closing(self, text: str) -> list[dict[str, object]]:
-        raise NotImplementedError

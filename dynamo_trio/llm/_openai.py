@@ -318,7 +318,7 @@ class _ChunkStream(EventStream):
         return [self._text_chunk(text, None)]
 
     def _closing(self, text: str) -> list[dict[str, object]]:
-        return [self._text_chunk(text, openai_finish_reason(self._generation.finish_reason))]
+        return [self._text_chunk(text, openai_finish_reason(self.generation.finish_reason))]
 
     def feed_sse(self, items: Iterable[object]) -> bytes:
         """The SSE bytes of :meth:`feed` for a batch of items (a plain text item fills a
@@ -331,7 +331,7 @@ class _ChunkStream(EventStream):
             if text is None:
                 parts.extend(encode_event(chunk) for chunk in self.feed(item))
                 continue
-            self._generation.feed_plain(text, item.get("token_ids"))  # type: ignore[attr-defined]
+            self.generation.feed_plain(text, item.get("token_ids"))  # type: ignore[attr-defined]
             if text:
                 prefix, suffix = self._template or self._make_template()
                 parts.append(prefix + _JSON.encode(text) + suffix)
@@ -347,7 +347,7 @@ class _ChunkStream(EventStream):
         """The chunks that end the stream (finish, usage if asked); send ``data: [DONE]`` after."""
         chunks = super().finish()
         if self._include_usage:
-            chunks.append(self._chunk(None, usage=openai_usage(self._generation.usage)))
+            chunks.append(self._chunk(None, usage=openai_usage(self.generation.usage)))
             self._include_usage = False  # at most once
         return chunks
 

@@ -267,7 +267,7 @@ class ResponseStream(EventStream):
         events = self.start()
         if not self._close():
             return events
-        text = self._generation.text
+        text = self.generation.text
         output = [self._item("incomplete", text)] if text else []
         events.append(self._event("error", code=code, message=message, param=None))
         events.append(
@@ -276,7 +276,7 @@ class ResponseStream(EventStream):
                 response=self._response(
                     "failed",
                     output,
-                    self._generation.usage,
+                    self.generation.usage,
                     error={"code": code, "message": message},
                 ),
             )
@@ -285,8 +285,8 @@ class ResponseStream(EventStream):
 
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []
-        item, response = self._finished(self._generation)
-        text = self._generation.text
+        item, response = self._finished(self.generation)
+        text = self.generation.text
         status = response["status"]
         return [
             *events,
