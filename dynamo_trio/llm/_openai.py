@@ -7,7 +7,7 @@ import base64
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 import msgspec
 
@@ -43,7 +43,7 @@ from ._validate import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 _CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _CHAT_PART_TYPES: Final = frozenset({"text"})
@@ -104,14 +104,14 @@ def parse_chat_request(body: object) -> ChatRequest:
         raise unsupported("logprobs", "log probabilities are not supported by this server.")
     optional_int(obj, "top_logprobs", minimum=0, maximum=20)
     stream, include_usage = _stream_flags(obj)
-    given = obj.get("max_completion_tokens") is not None
+    sampling, max_param = _sampling(obj)
     return ChatRequest(
         model=model,
         messages=messages,
-        sampling=_sampling(obj),
+        sampling=sampling,
         stream=stream,
         include_usage=include_usage,
-        max_tokens_param="max_completion_tokens" if given else "max_tokens",
+        max_tokens_param=max_param,
     )
 
 
@@ -132,7 +132,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
     return CompletionRequest(
         model=model,
         prompt=prompt,
-        sampling=_sampling(obj),
+        sampling=_sampling(obj)[0],
         stream=stream,
         include_usage=include_usage,
     )
@@ -193,7 +193,8 @@ def _stream_flags(obj: JsonObject) -> tuple[bool, bool]:
     return True, bool(optional_bool(options, "include_usage", "stream_options"))
 
 
-def _sampling(obj: JsonObject) -> SamplingParams:
+def _sampling(obj: JsonObject) -> tuple[SamplingParams, str]:
+    """The sampling options, and which parameter set ``max_tokens``."""
     max_tokens = optional_int(obj, "max_completion_tokens", minimum=1)
     legacy = optional_int(obj, "max_tokens", minimum=1)  # checked even when overridden
     max_key = "max_completion_tokens" if max_tokens is not None else "max_tokens"
@@ -214,7 +215,7 @@ def _sampling(obj: JsonObject) -> SamplingParams:
         seed=optional_int(obj, "seed"),
         stop=stop_sequences(obj, "stop", max_items=_MAX_STOP_SEQUENCES, allow_string=True),
         ignore_eos=bool(optional_bool(obj, "ignore_eos")),
-    )
+    ), max_key
 
 
 def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
@@ -232,18 +233,15 @@ def openai_usage(usage: Usage) -> dict[str, int]:
     }
 
 
-def _now() -> int:
-    return int(time.time())
+def _now(created: int | None) -> int:
+    return int(time.time()) if created is None else created
 
 
 def chat_completion(
     request: ChatRequest, request_id: str, generation: Generation, *, created: int | None = None
 ) -> dict[str, object]:
     """The unary ``chat.completion`` object for a finished generation."""
-    message = {"role": "assistant", "content": generation.text, "refusal": None}
-    return _unary(
-        f"chatcmpl-{request_id}", "chat.completion", request, generation, created, message=message
-    )
+    return _unary(f"chatcmpl-{request_id}", "chat.completion", request.model, generation, created)
 
 
 def completion(
@@ -254,27 +252,20 @@ def completion(
     created: int | None = None,
 ) -> dict[str, object]:
     """The unary ``text_completion`` object for a finished generation."""
-    return _unary(
-        f"cmpl-{request_id}", "text_completion", request, generation, created, text=generation.text
-    )
+    return _unary(f"cmpl-{request_id}", "text_completion", request.model, generation, created)
 
 
-def _unary(
-    id: str,
-    kind: str,
-    request: _OpenAIRequest,
-    generation: Generation,
-    created: int | None,
-    **content: object,
-) -> dict[str, object]:
-    reason = openai_finish_reason(generation.finish_reason)
+def _unary(id: str, kind: str, model: str, gen: Generation, when: int | None) -> dict[str, object]:
+    text, reason = gen.text, openai_finish_reason(gen.finish_reason)
+    message = {"role": "assistant", "content": text, "refusal": None}
+    content = {"message": message} if kind == "chat.completion" else {"text": text}
     return {
         "id": id,
         "object": kind,
-        "created": _now() if created is None else created,
-        "model": request.model,
+        "created": _now(when),
+        "model": model,
         "choices": [{"index": 0, **content, "logprobs": None, "finish_reason": reason}],
-        "usage": openai_usage(generation.usage),
+        "usage": openai_usage(gen.usage),
     }
 
 
@@ -285,6 +276,7 @@ class _ChunkStream(EventStream):
 
     _object: str
     _id_prefix: str
+    _text_chunk: Callable[[str, OpenAIFinishReason | None], dict[str, object]]
 
     def __init__(
         self, request: _OpenAIRequest, request_id: str, *, created: int | None = None
@@ -293,7 +285,7 @@ class _ChunkStream(EventStream):
         self._id = self._id_prefix + request_id
         self._model = request.model
         self._include_usage = request.include_usage
-        self._created = _now() if created is None else created
+        self._created = _now(created)
         self._template: tuple[bytes, bytes] | None = None
 
     def _chunk(self, choice: dict[str, object] | None, **usage: object) -> dict[str, object]:
@@ -310,9 +302,6 @@ class _ChunkStream(EventStream):
 
     def _choice(self, reason: OpenAIFinishReason | None, **content: object) -> dict[str, object]:
         return self._chunk({"index": 0, **content, "logprobs": None, "finish_reason": reason})
-
-    def _text_chunk(self, text: str, finish_reason: OpenAIFinishReason | None) -> dict[str, object]:
-        raise NotImplementedError
 
     def _delta(self, text: str) -> list[dict[str, object]]:
         return [self._text_chunk(text, None)]
@@ -395,14 +384,14 @@ def model_object(model: str, *, created: int | None = None) -> dict[str, object]
     return {
         "id": model,
         "object": "model",
-        "created": _now() if created is None else created,
+        "created": _now(created),
         "owned_by": "dynamo-trio",
     }
 
 
 def model_list(models: Iterable[str], *, created: int | None = None) -> dict[str, object]:
     """The ``GET /v1/models`` body: each name once, in the order given."""
-    when = _now() if created is None else created
+    when = _now(created)
     return {
         "object": "list",
         "data": [model_object(m, created=when) for m in dict.fromkeys(models)],
@@ -433,17 +422,12 @@ def parse_embedding_request(body: object) -> EmbeddingRequest:
     obj = expect_object(body, None)
     model = model_name(obj)
     inputs = _inputs(required(obj, "input"))
-    encoding = optional_str(obj, "encoding_format") or "float"
+    encoding = cast("EncodingFormat", optional_str(obj, "encoding_format") or "float")
     if encoding not in ("float", "base64"):
-        raise invalid_value(
-            "encoding_format", f"expected 'float' or 'base64', but got {encoding!r}."
-        )
-    return EmbeddingRequest(
-        model=model,
-        inputs=inputs,
-        encoding_format="float" if encoding == "float" else "base64",
-        dimensions=optional_int(obj, "dimensions", minimum=1),
-    )
+        detail = f"expected 'float' or 'base64', but got {encoding!r}."
+        raise invalid_value("encoding_format", detail)
+    dims = optional_int(obj, "dimensions", minimum=1)
+    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding, dimensions=dims)
 
 
 def _inputs(value: object) -> tuple[str, ...]:
@@ -472,19 +456,11 @@ def encode_base64_floats(vector: Sequence[float]) -> str:
 def embedding_response(request: EmbeddingRequest, output: object) -> dict[str, object]:
     """The embeddings ``list`` object for the engine's output item (EngineError if malformed)."""
     valid = parse_embed_output(output, count=len(request.inputs))
-    as_base64 = request.encoding_format == "base64"
+    encode = encode_base64_floats if request.encoding_format == "base64" else None
     data = [
-        {
-            "object": "embedding",
-            "index": index,
-            "embedding": encode_base64_floats(vector) if as_base64 else vector,
-        }
-        for index, vector in enumerate(valid["embeddings"])
+        {"object": "embedding", "index": index, "embedding": encode(v) if encode else v}
+        for index, v in enumerate(valid["embeddings"])
     ]
-    prompt_tokens = valid["usage"]["prompt_tokens"]
-    return {
-        "object": "list",
-        "data": data,
-        "model": request.model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    tokens = valid["usage"]["prompt_tokens"]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": request.model, "usage": usage}
