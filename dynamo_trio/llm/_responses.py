@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from ._errors import TokenLimits, check_output_tokens
 from ._generation import EventStream, Generation
@@ -26,6 +26,9 @@ from ._validate import (
     required,
     unsupported,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 _ROLES: Final = ("user", "assistant", "system", "developer")
 _PART_TYPES: Final = frozenset({"input_text", "output_text"})
@@ -57,9 +60,8 @@ class ResponsesRequest:
 
     def check_limits(self, limits: TokenLimits) -> None:
         """Refuse a ``max_output_tokens`` over the model's limits (400 naming it)."""
-        check_output_tokens(
-            limits, {"max_output_tokens": self.sampling.max_tokens}, model=self.model
-        )
+        requested = {"max_output_tokens": self.sampling.max_tokens}
+        check_output_tokens(limits, requested, model=self.model)
 
 
 def parse_responses_request(body: object) -> ResponsesRequest:
@@ -184,14 +186,9 @@ class ResponseStream(EventStream):
         return event
 
     def _response(
-        self,
-        status: ResponseStatus,
-        output: list[dict[str, object]],
-        usage: Usage | None,
-        *,
-        incomplete_details: dict[str, object] | None = None,
-        error: dict[str, object] | None = None,
+        self, status: ResponseStatus, output: Sequence[object], usage: Usage | None, **more: object
     ) -> dict[str, object]:
+        """The response object; ``more`` fills in its ``error`` or ``incomplete_details``."""
         request, sampling = self._request, self._request.sampling
         return {
             "id": f"resp_{self._request_id}",
@@ -200,8 +197,8 @@ class ResponseStream(EventStream):
             "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
             "background": False,
-            "error": error,
-            "incomplete_details": incomplete_details,
+            "error": None,
+            "incomplete_details": None,
             "instructions": request.instructions,
             "max_output_tokens": sampling.max_tokens,
             "metadata": dict(request.metadata),
@@ -216,7 +213,7 @@ class ResponseStream(EventStream):
             "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
             "truncation": "disabled",
             "usage": None if usage is None else responses_usage(usage),
-        }
+        } | more
 
     def _item(self, status: str, text: str | None) -> dict[str, object]:
         """The message item (no content part while ``text`` is None)."""
@@ -231,31 +228,22 @@ class ResponseStream(EventStream):
 
     def _finished(self, generation: Generation) -> tuple[dict[str, object], dict[str, object]]:
         """A finished generation's message item, and the response that holds it."""
-        reason = generation.finish_reason
-        status = _FINISHED_STATUS.get(reason, "completed")
-        details: dict[str, object] | None = None
-        if reason == "length":
-            details = {"reason": "max_output_tokens"}
+        status = _FINISHED_STATUS.get(generation.finish_reason, "completed")
         item = self._item("completed" if status == "completed" else "incomplete", generation.text)
+        details = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return item, self._response(status, [item], generation.usage, incomplete_details=details)
 
     def _in_text(self, type: str, **fields: object) -> dict[str, object]:
         return self._event(type, item_id=self._item_id, output_index=0, content_index=0, **fields)
 
     def _opening(self) -> list[dict[str, object]]:
-        in_progress = self._response("in_progress", [], None)
+        in_progress, item = self._response("in_progress", [], None), self._item("in_progress", None)
+        part = {"type": "output_text", "text": "", "annotations": []}
         return [
             self._event("response.created", response=in_progress),
             self._event("response.in_progress", response=in_progress),
-            self._event(
-                "response.output_item.added",
-                output_index=0,
-                item=self._item("in_progress", None),
-            ),
-            self._in_text(
-                "response.content_part.added",
-                part={"type": "output_text", "text": "", "annotations": []},
-            ),
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._in_text("response.content_part.added", part=part),
         ]
 
     def _delta(self, text: str) -> list[dict[str, object]]:
@@ -267,34 +255,21 @@ class ResponseStream(EventStream):
         events = self.start()
         if not self._close():
             return events
-        text = self.generation.text
+        text, error = self.generation.text, {"code": code, "message": message}
         output = [self._item("incomplete", text)] if text else []
-        events.append(self._event("error", code=code, message=message, param=None))
-        events.append(
-            self._event(
-                "response.failed",
-                response=self._response(
-                    "failed",
-                    output,
-                    self.generation.usage,
-                    error={"code": code, "message": message},
-                ),
-            )
-        )
-        return events
+        failed = self._response("failed", output, self.generation.usage, error=error)
+        events.append(self._event("error", **error, param=None))
+        return [*events, self._event("response.failed", response=failed)]
 
     def _closing(self, text: str) -> list[dict[str, object]]:
         events = self._delta(text) if text else []
         item, response = self._finished(self.generation)
         text = self.generation.text
-        status = response["status"]
+        done = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return [
             *events,
             self._in_text("response.output_text.done", text=text, logprobs=[]),
             self._in_text("response.content_part.done", part=_output_text(text)),
             self._event("response.output_item.done", output_index=0, item=item),
-            self._event(
-                "response.completed" if status == "completed" else "response.incomplete",
-                response=response,
-            ),
+            self._event(done, response=response),
         ]
