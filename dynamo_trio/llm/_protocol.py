@@ -4,8 +4,8 @@ options every text API maps onto (docs/llm.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, NotRequired, TypedDict, TypeVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Literal, NotRequired, TypedDict, TypeVar, cast
 
 import msgspec
 
@@ -79,30 +79,18 @@ class SamplingParams:
         self, model: str, messages: Sequence[EngineMessage], *, system: str | None = None
     ) -> GenerateRequest:
         """The engine request for a conversation; ``system`` becomes a leading system message."""
-        request = self._request(model, "chat")
         leading: list[EngineMessage] = [{"role": "system", "content": system}] if system else []
-        request["messages"] = [*leading, *messages]  # the parsers' own fresh dicts
-        return request
+        return self._request(model, "chat", messages=[*leading, *messages])
 
     def completion_request(self, model: str, prompt: str) -> GenerateRequest:
         """The engine request to continue ``prompt``."""
-        request = self._request(model, "completion")
-        request["prompt"] = prompt
-        return request
+        return self._request(model, "completion", prompt=prompt)
 
-    def _request(self, model: str, request_type: Literal["chat", "completion"]) -> GenerateRequest:
-        return {
-            "model": model,
-            "request_type": request_type,
-            "max_tokens": self.max_tokens,
-            "min_tokens": self.min_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": list(self.stop),
-            "ignore_eos": self.ignore_eos,
-        }
+    def _request(self, model: str, request_type: str, **prompt: object) -> GenerateRequest:
+        options = {field.name: getattr(self, field.name) for field in fields(self)}
+        options["stop"] = list(self.stop)
+        request = {"model": model, "request_type": request_type, **options, **prompt}
+        return cast("GenerateRequest", request)
 
 
 class Usage(TypedDict):
