@@ -36,27 +36,19 @@ class StopMatcher:
         if not active or not self._stops:
             self._held = ""
             return pending, None
-        found: tuple[int, str] | None = None
-        for stop in self._stops:
-            at = pending.find(stop)
-            if at >= 0 and (found is None or at < found[0]):
-                found = (at, stop)
-        if found is not None:
+        hits = [(at, stop) for stop in self._stops if (at := pending.find(stop)) >= 0]
+        if hits:  # the earliest; of stops found at one place, the first given
+            at, stop = min(hits, key=lambda hit: hit[0])
             self._held = ""
-            return pending[: found[0]], found[1]
-        keep = self._partial_match(pending)
-        self._held = pending[len(pending) - keep :] if keep else ""
-        return pending[: len(pending) - keep], None
+            return pending[:at], stop
+        # Hold back the longest suffix that begins some stop sequence.
+        sizes = range(min(len(pending), self._longest - 1), 0, -1)
+        keep = next((n for n in sizes if any(s.startswith(pending[-n:]) for s in self._stops)), 0)
+        cut = len(pending) - keep
+        self._held = pending[cut:]
+        return pending[:cut], None
 
     def flush(self) -> str:
         """Release the held text (generation ended for another reason)."""
         held, self._held = self._held, ""
         return held
-
-    def _partial_match(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that begins some stop sequence."""
-        for size in range(min(len(text), self._longest - 1), 0, -1):
-            suffix = text[-size:]
-            if any(stop.startswith(suffix) for stop in self._stops):
-                return size
-        return 0
