@@ -45,9 +45,8 @@ class MessagesRequest:
 
     def check_limits(self, limits: TokenLimits) -> None:
         """Refuse a ``max_tokens`` over the model's limits (400, in Anthropic's words)."""
-        check_output_tokens(
-            limits, {"max_tokens": self.sampling.max_tokens}, model=self.model, anthropic=True
-        )
+        requested = {"max_tokens": self.sampling.max_tokens}
+        check_output_tokens(limits, requested, model=self.model, anthropic=True)
 
 
 def parse_messages_request(body: object) -> MessagesRequest:

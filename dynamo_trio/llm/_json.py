@@ -209,12 +209,8 @@ def _explain(body: bytes, reason: str) -> str:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         return f"it is not UTF-8 (invalid byte at byte {exc.start})"
-    surrogate = (
-        _LONE_SURROGATE.search(body)
-        if len(body) <= _PATH_SEARCH_BYTES and _SURROGATE_ESCAPE.search(body)
-        else None
-    )
-    if surrogate is not None:
+    small = len(body) <= _PATH_SEARCH_BYTES
+    if small and _SURROGATE_ESCAPE.search(body) and (surrogate := _LONE_SURROGATE.search(body)):
         escape = surrogate.group(1).decode("ascii")
         return (
             f"the escape {escape} at byte {surrogate.start(1)} is half of a UTF-16 "

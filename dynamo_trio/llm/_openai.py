@@ -145,9 +145,7 @@ def _prompt(value: object) -> str:
         raise invalid_type("prompt", "a string or an array of strings", value)
     if not value:
         raise invalid_value("prompt", "expected a prompt, but got an empty array.")
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in value) or any(
-        isinstance(p, list) for p in value
-    ):
+    if any(isinstance(p, list) for p in value) or all(type(p) is int for p in value):
         raise unsupported("prompt", "token-id prompts are not supported; send the prompt as text.")
     for index, item in enumerate(value):
         expect_str(item, join("prompt", index))
@@ -226,11 +224,8 @@ def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
 def openai_usage(usage: Usage) -> dict[str, int]:
     """OpenAI ``usage`` (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)."""
     prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    total = prompt + completion
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
 
 def _now(created: int | None) -> int:
@@ -381,12 +376,7 @@ class CompletionStream(_ChunkStream):
 
 def model_object(model: str, *, created: int | None = None) -> dict[str, object]:
     """One ``model`` object, as in ``GET /v1/models/{model}``."""
-    return {
-        "id": model,
-        "object": "model",
-        "created": _now(created),
-        "owned_by": "dynamo-trio",
-    }
+    return {"id": model, "object": "model", "created": _now(created), "owned_by": "dynamo-trio"}
 
 
 def model_list(models: Iterable[str], *, created: int | None = None) -> dict[str, object]:
