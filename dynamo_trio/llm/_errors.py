@@ -215,27 +215,22 @@ class ContextLengthExceeded(ValueError):
         prompt_kind: str = "messages",
         prompt_chars: tuple[int, int] | None = None,
     ) -> None:
-        start = f"This model's maximum context length is {context_length} tokens. However, "
+        reduce = prompt_kind
         if prompt_tokens is None:
             assert prompt_chars is not None, "a prompt refused untokenized needs prompt_chars"
             chars, most = prompt_chars
-            message = (
-                f"{start}your {prompt_kind} contains {chars} characters (more than {most}, "
-                f"the most that {context_length} tokens can hold). Please reduce the length "
-                f"of the {prompt_kind}."
-            )
+            what = f"your {prompt_kind} contains {chars} characters (more than {most}, the most "
+            what += f"that {context_length} tokens can hold)"
         elif max_tokens is None:
-            message = (
-                f"{start}your {prompt_kind} resulted in {prompt_tokens} tokens. Please reduce "
-                f"the length of the {prompt_kind}."
-            )
+            what = f"your {prompt_kind} resulted in {prompt_tokens} tokens"
         else:
-            message = (
-                f"{start}you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in "
-                f"the {prompt_kind}, {max_tokens} in the completion). Please reduce the length "
-                f"of the {prompt_kind} or completion."
-            )
-        super().__init__(message)
+            what = f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+            what += f"{prompt_kind}, {max_tokens} in the completion)"
+            reduce += " or completion"
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens. However, {what}. "
+            f"Please reduce the length of the {reduce}."
+        )
         self.context_length: Final = context_length
         self.prompt_tokens: Final = prompt_tokens
         self.max_tokens: Final = max_tokens

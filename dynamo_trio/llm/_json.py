@@ -76,19 +76,16 @@ def _scan(value: dict[str, object] | list[object], max_depth: int) -> tuple[int,
     """How many key/value pairs the objects in ``value`` hold, and whether an integer may be
     outside :data:`INTEGER_RANGE` (RequestError if deeper than ``max_depth``)."""
     low, high = INTEGER_RANGE
-    members = 0
-    outside = False
+    members, outside = 0, False
     pending: list[tuple[dict[str, object] | list[object], int]] = [(value, 1)]
     while pending:
         container, depth = pending.pop()
         if depth > max_depth:
             raise _too_deep(max_depth)
-        children: Collection[object]
+        children: Collection[object] = container
         if isinstance(container, dict):
             members += len(container)
             children = container.values()
-        else:
-            children = container
         if len(children) > _SCAN_IN_C:
             # A long run of scalars is checked in C, without a Python loop per item.
             types = set(map(type, children))
@@ -124,10 +121,8 @@ def _check_integers(value: object, path: str = "") -> None:
     """Raise for the first integer outside :data:`INTEGER_RANGE`, naming its path."""
     low, high = INTEGER_RANGE
     if type(value) is int and not low <= value <= high:  # never the whole body: path is set
-        raise invalid_value(
-            path,
-            f"integers must be between -2**63 and 2**64-1, but got {_abbreviate(str(value))}.",
-        )
+        detail = f"integers must be between -2**63 and 2**64-1, but got {_abbreviate(str(value))}."
+        raise invalid_value(path, detail)
     for item, item_path in _children(value, path):
         _check_integers(item, item_path)
 

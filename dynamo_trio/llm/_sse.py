@@ -34,8 +34,6 @@ def encode_event(
     if isinstance(data, Mapping):
         return head + b"data: " + _ENCODER.encode(data) + b"\n\n"
     raw = data.encode() if isinstance(data, str) else data
-    if b"\n" not in raw and b"\r" not in raw:
-        return head + b"data: " + raw + b"\n\n"
     lines = b"".join(b"data: " + line + b"\n" for line in _LINE_BREAK.split(raw))
     return head + lines + b"\n"
 
