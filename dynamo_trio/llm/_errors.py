@@ -1,8 +1,5 @@
-"""Errors an HTTP request can fail with, their statuses, and the JSON bodies that report them;
-a model's token limits and the errors for requests over them.
-
-docs/llm.md ("Errors") has the statuses and the error types of each API.
-"""
+"""Errors an HTTP request can fail with, their statuses and JSON bodies (docs/llm.md, "Errors");
+a model's token limits and the errors for requests over them."""
 
 from __future__ import annotations
 

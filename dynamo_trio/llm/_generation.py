@@ -14,8 +14,7 @@ _NO_IDS: Final[list[object]] = []
 
 
 def plain_text(item: object) -> str | None:
-    """An item's text if it is only well-typed text and token ids (the common item), else None:
-    a cheap check on every token's path, before the full ``parse_generate_output``."""
+    """An item's text if it is only well-typed text and token ids (the fast path), else None."""
     if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
         return None
     text, token_ids = item.get("text", ""), item.get("token_ids", _NO_IDS)

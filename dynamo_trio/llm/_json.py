@@ -65,16 +65,14 @@ def decode_json_body(body: bytes, *, max_depth: int) -> object:
 
 
 def _skeleton(body: bytes) -> bytes:
-    """``body`` (valid JSON) without its string literals: with escaped backslashes and quotes
-    gone, splitting on ``"`` alternates outside/inside."""
+    """``body`` (valid JSON) without its string literals (split on ``"`` once escapes are gone)."""
     if b"\\" in body:
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     return b"".join(body.split(b'"')[::2])
 
 
 def _scan(value: dict[str, object] | list[object], max_depth: int) -> tuple[int, bool]:
-    """How many key/value pairs the objects in ``value`` hold, and whether an integer may be
-    outside :data:`INTEGER_RANGE` (RequestError if deeper than ``max_depth``)."""
+    """The objects' key/value pairs, and whether an integer may be out of range (or too deep)."""
     low, high = INTEGER_RANGE
     members, outside = 0, False
     pending: list[tuple[dict[str, object] | list[object], int]] = [(value, 1)]
@@ -175,9 +173,8 @@ def _not_json(body: bytes, reason: str) -> RequestError:
 
 
 def _non_finite_path(body: bytes) -> str | None:
-    """The path of the first NaN or Infinity in ``body``, if the body is JSON but for them,
-    found among its first :data:`_PATH_SEARCH_VALUES` values; ``None`` for a body over
-    :data:`_PATH_SEARCH_BYTES` (an error's detail is not worth a long stall of the loop)."""
+    """The path of the first NaN or Infinity in a body that is JSON but for them (within the
+    search limits: an error's detail is not worth a long stall of the loop)."""
     if len(body) > _PATH_SEARCH_BYTES:
         return None
     try:

@@ -1,6 +1,5 @@
-"""The engine protocol: what a worker is sent and what it streams back, and the sampling
-options every text API maps onto (docs/llm.md).
-"""
+"""The engine protocol: what a worker is sent and streams back, and the sampling options every
+text API maps onto (docs/llm.md)."""
 
 from __future__ import annotations
 

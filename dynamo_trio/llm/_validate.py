@@ -141,9 +141,8 @@ def message(
     *,
     contentless: str | None = None,
 ) -> EngineMessage:
-    """Item ``index`` of the conversation under ``key`` as an engine message: the usual one (a
-    role in ``roles``, string content) read with no path built, any other checked (errors name
-    ``key[index]``); only a ``contentless`` role may have null content (a turn of tool calls)."""
+    """Item ``index`` under ``key`` as an engine message (the usual one read with no path built);
+    only a ``contentless`` role may have null content (a turn of tool calls)."""
     if type(value) is dict:
         role, content = value.get("role"), value.get("content")
         if type(role) is str and role in roles and type(content) is str:
