@@ -145,25 +145,20 @@ def _convert(value: object, kind: type[_T], error: type[Exception], what: str) -
 def validate_generate_request(request: object) -> GenerateRequest:
     """Check a text-generation request as a worker receives it (ValueError naming the field)."""
     valid = _convert(request, GenerateRequest, ValueError, "invalid generate request")
-    if valid["request_type"] == "chat":
-        if not valid.get("messages"):
-            raise ValueError("invalid generate request: a chat request needs non-empty `messages`")
-    elif "prompt" not in valid:
-        raise ValueError("invalid generate request: a completion request needs a `prompt`")
     max_tokens, min_tokens = valid.get("max_tokens"), valid.get("min_tokens")
-    if max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
-        raise ValueError(
-            f"invalid generate request: min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})"
-        )
     continuation = valid.get("continuation")
-    if continuation is not None and max_tokens is not None:
-        done = len(continuation["token_ids"])
-        if done > max_tokens:
-            raise ValueError(
-                f"invalid generate request: the continuation has {done} tokens, "
-                f"more than max_tokens ({max_tokens})"
-            )
-    return valid
+    done = 0 if continuation is None else len(continuation["token_ids"])
+    if valid["request_type"] == "chat" and not valid.get("messages"):
+        problem = "a chat request needs non-empty `messages`"
+    elif valid["request_type"] == "completion" and "prompt" not in valid:
+        problem = "a completion request needs a `prompt`"
+    elif max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
+        problem = f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})"
+    elif max_tokens is not None and done > max_tokens:
+        problem = f"the continuation has {done} tokens, more than max_tokens ({max_tokens})"
+    else:
+        return valid
+    raise ValueError(f"invalid generate request: {problem}")
 
 
 def validate_embed_request(request: object) -> EmbedRequest:
