@@ -7,7 +7,8 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, final
+from functools import partial
+from typing import TYPE_CHECKING, Final, cast, final
 
 import trio
 
@@ -173,12 +174,8 @@ class Edge:
         http1 = scope.get("http_version", "1.1") in ("1.0", "1.1")
         route = self._routes.get(scope["path"])
         if route is not None:
-            if http1:
-                await self._answer(route, scope, receive, send)
-            else:
-                await _until_disconnect(
-                    lambda inbox: self._answer(route, scope, inbox, send), receive
-                )
+            answer = partial(self._answer, route, scope, send)
+            await (answer(receive) if http1 else _until_disconnect(answer, receive))
         elif self.app is not None:
             if http1:
                 send = _shielded_send(direct_chunks(scope, send))
@@ -203,7 +200,7 @@ class Edge:
         return None
 
     async def _answer(
-        self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+        self, route: Route, scope: HTTPScope, send: ASGISendCallable, receive: ASGIReceiveCallable
     ) -> None:
         method = scope["method"]
         # A keep-alive connection is reused only once the body is read.
@@ -229,16 +226,12 @@ class Edge:
             await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": ""})
             return
         path = scope["path"]
-        body = self._error_body(
-            path,
-            404,
+        message = (
             f"This server does not accept WebSocket connections (no WebSocket route at "
-            f"{shown(path)}); its API is plain HTTP.",
-            "websocket_not_supported",
+            f"{shown(path)}); its API is plain HTTP."
         )
-        headers = _headers(EdgeResponse(404, body), close=True)
-        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+        body = self._error_body(path, 404, message, "websocket_not_supported")
+        await _respond(send, EdgeResponse(404, body), close=True, kind="websocket.http")
 
 
 async def _until_disconnect(
@@ -290,32 +283,25 @@ async def _drain(receive: ASGIReceiveCallable) -> None:
         pass
 
 
-def _headers(response: EdgeResponse, *, close: bool) -> list[tuple[bytes, bytes]]:
-    headers = [
-        (b"content-type", response.content_type),
-        (b"content-length", str(len(response.body)).encode()),
-        *response.headers,
-    ]
-    if close:
-        headers.append((b"connection", b"close"))
-        headers.append((b"x-request-id", str(uuid.uuid4()).encode()))
-    return headers
-
-
 async def _respond(
-    send: ASGISendCallable, response: EdgeResponse, *, close: bool = False, head_only: bool = False
+    send: ASGISendCallable,
+    response: EdgeResponse,
+    *,
+    close: bool = False,
+    head_only: bool = False,
+    kind: str = "http",
 ) -> None:
-    headers = _headers(response, close=close)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": headers,
-            "trailers": False,
-        }
-    )
+    """Send ``response`` whole (``kind``: ``websocket.http`` for a refused handshake)."""
+    length = str(len(response.body)).encode()
+    headers = [(b"content-type", response.content_type), (b"content-length", length)]
+    headers += response.headers
+    if close:
+        headers += ((b"connection", b"close"), (b"x-request-id", str(uuid.uuid4()).encode()))
+    start = {"type": f"{kind}.response.start", "status": response.status, "headers": headers}
+    await send(cast("ASGISendEvent", start))
     body = b"" if head_only else response.body
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    end = {"type": f"{kind}.response.body", "body": body, "more_body": False}
+    await send(cast("ASGISendEvent", end))
 
 
 async def answer_lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:

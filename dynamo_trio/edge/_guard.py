@@ -68,29 +68,29 @@ class GuardedProtocol:
         try:
             await wrapped.protocol.handle(event)
         except H2ProtocolAssumedError as error:
-            if not self._cleartext_http2:
-                await self._refuse(wrapped.protocol)
+            if self._cleartext_http2:
+                await self._to_http2(error.data)
                 return
-            await self._to_http2(error.data)
+            # Answered 505 (in HTTP/1.1), and the connection closed.
+            limited_log.log(
+                logging.INFO,
+                "cleartext-http2-refused",
+                "refused cleartext HTTP/2 from %s (set DYN_HTTP_CLEARTEXT_HTTP2=1 to serve it)",
+                wrapped.client,
+            )
+            await wrapped.protocol._send_error_response(505)  # type: ignore[union-attr]
+            await wrapped.send(Closed())
         except H2CProtocolRequiredError as error:
             await self._to_http2(error.data, error.headers, error.settings)
 
     async def _to_http2(self, data: bytes, *initiation: Any) -> None:
         """Switch the connection to HTTP/2 and hand it ``data``, what followed the switch."""
-        wrapped = self._wrapped
+        w = self._wrapped
         protocol = H2Protocol(
-            wrapped.app,
-            wrapped.config,
-            wrapped.context,
-            wrapped.task_group,
-            wrapped.state,
-            wrapped.ssl,
-            wrapped.client,
-            wrapped.server,
-            wrapped.send,
+            w.app, w.config, w.context, w.task_group, w.state, w.ssl, w.client, w.server, w.send
         )
         self._guard(protocol)
-        wrapped.protocol = protocol
+        w.protocol = protocol
         await protocol.initiate(*initiation)
         if data:
             await protocol.handle(RawData(data=data))
@@ -127,17 +127,6 @@ class GuardedProtocol:
             return events
 
         connection.receive_data = receive_data  # type: ignore[method-assign]
-
-    async def _refuse(self, protocol: Any) -> None:
-        """Answer a cleartext HTTP/2 preface 505 (in HTTP/1.1) and close the connection."""
-        limited_log.log(
-            logging.INFO,
-            "cleartext-http2-refused",
-            "refused cleartext HTTP/2 from %s (set DYN_HTTP_CLEARTEXT_HTTP2=1 to serve it)",
-            self._wrapped.client,
-        )
-        await protocol._send_error_response(505)
-        await self._wrapped.send(Closed())
 
 
 @final

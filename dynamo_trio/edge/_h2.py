@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict
 from contextlib import suppress
 from typing import TYPE_CHECKING, Final, final
 
@@ -74,14 +74,13 @@ class RoundRobin:
     stream that ended while new ones kept coming was never reached); like the tree, each call
     but :meth:`insert_stream` raises ``priority.MissingStreamError`` for a stream not in."""
 
-    __slots__ = ("_active", "_queued", "_turns")
+    __slots__ = ("_active", "_turns")
 
     def __init__(self) -> None:
         self._active: dict[int, bool] = {}  # every stream: whether it has something to send
-        # The line: active streams in turn, and ones blocked or removed since they joined
-        # (dropped at its front); each is in it once (_queued).
-        self._turns: Final[deque[int]] = deque()
-        self._queued: Final[set[int]] = set()
+        # The line, each stream in it once: active streams in turn, and ones blocked or
+        # removed since they joined (dropped at its front).
+        self._turns: Final[OrderedDict[int, None]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._active)
@@ -91,7 +90,7 @@ class RoundRobin:
         if stream_id in self._active:
             raise DuplicateStreamError(f"stream {stream_id} is already scheduled")
         self._active[stream_id] = True
-        self._join(stream_id)
+        self._turns.setdefault(stream_id)
 
     def reprioritize(self, stream_id: int, **priority: object) -> None:
         """Ignored (every stream is equal)."""
@@ -111,7 +110,7 @@ class RoundRobin:
         """The stream has something to send."""
         self._check(stream_id)
         self._active[stream_id] = True
-        self._join(stream_id)
+        self._turns.setdefault(stream_id)
 
     def __iter__(self) -> RoundRobin:
         return self
@@ -120,17 +119,11 @@ class RoundRobin:
         """The next active stream, to the back of the line (``DeadlockError`` if none)."""
         turns = self._turns
         while turns:
-            stream_id = turns.popleft()
+            stream_id, _ = turns.popitem(last=False)
             if self._active.get(stream_id):
-                turns.append(stream_id)
+                turns[stream_id] = None
                 return stream_id
-            self._queued.discard(stream_id)
         raise DeadlockError("no active stream")
-
-    def _join(self, stream_id: int) -> None:
-        if stream_id not in self._queued:
-            self._queued.add(stream_id)
-            self._turns.append(stream_id)
 
     def _check(self, stream_id: int) -> None:
         if stream_id not in self._active:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from itertools import islice
+from types import SimpleNamespace
+from typing import Any, Final
 from urllib.parse import parse_qs
 
 import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-
-if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
 
 from ._edge import EdgeRequest, EdgeResponse, Route, json_bytes
 
@@ -55,8 +54,10 @@ def status_routes(
 
     async def debug_route(request: EdgeRequest) -> EdgeResponse:
         try:
-            min_age = _min_age(request.query)
+            min_age = float(parse_qs(request.query.decode("latin-1")).get("min_age", ["0"])[-1])
         except ValueError:
+            min_age = math.nan
+        if math.isnan(min_age):
             return EdgeResponse(400, json_bytes({"error": "min_age must be a number of seconds"}))
         listed = inflight()
         trees = listed if not isinstance(listed, Awaitable) else await listed
@@ -79,34 +80,16 @@ async def exposition(encode: Callable[[Any], bytes], registry: CollectorRegistry
     """``encode(registry)``, a few metric families at a time with a checkpoint between, so
     that a scrape of many families holds neither the loop nor (beside an engine's thread)
     the GIL for long; OpenMetrics' ``# EOF`` ends the whole, not each part."""
+    families = iter(registry.collect())
     parts: list[bytes] = []
-    group: list[Metric] = []
-    for family in registry.collect():
-        group.append(family)
-        if len(group) == _FAMILIES_PER_STEP:
-            parts.append(encode(_Families(group)))
-            group = []
-            await trio.lowlevel.checkpoint()
-    parts.append(encode(_Families(group)))
+    while True:
+        group = list(islice(families, _FAMILIES_PER_STEP))
+        parts.append(encode(SimpleNamespace(collect=group.copy)))  # a registry of the group
+        if len(group) < _FAMILIES_PER_STEP:
+            break
+        await trio.lowlevel.checkpoint()
     body = b"".join(part.removesuffix(_EOF) for part in parts)
     return body + _EOF if parts[-1].endswith(_EOF) else body
-
-
-@dataclass(frozen=True, slots=True)
-class _Families:
-    """Collected metric families, as a registry for an encoder."""
-
-    families: list[Metric]
-
-    def collect(self) -> list[Metric]:
-        return self.families
-
-
-def _min_age(query: bytes) -> float:
-    value = float(parse_qs(query.decode("latin-1")).get("min_age", ["0"])[-1])
-    if value != value:  # NaN
-        raise ValueError("NaN")
-    return value
 
 
 def _age(tree: Mapping[str, Any]) -> float:
