@@ -46,7 +46,6 @@ from ._names import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import TracebackType
 
     from prometheus_client import CollectorRegistry
 
@@ -207,17 +206,15 @@ class FrontendRequestTracker(_Lifecycle):
         to first token, later ones ``count`` gaps of (time since the last call) / ``count``."""
         if count <= 0 or self._finished:
             return
-        self._route.output_tokens.inc(count)
-        if self._last_token_at is None:
-            self.first_token()
-            count -= 1
-            if count == 0:
-                return
-        now = self._route.metrics._clock()
-        assert self._last_token_at is not None
-        gap = (now - self._last_token_at) / count
-        self._last_token_at = now
-        observe_many(self._route.itl, gap, count)
+        route = self._route
+        route.output_tokens.inc(count)
+        now = route.metrics._clock()
+        last, self._last_token_at = self._last_token_at, now
+        if last is None:
+            route.ttft.observe(now - self._started)
+            last, count = now, count - 1
+        if count:
+            observe_many(route.itl, (now - last) / count, count)
 
     def cancelled(self, reason: str) -> None:
         """Count the request as cancelled (a low-cardinality ``reason``); the first call wins.
@@ -256,12 +253,7 @@ class FrontendRequestTracker(_Lifecycle):
         route.inflight.dec()
         route.duration.observe(now - self._started)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         """Finish if the block did not: ``success``, an :class:`Exception` ``("error",
         "internal")``, anything else (``trio.Cancelled``: the client left) cancelled."""
         if exc is None:
@@ -275,15 +267,11 @@ class FrontendRequestTracker(_Lifecycle):
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """``histogram.observe(amount)``, ``count`` times, at the cost of one (prometheus-client
     has none): adds to the bucket and sum ``observe`` would pick, else calls it."""
-    try:
-        bounds: list[float] = histogram._upper_bounds
-        buckets, total = histogram._buckets, histogram._sum
-    except AttributeError:
-        bounds = []
+    bounds: list[float] = getattr(histogram, "_upper_bounds", [])
     # NaN is not under the last bound (+Inf): observe counts it nowhere.
     if not bounds or not amount <= bounds[-1]:
         for _ in range(count):
             histogram.observe(amount)
         return
-    total.inc(amount * count)
-    buckets[bisect_left(bounds, amount)].inc(count)
+    histogram._sum.inc(amount * count)
+    histogram._buckets[bisect_left(bounds, amount)].inc(count)

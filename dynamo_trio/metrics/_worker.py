@@ -18,7 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from ._buckets import CANCELLATION_LATENCY_BUCKETS, REQUEST_DURATION_BUCKETS
-from ._lifecycle import CancelSignal, LabelChildren, _Lifecycle
+from ._lifecycle import LabelChildren, _Lifecycle
 from ._names import (
     ERROR_TYPE_GENERATE,
     LABEL_COMPONENT,
@@ -32,7 +32,6 @@ from ._names import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
-    from types import TracebackType
 
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
@@ -199,28 +198,6 @@ class EndpointMetrics:
         self._inflight.inc()
         return RequestTracker(self, self._clock())
 
-    def _record_end(
-        self,
-        started: float,
-        outcome: WorkerOutcome,
-        error_type: str | None,
-        signal: CancelSignal | None,
-    ) -> None:
-        now = self._clock()
-        self._inflight.dec()
-        self._duration.observe(now - started)
-        if signal is not None:
-            self._cancelling.dec()
-        if outcome == "error":
-            self._errors[error_type or ERROR_TYPE_GENERATE].inc()
-        if outcome in _CUT_SHORT or (outcome == "error" and signal is not None):
-            self._cancellations.inc()
-            reason = signal.reason if signal else UNKNOWN_REASON
-            self._by_reason[reason].inc()
-            latency = self._latency[reason]  # bound even unobserved: its series shows
-            if signal is not None:
-                latency.observe(now - signal.at)
-
 
 @final
 class RequestTracker(_Lifecycle):
@@ -247,15 +224,25 @@ class RequestTracker(_Lifecycle):
         if error_type is not None and outcome != "error":
             raise ValueError(f"error_type {error_type!r} given with outcome {outcome!r}")
         ended, signal = self._mark_finished()
-        if ended:
-            self._endpoint._record_end(self._started, outcome, error_type, signal)
+        if not ended:
+            return
+        endpoint = self._endpoint
+        now = endpoint._clock()
+        endpoint._inflight.dec()
+        endpoint._duration.observe(now - self._started)
+        if signal is not None:
+            endpoint._cancelling.dec()
+        if outcome == "error":
+            endpoint._errors[error_type or ERROR_TYPE_GENERATE].inc()
+        if outcome in _CUT_SHORT or (outcome == "error" and signal is not None):
+            endpoint._cancellations.inc()
+            reason = signal.reason if signal else UNKNOWN_REASON
+            endpoint._by_reason[reason].inc()
+            latency = endpoint._latency[reason]  # bound even unobserved: its series shows
+            if signal is not None:
+                latency.observe(now - signal.at)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         """Finish if the block did not: ``complete`` (``stopped`` after a signal), an
         :class:`Exception` ``error``, anything else (``trio.Cancelled``) ``killed``."""
         if exc is None:
