@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final, get_args
+from typing import TYPE_CHECKING, Any, Final, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -51,92 +51,66 @@ if TYPE_CHECKING:
 
 _ROUTE_LABELS: Final = (LABEL_MODEL, LABEL_FRONTEND_ENDPOINT, LABEL_REQUEST_TYPE)
 _STATUSES: Final = frozenset(get_args(FrontendStatus))
-_M = TypeVar("_M", Counter, Gauge, Histogram)
+_MODEL: Final = (LABEL_MODEL,)
+# (attribute, type, name, help, labels, keywords), registered in this order: Dynamo's
+# families, with dynamo-trio's reason on migrations; then its own, the cancellations by
+# reason and their latency.  With --http-workers, the in-flight gauge is the live processes'
+# sum, the disconnected clients every process's (dead ones too).
+_FAMILIES: Final[tuple[tuple[str, type[Any], str, str, tuple[str, ...], dict[str, Any]], ...]] = (
+    ("_requests", Counter, "dynamo_frontend_requests_total",
+     "Requests that ended, by status and error type",
+     (*_ROUTE_LABELS, LABEL_STATUS, LABEL_ERROR_TYPE), {}),
+    ("_inflight", Gauge, "dynamo_frontend_inflight_requests", "Requests being served", _MODEL,
+     {"multiprocess_mode": "livesum"}),
+    ("_duration", Histogram, "dynamo_frontend_request_duration_seconds",
+     "Seconds from receiving a request to its end", _MODEL, {"buckets": REQUEST_DURATION_BUCKETS}),
+    ("_ttft", Histogram, "dynamo_frontend_time_to_first_token_seconds",
+     "Seconds from receiving a request to its first output token", _MODEL,
+     {"buckets": TIME_TO_FIRST_TOKEN_BUCKETS}),
+    ("_itl", Histogram, "dynamo_frontend_inter_token_latency_seconds",
+     "Seconds between consecutive output tokens", _MODEL,
+     {"buckets": INTER_TOKEN_LATENCY_BUCKETS}),
+    ("_output_tokens", Counter, "dynamo_frontend_output_tokens_total", "Output tokens sent",
+     _MODEL, {}),
+    ("_cancellations", Counter, "dynamo_frontend_model_cancellation_total",
+     "Requests cancelled, each counted once", _ROUTE_LABELS, {}),
+    ("_cancelled_by_reason", Counter, "dynamo_frontend_cancelled_requests_total",
+     "Requests cancelled, each counted once, by the first cancellation reason",
+     (*_ROUTE_LABELS, LABEL_REASON), {}),
+    ("_cancellation_latency", Histogram, "dynamo_frontend_cancellation_latency_seconds",
+     "Seconds from noticing a cancellation to the request having ended",
+     (LABEL_MODEL, LABEL_REASON), {"buckets": CANCELLATION_LATENCY_BUCKETS}),
+    ("_migrations", Counter, "dynamo_frontend_model_migration_total",
+     "Requests moved to another worker because theirs failed or was lost",
+     (LABEL_MODEL, LABEL_MIGRATION_TYPE, LABEL_REASON), {}),
+    ("_disconnected", Gauge, "dynamo_frontend_disconnected_clients",
+     "Clients that disconnected before their response ended (only goes up, as in Dynamo)", (),
+     {"multiprocess_mode": "sum"}),
+)  # fmt: skip
 
 
 @final
 class FrontendMetrics:
     """The ``dynamo_frontend_*`` metric families of one frontend process (one per registry)."""
 
+    _requests: Counter
+    _inflight: Gauge
+    _duration: Histogram
+    _ttft: Histogram
+    _itl: Histogram
+    _output_tokens: Counter
+    _cancellations: Counter
+    _cancelled_by_reason: Counter
+    _cancellation_latency: Histogram
+    _migrations: Counter
+    _disconnected: Gauge
+
     def __init__(
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-
-        def family(
-            kind: type[_M], name: str, doc: str, labels: tuple[str, ...] = (LABEL_MODEL,), **kw: Any
-        ) -> _M:
-            return kind(name, doc, labels, registry=registry, **kw)
-
-        self._requests = family(
-            Counter,
-            "dynamo_frontend_requests_total",
-            "Requests that ended, by status and error type",
-            (*_ROUTE_LABELS, LABEL_STATUS, LABEL_ERROR_TYPE),
-        )
-        # With --http-workers: the live processes' sum.
-        self._inflight = family(
-            Gauge,
-            "dynamo_frontend_inflight_requests",
-            "Requests being served",
-            multiprocess_mode="livesum",
-        )
-        self._duration = family(
-            Histogram,
-            "dynamo_frontend_request_duration_seconds",
-            "Seconds from receiving a request to its end",
-            buckets=REQUEST_DURATION_BUCKETS,
-        )
-        self._ttft = family(
-            Histogram,
-            "dynamo_frontend_time_to_first_token_seconds",
-            "Seconds from receiving a request to its first output token",
-            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
-        )
-        self._itl = family(
-            Histogram,
-            "dynamo_frontend_inter_token_latency_seconds",
-            "Seconds between consecutive output tokens",
-            buckets=INTER_TOKEN_LATENCY_BUCKETS,
-        )
-        self._output_tokens = family(
-            Counter, "dynamo_frontend_output_tokens_total", "Output tokens sent"
-        )
-        self._cancellations = family(
-            Counter,
-            "dynamo_frontend_model_cancellation_total",
-            "Requests cancelled, each counted once",
-            _ROUTE_LABELS,
-        )
-        # dynamo-trio's own: the cancellations by reason, and their latency.
-        self._cancelled_by_reason = family(
-            Counter,
-            "dynamo_frontend_cancelled_requests_total",
-            "Requests cancelled, each counted once, by the first cancellation reason",
-            (*_ROUTE_LABELS, LABEL_REASON),
-        )
-        self._cancellation_latency = family(
-            Histogram,
-            "dynamo_frontend_cancellation_latency_seconds",
-            "Seconds from noticing a cancellation to the request having ended",
-            (LABEL_MODEL, LABEL_REASON),
-            buckets=CANCELLATION_LATENCY_BUCKETS,
-        )
-        # Dynamo's labels, and dynamo-trio's reason.
-        self._migrations = family(
-            Counter,
-            "dynamo_frontend_model_migration_total",
-            "Requests moved to another worker because theirs failed or was lost",
-            (LABEL_MODEL, LABEL_MIGRATION_TYPE, LABEL_REASON),
-        )
-        # With --http-workers: every process's, dead ones too.
-        self._disconnected = family(
-            Gauge,
-            "dynamo_frontend_disconnected_clients",
-            "Clients that disconnected before their response ended (only goes up, as in Dynamo)",
-            (),
-            multiprocess_mode="sum",
-        )
+        for attribute, kind, name, doc, labels, keywords in _FAMILIES:
+            setattr(self, attribute, kind(name, doc, labels, registry=registry, **keywords))
         self._routes: dict[tuple[str, str, str], _Route] = {}
 
     def migrated(self, model: str, migration_type: str, reason: str) -> None:
