@@ -14,7 +14,6 @@ from ..llm import keepalive_comment
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-    from types import TracebackType
 
 _COALESCE_LIMIT: Final = 64 * 1024  # the most bytes of waiting chunks gathered into one write
 
@@ -116,12 +115,7 @@ class Reply(ResponseBody):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         # Synchronous on purpose: this may run under quart-trio's cancellation.
         self._body_done = True
         self._give_back()

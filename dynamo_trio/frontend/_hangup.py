@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
 from .._context import CancelReason
@@ -35,25 +36,17 @@ _SERVER_ENDINGS: Final = frozenset({CancelReason.DEADLINE, CancelReason.SHUTDOWN
 
 
 @final
+@dataclass(slots=True, eq=False)
 class RequestLifecycle:
     """One request's context, its metrics, and what a hang-up does to them."""
 
-    __slots__ = ("_completed", "_policy", "client_is_gone", "context", "request_kind", "tracker")
-
-    def __init__(
-        self,
-        context: Context,
-        tracker: FrontendRequestTracker,
-        *,
-        policy: DisconnectPolicy,
-        request_kind: str,
-    ) -> None:
-        self.context: Final = context
-        self.tracker: Final = tracker
-        self.request_kind: Final = request_kind
-        self._policy: Final = policy
-        self.client_is_gone = False  # the request was cancelled by its client
-        self._completed = False
+    context: Context
+    tracker: FrontendRequestTracker
+    policy: DisconnectPolicy
+    request_kind: str
+    client_is_gone: bool = field(default=False, init=False)
+    """The request was cancelled by its client."""
+    _completed: bool = field(default=False, init=False)
 
     def completed(self) -> None:
         """The work is complete: what remains is handing the last bytes on."""
@@ -70,20 +63,17 @@ class RequestLifecycle:
         if self.client_is_gone or self._completed or self.tracker.finished:
             return
         self.client_is_gone = True
-        context = self.context
+        context, stop = self.context, self.policy == "stop"
         _hangups.log(
             logging.INFO,
             "client-gone",
             "request %s: the client went away (%s); %s the request",
             context.id(),
             self.request_kind,
-            "stopping" if self._policy == "stop" else "killing",
+            "stopping" if stop else "killing",
         )
         self.tracker.cancelled(CancelReason.CLIENT_DISCONNECT.value)
-        if self._policy == "stop":
-            context.stop(CancelReason.CLIENT_DISCONNECT)
-        else:
-            context.kill(CancelReason.CLIENT_DISCONNECT)
+        (context.stop if stop else context.kill)(CancelReason.CLIENT_DISCONNECT)
 
 
 _BOUND: Final[ContextVar[list[RequestLifecycle] | None]] = ContextVar(

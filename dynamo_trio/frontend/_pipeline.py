@@ -142,10 +142,7 @@ class Pipeline:
         context.attributes.update(model=model, route=label, kind=request_type)
         tracker = self.metrics.start_request(model, label, request_type)
         lifecycle = RequestLifecycle(
-            context,
-            tracker,
-            policy=self.config.on_disconnect,
-            request_kind=f"{label} {request_type}",
+            context, tracker, self.config.on_disconnect, f"{label} {request_type}"
         )
         context.add_cancel_callback(lifecycle.heard_cancel)
         bind_to_request(lifecycle)
