@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Final, Literal, final, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, final, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -50,6 +50,7 @@ _RESERVED_LABELS: Final = frozenset(
 _EndpointKey = tuple[str, str, str, str | None, tuple[tuple[str, str], ...]]
 """``(namespace, component, endpoint, worker_id, extra labels)``."""
 _Kind = Literal["counter", "gauge", "histogram"]
+_TYPES: Final[dict[_Kind, Any]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 # (name, type, help, the family's own label after the endpoint's, histogram buckets);
 # Dynamo's work_handler families, then dynamo-trio's own (by reason, latency, cancelling).
 _FAMILIES: Final[tuple[tuple[str, _Kind, str, str | None, tuple[float, ...]], ...]] = (
@@ -145,12 +146,6 @@ class WorkerMetrics:
             yield family
 
 
-def _spec(index: int, labelnames: list[str]) -> tuple[str, str, tuple[str, ...]]:
-    """``(name, documentation, labelnames)`` of family ``index`` for one endpoint."""
-    name, _, doc, own, _ = _FAMILIES[index]
-    return name, doc, (*labelnames, *((own,) if own else ()))
-
-
 @final
 class EndpointMetrics:
     """Label-bound metrics of one served endpoint (from :meth:`WorkerMetrics.endpoint`)."""
@@ -165,27 +160,22 @@ class EndpointMetrics:
         names = [name for name, _ in bound]
         self._values: Final = tuple(value for _, value in bound)
         # Not registered anywhere: WorkerMetrics collects them, in _FAMILIES order.
-        requests = Counter(*_spec(0, names), registry=None)
-        inflight = Gauge(*_spec(1, names), registry=None)
-        errors = Counter(*_spec(3, names), registry=None)
-        cancellations = Counter(*_spec(4, names), registry=None)
-        by_reason = Counter(*_spec(5, names), registry=None)
-        cancelling = Gauge(*_spec(7, names), registry=None)
-        duration = Histogram(*_spec(2, names), registry=None, buckets=_FAMILIES[2][4])
-        latency = Histogram(*_spec(6, names), registry=None, buckets=_FAMILIES[6][4])
-        self._metrics: Final[tuple[MetricWrapperBase, ...]] = (
-            *(requests, inflight, duration, errors),
-            *(cancellations, by_reason, latency, cancelling),
-        )
+        made: list[Any] = []
+        for name, kind, doc, own, buckets in _FAMILIES:
+            options = {"buckets": buckets} if buckets else {}
+            labelnames = (*names, own) if own else names
+            made.append(_TYPES[kind](name, doc, labelnames, registry=None, **options))
+        self._metrics: Final[tuple[MetricWrapperBase, ...]] = tuple(made)
+        requests, inflight, duration, errors, cancellations, by_reason, latency, cancelling = made
         self._clock = families._clock
-        self._requests: Final = requests.labels(*self._values)
-        self._inflight: Final = inflight.labels(*self._values)
-        self._duration: Final = duration.labels(*self._values)
-        self._cancellations: Final = cancellations.labels(*self._values)
-        self._cancelling: Final = cancelling.labels(*self._values)
-        self._errors: Final = LabelChildren(errors, *self._values)
-        self._by_reason: Final = LabelChildren(by_reason, *self._values)
-        self._latency: Final = LabelChildren(latency, *self._values)
+        self._requests: Final[Counter] = requests.labels(*self._values)
+        self._inflight: Final[Gauge] = inflight.labels(*self._values)
+        self._duration: Final[Histogram] = duration.labels(*self._values)
+        self._cancellations: Final[Counter] = cancellations.labels(*self._values)
+        self._cancelling: Final[Gauge] = cancelling.labels(*self._values)
+        self._errors: Final[LabelChildren[Counter]] = LabelChildren(errors, *self._values)
+        self._by_reason: Final[LabelChildren[Counter]] = LabelChildren(by_reason, *self._values)
+        self._latency: Final[LabelChildren[Histogram]] = LabelChildren(latency, *self._values)
 
     @property
     def labels(self) -> tuple[str, str, str]:
