@@ -244,12 +244,9 @@ async def _until_disconnect(
 
     async def watch() -> None:
         async with messages:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    nursery.cancel_scope.cancel()
-                    return
+            while (message := await receive())["type"] != "http.disconnect":
                 await messages.send(message)
+            nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
@@ -263,9 +260,8 @@ def body_timeout_message(seconds: float) -> str:
 
 
 def _shielded_send(send: ASGISendCallable) -> ASGISendCallable:
-    """``send``, with the last send of an HTTP/1.x response shielded: it restarts hypercorn's
-    idle timer, and quart-trio cancels its tasks once the response is out (unshielded, an
-    idle connection would stay open for ever)."""
+    """``send``, its last HTTP/1.x body message shielded: that send restarts hypercorn's idle
+    timer, and quart-trio cancels its tasks once the response is out."""
 
     async def send_last_shielded(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):

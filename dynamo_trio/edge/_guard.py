@@ -131,10 +131,8 @@ class GuardedProtocol:
 
 @final
 class _Streams(dict[int, Any]):
-    """hypercorn's open streams of an HTTP/2 connection, where one it closed (answered before
-    the client sent its whole request) ignores what still comes for it: hypercorn's unguarded
-    lookup of a ``DATA`` frame's stream was a ``KeyError`` that ended the whole connection.
-    """
+    """hypercorn's HTTP/2 streams, where one it closed (answered early) ignores late frames:
+    hypercorn's lookup of a ``DATA`` frame's stream was a ``KeyError`` ending the connection."""
 
     def __missing__(self, stream_id: int) -> _ClosedStream:
         return _CLOSED

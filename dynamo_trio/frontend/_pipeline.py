@@ -160,9 +160,8 @@ class Pipeline:
             produce, args = self._stream, (media, encode, request, route)
         else:
             produce, args = (self._unary_text if text else self._unary_media), (api, request, route)
-        reply = Reply(
-            keepalive=self.config.keepalive_interval if body is not None and body.keepalive else 0.0
-        )
+        keepalive = self.config.keepalive_interval if body is not None and body.keepalive else 0.0
+        reply = Reply(keepalive=keepalive)
         reply.stream_failure = None if body is None else body.fail
         self._nursery.start_soon(self._produce, lifecycle, reply, api, produce, *args)
         # Cancelled here: the client left (the HangUpGuard applied the hang-up rule).
@@ -212,9 +211,8 @@ class Pipeline:
     async def _failed(
         self, exc: BaseException | None, reply: Reply, lifecycle: RequestLifecycle, api: Api
     ) -> tuple[Any, str | None]:
-        """How the request ended (``exc``: what its work raised), told to the client: the
-        one place a failure becomes an HTTP status (in ``api``'s error body), a stream's
-        error event, a metric's."""
+        """How the request ended (``exc``: what its work raised), told to the client: the one
+        place a failure becomes an HTTP status (``api``'s error body), an error event, a metric."""
         context = lifecycle.context
         if (exc is None or is_cancellation(exc)) and context.is_killed():
             reason = None if lifecycle.client_is_gone else context.reason  # the server's?

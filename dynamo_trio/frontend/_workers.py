@@ -170,12 +170,11 @@ class _Child:
 
     def terminate(self) -> None:
         self._stopping = True
-        if self._process is not None and self._process.returncode is None:
-            self._process.send_signal(signal.SIGTERM)
+        self.kill(signal.SIGTERM)
 
-    def kill(self) -> None:
+    def kill(self, signum: int = signal.SIGKILL) -> None:
         if self._process is not None and self._process.returncode is None:
-            self._process.kill()
+            self._process.send_signal(signum)
 
 
 async def _read_until_listening(stdout: trio.abc.ReceiveStream) -> bool:
@@ -250,9 +249,7 @@ class WorkerView:
 
 
 def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
-    attributes = dict(tree.get("attributes") or {})
-    attributes["http_worker"] = str(index)
-    return {**tree, "attributes": attributes}
+    return {**tree, "attributes": {**(tree.get("attributes") or {}), "http_worker": str(index)}}
 
 
 async def _get_json_over_unix(path: str, target: str) -> Any:
