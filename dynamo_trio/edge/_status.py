@@ -49,8 +49,7 @@ def status_routes(
         if isinstance(metrics, CollectorRegistry):
             encode, content_type = choose_encoder(accept.decode("latin-1"))
             return EdgeResponse(200, await exposition(encode, metrics), content_type.encode())
-        body, content_type_bytes = await metrics(accept)
-        return EdgeResponse(200, body, content_type_bytes)
+        return EdgeResponse(200, *await metrics(accept))
 
     async def debug_route(request: EdgeRequest) -> EdgeResponse:
         try:

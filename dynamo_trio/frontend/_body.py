@@ -62,14 +62,11 @@ class Reply(ResponseBody):
     async def lend(
         self, pull: Callable[[], Awaitable[bytes | None]], nudge: Callable[[], None]
     ) -> None:
-        """Let the body pull its next pieces itself, in its own task, until ``pull``
-        returns ``None``; then return, the producer going on from there.
-
-        ``nudge`` makes a waiting pull return a keep-alive comment (called after
-        :attr:`keepalive` seconds without a piece); what ``pull`` raises is raised here.
-        If the body stops first (the client left), return at once; cancelled here, the
-        producer takes the source back (a piece pulled meanwhile is dropped).
-        """
+        """Let the body pull its pieces itself, in its task, until ``pull`` returns ``None``;
+        then return, the producer going on.  ``nudge`` (after :attr:`keepalive` seconds without
+        a piece) makes a waiting pull return a keep-alive comment; what ``pull`` raises is
+        raised here.  If the body stops first (the client left), return at once; cancelled
+        here, the producer takes the source back (a piece pulled meanwhile is dropped)."""
         if self._body_done or self.broken:
             await trio.lowlevel.checkpoint()
             return

@@ -295,16 +295,11 @@ class Pipeline:
         turns = self.turns
 
         async def pull() -> bytes | None:
-            while True:
-                batch = await stream.receive_batch()
-                if batch is None:
-                    return keepalive_comment()
-                if not batch:
-                    return None
+            while batch := await stream.receive_batch():
                 await turns.take()
-                data = encode(batch)
-                if data:
+                if data := encode(batch):
                     return data
+            return keepalive_comment() if batch is None else None  # (a nudge, or the end)
 
         async with await route.call(request.to_engine(), lifecycle.context, self._faults) as stream:
             batch = await stream.receive_batch()  # (nothing nudges before the lending)

@@ -46,6 +46,7 @@ WORKERS_ENV: Final = "DYN_HTTP_WORKERS"
 _MAX_BACKOFF: Final = 10.0
 _STARTUP_TIMEOUT: Final = 60.0
 _GATHER_TIMEOUT: Final = 2.0
+_LIST_REQUESTS: Final = b"GET /debug/requests HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n"
 
 
 async def run_frontend_workers(
@@ -234,7 +235,7 @@ class WorkerView:
         async def ask(index: int) -> None:
             with trio.move_on_after(_GATHER_TIMEOUT):
                 try:
-                    listed = await _get_json_over_unix(self.socket_of(index), "/debug/requests")
+                    listed = await _requests_over_unix(self.socket_of(index))
                 except (OSError, ValueError, trio.BrokenResourceError) as exc:
                     # Restarting, say: its requests are listed again once it is back.
                     _log.warning("cannot list the requests of frontend process %d: %s", index, exc)
@@ -252,13 +253,10 @@ def _tagged(tree: dict[str, Any], index: int) -> dict[str, Any]:
     return {**tree, "attributes": {**(tree.get("attributes") or {}), "http_worker": str(index)}}
 
 
-async def _get_json_over_unix(path: str, target: str) -> Any:
-    """``GET target`` on a sibling's status server (an Edge) on the Unix socket ``path``."""
-    stream = await trio.open_unix_socket(path)
-    async with stream:
-        await stream.send_all(
-            f"GET {target} HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n".encode()
-        )
+async def _requests_over_unix(path: str) -> Any:
+    """``GET /debug/requests`` of a sibling's status server (an Edge), at Unix socket ``path``."""
+    async with await trio.open_unix_socket(path) as stream:
+        await stream.send_all(_LIST_REQUESTS)
         data = b""
         while chunk := await stream.receive_some(65536):
             data += chunk
