@@ -38,8 +38,7 @@ def direct_chunks(scope: HTTPScope, send: ASGISendCallable) -> ASGISendCallable:
         nonlocal direct
         if direct and message["type"] == "http.response.body":
             if message.get("more_body", False):
-                data = message.get("body", b"")
-                if data:
+                if data := message.get("body", b""):
                     await write(b"%x\r\n%b\r\n" % (len(data), data))
                 else:
                     await trio.lowlevel.checkpoint()
