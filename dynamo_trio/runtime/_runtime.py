@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import math
 import os
 import socket
 import warnings
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Final, Protocol, Self, final
+from contextlib import AsyncExitStack, contextmanager
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, Self, final
 
 import trio
 from prometheus_client import CollectorRegistry
 
 from .._config import Config
+from .._contain import collapse, is_cancellation, split_live_cancellation
 from .._context import CancelReason, Context
-from .._errors import CannotConnect
+from .._errors import (
+    Cancelled,
+    CannotConnect,
+    Disconnected,
+    DynamoError,
+    EngineShutdown,
+    InvalidArgument,
+    error_from_exception,
+)
 from .._gc import tune_gc
 from .._hostport import host_port
 from .._lifeline import parent_gone, take_lifeline
-from .._logcontext import LOG_FORMAT, RequestLogFilter
+from .._logcontext import LOG_FORMAT, RequestLogFilter, bind_request
+from .._ratelimit import LogLimiter
 from .._signals import shut_down_on_signals
+from .._tracing import read_request_headers
 from ..discovery import (
     Instance,
     ModelCard,
@@ -33,19 +46,19 @@ from ..discovery import (
 )
 from ..metrics import StatusReport, WorkerMetrics, serve_status
 from ..request_plane import ClientConnection, ConnectionPool, RequestPlaneServer
-from ._client import Client
+from ._client import Annotated, Client
 from ._router import Router
-from ._serve import InflightRequests, ServedEndpoint, serve_stream
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
-    from contextlib import AbstractContextManager
+    from collections.abc import Awaitable, Callable, Iterable, Iterator
     from types import TracebackType
 
     from ..discovery import Discovery, MemoryStore, ModelType, PrefixView
+    from ..metrics import EndpointMetrics, RequestTracker
     from ..request_plane import ClientStream, ServerStream
 
 _log = logging.getLogger("dynamo_trio.runtime")
+_bugs: Final = LogLimiter(_log, interval=60.0, burst=1)
 
 _DEREGISTER_TIMEOUT: Final = 2.0
 _KILL_SETTLE_TIMEOUT: Final = 5.0
@@ -93,12 +106,13 @@ class DistributedRuntime:
         self._server_address: str | None = None
         self._server_lock = trio.Lock()
         self._connection_pool: ConnectionPool | None = None
-        self._endpoints: dict[str, ServedEndpoint] = {}
+        self._endpoints: dict[str, _Served] = {}
         self._registrations: dict[str, bytes] = {}
         self._clients: dict[str, Client] = {}
         self.router: Final = Router(self._connect, self._require_nursery)
         """Which instance each call goes to (for every client and the frontend)."""
-        self._inflight = InflightRequests()
+        self._inflight: set[Context] = set()
+        self._idle: trio.Event | None = None  # set when the last request in flight ends
         self._shutdown_requested = trio.Event()
         self._shutdown_done = trio.Event()
         self._status_url: str | None = None
@@ -144,7 +158,7 @@ class DistributedRuntime:
             await self._deregister_all()
             if exc_type is None:
                 await self._finish_calls()
-        self._inflight.kill_all(CancelReason.SHUTDOWN)
+        self._kill_all()
         if self._server is not None:
             self._server.close_all()
         if self._connection_pool is not None:
@@ -213,6 +227,9 @@ class DistributedRuntime:
             return self._server_address
 
     async def _handle_stream(self, stream: ServerStream) -> None:
+        """Run the endpoint's handler for ``stream`` and finish the stream exactly once, counted
+        once; whatever the handler raises ends this stream only.  Only a live cancellation
+        propagates; ``KeyboardInterrupt`` or ``SystemExit`` starts a graceful shutdown."""
         endpoint = self._endpoints.get(stream.endpoint)
         if endpoint is None or stream.instance_id != self.instance_id:
             stream.fail(
@@ -222,13 +239,31 @@ class DistributedRuntime:
                 )
             )
             return
-        await serve_stream(
-            stream,
-            endpoint,
-            drain_grace=self.config.worker.drain_grace,
-            inflight=self._inflight,
-            on_exit_request=self.shutdown,
-        )
+        context = stream.context
+        trace, metadata = read_request_headers(stream.headers)
+        context._set_trace(trace)
+        if metadata:
+            context.metadata = metadata
+        context.attributes.update(endpoint=endpoint.path, peer=stream.peer)
+        tracker = endpoint.metrics.start_request()
+        if stream.cancel_signal is not None:
+            tracker.cancelled(stream.cancel_signal.value)
+        stream.on_cancel_signal = lambda reason: tracker.cancelled(reason.value)
+        error: DynamoError | None = None
+        grace = self.config.worker.drain_grace
+        with self.track(context), bind_request(context):  # log lines name it and its trace
+            try:  # contain(), written out; the stream's task nursery hosts the watcher
+                await context.run(
+                    _relay, stream, endpoint, drain_grace=grace, watchers=stream.task_nursery
+                )
+            except BaseException as exc:
+                cancelled, escaped = split_live_cancellation(exc)
+                if escaped is not None:
+                    error = _outcome_of(escaped, context, endpoint.path, self.shutdown)
+                if cancelled is not None:
+                    raise cancelled from None
+            finally:
+                _finish(stream, context, tracker, error)
 
     async def _register(self, key: str, value: bytes) -> None:
         await self.discovery.put(key, value)
@@ -270,23 +305,21 @@ class DistributedRuntime:
             if server is not None:
                 server.go_away()
                 server.stop_accepting()
-            for context in self._inflight:
+            for context in tuple(self._inflight):
                 served = self._endpoints.get(context.attributes.get("endpoint", ""))
                 if served is not None and not served.graceful_shutdown:
                     context.kill(CancelReason.SHUTDOWN)
                 else:
                     context.stop(CancelReason.SHUTDOWN)
-            with trio.move_on_after(grace):
-                await self._inflight.wait_empty()
+            await self._wait_idle(grace)
             if self._inflight:
                 _log.warning(
                     "killing %d request(s) still running after the %.1fs shutdown grace",
                     len(self._inflight),
                     grace,
                 )
-                self._inflight.kill_all(CancelReason.SHUTDOWN)
-                with trio.move_on_after(_KILL_SETTLE_TIMEOUT):
-                    await self._inflight.wait_empty()
+                self._kill_all()
+                await self._wait_idle(_KILL_SETTLE_TIMEOUT)
             if server is not None:
                 server.close_all(graceful=True)
             self._status_stop.set()
@@ -349,13 +382,32 @@ class DistributedRuntime:
         view: PrefixView[Any] = await self._require_nursery().start(watch)
         return view
 
-    def track(self, context: Context) -> AbstractContextManager[Context]:
+    @contextmanager
+    def track(self, context: Context) -> Iterator[Context]:
         """Count ``context`` as in flight (listed on ``/debug/requests``) for the block."""
-        return self._inflight.track(context)
+        self._inflight.add(context)
+        try:
+            yield context
+        finally:
+            self._inflight.discard(context)
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    async def _wait_idle(self, seconds: float = math.inf) -> None:
+        with trio.move_on_after(seconds):
+            while self._inflight:
+                if self._idle is None:
+                    self._idle = trio.Event()
+                await self._idle.wait()
+
+    def _kill_all(self) -> None:
+        for context in tuple(self._inflight):
+            context.kill(CancelReason.SHUTDOWN)
 
     def inflight(self) -> list[dict[str, Any]]:
         """Each in-flight request as a tree (``Context.snapshot()``), oldest first."""
-        return self._inflight.snapshot()
+        return [c.snapshot() for c in sorted(self._inflight, key=lambda c: c.created_at)]
 
     def health(self) -> StatusReport:
         """Ready while serving at least one endpoint and not shutting down."""
@@ -400,7 +452,8 @@ class Endpoint:
         self.namespace: Final = component.namespace
         self.component: Final = component.name
         self.name: Final = name
-        self.path: Final = f"{self.namespace}/{self.component}/{name}"
+        self._names: Final = (self.namespace, self.component, name)
+        self.path: Final = "/".join(self._names)
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.path}>"
@@ -424,24 +477,20 @@ class Endpoint:
             return
         if self.path in runtime._endpoints:
             raise RuntimeError(f"{self.path} is already served by this process")
-        instance_id = runtime.instance_id
+        if not callable(handler):
+            raise TypeError(f"the handler for {self.path} is not callable: {handler!r}")
+        try:  # Dynamo's rule: pass ``context=`` iff the handler has a ``context`` parameter
+            wants_context = "context" in inspect.signature(handler).parameters
+        except (TypeError, ValueError):
+            wants_context = False
+        instance_id, labels = runtime.instance_id, metrics_labels or ()
         metrics = runtime.metrics.endpoint(
-            self.namespace,
-            self.component,
-            self.name,
-            worker_id=f"{instance_id:x}",
-            labels=metrics_labels or (),
+            *self._names, worker_id=f"{instance_id:x}", labels=labels
         )
-        served = ServedEndpoint(self.path, handler, metrics, graceful_shutdown=graceful_shutdown)
+        served = _Served(self.path, handler, metrics, wants_context, graceful_shutdown)
         address = await runtime._ensure_server()
         runtime._endpoints[self.path] = served
-        instance = Instance(
-            namespace=self.namespace,
-            component=self.component,
-            endpoint=self.name,
-            instance_id=instance_id,
-            address=address,
-        )
+        instance = Instance(*self._names, instance_id, address)
         await runtime._register(instance.key, encode_record(instance))
         _log.info("serving %s as instance %x at %s", self.path, instance_id, address)
         task_status.started()
@@ -477,23 +526,12 @@ class Endpoint:
         frontend enforces the token limits and migrates only to handlers that
         ``accepts_continuation``; a ``tensor`` model needs ``tensor_model_config``
         (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``)."""
-        tensor_config = None
-        if model_type == "tensor" or tensor_model_config is not None:
-            if tensor_model_config is None:
-                raise ValueError("a tensor model needs its tensor_model_config")
-            tensor_config = TensorModelConfig.from_dict(tensor_model_config)
-        card = ModelCard(
-            name=name,
-            model_type=model_type,
-            namespace=self.namespace,
-            component=self.component,
-            endpoint=self.name,
-            instance_id=self.runtime.instance_id,
-            context_length=context_length,
-            max_output_tokens=max_output_tokens,
-            accepts_continuation=accepts_continuation,
-            tensor_model_config=tensor_config,
-        )
+        if model_type == "tensor" and tensor_model_config is None:
+            raise ValueError("a tensor model needs its tensor_model_config")
+        tensor = tensor_model_config
+        config = None if tensor is None else TensorModelConfig.from_dict(tensor)
+        head = (name, model_type, *self._names, self.runtime.instance_id)
+        card = ModelCard(*head, context_length, max_output_tokens, accepts_continuation, config)
         await self.runtime._register(card.key, encode_record(card))
 
 
@@ -567,3 +605,101 @@ async def _shutdown_with_supervisor(runtime: DistributedRuntime, fd: int) -> Non
     await parent_gone(fd)
     _log.warning("the process that started this worker is gone: shutting down gracefully")
     runtime.shutdown()
+
+
+class _Served(NamedTuple):
+    """An endpoint this process serves: the handler, how to call it, its metrics."""
+
+    path: str
+    handler: Callable[..., Any]
+    metrics: EndpointMetrics
+    wants_context: bool
+    graceful_shutdown: bool  # else a shutdown kills its requests
+
+
+def _outcome_of(
+    exc: BaseException, context: Context, path: str, on_exit_request: Callable[[], None]
+) -> DynamoError | None:
+    """The error a handler's exception ends its stream with; ``None`` for a clean end."""
+    exc = collapse(exc) or exc
+    if isinstance(exc, Disconnected):
+        return None  # the connection is gone; the context was killed as "transport lost"
+    request, name = f"request {context.id()} on {path}", type(exc).__name__
+    if is_cancellation(exc) or isinstance(exc, _StaleCancelled):
+        if context.is_stopped():
+            return None  # cancelled as asked: the stream ends stopped/killed, counted once
+        _log.info("%s: the handler cancelled itself", request)
+        caused_by = "Cancelled" if isinstance(exc, _StaleCancelled) else name
+        return Cancelled("the handler cancelled the request", caused_by=caused_by)
+    if isinstance(exc, Cancelled) and context.is_stopped():
+        return None  # Dynamo's convention: raising Cancelled after a stop is a clean end
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        _log.warning(
+            "%s: the handler raised %s; shutting the worker down gracefully", request, name
+        )
+        on_exit_request()
+        return EngineShutdown("the worker is shutting down", caused_by=name)
+    error = error_from_exception(exc)
+    if isinstance(exc, DynamoError) or isinstance(error, InvalidArgument):
+        _log.info("%s failed: %s", request, error)
+    else:  # a handler's own failure: one traceback per endpoint and type per interval
+        _bugs.error(f"{path} {name}", "%s failed: %s", request, error, exc_info=exc)
+    return error
+
+
+def _finish(
+    stream: ServerStream, context: Context, tracker: RequestTracker, error: DynamoError | None
+) -> None:
+    """Send the one terminal frame and record the one metrics outcome."""
+    if error is not None:
+        stream.fail(error)
+        tracker.finish("error", error_type=error.error_type)
+    elif context.is_killed():
+        if stream.cancel_signal is CancelReason.SHUTDOWN:
+            stream.fail(
+                EngineShutdown(f"the worker shut down during the request ({context.reason})")
+            )
+        else:
+            stream.end("killed", context.reason)
+        tracker.finish("killed")
+    elif context.is_stopped():
+        stream.end("stopped", context.reason)
+        # A handler that stopped its own context ended on purpose: not a cancellation.
+        tracker.finish("stopped" if stream.cancel_signal is not None else "complete")
+    else:
+        stream.end("complete")
+        tracker.finish("complete")
+
+
+class _StaleCancelled(Exception):
+    """A stale :class:`trio.Cancelled` from the handler (its way of saying "cancelled"),
+    carried out of the context's nursery, which would absorb it as its own."""
+
+
+async def _relay(stream: ServerStream, endpoint: _Served) -> None:
+    """The handler's items onto the stream (inside the context's scope)."""
+    request, handler, context = stream.payload, endpoint.handler, stream.context
+    generator = handler(request, context=context) if endpoint.wants_context else handler(request)
+    if not hasattr(generator, "__anext__"):
+        if inspect.iscoroutine(generator):
+            generator.close()
+        raise TypeError(
+            f"the handler for {endpoint.path} must be an async generator "
+            f"(it returned {type(generator).__name__})"
+        )
+    try:
+        async for item in generator:
+            if isinstance(item, Annotated):
+                await stream.send_item(
+                    item.data(), id=item.id, event=item.event, comment=item.comment
+                )
+            else:
+                await stream.send_item(item)
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() == -math.inf:
+            raise  # a live cancellation: the context's kill, or a scope around it
+        raise _StaleCancelled(str(exc)) from exc
+    finally:
+        aclose = getattr(generator, "aclose", None)
+        if aclose is not None:
+            await aclose()

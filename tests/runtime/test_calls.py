@@ -569,7 +569,7 @@ async def test_cancellations_are_counted_exactly_once(cluster: Cluster) -> None:
         else:
             await stream.aclose()
     with trio.fail_after(30):  # a hang guard only
-        await cluster.worker._inflight.wait_empty()
+        await cluster.worker._wait_idle()
     assert metric_value(registry, "dynamo_component_inflight_requests", **labels) == 0
     assert metric_value(registry, "dynamo_component_cancellation_total", **labels) == 4
 

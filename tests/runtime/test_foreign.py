@@ -75,7 +75,7 @@ async def test_a_context_made_in_a_plain_thread_and_killed_from_one_kills_the_ca
     for other in others:
         await other.aclose()
     with trio.fail_after(30):  # a hang guard only
-        await cluster.worker._inflight.wait_empty()
+        await cluster.worker._wait_idle()
     assert metric_value(cluster.worker.registry, "dynamo_component_cancellation_total") == 4
 
 

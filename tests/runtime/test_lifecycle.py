@@ -159,7 +159,7 @@ async def test_two_thousand_mixed_requests_leak_nothing(cluster: Cluster) -> Non
 
     async def settle() -> None:
         with trio.fail_after(30):  # a hang guard only
-            await worker._inflight.wait_empty()
+            await worker._wait_idle()
         await trio.testing.wait_all_tasks_blocked()
 
     for i in range(20):  # warm up: connection, pool, metric children

@@ -392,7 +392,7 @@ async def test_the_documented_abort_pattern_leaves_nothing_in_the_engine(
     with trio.move_on_after(5 if how != "enclosing timeout" else 0.2):
         await call()
     with trio.fail_after(30):  # a hang guard only
-        await cluster.worker._inflight.wait_empty()
+        await cluster.worker._wait_idle()
         await engine.idle.wait()
     assert engine.aborted == [ctx.id()]
     assert len(items) >= 3

@@ -52,7 +52,7 @@ def silent_handler(recorder: Recorder):
 async def _settled(cluster: Cluster) -> None:
     """Every request on the worker has finished (its terminal frame and metrics are done)."""
     with trio.fail_after(30):  # a hang guard only
-        await cluster.worker._inflight.wait_empty()
+        await cluster.worker._wait_idle()
 
 
 async def _first_item(client: Client, parent: Context, keep: list[Any]) -> None:
