@@ -56,25 +56,35 @@ class MockEngine:
         continuation = valid.get("continuation")
         generated = 0 if continuation is None else _replay(continuation, tokens, stops, min_tokens)
         deadline = trio.current_time() + self._first_delay
+        text, token_ids, stop = "", list[int](), None
+        reason: FinishReason | None = None
         if generated >= max_tokens:  # the earlier attempt produced every token but not the end
             await wait_until(deadline, context)  # a kill lands here
-            yield _last(stops.flush(), [], "length", prompt_tokens, generated)
-            return
-        while True:
+            reason = "length"
+        while reason is None:
             if await wait_until(deadline, context, burst=generated % BURST != 0):
-                yield _last(stops.flush(), [], "cancelled", prompt_tokens, generated)
-                return
+                text, token_ids, reason = "", [], "cancelled"
+                break
             token_id, token = tokens.next()
             generated += 1
             text, stop = stops.push(token, active=generated >= min_tokens)
+            token_ids = [token_id]
             if stop is not None:
-                yield _last(text, [token_id], "stop", prompt_tokens, generated, stop)
-                return
-            if generated >= max_tokens:
-                yield _last(text + stops.flush(), [token_id], "length", prompt_tokens, generated)
-                return
-            yield {"text": text, "token_ids": [token_id]}
-            deadline += self._token_delay
+                reason = "stop"
+            elif generated >= max_tokens:
+                reason = "length"
+            else:
+                yield {"text": text, "token_ids": token_ids}
+                deadline += self._token_delay
+        last: GenerateOutput = {
+            "text": text + stops.flush() if stop is None else text,
+            "token_ids": token_ids,
+            "finish_reason": reason,
+        }
+        if stop is not None:
+            last["stop_sequence"] = stop
+        last["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
+        yield last
 
     def _max_tokens(self, requested: int | None, prompt_tokens: int, request_type: str) -> int:
         """The tokens to generate at most (ValueError over the model's limits)."""
@@ -107,17 +117,12 @@ class MockEngine:
                 f"invalid embedding request: dimensions ({dimensions}) exceeds this model's "
                 f"embedding size ({full})"
             )
-        context_length = self.settings.context_length
-        inputs = valid["input"]
+        limit, inputs = self.settings.context_length, valid["input"]
         counts = [await count_tokens_yielding(text) for text in inputs]
-        for tokens in counts:
-            if tokens > context_length:
-                raise ContextLengthExceeded(
-                    context_length=context_length,
-                    prompt_tokens=tokens,
-                    max_tokens=None,
-                    prompt_kind="input",
-                )
+        if (tokens := next((n for n in counts if n > limit), None)) is not None:
+            raise ContextLengthExceeded(
+                context_length=limit, prompt_tokens=tokens, max_tokens=None, prompt_kind="input"
+            )
         if await wait_until(trio.current_time() + self._first_delay, context):
             return
         yield {
@@ -171,22 +176,6 @@ def _replay(
             f"invalid continuation: its text does not match its {len(token_ids)} token(s)"
         )
     return len(token_ids)
-
-
-def _last(
-    text: str,
-    token_ids: list[int],
-    reason: FinishReason,
-    prompt_tokens: int,
-    generated: int,
-    stop: str | None = None,
-) -> GenerateOutput:
-    """The item that ends a generation."""
-    item: GenerateOutput = {"text": text, "token_ids": token_ids, "finish_reason": reason}
-    if stop is not None:
-        item["stop_sequence"] = stop
-    item["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
-    return item
 
 
 def _embedding(text: str, full: int, dimensions: int) -> list[float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
 
 import trio
@@ -42,11 +43,15 @@ _CONNECT_ATTEMPTS: Final = 3  # distinct instances a routed call tries on Cannot
 
 
 @final
+@dataclass(slots=True, init=False, repr=False)  # for __eq__ (and no __hash__)
 class Annotated:
     """One item of a response stream: JSON-like ``data`` and SSE ``id``/``event``/``comment``;
     handlers may yield plain values (they become ``data``) or an ``Annotated``."""
 
-    __slots__ = ("_data", "comment", "event", "id")
+    _data: Any
+    id: str | None
+    event: str | None
+    comment: list[str] | None
 
     def __init__(
         self,
@@ -81,14 +86,6 @@ class Annotated:
         )
         return f"Annotated({self._data!r}{extras})"
 
-    def _fields(self) -> tuple[Any, str | None, str | None, list[str] | None]:
-        return self._data, self.id, self.event, self.comment
-
-    def __eq__(self, other: object) -> bool:
-        return self._fields() == other._fields() if isinstance(other, Annotated) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 class ResponseStream:
     """The items of one call, as an async iterator of :class:`Annotated`; closing kills the call.
@@ -103,7 +100,8 @@ class ResponseStream:
         instance_id: int | None,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
-        self._context = context
+        self.context: Final = context
+        """The call's own context (a child of the caller's, with the same id)."""
         self._stream = stream
         self._on_lost = on_lost
         self.instance_id: Final = instance_id
@@ -126,11 +124,6 @@ class ResponseStream:
             on_cancel(context, context.state, context.reason or CancelReason.KILL_REQUESTED)
 
     @property
-    def context(self) -> Context:
-        """The call's own context (a child of the caller's, with the same id)."""
-        return self._context
-
-    @property
     def end_reason(self) -> str | None:
         """The reason in the worker's ``stopped``/``killed`` terminal frame, if any."""
         return None if self._stream is None else self._stream.end_reason
@@ -140,7 +133,7 @@ class ResponseStream:
         """``complete``, ``stopped`` or ``killed``; ``None`` while running or if none was sent."""
         if self._stream is None:
             return None
-        if self._stream.outcome is None and self._context.is_killed():
+        if self._stream.outcome is None and self.context.is_killed():
             return "killed"
         return self._stream.outcome
 
@@ -190,7 +183,7 @@ class ResponseStream:
         if stream is None or self._done:
             await trio.lowlevel.checkpoint()
             return None
-        context = self._context
+        context = self.context
         try:
             got = await self._receive(stream, context, receive, idle_timeout)
         except DynamoError as exc:
@@ -234,7 +227,7 @@ class ResponseStream:
     def _ended(self, stream: ClientStream) -> None:
         """Raise unless the worker ended the stream as this caller asked."""
         self._finish()
-        context = self._context
+        context = self.context
         if context.is_killed():
             return  # ours: nothing more was wanted
         outcome, reason = stream.outcome, stream.end_reason or "unknown"
@@ -252,12 +245,12 @@ class ResponseStream:
     def _finish(self) -> None:
         if not self._done:
             self._done = True
-            self._context.remove_cancel_callback(self._cancel_callback)
-            self._context.finish()
+            self.context.remove_cancel_callback(self._cancel_callback)
+            self.context.finish()
 
     def _abandon(self, reason: CancelReason = CancelReason.STREAM_CLOSED) -> None:
         if not self._done and self._stream is not None and not self._stream.done:
-            self._context.kill(reason)
+            self.context.kill(reason)
         self._finish()
 
     async def aclose(self) -> None:
@@ -279,10 +272,10 @@ class ResponseStream:
     def __del__(self) -> None:
         # Dropped unclosed: kill the work (thread-safe), unless stopped: then let it drain.
         if not self._done and self._stream is not None and not self._stream.done:
-            if self._context.is_stopped():
-                self._context._run_in_trio(self._stream.discard)
+            if self.context.is_stopped():
+                self.context._run_in_trio(self._stream.discard)
             else:
-                self._context.kill(CancelReason.STREAM_CLOSED)
+                self.context.kill(CancelReason.STREAM_CLOSED)
 
 
 @final
