@@ -185,7 +185,21 @@ class ResponseStream:
             return None
         context = self.context
         try:
-            got = await self._receive(stream, context, receive, idle_timeout)
+            deadline = context.deadline
+            if deadline is None and idle_timeout is None:
+                got = await receive(stream)
+            else:
+                now = trio.current_time()
+                wake_at = math.inf if deadline is None else now + (deadline - time.monotonic())
+                if idle_timeout is not None:
+                    wake_at = min(wake_at, now + idle_timeout)
+                with trio.move_on_at(wake_at) as waiting:
+                    got = await receive(stream)
+                # Past the deadline (reading the state kills), or silent too long: kill.
+                if waiting.cancelled_caught:
+                    if not context.is_killed():
+                        context.kill(CancelReason.INACTIVITY)
+                    got = await receive(stream)
         except DynamoError as exc:
             self._finish()
             if context.is_stopped():
@@ -202,27 +216,6 @@ class ResponseStream:
             if context.reason is CancelReason.INACTIVITY and idle_timeout is not None:
                 raise ResponseTimeout(f"the worker sent nothing for {idle_timeout:g}s")
         return got
-
-    @staticmethod
-    async def _receive(
-        stream: ClientStream,
-        context: Context,
-        receive: Callable[[ClientStream], Awaitable[_R | None]],
-        idle_timeout: float | None,
-    ) -> _R | None:
-        deadline = context.deadline
-        if deadline is None and idle_timeout is None:
-            return await receive(stream)
-        now = trio.current_time()
-        wake_at = math.inf if deadline is None else now + (deadline - time.monotonic())
-        if idle_timeout is not None:
-            wake_at = min(wake_at, now + idle_timeout)
-        with trio.move_on_at(wake_at):
-            return await receive(stream)
-        # Past the deadline (reading the state kills), or silent too long: kill.
-        if not context.is_killed():
-            context.kill(CancelReason.INACTIVITY)
-        return await receive(stream)
 
     def _ended(self, stream: ClientStream) -> None:
         """Raise unless the worker ended the stream as this caller asked."""

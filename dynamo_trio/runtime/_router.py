@@ -88,8 +88,7 @@ class Router:
     def _split(
         self, candidates: Mapping[Target, str], tried: Collection[Target]
     ) -> tuple[list[Target], list[tuple[float, Target]]]:
-        """The untried live candidates, and the untried ones whose rest is over (with when
-        it ended); starts the probes that are due."""
+        """The untried live candidates and the untried rested ones (with when); starts probes."""
         now = time.monotonic()
         live: list[Target] = []
         due: list[tuple[float, Target]] = []
@@ -164,8 +163,7 @@ class Router:
             if resting is None:
                 return  # it came back (or left discovery) meanwhile
             resting.failures += 1
-            resting.until = time.monotonic() + _rest_for(resting.failures)
-            resting.probing = False
+            resting.until, resting.probing = time.monotonic() + _rest_for(resting.failures), False
             _log.info(
                 "instance %x of %s still unreachable (%s); next try in %.0fs",
                 target[1],

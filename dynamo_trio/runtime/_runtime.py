@@ -227,17 +227,11 @@ class DistributedRuntime:
             return self._server_address
 
     async def _handle_stream(self, stream: ServerStream) -> None:
-        """Run the endpoint's handler for ``stream`` and finish the stream exactly once, counted
-        once; whatever the handler raises ends this stream only.  Only a live cancellation
-        propagates; ``KeyboardInterrupt`` or ``SystemExit`` starts a graceful shutdown."""
+        """Run the handler for ``stream`` contained; end the stream, and count it, exactly once."""
         endpoint = self._endpoints.get(stream.endpoint)
         if endpoint is None or stream.instance_id != self.instance_id:
-            stream.fail(
-                CannotConnect(
-                    f"instance {self.instance_id:x} does not serve "
-                    f"{stream.endpoint} (asked for instance {stream.instance_id:x})"
-                )
-            )
+            message = f"instance {self.instance_id:x} does not serve {stream.endpoint}"
+            stream.fail(CannotConnect(f"{message} (asked for instance {stream.instance_id:x})"))
             return
         context = stream.context
         trace, metadata = read_request_headers(stream.headers)
@@ -672,8 +666,7 @@ def _finish(
 
 
 class _StaleCancelled(Exception):
-    """A stale :class:`trio.Cancelled` from the handler (its way of saying "cancelled"),
-    carried out of the context's nursery, which would absorb it as its own."""
+    """A handler's stale trio.Cancelled, carried past the context's nursery (which absorbs it)."""
 
 
 async def _relay(stream: ServerStream, endpoint: _Served) -> None:
