@@ -35,12 +35,10 @@ class MockEngine:
         await endpoint.serve_endpoint(engine.generate)
     """
 
-    __slots__ = ("_first_delay", "_token_delay", "settings")
+    __slots__ = ("settings",)
 
     def __init__(self, settings: MockerSettings | None = None) -> None:
         self.settings: Final = MockerSettings() if settings is None else settings
-        self._first_delay = self.settings.ttft_ms / 1000
-        self._token_delay = self.settings.inter_token_latency_ms / 1000
 
     async def generate(self, request: object, context: Context) -> AsyncIterator[GenerateOutput]:
         """Generate text for an engine request, one item per token (``text`` empty while held
@@ -55,7 +53,7 @@ class MockEngine:
         stops = StopMatcher(valid.get("stop", ()))
         continuation = valid.get("continuation")
         generated = 0 if continuation is None else _replay(continuation, tokens, stops, min_tokens)
-        deadline = trio.current_time() + self._first_delay
+        deadline = trio.current_time() + self.settings.ttft_ms / 1000
         text, token_ids, stop = "", list[int](), None
         reason: FinishReason | None = None
         if generated >= max_tokens:  # the earlier attempt produced every token but not the end
@@ -75,7 +73,7 @@ class MockEngine:
                 reason = "length"
             else:
                 yield {"text": text, "token_ids": token_ids}
-                deadline += self._token_delay
+                deadline += self.settings.inter_token_latency_ms / 1000
         last: GenerateOutput = {
             "text": text + stops.flush() if stop is None else text,
             "token_ids": token_ids,
@@ -123,7 +121,7 @@ class MockEngine:
             raise ContextLengthExceeded(
                 context_length=limit, prompt_tokens=tokens, max_tokens=None, prompt_kind="input"
             )
-        if await wait_until(trio.current_time() + self._first_delay, context):
+        if await wait_until(trio.current_time() + self.settings.ttft_ms / 1000, context):
             return
         yield {
             "embeddings": [_embedding(text, full, dimensions) for text in inputs],
