@@ -138,10 +138,8 @@ async def wait_until(deadline: float, context: Context, *, burst: bool = False) 
     if not context.is_stopped() and deadline > trio.current_time():
         with trio.move_on_at(deadline):
             await context.stopped()
-    elif burst:
-        await trio.lowlevel.checkpoint_if_cancelled()
     else:
-        await trio.lowlevel.checkpoint()
+        await (trio.lowlevel.checkpoint_if_cancelled if burst else trio.lowlevel.checkpoint)()
     if context.is_killed():
         # kill() wakes stopped() waiters before it cancels the scope, so the
         # cancellation may still be pending: take it here, before any yield.

@@ -42,13 +42,12 @@ _SPACE: Final = re.compile(r"\s")
 async def count_tokens_yielding(text: str) -> int:
     """:func:`count_tokens`, letting other tasks run between pieces of a long text (split
     at whitespace, which no token spans): a long prompt holds up no other stream."""
-    total, start = 0, 0
+    total = start = 0
     while start < len(text):
-        space = _SPACE.search(text, start + _PIECE) if start + _PIECE < len(text) else None
-        end = space.start() if space is not None else len(text)
+        space = _SPACE.search(text, start + _PIECE)  # None past the end
+        end = len(text) if space is None else space.start()
         total += len(_TOKEN_PATTERN.findall(text, start, end))
-        start = end
-        if start < len(text):
+        if (start := end) < len(text):
             await trio.lowlevel.checkpoint()
     return total
 

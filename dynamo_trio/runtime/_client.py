@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, final, overload
 
 import trio
@@ -43,15 +42,11 @@ _CONNECT_ATTEMPTS: Final = 3  # distinct instances a routed call tries on Cannot
 
 
 @final
-@dataclass(slots=True, init=False, repr=False)  # for __eq__ (and no __hash__)
 class Annotated:
     """One item of a response stream: JSON-like ``data`` and SSE ``id``/``event``/``comment``;
     handlers may yield plain values (they become ``data``) or an ``Annotated``."""
 
-    _data: Any
-    id: str | None
-    event: str | None
-    comment: list[str] | None
+    __slots__ = ("_data", "comment", "event", "id")
 
     def __init__(
         self,
@@ -85,6 +80,14 @@ class Annotated:
             if value is not None
         )
         return f"Annotated({self._data!r}{extras})"
+
+    def _fields(self) -> tuple[Any, str | None, str | None, list[str] | None]:
+        return self._data, self.id, self.event, self.comment
+
+    def __eq__(self, other: object) -> bool:
+        return self._fields() == other._fields() if isinstance(other, Annotated) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class ResponseStream:

@@ -158,6 +158,7 @@ class Router:
         """Try to connect to a resting target: back in rotation, or rest longer."""
         try:
             await self._connect(address)
+            self.connected(target)
         except CannotConnect as exc:
             resting = self._resting.get(target)
             if resting is None:
@@ -171,8 +172,6 @@ class Router:
                 exc,
                 resting.until - time.monotonic(),
             )
-        else:
-            self.connected(target)
 
 
 def _rest_for(failures: int) -> float:
