@@ -116,32 +116,10 @@ class Context:
     belongs to the trio run that owns the context (its maker's, else the first to use it).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_callbacks",
-        "_children",
-        "_deadline",
-        "_drain_grace",
-        "_exiting",
-        "_finished",
-        "_id",
-        "_metadata",
-        "_nursery",
-        "_parent",
-        "_reason",
-        "_scope",
-        "_scope_task",
-        "_scope_used",
-        "_state",
-        "_state_changed_at",
-        "_token",
-        "_trace",
-        "_wakeup",
-        "_wants_watcher",
-        "_watcher",
-        "_watchers",
-        "attributes",
-        "created_at",
+    __slots__ = tuple(
+        "__weakref__ _callbacks _children _deadline _drain_grace _exiting _finished _id _metadata "  # noqa: SIM905
+        "_nursery _parent _reason _scope _scope_task _scope_used _state _state_changed_at _token "
+        "_trace _wakeup _wants_watcher _watcher _watchers attributes created_at".split()
     )
 
     def __init__(
@@ -326,8 +304,8 @@ class Context:
         _dispatch_effects(changed)
 
     def _mark(self, target: ContextState, reason: CancelReason) -> list[Context]:
-        """Move this subtree to ``target``; return the contexts that changed, children first.
-        A subtree already at ``target`` is skipped (the invariant).  Iterative post-order."""
+        """Move this subtree to ``target`` (iterative post-order, skipping what is there already);
+        return the contexts that changed, children first."""
         if self._state >= target:
             return []
         now = time.monotonic()
@@ -656,9 +634,10 @@ class Context:
     def snapshot(self) -> dict[str, Any]:
         """This context and its subtree as plain data (for the in-flight request listing)."""
         now = time.monotonic()
-
-        def describe(ctx: Context) -> dict[str, Any]:
-            return {
+        top: list[dict[str, Any]] = []
+        work = [(self, top)]
+        for ctx, siblings in work:  # breadth first: the list grows as it is read
+            node: dict[str, Any] = {
                 "id": ctx._id,
                 "state": ctx._state.name.lower(),
                 "reason": ctx._reason.value if ctx._reason else None,
@@ -667,35 +646,20 @@ class Context:
                 "attributes": dict(ctx.attributes),
                 "children": [],
             }
-
-        root = describe(self)
-        stack = [(self, root)]
-        while stack:
-            ctx, node = stack.pop()
-            for child in tuple(ctx._children):
-                child_node = describe(child)
-                node["children"].append(child_node)
-                stack.append((child, child_node))
-        return root
+            siblings.append(node)
+            work += [(child, node["children"]) for child in tuple(ctx._children)]
+        return top[0]
 
 
 def _checked_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
     checked = dict(metadata)
     for key, value in checked.items():
-        _check_metadata_item(key, value)
+        if not isinstance(key, str):
+            raise TypeError(f"context metadata keys must be str, not {type(key).__name__}")
+        if not isinstance(value, str):
+            kind = type(value).__name__
+            raise TypeError(f"context metadata values must be str, not {kind} (key {key!r})")
     return checked
-
-
-def _check_metadata_item(key: object, value: object) -> None:
-    if not isinstance(key, str):
-        raise TypeError(f"context metadata keys must be str, not {type(key).__name__}")
-    if not isinstance(value, str):
-        raise TypeError(
-            f"context metadata values must be str, not {type(value).__name__} (key {key!r})"
-        )
-
-
-_MISSING: Final[Any] = object()
 
 
 @final
@@ -712,8 +676,7 @@ class ContextMetadata:
         return self._items[key]
 
     def __setitem__(self, key: str, value: str) -> None:
-        _check_metadata_item(key, value)
-        self._items[key] = value
+        self._items.update(_checked_metadata({key: value}))
 
     def __delitem__(self, key: str) -> None:
         del self._items[key]
@@ -737,11 +700,9 @@ class ContextMetadata:
     def get(self, key: str, default: str | None = None) -> str | None:
         return self._items.get(key, default)
 
-    def pop(self, key: str, default: str | None = _MISSING) -> str | None:
+    def pop(self, key: str, *default: str | None) -> str | None:
         """Remove ``key`` and return its value; ``default`` if absent (``KeyError`` without one)."""
-        if default is _MISSING:
-            return self._items.pop(key)
-        return self._items.pop(key, default)
+        return self._items.pop(key, *default)
 
     def keys(self) -> list[str]:
         return list(self._items)
@@ -828,11 +789,8 @@ def _is_ancestor(candidate: Context, ctx: Context) -> bool:
 
 def reason_for_cancelled(cancelled: trio.Cancelled) -> CancelReason:
     """The reason a context records when ``cancelled`` (from a scope around it) ends its work."""
-    if cancelled.source == "deadline":
-        return CancelReason.SCOPE_TIMEOUT
-    if cancelled.source == "KeyboardInterrupt":
-        return CancelReason.SHUTDOWN
-    return CancelReason.SCOPE_CANCELLED
+    known = {"deadline": CancelReason.SCOPE_TIMEOUT, "KeyboardInterrupt": CancelReason.SHUTDOWN}
+    return known.get(cancelled.source, CancelReason.SCOPE_CANCELLED)
 
 
 def find_cancelled(exc: BaseException | None) -> trio.Cancelled | None:
