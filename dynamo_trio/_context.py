@@ -269,13 +269,11 @@ class Context:
 
     def _tighten_deadlines(self, deadline: float) -> list[Context]:
         changed = []
-        stack = [self]
-        while stack:
-            ctx = stack.pop()
+        for ctx in (tree := [self]):  # (the list grows as it is read)
             if ctx._deadline is None or deadline < ctx._deadline:
                 ctx._deadline = deadline
                 changed.append(ctx)
-            stack.extend(ctx._children)
+            tree += ctx._children
         return changed
 
     def _check_deadline(self) -> None:
@@ -436,19 +434,17 @@ class Context:
             # (The work's own task gets an outside Cancelled itself; scope() notes it.)
             self._wants_watcher = True
             self._start_watcher()
-        waited = False
+        if self.state >= target:
+            await trio.lowlevel.checkpoint()
         while self.state < target:  # reading .state also enforces the deadline
             if self._wakeup is None:
                 self._wakeup = trio.Event()
             wakeup = self._wakeup
-            deadline, at = self._deadline, math.inf
+            at, deadline = math.inf, self._deadline
             if deadline is not None:
                 at = trio.current_time() + (deadline - time.monotonic())
             with trio.move_on_at(at):
                 await wakeup.wait()
-            waited = True
-        if not waited:
-            await trio.lowlevel.checkpoint()
 
     async def stopped(self) -> None:
         """Return once the context is stopped or killed (at once if it already is)."""
