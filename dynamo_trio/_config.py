@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -95,9 +96,8 @@ def _system_port(raw: str) -> int:
 def _log_level(raw: str) -> LogLevel:
     # Dynamo accepts filters like "debug,dynamo_runtime=info": the first word is the level.
     word = raw.split(",")[0].strip().lower()
-    return cast(
-        "LogLevel", _Choice(LogLevel)({"trace": "debug", "warn": "warning"}.get(word, word))
-    )
+    level: LogLevel = _Choice(LogLevel)({"trace": "debug", "warn": "warning"}.get(word, word))
+    return level
 
 
 def _endpoint_list(raw: str) -> tuple[str, ...]:
@@ -410,19 +410,18 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         if self.kserve_grpc_port is not None and self.http_workers > 1:
             raise ValueError("the KServe gRPC server runs in one frontend process: http_workers 1")
-        depth_ok = 1 <= self.max_json_depth <= MAX_JSON_DEPTH
-        _check(self, "max_json_depth", depth_ok, f"between 1 and {MAX_JSON_DEPTH}")
-        _check(self, "migration_limit", self.migration_limit >= 0, "0 or more")
-        _check(self, "stream_writes_per_pass", self.stream_writes_per_pass >= 0, "0 or more")
-        for name in ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout"):
-            _check(self, name, 0 <= getattr(self, name) < math.inf, "finite seconds >= 0")
-        budget_ok = 0 <= self.stream_pass_budget_ms < math.inf
-        _check(self, "stream_pass_budget_ms", budget_ok, "finite milliseconds >= 0")
+        _check(self, f"between 1 and {MAX_JSON_DEPTH}", MAX_JSON_DEPTH, "max_json_depth", low=1)
+        _check(self, "0 or more", math.inf, "migration_limit", "stream_writes_per_pass")
+        seconds = ("backend_stream_timeout", "max_request_timeout", "dead_client_timeout")
+        _check(self, "finite seconds >= 0", sys.float_info.max, *seconds)
+        _check(self, "finite milliseconds >= 0", sys.float_info.max, "stream_pass_budget_ms")
 
 
-def _check(section: object, name: str, ok: bool, wanted: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {wanted}, not {getattr(section, name)!r}")
+def _check(section: object, wanted: str, high: float, *names: str, low: float = 0) -> None:
+    """Bounds that the settings' parsers check again, for a section made directly."""
+    for name in names:
+        if not low <= getattr(section, name) <= high:
+            raise ValueError(f"{name} must be {wanted}, not {getattr(section, name)!r}")
 
 
 @final
@@ -446,7 +445,7 @@ class Config:
     )
 
     def __post_init__(self) -> None:
-        _check(self, "gc_threshold", self.gc_threshold >= 0, "0 or more")
+        _check(self, "0 or more", math.inf, "gc_threshold")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
