@@ -31,8 +31,7 @@ class LogLimiter:
         self._interval: Final = interval
         self._burst: Final = burst
         self._clock: Final = clock
-        self._tokens: dict[str, tuple[float, float]] = {}  # kind -> (tokens, as of when)
-        self._suppressed: dict[str, int] = {}
+        self._kinds: dict[str, tuple[float, float, int]] = {}  # (tokens, as of when, suppressed)
 
     def log(
         self,
@@ -46,16 +45,14 @@ class LogLimiter:
         if not self._logger.isEnabledFor(level):
             return False
         now = self._clock()
-        if kind not in self._tokens and len(self._tokens) >= MAX_KINDS:
+        if kind not in self._kinds and len(self._kinds) >= MAX_KINDS:
             self.reset()
-        tokens, since = self._tokens.get(kind, (float(self._burst), now))
+        tokens, since, suppressed = self._kinds.get(kind, (float(self._burst), now, 0))
         tokens = min(float(self._burst), tokens + (now - since) / self._interval)
         if tokens < 1.0:
-            self._tokens[kind] = (tokens, now)
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            self._kinds[kind] = (tokens, now, suppressed + 1)
             return False
-        self._tokens[kind] = (tokens - 1.0, now)
-        suppressed = self._suppressed.pop(kind, 0)
+        self._kinds[kind] = (tokens - 1.0, now, 0)
         if suppressed:
             message += " (%d more like this suppressed)"
             args = (*args, suppressed)
@@ -64,8 +61,7 @@ class LogLimiter:
 
     def reset(self) -> None:
         """Forget what was logged (tests; and past MAX_KINDS kinds)."""
-        self._tokens.clear()
-        self._suppressed.clear()
+        self._kinds.clear()
 
     def warning(
         self, kind: str, message: str, *args: object, exc_info: BaseException | None = None
