@@ -37,15 +37,11 @@ def lifeline(env: Mapping[str, str]) -> Iterator[dict[str, Any]]:
 def take_lifeline() -> int | None:
     """This process's lifeline, if its supervisor gave it one (the variable is removed,
     so that the processes this one starts do not take it for their own)."""
-    raw = os.environ.pop(LIFELINE_ENV, None)
-    if raw is None or not raw.isdigit():
-        return None
-    fd = int(raw)
+    raw = os.environ.pop(LIFELINE_ENV, "")
     try:
-        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+        return int(raw) if raw.isdigit() and stat.S_ISFIFO(os.fstat(int(raw)).st_mode) else None
     except OSError:
         return None
-    return fd if is_pipe else None
 
 
 async def parent_gone(fd: int) -> None:
