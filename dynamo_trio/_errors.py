@@ -8,10 +8,7 @@ is never caught or converted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Final
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from typing import ClassVar, Final
 
 
 class DynamoError(Exception):
@@ -102,15 +99,11 @@ class ProtocolError(TransportError):
     """A peer sent bytes that are not a valid frame sequence; the connection is closed."""
 
 
-def _defined(cls: type[DynamoError]) -> Iterator[type[DynamoError]]:
-    yield cls
-    for sub in cls.__subclasses__():
-        yield from _defined(sub)
-
-
 # Each class above that its code names.
 _BY_CODE: Final = {
-    cls.error_type: cls for cls in _defined(DynamoError) if cls.error_type == cls.__name__
+    cls.error_type: cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, DynamoError) and cls.error_type == cls.__name__
 }
 
 
