@@ -265,7 +265,7 @@ class Context:
         linked children inherit it; when it passes the context is killed (``DEADLINE``)."""
         with _LOCK:
             changed = self._tighten_deadlines(deadline)
-        _deadlines_changed(changed)
+        _dispatch_effects(changed, _deadlines_changed)
 
     def _tighten_deadlines(self, deadline: float) -> list[Context]:
         changed = []
@@ -362,7 +362,7 @@ class Context:
                 deadline = self._deadline
                 deadline_changed = [] if deadline is None else child._tighten_deadlines(deadline)
                 changed = child._mark(self._state, self._reason) if self._reason else []
-        _deadlines_changed(deadline_changed)
+        _dispatch_effects(deadline_changed, _deadlines_changed)
         _dispatch_effects(changed)
         if self._watchers is not None:
             self._run_in_trio(self._start_watcher)
@@ -734,19 +734,8 @@ def _run_in(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *a
 
 def _deadlines_changed(changed: list[Context]) -> None:
     for ctx in changed:
-        ctx._run_in_trio(_deadline_changed, ctx)
-
-
-def _deadline_changed(ctx: Context) -> None:
-    ctx._wake()
-    ctx._start_watcher()  # (if scope() runs: it enforces the deadline)
-
-
-def _dispatch_effects(changed: list[Context]) -> None:
-    """Apply the effects of ``changed`` (children first), each in its own run; consecutive
-    contexts of one run go together, so one run's tree keeps its order."""
-    for token, group in groupby(changed, key=lambda ctx: ctx._token):
-        _run_in(token, _apply_effects, list(group))
+        ctx._wake()
+        ctx._start_watcher()  # (if scope() runs: it enforces the deadline)
 
 
 def _apply_effects(changed: list[Context]) -> None:
@@ -765,6 +754,13 @@ def _apply_effects(changed: list[Context]) -> None:
                 callback(ctx, state, reason)
             except Exception:
                 _log.exception("cancel callback %r of context %s failed", callback, ctx._id)
+
+
+def _dispatch_effects(changed: list[Context], apply: Callable[..., None] = _apply_effects) -> None:
+    """Apply the effects of ``changed`` (children first), each in its own run; consecutive
+    contexts of one run go together, so one run's tree keeps its order."""
+    for token, group in groupby(changed, key=lambda ctx: ctx._token):
+        _run_in(token, apply, list(group))
 
 
 def _is_ancestor(candidate: Context, ctx: Context) -> bool:
