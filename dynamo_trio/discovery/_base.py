@@ -7,8 +7,7 @@ import abc
 import logging
 import secrets
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, NamedTuple, final
 
 import trio
 
@@ -42,10 +41,8 @@ class BadRecordReport:
     events), then counts ``what``: each is reported once per version by readers that cache."""
 
     def __init__(self, logger: logging.Logger, what: str) -> None:
-        self._logger = logger
-        self._what = what
-        self._named = 0
-        self._more = 0
+        self._logger, self._what = logger, what
+        self._named = self._more = 0
 
     def bad(self, where: str, reason: str) -> None:
         """Report one bad record: ``where`` it is and why it was skipped."""
@@ -92,15 +89,11 @@ def check_value(value: bytes, max_size: int | None = None) -> bytes:
     return value
 
 
-@dataclass(frozen=True)
-class Repairs:
+class Repairs(NamedTuple):
     """Owned keys to write back (lost or changed) and to forget (another live lease took them)."""
 
     rewrite: tuple[str, ...] = ()
     relinquish: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.rewrite or self.relinquish)
 
 
 def plan_repairs(
@@ -117,12 +110,10 @@ def plan_repairs(
     rewrite: list[str] = []
     relinquish: list[str] = []
     for key, value in owned.items():
-        stored = found.get(key)
-        if stored is None:
-            rewrite.append(key)
-        elif stored[1] != lease_id:
-            (relinquish if lease_alive(stored[1]) else rewrite).append(key)
-        elif stored[0] != value:
+        stored, lease = found.get(key, (None, lease_id))
+        if lease != lease_id and lease_alive(lease):
+            relinquish.append(key)
+        elif lease != lease_id or stored != value:
             rewrite.append(key)
     return Repairs(tuple(rewrite), tuple(relinquish))
 
@@ -169,9 +160,8 @@ class Discovery(abc.ABC):
             try:
                 await self._put(key, value)
             except Exception:
-                if previous is None:
-                    self._owned.pop(key, None)
-                else:
+                self._owned.pop(key, None)
+                if previous is not None:
                     self._owned[key] = previous
                 raise
 
@@ -284,6 +274,5 @@ class Discovery(abc.ABC):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        if self._lifetime_cm is None:
-            raise RuntimeError(f"{type(self).__name__} was not entered")
+        assert self._lifetime_cm is not None, "exited without entering"
         return await self._lifetime_cm.__aexit__(exc_type, exc_value, traceback)
