@@ -1,17 +1,5 @@
-"""Watch events, the :class:`Watch` handle every backend hands out, and the live decoded view
-built on top of it.
-
-A backend snapshots the prefix (``Watch.initial``) and feeds every later change into a
-memory channel whose receiving end the :class:`Watch` holds.  A :class:`PrefixView`'s
-readers take copies and wait for changes by version number, so they never hold state being
-mutated nor miss a change between looking and waiting::
-
-    async with view_prefix(discovery, prefix, decode_instance) as view:
-        version = view.version
-        while True:
-            route_to(view.items())
-            version = await view.wait_changed(version)
-"""
+"""Watch events, the :class:`Watch` every backend hands out (``initial``, then a memory
+channel of the later changes), and the live decoded view built on it."""
 
 from __future__ import annotations
 
@@ -60,8 +48,7 @@ class Watch:
     def __init__(
         self, initial: dict[str, bytes], events: trio.MemoryReceiveChannel[WatchEvent]
     ) -> None:
-        self.initial: dict[str, bytes] = initial
-        self._events = events
+        self.initial, self._events = initial, events
 
     def __aiter__(self) -> Self:
         return self
@@ -85,19 +72,17 @@ class Watch:
 
 def diff_events(old: Mapping[str, bytes], new: Mapping[str, bytes]) -> list[WatchEvent]:
     """The events that turn ``old`` into ``new``, sorted by key (backends comparing snapshots)."""
-    events: list[WatchEvent] = []
-    for key in sorted(old.keys() | new.keys()):
-        value = new.get(key)
-        if value is None:
-            events.append(WatchEvent("delete", key, None))
-        elif old.get(key) != value:
-            events.append(WatchEvent("put", key, value))
-    return events
+    changed = (key for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key))
+    return [WatchEvent("put" if key in new else "delete", key, new.get(key)) for key in changed]
 
 
 @final
 class PrefixView(Generic[T]):
-    """The decoded records under a prefix, kept current by :func:`view_prefix` (any task reads)."""
+    """The decoded records under a prefix, kept current by :func:`view_prefix` (any task reads).
+
+    Readers take copies and wait by version, so they never miss a change between looking and
+    waiting: ``while True: route_to(view.items()); version = await view.wait_changed(version)``.
+    """
 
     def __init__(self, prefix: str, decode: Callable[[bytes], T]) -> None:
         self.prefix = prefix
