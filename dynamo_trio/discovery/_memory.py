@@ -31,11 +31,9 @@ class MemoryStore:
         self._watches: dict[trio.MemorySendChannel[WatchEvent], str] = {}  # channel -> prefix
 
     def new_lease(self) -> int:
-        while True:
-            lease_id = random_lease_id()
-            if lease_id not in self._leases:
-                self._leases.add(lease_id)
-                return lease_id
+        lease_id = next(i for i in iter(random_lease_id, 0) if i not in self._leases)
+        self._leases.add(lease_id)
+        return lease_id
 
     def lease_alive(self, lease_id: int) -> bool:
         return lease_id in self._leases
