@@ -12,10 +12,10 @@ import hashlib
 import logging
 import math
 import os
+import re
 import secrets
 import stat
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 from urllib.parse import quote
 
@@ -45,15 +45,9 @@ _MTIME_TRUSTED_AFTER_NS: Final = 1_000_000_000
 """A directory mtime this close to the moment it was read may still move within the
 same timestamp tick (coarse clocks, one-second file systems): list again next time."""
 
-_LEASE_SUFFIX: Final = ".lease"
+_LEASE_NAME: Final = re.compile(r"[0-9a-fA-F]+\.lease")
 
-_OPEN_FLAGS: Final = (
-    os.O_RDONLY
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NOCTTY", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+_OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
 Signature = tuple[int, int, int]
 """``(inode, mtime_ns, size)``: identifies one version of a file."""
@@ -88,10 +82,9 @@ def key_to_name(key: str) -> str:
 
 
 def _name_of(key: str) -> str:
+    """``key``'s file name in ``kv/``: :func:`key_to_name`, hashed if too long (rule 6)."""
     name = key_to_name(key)
-    if len(name) > _MAX_NAME:
-        return "~" + hashlib.sha256(key.encode()).hexdigest()
-    return name
+    return name if len(name) <= _MAX_NAME else "~" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _signature(st: os.stat_result) -> Signature:
@@ -115,13 +108,9 @@ def _kind(mode: int) -> str:
 def read_regular_file(
     path: str | Path, max_size: int, st: os.stat_result | None = None
 ) -> tuple[Signature, bytes]:
-    """The signature and bytes of a regular file of at most ``max_size`` bytes, never blocking.
-
-    ``st`` is its ``lstat`` if the caller has one.  :class:`Unreadable` (saying why) for
-    anything else, checked before opening and on the descriptor; FileNotFoundError if gone.
-    """
-    if st is None:
-        st = os.lstat(path)
+    """The signature and bytes of the regular file (``lstat`` ``st``) of at most ``max_size``
+    bytes, never blocking (rule 7); :class:`Unreadable` says why not, FileNotFoundError if gone."""
+    st = os.lstat(path) if st is None else st
     if not stat.S_ISREG(st.st_mode):
         raise Unreadable(f"it is {_kind(st.st_mode)}")
     if st.st_size > max_size:
@@ -215,27 +204,20 @@ def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
         grave.unlink(missing_ok=True)
 
 
-@dataclass(frozen=True)
+@final
 class FileLayout:
     """Paths and owner-side operations of one shared directory (``DiscoveryConfig.file_kv``)."""
 
-    root: Path
-    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
-
-    @property
-    def kv_dir(self) -> Path:
-        return self.root / "kv"
-
-    @property
-    def lease_dir(self) -> Path:
-        return self.root / "leases"
+    def __init__(self, root: Path, max_record_size: int = DEFAULT_MAX_RECORD_SIZE) -> None:
+        self.root, self.max_record_size = root, max_record_size
+        self.kv_dir, self.lease_dir = root / "kv", root / "leases"
 
     def ensure(self) -> None:
         self.kv_dir.mkdir(parents=True, exist_ok=True)
         self.lease_dir.mkdir(parents=True, exist_ok=True)
 
     def lease_path(self, lease_id: int) -> Path:
-        return self.lease_dir / f"{lease_id:016x}{_LEASE_SUFFIX}"
+        return self.lease_dir / f"{lease_id:016x}.lease"
 
     def entry_path(self, key: str) -> Path:
         return self.kv_dir / _name_of(key)
@@ -248,13 +230,12 @@ class FileLayout:
     def touch_lease(self, lease_id: int) -> bool:
         """Refresh the heartbeat; ``False`` if the lease file is gone (the lease was lost)."""
         path = self.lease_path(lease_id)
-        try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                return False  # something else took its name: recovery replaces it
-            os.utime(path)
+        try:  # something else that took its name is no lease: recovery replaces it
+            if regular := stat.S_ISREG(os.lstat(path).st_mode):
+                os.utime(path)
         except FileNotFoundError:
             return False
-        return True
+        return regular
 
     def remove_lease(self, lease_id: int) -> None:
         """Delete the heartbeat: every entry of the lease is dead from now on."""
@@ -281,12 +262,11 @@ class FileLayout:
     def read_entry(self, key: str) -> tuple[Signature, _Entry] | None:
         """``key``'s entry as stored, or ``None`` if it is absent or unusable."""
         path = self.entry_path(key)
-        try:
+        try:  # parse_entry checks the key: names are unique (rule 6)
             signature, data = read_regular_file(path, self.max_record_size)
-            entry = parse_entry(data, path.name)
+            return signature, parse_entry(data, path.name)
         except (OSError, Unreadable, ValueError):
             return None
-        return (signature, entry) if entry.key == key else None
 
     def audit(
         self,
@@ -303,20 +283,14 @@ class FileLayout:
         for key in owned:
             try:
                 st = os.lstat(self.entry_path(key))
-            except FileNotFoundError:
-                continue
             except OSError as exc:
-                logger.debug("discovery: cannot check %r: %s", key, exc)
+                if not isinstance(exc, FileNotFoundError):
+                    logger.debug("discovery: cannot check %r: %s", key, exc)
                 continue
-            signature = _signature(st)
-            if written.get(key) == signature and stat.S_ISREG(st.st_mode):
-                found[key] = (owned[key], lease_id)
-                signatures[key] = signature
-                continue
-            stored = self.read_entry(key)
-            if stored is not None:
-                found[key] = (stored[1].value, stored[1].lease)
-                signatures[key] = stored[0]
+            if written.get(key) == (signature := _signature(st)) and stat.S_ISREG(st.st_mode):
+                found[key], signatures[key] = (owned[key], lease_id), signature
+            elif (stored := self.read_entry(key)) is not None:
+                found[key], signatures[key] = (stored[1].value, stored[1].lease), stored[0]
         others = {lease for _, lease in found.values() if lease != lease_id}
         return found, signatures, {lease for lease in others if lease_alive(lease)}
 
@@ -324,25 +298,19 @@ class FileLayout:
         """Delete the heartbeat, then those of ``keys`` still attached to ``lease_id``."""
         self.remove_lease(lease_id)
         for key in keys:
-            stored = self.read_entry(key)
-            if stored is not None and stored[1].lease == lease_id:
+            if (stored := self.read_entry(key)) and stored[1].lease == lease_id:
                 _discard_if_unchanged(self.entry_path(key), stored[0])
 
 
 _Verdict = tuple[Signature, "_Entry | None"]
 
-_COLLECTED_NAMED: Final = 3
-"""Keys named in the line that reports a scan's collections; the rest are counted."""
-
 
 @final
 class Scanner:
-    """Reads the live entries, collecting dead ones on the way (one thread at a time).
+    """Reads the live entries, collecting dead ones on the way (one thread at a time; rule 8).
 
-    Keeps what it learnt between scans (rule 8): it lists ``kv/`` only after a change,
-    reads only changed files, and returns the same object while nothing changed.
-    ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan`` seconds
-    force a full pass even if no mtime moved.
+    ``default_ttl`` is assumed for an unparsable lease file; ``full_rescan`` seconds force a
+    full pass even if no mtime moved.
     """
 
     def __init__(
@@ -354,59 +322,40 @@ class Scanner:
         self._entries: dict[str, _Verdict] = {}
         self._listed_at: tuple[int, int] | None = None
         """``(inode, mtime_ns)`` of ``kv/`` at the last listing, if that mtime can be trusted."""
-        self._listed_when = -float("inf")
+        self._listed_when = self._lease_swept_when = -math.inf
         self._lease_ttls: dict[str, tuple[int, float]] = {}
-        self._lease_swept_when = -float("inf")
         self._wanted: frozenset[int] = frozenset()  # the leases the entries name
         self._alive: frozenset[int] | None = None
         self._state: dict[str, bytes] = {}
         self._reporter = BadRecordReport(logger, f"unusable files under {layout.root}")
         self._lease_reporter = BadRecordReport(logger, f"unusable lease files under {layout.root}")
-        self._collected: list[str] = []  # reported in one line at the scan's end
         self._missing_logged = False
 
     def scan(self) -> dict[str, bytes]:
         """Every live key: the same (read-only) object until something changes."""
         now = time.monotonic()
-        changed = self._listing_is_stale(now) and self._list_entries(now)
+        changed = self._list_entries(now)
         alive = self._live_leases(now)
         if changed or alive != self._alive:
             self._alive = alive
             self._state = self._collect(alive)
         self._reporter.end_batch()
         self._lease_reporter.end_batch()
-        collected, self._collected = self._collected, []
-        if collected:  # one line however many
-            more = len(collected) - _COLLECTED_NAMED
-            logger.info(
-                "discovery: collected %d entries of dead leases: %s%s",
-                len(collected),
-                ", ".join(repr(key) for key in collected[:_COLLECTED_NAMED]),
-                f" and {more} more" if more > 0 else "",
-            )
         return self._state
 
-    def _listing_is_stale(self, now: float) -> bool:
-        if self._listed_at is None or now - self._listed_when >= self._full_rescan:
-            return True
-        try:
-            st = os.lstat(self._layout.kv_dir)
-        except OSError:
-            return True
-        return (st.st_ino, st.st_mtime_ns) != self._listed_at
-
     def _list_entries(self, now: float) -> bool:
-        """List ``kv/`` (at monotonic ``now``) and refresh the verdicts; whether any changed."""
+        """List ``kv/`` again if it may have changed and refresh the verdicts; whether any did."""
         kv_dir = self._layout.kv_dir
         before_ns = time.time_ns()
-        directory: tuple[int, int] | None = None
+        stamp: tuple[int, int] | None = None
         with contextlib.suppress(OSError):
             st = os.lstat(kv_dir)
-            if st.st_mtime_ns < before_ns - _MTIME_TRUSTED_AFTER_NS:
-                directory = (st.st_ino, st.st_mtime_ns)
+            stamp = (st.st_ino, st.st_mtime_ns)
+        if stamp == self._listed_at is not None and now - self._listed_when < self._full_rescan:
+            return False  # unchanged since a trusted listing
         listing = self._scandir(kv_dir)
-        self._listed_at = directory
-        self._listed_when = now
+        trusted = stamp is not None and stamp[1] < before_ns - _MTIME_TRUSTED_AFTER_NS
+        self._listed_at, self._listed_when = (stamp if trusted else None), now
         wall = time.time()
         old = self._entries
         new: dict[str, _Verdict] = {}
@@ -445,14 +394,19 @@ class Scanner:
     def _collect(self, alive: frozenset[int]) -> dict[str, bytes]:
         """The live state, collecting entries of dead leases (rules 3 and 4)."""
         state: dict[str, bytes] = {}
+        collected: list[str] = []
         for name, (signature, entry) in list(self._entries.items()):
             if entry is None:
                 continue
             if entry.lease in alive:
                 state[entry.key] = entry.value
             elif _discard_if_unchanged(self._layout.kv_dir / name, signature):
-                self._collected.append(entry.key)
+                collected.append(entry.key)
                 del self._entries[name]
+        if collected:  # one line however many
+            more = f" and {len(collected) - 3} more" if len(collected) > 3 else ""
+            names = ", ".join(map(repr, collected[:3])) + more
+            logger.info("discovery: collected %d entries of dead leases: %s", len(collected), names)
         return state
 
     def _live_leases(self, now: float) -> frozenset[int]:
@@ -468,66 +422,52 @@ class Scanner:
         return 0 < lease_id < 2**64 and self._lease_is_alive(path, time.time())
 
     def _lease_is_alive(self, path: Path, wall: float) -> bool:
+        """Whether the lease file ``path`` is fresh for the ttl it declares (collected if not)."""
         name = path.name
         try:
             st = os.lstat(path)
-        except FileNotFoundError:
-            return False
         except OSError as exc:
-            logger.debug("discovery: cannot stat %s: %s", path, exc)
+            if not isinstance(exc, FileNotFoundError):
+                logger.debug("discovery: cannot stat %s: %s", path, exc)
             return False
+        known = self._lease_ttls.get(name)  # (inode, ttl); ttl -1 for what is not a lease file
         if not stat.S_ISREG(st.st_mode):
-            if self._lease_ttls.get(name) != (st.st_ino, -1.0):
+            if known != (st.st_ino, -1.0):
                 self._lease_ttls[name] = (st.st_ino, -1.0)
                 self._lease_reporter.bad(str(path), f"it is {_kind(st.st_mode)}, not a lease file")
             return False
-        ttl = self._lease_ttl(path, name, st)
-        if wall - st.st_mtime <= ttl:
+        if known is None or known[0] != st.st_ino or known[1] <= 0:
+            try:
+                ttl = parse_lease(read_regular_file(path, _MAX_LEASE_FILE, st)[1])
+            except FileNotFoundError:
+                return False
+            except (Unreadable, ValueError) as exc:  # msgspec.DecodeError is a ValueError
+                logger.warning(
+                    "discovery: corrupt lease file %s (%s); assuming ttl=%s",
+                    path,
+                    exc,
+                    self._default_ttl,
+                )
+                ttl = self._default_ttl
+            known = self._lease_ttls[name] = (st.st_ino, ttl)
+        if wall - st.st_mtime <= known[1]:
             return True
         if _discard_if_unchanged(path, _signature(st)):
             logger.info("discovery: collected expired lease %s", name)
             self._lease_ttls.pop(name, None)
         return False
 
-    def _lease_ttl(self, path: Path, name: str, st: os.stat_result) -> float:
-        cached = self._lease_ttls.get(name)
-        if cached is not None and cached[0] == st.st_ino and cached[1] > 0:
-            return cached[1]
-        try:
-            _, data = read_regular_file(path, _MAX_LEASE_FILE, st)
-            ttl = parse_lease(data)
-        except FileNotFoundError:
-            return 0.0
-        except (Unreadable, ValueError) as exc:  # msgspec.DecodeError is a ValueError
-            logger.warning(
-                "discovery: corrupt lease file %s (%s); assuming ttl=%s",
-                path,
-                exc,
-                self._default_ttl,
-            )
-            ttl = self._default_ttl
-        self._lease_ttls[name] = (st.st_ino, ttl)
-        return ttl
-
     def _sweep_leases(self) -> None:
         """Collect stale lease files nobody's entries name, and abandoned temporaries."""
         wall = time.time()
         seen: set[str] = set()
         for dirent in self._scandir(self._layout.lease_dir):
-            name = dirent.name
-            if name.startswith("."):
+            if dirent.name.startswith("."):
                 _remove_if_abandoned(dirent, wall)
-                continue
-            if not name.endswith(_LEASE_SUFFIX):
-                continue
-            try:
-                int(name.removesuffix(_LEASE_SUFFIX), 16)
-            except ValueError:
-                continue
-            seen.add(name)
-            self._lease_is_alive(self._layout.lease_dir / name, wall)
-        for name in self._lease_ttls.keys() - seen:
-            del self._lease_ttls[name]
+            elif _LEASE_NAME.fullmatch(dirent.name):
+                seen.add(dirent.name)
+                self._lease_is_alive(self._layout.lease_dir / dirent.name, wall)
+        self._lease_ttls = {name: ttl for name, ttl in self._lease_ttls.items() if name in seen}
 
     def _scandir(self, directory: Path) -> list[os.DirEntry[str]]:
         """The directory's entries; a missing one is empty (said once), other OSErrors raise."""
@@ -547,7 +487,6 @@ def _remove_if_abandoned(dirent: os.DirEntry[str], now: float) -> None:
     try:
         if now - dirent.stat(follow_symlinks=False).st_mtime > _ABANDONED_AFTER:
             os.unlink(dirent.path)
-    except FileNotFoundError:
-        pass
     except OSError as exc:
-        logger.debug("discovery: cannot remove %s: %s", dirent.path, exc)
+        if not isinstance(exc, FileNotFoundError):
+            logger.debug("discovery: cannot remove %s: %s", dirent.path, exc)
