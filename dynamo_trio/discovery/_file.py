@@ -1,9 +1,6 @@
-"""The ``file`` backend: discovery through a directory shared by the processes of one machine.
-
-The on-disk rules are in :mod:`._file_store`; this module adds the trio side:
-blocking calls in worker threads, and one poller serving every watch, which
-therefore reports states rather than every change (docs/discovery.md).
-"""
+"""The ``file`` backend's trio side (the on-disk rules are :mod:`._file_store`'s): blocking
+calls in worker threads, and one poller serving every watch, which therefore reports states
+rather than every change (docs/discovery.md)."""
 
 from __future__ import annotations
 
@@ -58,24 +55,20 @@ class FileDiscovery(Discovery):
 
     def _write(self, key: str, value: bytes, owned: dict[str, bytes]) -> dict[str, Signature]:
         """Refresh the lease, then write ``key`` (never under a lease readers may judge stale);
-        the signatures written (every owned key's if the lease had been lost)."""
-        if (recovered := self._refresh_lease(owned)) is not None:
-            return recovered
-        return {key: self._layout.write_entry(key, value, self._lease_id)}
+        the signatures written (every owned key's, ``key`` included, if the lease had been lost)."""
+        recovered = self._refresh_lease(owned)
+        return recovered or {key: self._layout.write_entry(key, value, self._lease_id)}
 
-    def _refresh_lease(self, owned: dict[str, bytes]) -> dict[str, Signature] | None:
+    def _refresh_lease(self, owned: dict[str, bytes]) -> dict[str, Signature]:
         """Touch the lease file; if it had gone, recreate it and rewrite ``owned`` (rule 5),
-        returning their signatures."""
+        returning their signatures (none if the lease was there)."""
         if self._layout.touch_lease(self._lease_id):
-            return None
+            return {}
         logger.warning(
             "discovery: lease %016x was lost; re-registering %d keys", self._lease_id, len(owned)
         )
         self._layout.create_lease(self._lease_id, self._ttl)
-        return {
-            key: self._layout.write_entry(key, value, self._lease_id)
-            for key, value in owned.items()
-        }
+        return {k: self._layout.write_entry(k, v, self._lease_id) for k, v in owned.items()}
 
     async def _delete(self, key: str) -> None:
         self._written.pop(key, None)
@@ -133,37 +126,28 @@ class FileDiscovery(Discovery):
             try:
                 await self._scan()
             except Exception as exc:  # a live cancellation is not an Exception
-                problem = str(exc) if isinstance(exc, DiscoveryError) else repr(exc)
-                if problem != failure:  # once per distinct failure, not per poll
-                    failure = problem
-                    logger.warning(
-                        "discovery: %s",
-                        problem,
-                        exc_info=None if isinstance(exc, DiscoveryError) else exc,
-                    )
+                told = isinstance(exc, DiscoveryError)  # an unexpected one gets its traceback
+                if (problem := str(exc) if told else repr(exc)) != failure:  # once, not per poll
+                    logger.warning("discovery: %s", problem, exc_info=None if told else exc)
+                failure = problem
                 continue
             if failure is not None:
                 logger.info("discovery: scan of %s works again", self._layout.root)
                 failure = None
 
     async def _forward(
-        self,
-        prefix: str,
-        seen: dict[str, bytes],
-        send_channel: trio.MemorySendChannel[WatchEvent],
+        self, prefix: str, seen: dict[str, bytes], send_channel: trio.MemorySendChannel[WatchEvent]
     ) -> None:
         """Turn the scans' changes under ``prefix`` since ``seen`` into one watch's events."""
         state = _under(seen, prefix)
         async with send_channel:
             while True:
-                if seen is self._latest:
+                while seen is self._latest:
                     await self._scanned.wait()
-                    continue
                 seen = self._latest
-                new_state = _under(seen, prefix)
-                for event in diff_events(state, new_state):
+                old, state = state, _under(seen, prefix)
+                for event in diff_events(old, state):
                     await send_channel.send(event)
-                state = new_state
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
@@ -184,23 +168,22 @@ class FileDiscovery(Discovery):
                 if self._closed:
                     return
                 self._touched_at = trio.current_time()
+                problem = None
                 try:
                     recovered = await trio.to_thread.run_sync(
                         self._refresh_lease, dict(self._owned)
                     )
-                    if recovered is None:
-                        await self._repair_entries()
-                    else:
+                    if recovered:
                         self._written = recovered
+                    else:
+                        await self._repair_entries()
                 except OSError as exc:
                     problem = f"cannot keep lease {self._lease_id:016x} and its keys: {exc}"
-                    if problem != self._last_problem:
-                        logger.warning("discovery: %s", problem)
-                    self._last_problem = problem
-                else:
-                    if self._last_problem is not None:
-                        logger.info("discovery: lease %016x and its keys are back", self._lease_id)
-                    self._last_problem = None
+                if problem is None and self._last_problem is not None:
+                    logger.info("discovery: lease %016x and its keys are back", self._lease_id)
+                elif problem != self._last_problem:  # each failure once, not every tick
+                    logger.warning("discovery: %s", problem)
+                self._last_problem = problem
 
     async def _repair_entries(self) -> None:
         """Write back the owned entries the directory lost (lock held)."""
