@@ -1,12 +1,6 @@
-"""The ``etcd`` backend: a real etcd v3 cluster, through its JSON gateway.
-
-A lost lease is re-granted with the same id and lost keys are re-put after each
-keepalive, so an instance keeps its identity through etcd restarts; timeouts
-follow the lease TTL (docs/discovery.md, "The etcd backend").  A watch follows
-revisions, resumes from the first one it has not seen, and resynchronises from a
-fresh read after a compaction or a replaced cluster; its reader and deliverer are
-separate tasks because of how httpx's streams close ("Watches").
-"""
+"""The ``etcd`` backend: a real etcd v3 cluster, through its JSON gateway (docs/discovery.md,
+"The etcd backend": the lease keeps its id through etcd restarts; "Watches": why a watch
+follows revisions with a reader task and a deliverer task)."""
 
 from __future__ import annotations
 
@@ -64,8 +58,7 @@ class EtcdDiscovery(Discovery):
         if not config.etcd_endpoints:
             raise ValueError("no etcd endpoint configured")
         self._endpoints = config.etcd_endpoints
-        self._requested_ttl = max(1, math.ceil(config.lease_ttl))
-        self._ttl = self._requested_ttl
+        self._ttl = self._requested_ttl = max(1, math.ceil(config.lease_ttl))
         self._lease_lost = False  # re-grant it (same id), then restore the owned keys
         self._gateway_or_none: EtcdGateway | None = None
 
@@ -106,7 +99,7 @@ class EtcdDiscovery(Discovery):
         gateway = self._gateway
         initial, revision = await gateway.range_prefix(prefix)
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
-        pump = WatchPump(gateway, prefix, dict(initial), revision + 1, send_channel)
+        pump = WatchPump(gateway, prefix, initial, revision + 1, send_channel)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pump.run)
             try:
@@ -194,16 +187,12 @@ class EtcdDiscovery(Discovery):
             return
         try:
             await gateway.revoke(self._lease_id)
-        except EtcdError as exc:
-            if not _lease_gone(exc):
-                logger.warning("discovery: cannot revoke lease %x: %s", self._lease_id, exc)
         except DiscoveryError as exc:
-            logger.warning(
-                "discovery: cannot revoke lease %x (it expires in %ds): %s",
-                self._lease_id,
-                self._ttl,
-                exc,
-            )
+            if not _lease_gone(exc):  # etcd's refusal, or no answer (the lease then expires)
+                expiry = "" if isinstance(exc, EtcdError) else f" (it expires in {self._ttl}s)"
+                logger.warning(
+                    "discovery: cannot revoke lease %x%s: %s", self._lease_id, expiry, exc
+                )
 
 
 @final
@@ -221,21 +210,13 @@ class WatchPump:
         next_revision: int,
         send_channel: trio.MemorySendChannel[WatchEvent],
     ) -> None:
-        self._gateway = gateway
-        self._prefix = prefix
-        self._send_channel = send_channel
+        self._gateway, self._prefix, self._send_channel = gateway, prefix, send_channel
         self.next_revision = next_revision
-        # reader side
-        self._latest = dict(state)
-        self._stop_reason = ""
-        self._must_resync = False
-        self._progress = False
-        # between the two tasks
-        self._queue: deque[WatchEvent] = deque()
+        self._latest, self._delivered = dict(state), dict(state)  # the reader's, the deliverer's
+        self._stop_reason, self._must_resync, self._progress = "", False, False  # the reader's
+        self._queue: deque[WatchEvent] = deque()  # from the reader to the deliverer
         self._overflowed = False
         self._wakeup = trio.Event()
-        # deliverer side
-        self._delivered = dict(state)
 
     async def run(self) -> None:
         """Follow the prefix until cancelled (never returns otherwise)."""
@@ -333,8 +314,7 @@ class WatchPump:
         floor = self.next_revision
         for event in result.events:
             revision = event.kv.mod_revision
-            key = decode_key(event.kv.key)
-            if key is None or revision < floor:
+            if revision < floor or (key := decode_key(event.kv.key)) is None:
                 continue
             if event.type == "DELETE":
                 if self._latest.pop(key, None) is not None:
@@ -354,13 +334,12 @@ class WatchPump:
         self.next_revision = revision + 1
 
     def _enqueue(self, event: WatchEvent) -> None:
-        if len(self._queue) >= _MAX_PENDING:
-            if not self._overflowed:
-                logger.warning(
-                    "discovery: watcher of %r is %d events behind; coalescing",
-                    self._prefix,
-                    len(self._queue),
-                )
+        if len(self._queue) >= _MAX_PENDING:  # (never while overflowed: the queue is empty)
+            logger.warning(
+                "discovery: watcher of %r is %d events behind; coalescing",
+                self._prefix,
+                len(self._queue),
+            )
             self._queue.clear()
             self._overflowed = True
         elif not self._overflowed:
@@ -369,9 +348,8 @@ class WatchPump:
 
     async def _deliver(self) -> None:
         while True:
-            if self._overflowed:
+            if self._overflowed:  # the reader cleared the queue and stopped filling it
                 self._overflowed = False
-                self._queue.clear()
                 batch = diff_events(self._delivered, self._latest)
             elif self._queue:
                 batch = [self._queue.popleft()]

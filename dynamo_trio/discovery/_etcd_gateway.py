@@ -1,9 +1,6 @@
-"""A small client for etcd v3's JSON gRPC gateway, with endpoint failover.
-
-The message types spell out proto3's JSON mapping (base64 bytes, 64-bit integers
-as strings, zero values omitted); :class:`EtcdGateway` moves every request, and
-the watches, to the next endpoint when the current one fails.
-"""
+"""A small client for etcd v3's JSON gRPC gateway (proto3's JSON mapping: base64 bytes, 64-bit
+integers as strings, zero values omitted), moving requests and watches to the next endpoint
+when the current one fails."""
 
 from __future__ import annotations
 
@@ -126,6 +123,7 @@ class WatchMessage(msgspec.Struct, frozen=True):
 
 
 _encoder = msgspec.json.Encoder()
+_JSON: Final = {"content-type": "application/json"}
 _answer_decoder = msgspec.json.Decoder(_Answer, strict=False)
 
 
@@ -180,9 +178,7 @@ class EtcdGateway:
             if not response.succeeded or len(response.responses) != len(batch):
                 raise DiscoveryError(f"etcd answered a read of {len(batch)} keys with {response}")
             for key, op in zip(batch, response.responses, strict=True):
-                for kv in op.response_range.kvs:
-                    if kv.key == key.encode():
-                        found[key] = kv
+                found.update((key, kv) for kv in op.response_range.kvs if kv.key == key.encode())
         return found
 
     async def put(self, key: str, value: bytes, lease_id: int) -> None:
@@ -253,11 +249,7 @@ class EtcdGateway:
         for _ in range(len(self._endpoints)):
             endpoint = self._endpoints[self._current]
             http_request = self._client.build_request(
-                "POST",
-                endpoint + path,
-                content=content,
-                headers={"content-type": "application/json"},
-                timeout=http_timeout,
+                "POST", endpoint + path, content=content, headers=_JSON, timeout=http_timeout
             )
             http_request.stream = RequestBody(content)
             try:
@@ -283,10 +275,7 @@ class EtcdGateway:
                 self._moved.set()
                 self._moved = trio.Event()
                 logger.warning(
-                    "discovery: etcd %s failed (%s); trying %s",
-                    endpoint,
-                    reason,
-                    self._endpoints[self._current],
+                    "discovery: etcd %s failed (%s); trying %s", endpoint, reason, self.endpoint
                 )
         raise DiscoveryError(f"no etcd endpoint answered {path}: {'; '.join(failures)}")
 
