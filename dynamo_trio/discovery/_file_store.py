@@ -1,8 +1,6 @@
-"""The on-disk format of the ``file`` backend (blocking code: run it in a worker thread).
-
-Writers may be SIGKILLed at any instruction and readers trust no file they find:
-docs/discovery.md, "The file backend", has the numbered rules cited here.
-"""
+"""The on-disk format of the ``file`` backend (blocking code: run it in a worker thread), where
+writers may be SIGKILLed at any instruction and readers trust no file they find: the numbered
+rules cited here are docs/discovery.md's ("The file backend")."""
 
 from __future__ import annotations
 
@@ -184,16 +182,14 @@ def _discard_if_unchanged(path: Path, judged: Signature) -> bool:
     grave = path.with_name(f".gc-{secrets.token_hex(8)}")
     try:
         os.rename(path, grave)
-    except FileNotFoundError:
-        return False
     except OSError as exc:
-        logger.warning("discovery: cannot collect %s: %s", path, exc)
+        if not isinstance(exc, FileNotFoundError):
+            logger.warning("discovery: cannot collect %s: %s", path, exc)
         return False
     try:
         if _signature(os.lstat(grave)) == judged:
             return True
-        # A writer replaced the file after it was judged: restore it, unless
-        # something even newer has been written since.
+        # A writer replaced it after it was judged: put it back, unless something newer came.
         with contextlib.suppress(FileExistsError):
             os.link(grave, path)
         return False
@@ -320,8 +316,7 @@ class Scanner:
         self._default_ttl = default_ttl
         self._full_rescan = max(1.0, default_ttl / 2) if full_rescan is None else full_rescan
         self._entries: dict[str, _Verdict] = {}
-        self._listed_at: tuple[int, int] | None = None
-        """``(inode, mtime_ns)`` of ``kv/`` at the last listing, if that mtime can be trusted."""
+        self._listed_at: tuple[int, int] | None = None  # kv/'s (inode, mtime_ns), if trusted
         self._listed_when = self._lease_swept_when = -math.inf
         self._lease_ttls: dict[str, tuple[int, float]] = {}
         self._wanted: frozenset[int] = frozenset()  # the leases the entries name
