@@ -87,7 +87,6 @@ class FileDiscovery(Discovery):
         check_key(prefix)
         self._check_open()
         latest = await self._scan()
-        initial = _under(latest, prefix)
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
         self._watches += 1
         opened, self._watch_opened = self._watch_opened, trio.Event()
@@ -96,7 +95,7 @@ class FileDiscovery(Discovery):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward, prefix, latest, send_channel)
                 try:
-                    yield Watch(initial, receive_channel)
+                    yield Watch(_under(latest, prefix), receive_channel)
                 finally:
                     nursery.cancel_scope.cancel(reason="watch closed")
                     receive_channel.close()
