@@ -90,8 +90,7 @@ class EtcdDiscovery(Discovery):
 
     async def get_prefix(self, prefix: str) -> dict[str, bytes]:
         check_key(prefix)
-        state, _ = await self._gateway.range_prefix(prefix)
-        return state
+        return (await self._gateway.range_prefix(prefix))[0]
 
     @asynccontextmanager
     async def watch_prefix(self, prefix: str) -> AsyncIterator[Watch]:
@@ -99,9 +98,8 @@ class EtcdDiscovery(Discovery):
         gateway = self._gateway
         initial, revision = await gateway.range_prefix(prefix)
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](WATCH_BUFFER)
-        pump = WatchPump(gateway, prefix, initial, revision + 1, send_channel)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump.run)
+            nursery.start_soon(WatchPump(gateway, prefix, initial, revision + 1, send_channel).run)
             try:
                 yield Watch(initial, receive_channel)
             finally:
@@ -197,10 +195,8 @@ class EtcdDiscovery(Discovery):
 
 @final
 class WatchPump:
-    """Feeds every change under ``prefix`` from ``next_revision`` on into ``send_channel``.
-
-    ``state`` is the prefix at ``next_revision - 1`` (the consumer's ``Watch.initial``).
-    """
+    """Feeds every change under ``prefix`` from ``next_revision`` on into ``send_channel``;
+    ``state`` is the prefix at ``next_revision - 1`` (the consumer's ``Watch.initial``)."""
 
     def __init__(
         self,

@@ -61,8 +61,6 @@ class EtcdError(DiscoveryError):
 
 
 # Answers, with only the fields this package reads (requests are plain dicts).
-
-
 class _Header(msgspec.Struct, frozen=True):
     revision: int = 0
 
