@@ -131,8 +131,7 @@ class Discovery(abc.ABC):
     """
 
     def __init__(self, max_record_size: int | None = None) -> None:
-        self._started = False
-        self._closed = False
+        self._started = self._closed = False
         self._lifetime_cm: AbstractAsyncContextManager[None] | None = None
         self._lease_id = 0  # set by the backend, at construction or (etcd) on entry
         self._owned: dict[str, bytes] = {}  # what this owner put: written back if lost
