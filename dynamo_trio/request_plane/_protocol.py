@@ -13,7 +13,8 @@ import hmac
 import secrets
 from contextlib import closing, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, get_args
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, NoReturn, get_args
 
 from .._errors import DynamoError, EngineShutdown, InvalidArgument, ProtocolError, ResourceExhausted
 from ._frames import (
@@ -100,7 +101,6 @@ class Send(enum.Enum):
 
 
 _S = ConnectionState
-_Cell = TypeVar("_Cell")
 _FRAME_TYPES: Final = get_args(WireFrame)
 _HANDSHAKE: Final = (Hello, Challenge, Auth, Welcome)
 # The frames only one role sends: in the other role's receive table a violation (dropped
@@ -112,55 +112,38 @@ _CLIENT_ONLY: Final = (Hello, Auth, RawRequest, Control, Credit)
 _SHARED_STATES: Final = (_S.OPEN, _S.DRAINING, _S.CLOSED)
 SERVER_STATES: Final = (_S.AWAIT_HELLO, _S.AWAIT_AUTH, _S.AUTHENTICATING, *_SHARED_STATES)
 CLIENT_STATES: Final = (_S.AWAIT_CHALLENGE, _S.AWAIT_WELCOME, *_SHARED_STATES)
+_Key = tuple[Role, ConnectionState, type]
 
 
 def _table(
-    role: Role,
-    states: tuple[ConnectionState, ...],
-    omitted: tuple[type, ...],
-    default: tuple[_Cell, _Cell],
-    rows: Mapping[type, tuple[_Cell, ...]],
-) -> dict[tuple[Role, ConnectionState, type], _Cell]:
-    """``rows`` keyed by ``(role, state, frame type)``; each ``omitted`` frame type gets
-    ``default[0]`` in every state but ``CLOSED`` and ``default[1]`` there."""
+    role: Role, states: tuple[_S, ...], omitted: tuple[type, ...], default: Any, rows: Any
+) -> dict[_Key, Any]:
+    """``rows`` keyed by ``(role, state, frame type)``; an ``omitted`` type gets ``default``."""
     assert set(rows).isdisjoint(omitted) and {*rows, *omitted} == set(_FRAME_TYPES)
-    filler = (default[0],) * (len(states) - 1) + (default[1],)
-    table: dict[tuple[Role, ConnectionState, type], _Cell] = {}
-    for frame_type in _FRAME_TYPES:
-        for state, cell in zip(states, rows.get(frame_type, filler), strict=True):
-            table[role, state, frame_type] = cell
-    return table
+    filler = (default[0],) * (len(states) - 1) + (default[1],)  # [1]: in CLOSED
+    return {
+        (role, state, frame_type): cell
+        for frame_type in _FRAME_TYPES
+        for state, cell in zip(states, rows.get(frame_type, filler), strict=True)
+    }
 
 
-# The cells of the receive tables: (action, next state; None = unchanged).
+# The cells of the tables: (action, next state; None = unchanged).
 _Transition = tuple[Receive, ConnectionState | None]
-_V: Final[_Transition] = (Receive.VIOLATION, _S.CLOSED)
-_DROP: Final[_Transition] = (Receive.DROP, None)
-_CLOSE: Final[_Transition] = (Receive.PEER_CLOSE, _S.CLOSED)
-_LIFE: Final[_Transition] = (Receive.LIFE, None)
-_HELLO: Final[_Transition] = (Receive.HELLO, _S.AWAIT_AUTH)
-_AUTH: Final[_Transition] = (Receive.AUTH, _S.AUTHENTICATING)
-_CHALL: Final[_Transition] = (Receive.CHALLENGE, _S.AWAIT_WELCOME)
-_WELC: Final[_Transition] = (Receive.WELCOME, _S.OPEN)
-_GOAWAY: Final[_Transition] = (Receive.GOAWAY, _S.DRAINING)
-_REQ: Final[_Transition] = (Receive.REQUEST, None)
-_CTL: Final[_Transition] = (Receive.STREAM_CONTROL, None)
-_RESP: Final[_Transition] = (Receive.STREAM_RESPONSE, None)
-
-# The cells of the send tables.
 _SendRule = tuple[Send, ConnectionState | None]
-_BUG: Final[_SendRule] = (Send.BUG, None)
-_GONE: Final[_SendRule] = (Send.DROP, None)
-_PLAIN: Final[_SendRule] = (Send.PLAIN, None)
-_SHUT: Final[_SendRule] = (Send.PLAIN, _S.CLOSED)
-_GO: Final[_SendRule] = (Send.PLAIN, _S.DRAINING)
-_ITEM: Final[_SendRule] = (Send.ITEM, None)
-_TERM: Final[_SendRule] = (Send.TERMINAL, None)
-_OPEN: Final[_SendRule] = (Send.REQUEST, None)
-_CTRL: Final[_SendRule] = (Send.STREAM_CONTROL, None)
+_R = Receive
+_V, _DROP, _CLOSE = (_R.VIOLATION, _S.CLOSED), (_R.DROP, None), (_R.PEER_CLOSE, _S.CLOSED)
+_LIFE, _HELLO, _AUTH = (_R.LIFE, None), (_R.HELLO, _S.AWAIT_AUTH), (_R.AUTH, _S.AUTHENTICATING)
+_CHALL, _WELC = (_R.CHALLENGE, _S.AWAIT_WELCOME), (_R.WELCOME, _S.OPEN)
+_GOAWAY, _REQ = (_R.GOAWAY, _S.DRAINING), (_R.REQUEST, None)
+_CTL, _RESP = (_R.STREAM_CONTROL, None), (_R.STREAM_RESPONSE, None)
+_BUG, _GONE, _PLAIN = (Send.BUG, None), (Send.DROP, None), (Send.PLAIN, None)
+_SHUT, _GO = (Send.PLAIN, _S.CLOSED), (Send.PLAIN, _S.DRAINING)
+_ITEM, _TERM = (Send.ITEM, None), (Send.TERMINAL, None)
+_OPEN, _CTRL = (Send.REQUEST, None), (Send.STREAM_CONTROL, None)
 
 # fmt: off
-RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
+RECEIVE: Final[Mapping[_Key, _Transition]] = {
 **_table(Role.SERVER, SERVER_STATES, _SERVER_ONLY, (_V, _DROP), {
     #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
     Hello:      (_HELLO,      _V,         _V,             _V,     _V,       _DROP),
@@ -187,7 +170,7 @@ RECEIVE: Final[Mapping[tuple[Role, ConnectionState, type], _Transition]] = {
 """``(role, state, received frame type) -> (action, next state or None for unchanged)``."""
 
 # fmt: off
-SEND: Final[Mapping[tuple[Role, ConnectionState, type], _SendRule]] = {
+SEND: Final[Mapping[_Key, _SendRule]] = {
 **_table(Role.SERVER, SERVER_STATES, (*_HANDSHAKE, *_CLIENT_ONLY), (_BUG, _BUG), {
     #            AWAIT_HELLO  AWAIT_AUTH  AUTHENTICATING  OPEN    DRAINING  CLOSED
     Ping:       (_BUG,        _BUG,       _BUG,           _PLAIN, _PLAIN,   _GONE),
@@ -219,18 +202,15 @@ _EXPECTED: Final = {
     _S.AWAIT_WELCOME: "a 'welcome' frame",
 }
 
-_CLIENT_LABEL: Final = b"dynamo-trio/2 client\0"
-_SERVER_LABEL: Final = b"dynamo-trio/2 server\0"
+
+def _proof(label: bytes, token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """``HMAC-SHA256(token, label + nonce_s + nonce_c)``."""
+    return hmac.digest(token.encode(), label + server_nonce + client_nonce, hashlib.sha256)
 
 
-def client_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """The client's answer to a challenge: ``HMAC-SHA256(token, label + nonce_s + nonce_c)``."""
-    return hmac.digest(token.encode(), _CLIENT_LABEL + server_nonce + client_nonce, hashlib.sha256)
-
-
-def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """The server's proof in ``welcome`` (a different label: a proof is never reflected)."""
-    return hmac.digest(token.encode(), _SERVER_LABEL + server_nonce + client_nonce, hashlib.sha256)
+client_proof: Final = partial(_proof, b"dynamo-trio/2 client\0")  # the answer to a challenge
+# In ``welcome``; a different label, so that a proof is never reflected.
+server_proof: Final = partial(_proof, b"dynamo-trio/2 server\0")
 
 
 @dataclass(slots=True)
@@ -496,20 +476,14 @@ class ProtocolConnection:
         if self._token is not None:
             expected = client_proof(self._token, self._nonce, self._peer_nonce)
             if answer is None or not hmac.compare_digest(answer, expected):
-                self._fail(
-                    "unauthenticated",
-                    "missing or wrong request-plane token"
-                    if answer is not None
-                    else "this worker requires a request-plane token (DYN_REQUEST_PLANE_TOKEN)",
-                )
+                wrong = "missing or wrong request-plane token"
+                need = "this worker requires a request-plane token (DYN_REQUEST_PLANE_TOKEN)"
+                self._fail("unauthenticated", need if answer is None else wrong)
                 return False
             proof = server_proof(self._token, self._nonce, self._peer_nonce)
         self.state = _S.OPEN
-        self._encode(
-            Welcome(
-                PROTOCOL_VERSION, self._own_name, self._max_streams, self._max_frame_size, proof
-            )
-        )
+        limits = (self._max_streams, self._max_frame_size)
+        self._encode(Welcome(PROTOCOL_VERSION, self._own_name, *limits, proof))
         return True
 
     def _on_auth(self, frame: Auth) -> None:
@@ -582,17 +556,16 @@ class ProtocolConnection:
         return frame
 
 
-def _dispatch(
-    table: Mapping[tuple[Role, ConnectionState, type], tuple[enum.Enum, ConnectionState | None]],
-    prefix: str,
-) -> dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]:
+def _dispatch(table: Mapping[_Key, tuple[enum.Enum, _S | None]], prefix: str) -> dict[Any, Any]:
     """``table`` regrouped by ``(role, state)``, each action replaced by its method."""
-    dispatch: dict[tuple[Role, ConnectionState], dict[type, tuple[Any, ConnectionState | None]]]
-    dispatch = {}
-    for (role, state, frame_type), (action, next_state) in table.items():
-        method = getattr(ProtocolConnection, prefix + action.name.lower())
-        dispatch.setdefault((role, state), {})[frame_type] = (method, next_state)
-    return dispatch
+    return {
+        (role, state): {
+            frame_type: (getattr(ProtocolConnection, prefix + action.name.lower()), next_state)
+            for (r, s, frame_type), (action, next_state) in table.items()
+            if r is role and s is state
+        }
+        for role, state in {key[:2] for key in table}
+    }
 
 
 _RECEIVE_DISPATCH: Final = _dispatch(RECEIVE, "_on_")
