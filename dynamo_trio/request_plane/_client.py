@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
+from trio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from .._contain import contain, split_live_cancellation
 from .._errors import (
@@ -71,27 +72,22 @@ class ClientStream:
         self._stopping = False
         self._discarding = False
         self._lost: str | None = None
-        self._done = False
+        self.done = False  # no more items will come (terminal frame consumed, killed, or lost)
         self._nudged = False
-
-    @property
-    def done(self) -> bool:
-        """No more items will come (terminal frame consumed, killed, or lost)."""
-        return self._done
 
     def _deliver(self, frame: Item | End | Error) -> None:
         if self._discarding:
             if isinstance(frame, Item):
                 self._took_items(1)  # nobody reads it: hand the credit straight back
             else:
-                self._done = True
+                self.done = True
             return
         self._queue.append(frame)
         self._wake()
 
     def discard(self) -> None:
         """Nobody will read this stream again: drop what comes, returning its credits."""
-        if self._discarding or self._done or self._killed:
+        if self._discarding or self.done or self._killed:
             return
         self._discarding = True
         for frame in self._queue:
@@ -129,8 +125,8 @@ class ClientStream:
             if queue and not self._killed:
                 frame = queue.popleft()
                 if not isinstance(frame, Item):
-                    self._done = True
-                    await trio.lowlevel.checkpoint_if_cancelled()  # over: no loop can spin on it
+                    self.done = True
+                    await checkpoint_if_cancelled()  # over: no loop can spin on it
                     if isinstance(frame, Error):
                         raise error_from_wire(frame.code, frame.message, frame.caused_by)
                     self.outcome, self.end_reason = frame.outcome, frame.reason
@@ -141,24 +137,20 @@ class ClientStream:
                 self._took_items(len(items))
                 if many:
                     self._nudged = False
-                self._since_checkpoint += 1
-                if self._since_checkpoint >= _FAIR_EVERY:
-                    self._since_checkpoint = 0
-                    await trio.lowlevel.checkpoint()
-                else:
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                self._since_checkpoint = (self._since_checkpoint + 1) % _FAIR_EVERY
+                await (checkpoint_if_cancelled if self._since_checkpoint else checkpoint)()
                 return items
-            if self._killed or self._done:
-                self._done = True
-                await trio.lowlevel.checkpoint()
+            if self._killed or self.done:
+                self.done = True
+                await checkpoint()
                 return None
             if self._lost is not None:
-                self._done = True
-                await trio.lowlevel.checkpoint()
+                self.done = True
+                await checkpoint()
                 raise Disconnected(f"stream ended before generation completed: {self._lost}")
             if many and self._nudged:
                 self._nudged = False
-                await trio.lowlevel.checkpoint_if_cancelled()
+                await checkpoint_if_cancelled()
                 return []
             self._wakeup = wakeup = trio.Event()
             await wakeup.wait()
@@ -173,17 +165,17 @@ class ClientStream:
     @property
     def draining(self) -> bool:
         """A stop was sent and the worker has not ended the stream yet."""
-        return self._stopping and not self._done and not self._killed and self._lost is None
+        return self._stopping and not self.done and not self._killed and self._lost is None
 
     def stop(self, reason: CancelReason) -> None:
         """Ask the worker to drain and finish (items keep coming until ``end``)."""
-        if not self._done and not self._killed:
+        if not self.done and not self._killed:
             self._stopping = True
             self._control("stop", reason)
 
     def kill(self, reason: CancelReason) -> None:
         """Abandon the stream now: tell the worker, drop what is queued, end ``receive``."""
-        if self._killed or self._done:
+        if self._killed or self.done:
             return
         self._killed = True
         self._queue.clear()
@@ -193,9 +185,7 @@ class ClientStream:
         self._wake()
 
     def _control(self, action: Literal["stop", "kill"], reason: CancelReason) -> None:
-        """Send a stop or kill at once (moot if the connection is closed), then yield the
-        CPU so the worker it woke hears it before this request's teardown
-        (docs/protocol.md, "One connection's tasks")."""
+        """Send it at once, then yield the CPU: the worker hears it before our teardown."""
         self._frames.send(Control(self.sid, action, reason.value), at_once=True)
         os.sched_yield()
 
@@ -248,14 +238,10 @@ class ClientConnection:
         with contain(self._log_escape):  # whatever ends the connection ends it alone
             await self._connection.run()
 
-    def _log_escape(self, escaped: BaseException) -> None:
-        limited_log.error(
-            "client-connection-escape",
-            "connection to %s: ended by an internal error: %s",
-            self.address,
-            type(escaped).__name__,
-            exc_info=escaped,
-        )
+    def _log_escape(self, exc: BaseException) -> None:
+        why = "connection to %s: ended by an internal error: %s"
+        name = type(exc).__name__
+        limited_log.error("client-connection-escape", why, self.address, name, exc_info=exc)
 
     @property
     def drained(self) -> bool:
@@ -270,13 +256,10 @@ class ClientConnection:
 
     def _on_frames(self, frames: list[Frame]) -> None:
         for frame in frames:
-            if isinstance(frame, Item):
-                stream = self._streams.get(frame.sid)
-                if stream is not None:
-                    stream._deliver(frame)
-            elif isinstance(frame, End | Error):
-                stream = self._streams.pop(frame.sid, None)
-                if stream is not None:
+            if isinstance(frame, Item | End | Error):
+                if (stream := self._streams.get(frame.sid)) is not None:
+                    if type(frame) is not Item:
+                        del self._streams[frame.sid]
                     stream._deliver(frame)
             elif isinstance(frame, GoAway):
                 log.info("worker at %s is draining (goaway): %r", self.address, frame.reason[:200])
@@ -373,7 +356,7 @@ class ConnectionPool:
         callers share one attempt (not cancelled with one of them) and its CannotConnect."""
         connection = self._connections.get(address)
         if connection is not None and connection.usable:
-            await trio.lowlevel.checkpoint_if_cancelled()  # the send that follows yields
+            await checkpoint_if_cancelled()  # the send that follows yields
             return connection
         attempt = self._attempts.get(address)
         if attempt is None:
@@ -444,13 +427,8 @@ class ConnectionPool:
                 stream = await self._open_transport(address)
                 if self._ssl_context is not None:
                     step = "TLS handshake"
-                    host, _ = parse_address(address)
-                    stream = trio.SSLStream(
-                        stream,
-                        self._ssl_context,
-                        server_hostname=config.tls_server_name or host,
-                        https_compatible=False,
-                    )
+                    name = config.tls_server_name or parse_address(address)[0]
+                    stream = trio.SSLStream(stream, self._ssl_context, server_hostname=name)
                     await stream.do_handshake()
                 step = "handshake"
                 early_frames = await self._handshake(address, stream, protocol)

@@ -3,12 +3,13 @@ then its streams) and served streams."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from contextlib import suppress
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
+from trio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from .._contain import collapse, contain, split_live_cancellation
 from .._context import CancelReason, Context, ContextState
@@ -41,7 +42,6 @@ from ._throttle import AuthTurns, source_key
 from ._tls import server_context
 
 if TYPE_CHECKING:
-    import ssl
     from collections.abc import Awaitable, Callable
 
     from .._config import RequestPlaneConfig
@@ -83,9 +83,8 @@ class ServerStream:
         self._session = session
         self._connection = connection
         self._credit_wakeup: trio.Event | None = None
-        self._since_checkpoint = 0
-        self._slice_started = time.perf_counter()
-        self._finished = False
+        self._since_checkpoint, self._slice_started = 0, perf_counter()
+        self.finished = False  # end() or fail() was called
         self.context._add_exit_callback(self._on_context_cancelled)
 
     @property
@@ -100,12 +99,8 @@ class ServerStream:
         assert nursery is not None
         return nursery
 
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
     def _note_cancel_signal(self, reason: CancelReason) -> None:
-        if self.cancel_signal is None and not self._finished:
+        if self.cancel_signal is None and not self.finished:
             self.cancel_signal = reason
             if self.on_cancel_signal is not None:
                 self.on_cancel_signal(reason)
@@ -151,20 +146,15 @@ class ServerStream:
                 raise Disconnected(f"connection to {connection.name} lost")
             self._credit_wakeup = wakeup = trio.Event()
             await wakeup.wait()
-            self._since_checkpoint = 0
-            self._slice_started = time.perf_counter()
+            self._since_checkpoint, self._slice_started = 0, perf_counter()
         if not connection.send(Item(self.sid, data, id, event, comment)):
             raise Disconnected(f"connection to {connection.name} lost")
-        self._since_checkpoint += 1
-        if (
-            self._since_checkpoint < _YIELD_EVERY
-            and time.perf_counter() - self._slice_started < _YIELD_AFTER
-        ):
-            await trio.lowlevel.checkpoint_if_cancelled()
+        sent = self._since_checkpoint = self._since_checkpoint + 1
+        if sent < _YIELD_EVERY and perf_counter() - self._slice_started < _YIELD_AFTER:
+            await checkpoint_if_cancelled()
             return
-        await trio.lowlevel.checkpoint()
-        self._since_checkpoint = 0
-        self._slice_started = time.perf_counter()
+        await checkpoint()
+        self._since_checkpoint, self._slice_started = 0, perf_counter()
 
     def end(self, outcome: Outcome, reason: CancelReason | None = None) -> None:
         """Finish the stream with an ``end`` frame (no-op if the connection is gone)."""
@@ -175,9 +165,9 @@ class ServerStream:
         self._finish(Error(self.sid, error.error_type, error.message, error.caused_by))
 
     def _finish(self, frame: End | Error) -> None:
-        if self._finished:
+        if self.finished:
             return
-        self._finished = True
+        self.finished = True
         self._session.streams.pop(self.sid, None)
         # Also breaks the context -> callback -> stream cycle: freed by reference counting.
         self.context.remove_cancel_callback(self._on_context_cancelled)
@@ -328,13 +318,10 @@ class _Session:
         for frame in frames:
             if isinstance(frame, Request):
                 self._open_stream(frame)
-            elif isinstance(frame, Control):
-                served = self.streams.get(frame.sid)
-                if served is not None:
+            elif isinstance(frame, Control | Credit) and (served := self.streams.get(frame.sid)):
+                if isinstance(frame, Control):
                     served._apply_control(frame)
-            elif isinstance(frame, Credit):
-                served = self.streams.get(frame.sid)
-                if served is not None:
+                else:
                     served._wake()
 
     def _open_stream(self, frame: Request) -> None:
@@ -386,13 +373,10 @@ class _Session:
             connection.retire_if_drained()
 
     def close(self, reason: str, *, graceful: bool) -> None:
-        connection = self.connection
-        if connection is None:
+        if self.connection is None:
             self._gate_scope.cancel()
-        elif graceful:
-            connection.shutdown(reason)
         else:
-            connection.close(reason)
+            (self.connection.shutdown if graceful else self.connection.close)(reason)
 
 
 class RequestPlaneServer:
@@ -411,9 +395,7 @@ class RequestPlaneServer:
         self.name: Final = name
         self.draining = False
         self.throttle: Final = AuthTurns(config.auth_penalty)
-        self.ssl_context: Final[ssl.SSLContext | None] = (
-            server_context(config) if config.tls else None
-        )
+        self.ssl_context: Final = server_context(config) if config.tls else None
         self._sessions: set[_Session] = set()
         self._gated: dict[_Session, None] = {}  # sessions in their handshake, oldest first
         self._refusing = 0
@@ -462,8 +444,7 @@ class RequestPlaneServer:
 
     async def _accepted(self, stream: trio.SocketStream) -> None:
         try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = host_port(host, port)
+            peer = host_port(*stream.socket.getpeername()[:2])
         except OSError:
             peer = "unknown peer"
         await self.handle_connection(stream, peer=peer)
@@ -486,13 +467,8 @@ class RequestPlaneServer:
         self._gated[session] = None
 
         def escaped(exc: BaseException) -> None:
-            limited_log.error(
-                "connection-escape",
-                "connection %s: ended by an internal error: %s",
-                peer,
-                _describe(exc),
-                exc_info=exc,
-            )
+            why = "connection %s: ended by an internal error: %s"
+            limited_log.error("connection-escape", why, peer, _describe(exc), exc_info=exc)
 
         try:
             with contain(escaped):
