@@ -391,12 +391,8 @@ class ConnectionPool:
                 "shutting down" if escaped is None else type(escaped).__name__
             )
             if escaped is not None:
-                limited_log.error(
-                    "connect-escape",
-                    "connecting to %s failed with an internal error",
-                    address,
-                    exc_info=escaped,
-                )
+                why = "connecting to %s failed with an internal error"
+                limited_log.error("connect-escape", why, address, exc_info=escaped)
             if cancelled is not None:
                 raise cancelled from None
         else:

@@ -123,13 +123,9 @@ class FrameConnection:
         ``at_once``: an idle writer's socket takes it now, however many streams are open."""
         if self.close_reason is not None or not self.protocol.send(frame):
             return False
-        if self.protocol.outbox_size > self._config.max_write_buffer:
-            limited_log.warning(
-                "write-overflow",
-                "connection %s: %d bytes queued for a peer that is not reading; closing it",
-                self.name,
-                self.protocol.outbox_size,
-            )
+        if (queued := self.protocol.outbox_size) > self._config.max_write_buffer:
+            why = "connection %s: %d bytes queued for a peer that is not reading; closing it"
+            limited_log.warning("write-overflow", why, self.name, queued)
             self.close("write buffer overflow: the peer stopped reading")
             return True
         self._wake_writer(at_once)
@@ -207,13 +203,10 @@ class FrameConnection:
             try:
                 frames = protocol.receive_data(data)
             except ProtocolError as exc:
-                limited_log.warning(
-                    "protocol-error",
-                    "connection %s: protocol error, closing it: %s",
-                    self.name,
-                    printable(exc.message),
-                )
-                self._declare_closed(f"protocol error: {printable(exc.message)}")
+                why = printable(exc.message)
+                log_line = "connection %s: protocol error, closing it: %s"
+                limited_log.warning("protocol-error", log_line, self.name, why)
+                self._declare_closed(f"protocol error: {why}")
                 return
             if protocol.frames_received != received_before:
                 self._last_received = trio.current_time()  # only whole, valid frames are life
@@ -311,12 +304,8 @@ class FrameConnection:
                     self._last_received = max(self._last_received, now - interval)
                 silent_for = now - self._last_received
                 if silent_for > timeout:
-                    limited_log.warning(
-                        "heartbeat-timeout",
-                        "connection %s: no frame received for %.1fs; declaring it dead",
-                        self.name,
-                        silent_for,
-                    )
+                    why = "connection %s: no frame received for %.1fs; declaring it dead"
+                    limited_log.warning("heartbeat-timeout", why, self.name, silent_for)
                     self.close(f"heartbeat timeout: no frame from the peer for {silent_for:.1f}s")
                     return
                 self.send(Ping())

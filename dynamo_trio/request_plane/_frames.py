@@ -18,8 +18,7 @@ NONCE_SIZE: Final = 32  # bytes in each handshake nonce
 _HEADER: Final = struct.Struct(">I")
 
 
-class _Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    pass
+class _Frame(msgspec.Struct, array_like=True, frozen=True, gc=False): ...
 
 
 class Hello(_Frame, tag="hello", frozen=True):
@@ -45,8 +44,7 @@ class Welcome(_Frame, tag="welcome", frozen=True):
     proof: bytes | None = None
 
 
-class Ping(_Frame, tag="ping", frozen=True):
-    pass
+class Ping(_Frame, tag="ping", frozen=True): ...
 
 
 class GoAway(_Frame, tag="goaway", frozen=True):

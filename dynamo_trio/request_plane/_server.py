@@ -57,9 +57,7 @@ _MAX_LINGERING_REFUSALS: Final = 16  # refused connections lingering so that fra
 _VERDICT_MARGIN: Final = 0.1
 _ORPHAN_GRACE: Final = 2.0  # a stream task outliving its connection is cancelled after this
 
-_RUNTIME_CANCELS: Final = frozenset(
-    {CancelReason.DEADLINE, CancelReason.SHUTDOWN, CancelReason.DRAIN_TIMEOUT}
-)
+_RUNTIME_CANCELS: Final = {CancelReason.DEADLINE, CancelReason.SHUTDOWN, CancelReason.DRAIN_TIMEOUT}
 
 
 def _describe(exc: BaseException) -> str:
@@ -243,23 +241,16 @@ class _Session:
                 return await self._handshake()
             except NETWORK_ERRORS as exc:
                 cause = exc.__cause__ or exc
-                limited_log.warning(
-                    "handshake-failed" if framed else "tls-failed",
-                    "connection from %s: %s handshake failed: %s",
-                    self.peer,
-                    "request-plane" if framed else "TLS",
-                    str(cause) or type(cause).__name__,
+                key, what = (
+                    ("handshake-failed", "request-plane") if framed else ("tls-failed", "TLS")
                 )
+                why = "connection from %s: %s handshake failed: %s"
+                limited_log.warning(key, why, self.peer, what, str(cause) or type(cause).__name__)
                 return False
-        limited_log.warning(
-            "handshake-timeout",
-            "connection from %s: no complete handshake within %.1fs; closing it",
-            self.peer,
-            config.handshake_timeout,
-        )
-        if framed and self.protocol.send(
-            Close("timeout", f"no complete handshake within {config.handshake_timeout}s")
-        ):
+        why = "connection from %s: no complete handshake within %.1fs; closing it"
+        limited_log.warning("handshake-timeout", why, self.peer, config.handshake_timeout)
+        close = Close("timeout", f"no complete handshake within {config.handshake_timeout}s")
+        if framed and self.protocol.send(close):
             with trio.move_on_after(_REFUSAL_TIMEOUT), suppress(*NETWORK_ERRORS):
                 await self._stream.send_all(self.protocol.data_to_send())
         return False
@@ -269,12 +260,8 @@ class _Session:
         try:
             await handshake(self._stream, protocol, self._authenticate)
         except ProtocolError as exc:
-            limited_log.warning(
-                "handshake-refused",
-                "connection from %s: protocol error before authentication, refused: %s",
-                self.peer,
-                printable(exc.message),
-            )
+            why = "connection from %s: protocol error before authentication, refused: %s"
+            limited_log.warning("handshake-refused", why, self.peer, printable(exc.message))
             await self._stream.send_all(protocol.data_to_send())
         if protocol.closed and protocol.close_frame is None:  # we refused it: let the close arrive
             await linger(self._stream, limit=HANDSHAKE_MAX_FRAME_SIZE)
@@ -290,12 +277,9 @@ class _Session:
             self.awaiting_turn = False
         if verdict is None:
             self.protocol.send(Close("throttled", "too many failed authentications; retry later"))
-            limited_log.warning(
-                "auth-throttled",
-                "connection from %s: refused, its proof could not be judged before its "
-                "handshake deadline (failed authentications are paced)",
-                self.peer,
-            )
+            why = "connection from %s: refused, its proof could not be judged before its handshake"
+            why += " deadline (failed authentications are paced)"
+            limited_log.warning("auth-throttled", why, self.peer)
         elif not verdict:
             limited_log.warning(
                 "auth-failed",
@@ -305,12 +289,8 @@ class _Session:
 
     def _connection_lost(self, reason: str) -> None:
         if self.streams:
-            log.info(
-                "connection %s ended (%s): killing %d open stream(s)",
-                self.peer,
-                reason,
-                len(self.streams),
-            )
+            why = "connection %s ended (%s): killing %d open stream(s)"
+            log.info(why, self.peer, reason, len(self.streams))
         for stream in tuple(self.streams.values()):
             stream._transport_lost()
 
@@ -330,14 +310,9 @@ class _Session:
         try:
             stream = ServerStream(self, connection, frame)
         except Exception as exc:
-            limited_log.error(
-                "stream-setup",
-                "connection %s: cannot set up stream %d: %s",
-                self.peer,
-                frame.sid,
-                _describe(exc),
-                exc_info=exc,
-            )
+            why = "connection %s: cannot set up stream %d: %s"
+            args = (self.peer, frame.sid, _describe(exc))
+            limited_log.error("stream-setup", why, *args, exc_info=exc)
             connection.send(Error(frame.sid, Unknown.error_type, "the worker could not start it"))
             return
         self.streams[frame.sid] = stream
@@ -351,14 +326,9 @@ class _Session:
         except BaseException as exc:
             cancelled, escaped = split_live_cancellation(exc)
             if escaped is not None:
-                limited_log.error(
-                    "stream-escape",
-                    "connection %s: stream %d ended by an exception that escaped its handler: %s",
-                    self.peer,
-                    stream.sid,
-                    _describe(escaped),
-                    exc_info=escaped,
-                )
+                why = "connection %s: stream %d ended by an exception that escaped its handler: %s"
+                args = (self.peer, stream.sid, _describe(escaped))
+                limited_log.error("stream-escape", why, *args, exc_info=escaped)
                 stream.fail(Unknown("the worker failed while serving the request"))
             if cancelled is not None:
                 raise cancelled from None
@@ -483,14 +453,9 @@ class RequestPlaneServer:
         if oldest is None:
             counts = Counter(session.source for session in self._gated)
             oldest = next(s for s in self._gated if counts[s.source] == max(counts.values()))
-        limited_log.warning(
-            "handshake-evicted",
-            "handshake slots full (limit %d): dropping the oldest unauthenticated "
-            "connection, from %s, for one from %s",
-            self.config.max_handshakes,
-            oldest.peer,
-            newcomer,
-        )
+        why = "handshake slots full (limit %d): dropping the oldest unauthenticated connection"
+        args = (self.config.max_handshakes, oldest.peer, newcomer)
+        limited_log.warning("handshake-evicted", why + ", from %s, for one from %s", *args)
         del self._gated[oldest]  # its slot is the newcomer's from now on
         oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
