@@ -312,8 +312,7 @@ class ClientConnection:
 
 
 async def _open_tcp(address: str) -> trio.abc.Stream:
-    host, port = parse_address(address)
-    return await trio.open_tcp_stream(host, port)
+    return await trio.open_tcp_stream(*parse_address(address))
 
 
 @dataclass(eq=False, slots=True)

@@ -395,25 +395,21 @@ class ProtocolConnection:
         try:
             with closing(self._decoder.frames(data)) as frames:  # its buffer view, released
                 for wire_frame in frames:
-                    frame = self._receive(wire_frame)
+                    on_receive, next_state = self._on_receive[type(wire_frame)]
+                    frame = on_receive(self, wire_frame)
+                    self.frames_received += 1
                     if frame is not None:
                         accepted.append(frame)
-                    if self.closed:
-                        break  # nothing after a close counts, however TCP split the bytes
+                    if next_state is not None:
+                        self.state = next_state
+                        if next_state is _S.CLOSED:
+                            break  # nothing after a close counts, however TCP split the bytes
             if self.state is _S.AUTHENTICATING and self._decoder.buffered:
                 raise ProtocolError("bytes after 'auth', before the server's verdict")
         except ProtocolError as exc:
             self._fail("protocol_error", exc.message)
             raise
         return accepted
-
-    def _receive(self, frame: WireFrame) -> Frame | None:
-        on_receive, next_state = self._on_receive[type(frame)]
-        result = on_receive(self, frame)
-        self.frames_received += 1
-        if next_state is not None:
-            self.state = next_state
-        return result
 
     def _on_violation(self, frame: WireFrame) -> NoReturn:
         tag = frame_tag(frame)

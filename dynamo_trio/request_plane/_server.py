@@ -75,6 +75,7 @@ class ServerStream:
         self.instance_id: Final = request.instance_id
         self.payload: Final[Any] = request.payload
         self.headers: Final = request.headers or {}
+        self.peer: Final = connection.name
         self.context: Final = Context(request.request_id, timeout=request.timeout)
         self.cancel_signal: CancelReason | None = None  # the caller side's first
         self.on_cancel_signal: Callable[[CancelReason], None] | None = None  # called once
@@ -84,10 +85,6 @@ class ServerStream:
         self._since_checkpoint, self._slice_started = 0, perf_counter()
         self.finished = False  # end() or fail() was called
         self.context._add_exit_callback(self._on_context_cancelled)
-
-    @property
-    def peer(self) -> str:
-        return self._connection.name
 
     @property
     def task_nursery(self) -> trio.Nursery:

@@ -64,8 +64,7 @@ class AuthTurns:
             self._wake_head()
 
     def _wake_head(self) -> None:
-        head = self._head()
-        if head is not None:
+        if (head := self._head()) is not None:
             head.wakeup.set()
 
     async def judge(self, key: str, verdict: Callable[[], bool], *, deadline: float) -> bool | None:
