@@ -66,11 +66,8 @@ class ClientStream:
         self._queue: deque[Item | End | Error] = deque()
         self._wakeup: trio.Event | None = None
         self._refill_at = max(1, window // 2)
-        self._consumed = 0
-        self._since_checkpoint = 0
-        self._killed = False
-        self._stopping = False
-        self._discarding = False
+        self._consumed = self._since_checkpoint = 0
+        self._killed = self._stopping = self._discarding = False
         self._lost: str | None = None
         self.done = False  # no more items will come (terminal frame consumed, killed, or lost)
         self._nudged = False
@@ -207,12 +204,7 @@ class ClientConnection:
         self._on_closed = on_closed
         self._streams: dict[int, ClientStream] = {}
         self._connection: Final = FrameConnection(
-            stream,
-            protocol,
-            config,
-            on_frames=self._on_frames,
-            on_close=self._connection_lost,
-            name=address,
+            stream, protocol, config, self._on_frames, self._connection_lost, name=address
         )
 
     @property
@@ -386,9 +378,8 @@ class ConnectionPool:
             attempt.error = exc.message
         except BaseException as exc:
             cancelled, escaped = split_live_cancellation(exc)
-            attempt.error = f"cannot connect to {address}: " + (
-                "shutting down" if escaped is None else type(escaped).__name__
-            )
+            why = "shutting down" if escaped is None else type(escaped).__name__
+            attempt.error = f"cannot connect to {address}: {why}"
             if escaped is not None:
                 why = "connecting to %s failed with an internal error"
                 limited_log.error("connect-escape", why, address, exc_info=escaped)
@@ -445,23 +436,18 @@ class ConnectionPool:
         if isinstance(exc, CannotConnect):
             return exc
         if isinstance(exc, trio.TooSlowError):
-            return CannotConnect(
-                f"no answer from the worker at {address} within "
-                f"{self._config.connect_timeout}s ({step})"
-            )
+            why = f"no answer from the worker at {address} within {self._config.connect_timeout}s"
+            return CannotConnect(f"{why} ({step})")
         if isinstance(exc, ProtocolError):
-            return CannotConnect(
-                f"handshake with the worker at {address} failed: {printable(exc.message)}"
-            )
+            why = printable(exc.message)
+            return CannotConnect(f"handshake with the worker at {address} failed: {why}")
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         detail = str(cause) or type(cause).__name__
         if step == "TLS handshake" or isinstance(cause, ssl.SSLError):
-            hint = (
-                " (check DYN_TCP_TLS_CA and the worker's certificate)"
-                if isinstance(cause, ssl.SSLCertVerificationError)
-                else " (is the worker serving TLS, and does it want a client certificate?)"
-            )
-            return CannotConnect(f"TLS handshake with {address} failed: {detail}{hint}")
+            hint = "is the worker serving TLS, and does it want a client certificate?"
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                hint = "check DYN_TCP_TLS_CA and the worker's certificate"
+            return CannotConnect(f"TLS handshake with {address} failed: {detail} ({hint})")
         if isinstance(exc, (*NETWORK_ERRORS, ValueError)):
             return CannotConnect(f"cannot connect to {address}: {detail}")
         return CannotConnect(f"cannot connect to {address}: {type(exc).__name__}: {detail}")

@@ -90,9 +90,9 @@ class FrameConnection:
         stream: trio.abc.Stream,
         protocol: ProtocolConnection,
         config: RequestPlaneConfig,
-        *,
         on_frames: Callable[[list[Frame]], None],
         on_close: Callable[[str], None] | None = None,
+        *,
         name: str,
     ) -> None:
         self.protocol: Final = protocol

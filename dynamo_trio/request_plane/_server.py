@@ -204,14 +204,9 @@ class _Session:
                 await trio.aclose_forcefully(self._stream)
         if not admitted:
             return
-        connection = self.connection = FrameConnection(
-            self._stream,
-            self.protocol,
-            self.server.config,
-            on_frames=self._on_frames,
-            on_close=self._connection_lost,
-            name=self.peer,
-        )
+        args = (self._stream, self.protocol, self.server.config)
+        connection = FrameConnection(*args, self._on_frames, self._connection_lost, name=self.peer)
+        self.connection = connection
         self.server._gated.pop(self, None)  # its handshake slot is free
         if self.server.draining:
             self.go_away()
@@ -278,11 +273,9 @@ class _Session:
             why += " deadline (failed authentications are paced)"
             limited_log.warning("auth-throttled", why, self.peer)
         elif not verdict:
-            limited_log.warning(
-                "auth-failed",
-                "connection from %s: authentication failed (missing or wrong request-plane token)",
-                self.peer,
-            )
+            why = "connection from %s: authentication failed"
+            why += " (missing or wrong request-plane token)"
+            limited_log.warning("auth-failed", why, self.peer)
 
     def _connection_lost(self, reason: str) -> None:
         if self.streams:

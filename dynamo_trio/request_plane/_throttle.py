@@ -21,10 +21,8 @@ def source_key(host: str) -> str:
         address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    if isinstance(address, ipaddress.IPv6Address):  # an IPv4-mapped one is that IPv4 host
+        return str(address.ipv4_mapped or ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
 
 
