@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from ._config import Config, add_flags, flag_environment
-from ._gc import tune_gc
+from ._gc import tune_memory
 from ._lifeline import lifeline
-from ._malloc import give_back_large_buffers
 from ._signals import killed_on_forced_exit
 from ._startup import run_command
 from .frontend._main import run_frontend, run_workers
@@ -65,8 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if config.frontend.kserve_grpc_port is not None:
             served.append("tensor_model_name")
         worker = [sys.executable, "-m", "dynamo_trio.mocker", *mocker_argv(args, served)]
-        tune_gc(config.gc_threshold)  # this process is the frontend (or its supervisor)
-        give_back_large_buffers()
+        tune_memory(config.gc_threshold)  # this process is the frontend (or its supervisor)
         models = {getattr(args, name) for name in served}
         run_command(parser.prog, _run_all, config, worker, args.workers, models)
     finally:

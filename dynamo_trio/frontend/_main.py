@@ -17,9 +17,8 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .._config import Config, add_flags, config_from_args
-from .._gc import tune_gc
+from .._gc import tune_memory
 from .._hostport import host_port
-from .._malloc import give_back_large_buffers
 from .._signals import shut_down_on_signals
 from .._startup import run_command
 from ..edge import Edge, listen_sockets, serve_http, status_routes
@@ -55,8 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     index = os.environ.get(WORKER_INDEX_ENV)
     if index is not None or config.frontend.http_workers == 1:  # a process that serves
         # Everything imported is here for good: frozen, and out of every collection.
-        tune_gc(config.gc_threshold)
-        give_back_large_buffers()  # request bodies of many MiB are not kept once freed
+        tune_memory(config.gc_threshold)
     if index is not None:  # one of --http-workers' processes
         view = WorkerView(
             int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])

@@ -8,8 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Final
 
 from .._config import add_flags, config_from_args
-from .._gc import tune_gc
-from .._malloc import give_back_large_buffers
+from .._gc import tune_memory
 from .._startup import run_command
 from ..runtime._runtime import dynamo_worker
 from ._settings import MockerSettings
@@ -75,8 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    tune_gc(config.gc_threshold)
-    give_back_large_buffers()
+    tune_memory(config.gc_threshold)
 
     @dynamo_worker(config)
     async def worker(runtime: DistributedRuntime) -> None:
