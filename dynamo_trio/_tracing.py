@@ -26,15 +26,15 @@ MAX_REQUEST_ID_LENGTH: Final = 256
 MAX_TRACESTATE_LENGTH: Final = 512
 """W3C: a ``tracestate`` of up to 512 characters must be propagated; longer ones are dropped."""
 
-# The request plane's limits on a req frame's headers (request_plane._validate).
-_MAX_HEADERS: Final = 64
-_MAX_HEADER_NAME_LENGTH: Final = 256
-_MAX_HEADER_VALUE_LENGTH: Final = 8192
+# The most a call carries in its req frame's headers (request_plane._validate refuses more).
+MAX_HEADERS: Final = 64
+MAX_HEADER_NAME_LENGTH: Final = 256
+MAX_HEADER_VALUE_LENGTH: Final = 8192
 _TRACE_HEADERS: Final = (TRACEPARENT, TRACESTATE, X_REQUEST_ID)
 
-MAX_METADATA_ENTRIES: Final = _MAX_HEADERS - len(_TRACE_HEADERS)
-MAX_METADATA_KEY_LENGTH: Final = _MAX_HEADER_NAME_LENGTH - len(METADATA_PREFIX)
-MAX_METADATA_VALUE_LENGTH: Final = _MAX_HEADER_VALUE_LENGTH
+MAX_METADATA_ENTRIES: Final = MAX_HEADERS - len(_TRACE_HEADERS)
+MAX_METADATA_KEY_LENGTH: Final = MAX_HEADER_NAME_LENGTH - len(METADATA_PREFIX)
+MAX_METADATA_VALUE_LENGTH: Final = MAX_HEADER_VALUE_LENGTH
 
 _REQUEST_ID_RE: Final = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_LENGTH}}}")
 _TRACEPARENT_RE: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")

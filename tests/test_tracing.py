@@ -13,6 +13,9 @@ from hypothesis import given
 
 from dynamo_trio import InvalidArgument, InvalidRequestId, TraceContext
 from dynamo_trio._tracing import (
+    MAX_HEADER_NAME_LENGTH,
+    MAX_HEADER_VALUE_LENGTH,
+    MAX_HEADERS,
     MAX_METADATA_ENTRIES,
     MAX_METADATA_KEY_LENGTH,
     MAX_METADATA_VALUE_LENGTH,
@@ -26,11 +29,6 @@ from dynamo_trio._tracing import (
     read_request_headers,
     request_headers,
     request_ids,
-)
-from dynamo_trio.request_plane._validate import (
-    MAX_HEADER_NAME_LENGTH,
-    MAX_HEADER_VALUE_LENGTH,
-    MAX_HEADERS,
 )
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

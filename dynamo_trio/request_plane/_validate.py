@@ -7,14 +7,12 @@ import math
 from typing import Any, Final
 
 from .._errors import InvalidArgument
+from .._tracing import MAX_HEADER_NAME_LENGTH, MAX_HEADER_VALUE_LENGTH, MAX_HEADERS
 from ._frames import RawRequest, Request
 
 MAX_WINDOW: Final = 1 << 24  # the largest initial credit window a stream may ask for
 MAX_CREDIT: Final = 1 << 32  # the most credits a stream may hold (more: a protocol error)
 MAX_NAME_LENGTH: Final = 4096
-MAX_HEADERS: Final = 64
-MAX_HEADER_NAME_LENGTH: Final = 256
-MAX_HEADER_VALUE_LENGTH: Final = 8192
 
 _UINT64_LIMIT: Final = 1 << 64
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})

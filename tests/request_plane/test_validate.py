@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 
 from dynamo_trio import InvalidArgument, ProtocolError
+from dynamo_trio._tracing import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS
 from dynamo_trio.request_plane._frames import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
@@ -31,8 +32,6 @@ from dynamo_trio.request_plane._frames import (
 )
 from dynamo_trio.request_plane._protocol import ConnectionState, ProtocolConnection, Role
 from dynamo_trio.request_plane._validate import (
-    MAX_HEADER_VALUE_LENGTH,
-    MAX_HEADERS,
     MAX_NAME_LENGTH,
     MAX_WINDOW,
     json_problem,
