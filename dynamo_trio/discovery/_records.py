@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from .._hostport import parse_address
 from ._base import DiscoveryError
 
 ModelType = Literal["chat", "completions", "embeddings", "tensor", "images", "videos", "audios"]
@@ -69,8 +70,11 @@ class Instance(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         _check_segments(namespace=self.namespace, component=self.component, endpoint=self.endpoint)
         _check_instance_id(self.instance_id)
-        host, sep, port = self.address.rpartition(":")
-        if not (host and sep and port.isdigit() and 0 < int(port) <= 65535):
+        try:
+            port = parse_address(self.address)[1]
+        except ValueError:
+            port = 0
+        if not 0 < port <= 65535:
             raise ValueError(f"address must be 'host:port', not {self.address!r}")
 
     @property

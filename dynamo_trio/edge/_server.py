@@ -24,6 +24,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
 from .._contain import split_live_cancellation
+from .._hostport import parse_address
 from .._startup import CannotServe
 from ._chunks import CONNECTION_WRITER
 from ._guard import GuardedProtocol, limited_log
@@ -45,8 +46,7 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
     sockets: list[socket.socket] = []
     try:
         for bind in binds:
-            host, _, port = bind.rpartition(":")
-            host = host.strip("[]")
+            host, port = parse_address(bind)
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             sockets.append(sock)
@@ -54,7 +54,7 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
             if reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
-                sock.bind((host, int(port)))
+                sock.bind((host, port))
             except OSError as exc:
                 raise CannotServe(f"cannot listen on {bind}: {exc.strerror or exc}") from exc
             sock.setblocking(False)

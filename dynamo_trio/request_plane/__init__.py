@@ -1,6 +1,7 @@
 """The TCP request plane: frames, the sans-IO protocol, and the trio connections that carry it."""
 
-from ._client import ClientConnection, ClientStream, ConnectionPool, parse_address
+from .._hostport import parse_address
+from ._client import ClientConnection, ClientStream, ConnectionPool
 from ._frames import PROTOCOL_VERSION, Item
 from ._protocol import ProtocolConnection, Role
 from ._server import RequestPlaneServer, ServerStream

@@ -21,6 +21,7 @@ from .._errors import (
     ProtocolError,
     error_from_wire,
 )
+from .._hostport import parse_address
 from ._connection import (
     NETWORK_ERRORS,
     FrameConnection,
@@ -44,14 +45,6 @@ if TYPE_CHECKING:
     OpenTransport = Callable[[str], Awaitable[trio.abc.Stream]]
 
 _FAIR_EVERY: Final = 32
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``"host:port"`` or ``"[v6]:port"`` (ValueError without a valid port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"bad address {address!r}: expected host:port")
-    return host.strip("[]"), int(port)
 
 
 class ClientStream:
