@@ -272,7 +272,6 @@ async def _drain(pipeline: Pipeline, grace: float) -> None:
 
 def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:
     hypercorn = HypercornConfig()
-    hypercorn.bind = [host_port(config.host, config.port)]
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout
