@@ -25,7 +25,6 @@ from ..llm import RequestError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import TracebackType
 
     from .._config import RouterMode
     from .._context import Context
@@ -38,6 +37,8 @@ _INSTANCE_WAIT: Final = 2.0  # how long a request waits for one of its instances
 _PREPARE_RETRY: Final = (0.1, 2.0)  # backoff (first, longest) to open an instance watch
 _RETRYABLE: Final = (CannotConnect, Disconnected, EngineShutdown, StreamIncomplete)
 _TEXT_REQUESTS: Final = frozenset({"chat", "completion"})  # streams that can continue elsewhere
+_EARLY_END: Final = "the worker ended the request early without being asked"
+_SHUT_DOWN_EARLY: Final = "the worker shut down before the generation was complete"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,17 +70,15 @@ def _path(card: ModelCard) -> str:
 
 
 @final
+@dataclass(frozen=True, slots=True)
 class ModelRoute:
     """Requests for one model as one type (made per request by :meth:`ModelRegistry.route`)."""
 
-    def __init__(
-        self, registry: ModelRegistry, name: str, model_type: ModelType, card: ModelCard
-    ) -> None:
-        self._registry = registry
-        self.name: Final = name
-        self.model_type: Final = model_type
-        self.card: Final = card
-        """One of the model's cards (the first by key), for what all its cards share."""
+    registry: ModelRegistry
+    name: str
+    model_type: ModelType
+    card: ModelCard
+    """One of the model's cards (the first by key), for what all its cards share."""
 
     async def call(
         self, request: Any, context: Context, faults: StreamFaults = _NO_FAULT_HANDLING
@@ -124,13 +123,11 @@ class ModelStream:
         """As :meth:`~dynamo_trio.runtime.ResponseStream.receive_batch`, moving on failures;
         ``None`` when :meth:`nudge` woke the wait; a cancellation leaves the stream as it was."""
         while True:
-            if self._held is not None:
-                held = await self._worker_ended_early()
-                if held is None:
-                    continue  # moved to another instance
-                return [held]
+            if self._held is not None and (ended := await self._worker_ended_early()):
+                return ended  # (else it moved to another instance)
+            stream = self._stream  # (another one once the request moved)
             try:
-                items = await self._stream.receive_batch(
+                items = await stream.receive_batch(
                     idle_timeout=self._faults.idle_timeout, keep_if_cancelled=True
                 )
             except _RETRYABLE as exc:
@@ -139,20 +136,14 @@ class ModelStream:
                 await self._recover(exc)
                 continue
             if not items:
-                if not self._stream.done:
+                if not stream.done:
                     return None  # nudged
                 if self._context.is_killed():  # (reading it enforces the deadline)
                     await trio.lowlevel.checkpoint()  # a kill lands now
-                if (
-                    self._stream.outcome == "stopped"
-                    and not self._finished
-                    and not self._context.is_stopped()
-                ):
-                    await self._recover(
-                        StreamIncomplete("the worker ended the request early without being asked")
-                    )
-                    continue
-                return items
+                if stream.outcome != "stopped" or self._finished or self._context.is_stopped():
+                    return items
+                await self._recover(StreamIncomplete(_EARLY_END))
+                continue
             self._started = True
             if self._is_text:
                 self._note(items)
@@ -177,16 +168,14 @@ class ModelStream:
             for value in items:
                 if type(value) is not dict:
                     continue
-                text = value.get("text")
-                if type(text) is str and text:
+                if type(text := value.get("text")) is str and text:
                     self._text.append(text)
-                token_ids = value.get("token_ids")
-                if type(token_ids) is list:
+                if type(token_ids := value.get("token_ids")) is list:
                     self._token_ids.extend(token_ids)
 
-    async def _worker_ended_early(self) -> Any:
-        """The worker stopped the generation on its own: a clean end (its held item), unless
-        it was shutting down: then the request moves (``None``) or fails."""
+    async def _worker_ended_early(self) -> list[Any] | None:
+        """The worker stopped the generation on its own: a clean end (``[its held item]``),
+        unless it was shutting down: then the request moves (``None``) or fails."""
         held, self._held = self._held, None
         stream = self._stream
         try:
@@ -194,23 +183,20 @@ class ModelStream:
                 pass  # nothing follows a finish reason but the end
         except _RETRYABLE:
             if not self._context.is_stopped():
-                await self._recover(
-                    StreamIncomplete("the worker shut down before the generation was complete")
-                )
+                await self._recover(StreamIncomplete(_SHUT_DOWN_EARLY))
                 return None
         self._finished = True
-        return held
+        return [held]
 
     async def _recover(self, exc: DynamoError) -> None:
         """Take the failed instance out of rotation (a no-op if already out), then send the
         request to another after ``exc``, or raise ``exc``."""
-        self._route._registry._runtime.router.failed(
-            self._target,
-            f"{type(exc).__name__}: {exc}",
-            expected=isinstance(exc, EngineShutdown | StreamIncomplete),  # it is draining
+        reason = _reason(exc)
+        self._route.registry._runtime.router.failed(  # (expected: a shut-down instance drains)
+            self._target, f"{type(exc).__name__}: {exc}", expected=reason == "engine_shutdown"
         )
         if not self._started:
-            await self._send(self._request, moved=("new_request", _reason(exc)), last_error=exc)
+            await self._send(self._request, moved=("new_request", reason), last_error=exc)
             return
         if self._migrations_left <= 0 or self._context.is_stopped():
             raise exc
@@ -218,7 +204,7 @@ class ModelStream:
         request = dict(self._request)
         request["continuation"] = {"text": "".join(self._text), "token_ids": list(self._token_ids)}
         try:
-            await self._send(request, moved=("ongoing_request", _reason(exc)), continuing=True)
+            await self._send(request, moved=("ongoing_request", reason), continuing=True)
         except CannotConnect as lost:  # NoInstances is one
             raise type(exc)(
                 f"{exc.message}; no other instance could take the request over ({lost.message})"
@@ -243,7 +229,7 @@ class ModelStream:
         ``moved`` (``(migration_type, reason)``, the metric's labels) is counted once it
         reaches one; ``continuing``: only to those taking continuations."""
         route, tried, context = self._route, self._tried, self._context
-        registry = route._registry
+        registry = route.registry
         router = registry._runtime.router
         on_migration = self._faults.on_migration
         wait_until = trio.current_time() + _INSTANCE_WAIT
@@ -282,13 +268,8 @@ class ModelStream:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stream.__aexit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._stream.__aexit__(*exc_info)
 
 
 class ModelRegistry:
@@ -298,7 +279,7 @@ class ModelRegistry:
         self._runtime = runtime
         self._namespace = namespace
         self._router_mode = router_mode
-        self._cards: PrefixView[ModelCard] | None = None
+        self._cards: PrefixView[ModelCard]  # (see start)
         self._first_seen: dict[str, int] = {}
         self._index_version = -1
         self._index: dict[tuple[str, ModelType], list[ModelCard]] = {}
@@ -313,7 +294,7 @@ class ModelRegistry:
 
     async def _prepare_clients(self) -> None:
         """Open the instance watch of every endpoint a card names, as the cards appear."""
-        view = self._view()
+        view = self._cards
         version = view.version
         delay = _PREPARE_RETRY[0]
         while True:
@@ -337,21 +318,14 @@ class ModelRegistry:
                 _log.warning("model cards no longer watched: %s", exc)
                 return
 
-    def _view(self) -> PrefixView[ModelCard]:
-        if self._cards is None:
-            raise RuntimeError("the model registry has not been started")
-        return self._cards
-
     def _refresh(self) -> None:
         """Rebuild the index if the cards changed since it was built."""
-        view = self._view()
-        if view.version == self._index_version:
-            return
-        index: dict[tuple[str, ModelType], list[ModelCard]] = defaultdict(list)
-        for _key, card in sorted(view.items().items()):
-            index[card.name, card.model_type].append(card)
-        self._index = dict(index)
-        self._index_version = view.version
+        view = self._cards
+        if view.version != self._index_version:
+            self._index = defaultdict(list)
+            for _key, card in sorted(view.items().items()):
+                self._index[card.name, card.model_type].append(card)
+            self._index_version = view.version
 
     def models(self) -> list[tuple[str, int]]:
         """``(name, created)`` for every model with at least one card, by name."""
@@ -370,25 +344,20 @@ class ModelRegistry:
         self._refresh()
         cards = self._index.get((name, model_type))
         if not cards:
-            served = sorted(served_type for named, served_type in self._index if named == name)
-            message = (
-                f"The model `{name}` does not serve {model_type} requests "
-                f"(it serves {', '.join(served)})."
-                if served
-                else f"The model `{name}` does not exist."
-            )
+            message = f"The model `{name}` does not exist."
+            if served := sorted(served_type for named, served_type in self._index if named == name):
+                message = (
+                    f"The model `{name}` does not serve {model_type} requests "
+                    f"(it serves {', '.join(served)})."
+                )
             raise RequestError(404, message, code="model_not_found", param="model")
         return ModelRoute(self, name, model_type, cards[0])
 
     async def _client(self, card: ModelCard) -> Client:
         path = _path(card)
-        client = self._clients.get(path)
-        if client is None:
-            endpoint = (
-                self._runtime.namespace(card.namespace)
-                .component(card.component)
-                .endpoint(card.endpoint)
-            )
+        if (client := self._clients.get(path)) is None:
+            namespace = self._runtime.namespace(card.namespace)
+            endpoint = namespace.component(card.component).endpoint(card.endpoint)
             client = self._clients.setdefault(path, await endpoint.client())
         return client
 
@@ -416,7 +385,7 @@ class ModelRegistry:
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
-        view = self._view()
+        view = self._cards
         version = view.version
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:

@@ -106,7 +106,7 @@ async def ask(registry: ModelRegistry, model: str) -> str:
 
 
 async def wait_for_cards(registry: ModelRegistry, model: str, count: int = 1) -> None:
-    view = registry._view()
+    view = registry._cards
     await view.wait_until(lambda cards: sum(c.name == model for c in cards.values()) >= count)
 
 
