@@ -133,11 +133,13 @@ if not VIEW_FIRST:
     )
 
 
-async def _keep_alive_safe(response: Response) -> Response:
-    """Consume the rest of the request body before answering, or close the connection (else
-    hypercorn closes it inside the response's send, which quart-trio's cancellation leaves
-    open but dead)."""
-    if response.status_code in (408, 413):
+async def _error_reply(status: int, message: str) -> Response:
+    """The request's API-shaped error, sent once the rest of its body is consumed, or closing
+    the connection (else hypercorn closes it inside the response's send, which quart-trio's
+    cancellation leaves open but dead)."""
+    body = api_for_path(request.path).error_body(status, message)
+    response = json_response(body, status, reply_ids())
+    if status in (408, 413):  # (the body is what failed)
         response.headers["Connection"] = "close"
         return response
     try:
@@ -156,18 +158,15 @@ async def _http_error(config: FrontendConfig, error: HTTPException) -> Response:
         408: body_timeout_message(config.body_timeout),
         413: f"The request body exceeds the limit of {config.max_body_size} bytes.",
     }.get(status, error.description or reason_phrase(status))
-    response = json_response(
-        api_for_path(request.path).error_body(status, message), status, reply_ids()
-    )
+    response = await _error_reply(status, message)
     if isinstance(error, MethodNotAllowed) and error.valid_methods:
         response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
-    return await _keep_alive_safe(response)
+    return response
 
 
 async def _internal_error(error: Exception) -> Response:
     _log.exception("unhandled error on %s %s", request.method, request.path)
-    body = api_for_path(request.path).error_body(500, "Internal server error.")
-    return await _keep_alive_safe(json_response(body, 500, reply_ids()))
+    return await _error_reply(500, "Internal server error.")
 
 
 async def serve_frontend(
@@ -271,8 +270,7 @@ async def _drain(pipeline: Pipeline, grace: float) -> None:
 
 
 def _hypercorn_config(config: FrontendConfig, graceful_timeout: float) -> HypercornConfig:
-    hypercorn = HypercornConfig()
-    hypercorn.accesslog = None
+    hypercorn = HypercornConfig()  # (no access log: hypercorn's default)
     hypercorn.errorlog = logging.getLogger("dynamo_trio.frontend.http")
     hypercorn.graceful_timeout = graceful_timeout
     hypercorn.keep_alive_timeout = config.idle_timeout
