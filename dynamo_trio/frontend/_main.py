@@ -52,16 +52,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     configure_logging(config.log_level)
     index = os.environ.get(WORKER_INDEX_ENV)
-    if index is not None or config.frontend.http_workers == 1:  # a process that serves
-        # Everything imported is here for good: frozen, and out of every collection.
+    workers = config.frontend.http_workers
+    if index is not None or workers == 1:  # a process that serves: what it imported stays
         tune_memory(config.gc_threshold)
     if index is not None:  # one of --http-workers' processes
-        view = WorkerView(
-            int(index), config.frontend.http_workers, Path(os.environ[WORKERS_DIR_ENV])
-        )
+        view = WorkerView(int(index), workers, Path(os.environ[WORKERS_DIR_ENV]))
         with holding_shared(view.shared):
             run_command(parser.prog, partial(run_frontend, config, view=view))
-    elif config.frontend.http_workers > 1:
+    elif workers > 1:
         run_command(parser.prog, run_workers, config, argv)
     else:
         run_command(parser.prog, run_frontend, config)
@@ -141,8 +139,7 @@ async def _serve_private(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(view.socket_path)
     sock.setblocking(False)
-    config = HypercornConfig()
-    config.accesslog = None
+    config = HypercornConfig()  # (no access log: hypercorn's default)
     config.graceful_timeout = 1.0
     edge = Edge(
         status_routes(
