@@ -239,13 +239,11 @@ VIDEOS_MJPEG: Final = MediaApi(
     open_stream=llm.MjpegStream,
 )
 
-_ANTHROPIC_PATH: Final = "/v1/messages"
-
 
 def api_for_path(path: str) -> TextApi:
     """The API whose error shape answers a request for ``path`` that no view did:
     Anthropic's on its route, OpenAI's everywhere else."""
-    return ANTHROPIC_MESSAGES if path == _ANTHROPIC_PATH else CHAT
+    return ANTHROPIC_MESSAGES if path == "/v1/messages" else CHAT
 
 
 def edge_error_body(path: str, status: int, message: str, code: str | None = None) -> bytes:
