@@ -53,9 +53,6 @@ class StreamFaults:
     """Told ``(model, migration_type, reason)`` each time the request moves."""
 
 
-_NO_FAULT_HANDLING: Final = StreamFaults()
-
-
 def _reason(exc: BaseException) -> str:
     """The ``reason`` label of a move away from an instance that failed with ``exc``."""
     if isinstance(exc, EngineShutdown | StreamIncomplete):
@@ -81,7 +78,7 @@ class ModelRoute:
     """One of the model's cards (the first by key), for what all its cards share."""
 
     async def call(
-        self, request: Any, context: Context, faults: StreamFaults = _NO_FAULT_HANDLING
+        self, request: Any, context: Context, faults: StreamFaults = StreamFaults()
     ) -> ModelStream:
         """Send ``request`` to one of the model's instances, linked under ``context``;
         ``NoInstances``/``CannotConnect`` (503) if none is live and reachable."""
@@ -385,8 +382,6 @@ class ModelRegistry:
 
     async def _wait_for_any(self, unlisted: list[tuple[int, Client]], deadline: float) -> None:
         """Wait until one of ``unlisted`` is listed, the cards change, or ``deadline``."""
-        view = self._cards
-        version = view.version
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
 
@@ -394,6 +389,6 @@ class ModelRegistry:
                     await waiter(*args)
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(until, view.wait_changed, version)
+                nursery.start_soon(until, self._cards.wait_changed, self._cards.version)
                 for instance_id, client in unlisted:
                     nursery.start_soon(until, client.wait_for_instance, instance_id)
