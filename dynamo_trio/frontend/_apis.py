@@ -83,8 +83,7 @@ class TextBody:
         return b"".join(map(llm.encode_event, self._events.finish())) + llm.DONE
 
     def fail(self, status: int, message: str) -> bytes:
-        failure = self._events.fail(message, status=status)
-        return b"".join(map(llm.encode_error_event, failure))
+        return b"".join(map(llm.encode_error_event, self._events.fail(message, status=status)))
 
 
 class _TypedBody(TextBody):
