@@ -1,18 +1,20 @@
-"""The garbage collector's settings for a long-running serving process: the start-up
-heap frozen, and a higher youngest-generation threshold so most per-request objects
-are freed by reference counting before a collection walks them.  :func:`tune_memory`
-adds large buffers given back to the system (:mod:`._malloc`).
+"""Memory settings for a long-running serving process: the start-up heap frozen, a higher
+youngest-generation threshold so most per-request objects are freed by reference counting
+before a collection walks them, and large freed buffers given back to the system at once.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 from typing import Final
 
-from ._malloc import give_back_large_buffers
-
 DEFAULT_GEN0_THRESHOLD: Final = 10_000
 """Net container allocations between two collections of the youngest generation."""
+MMAP_THRESHOLD: Final = 1 << 20
+"""Bytes from which an allocation is a mapping of its own."""
+_M_MMAP_THRESHOLD: Final = -3  # glibc's mallopt parameter (malloc.h)
 
 
 def tune_gc(gen0_threshold: int) -> None:
@@ -28,8 +30,22 @@ def tune_gc(gen0_threshold: int) -> None:
     gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
+def give_back_large_buffers() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD`, which otherwise rises to each
+    large mapping freed (moving later buffers to a heap that rarely shrinks); whether it
+    could be set."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt), or no libc found
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 def tune_memory(gen0_threshold: int) -> None:
-    """:func:`tune_gc`, and freed request bodies of many MiB given back at once
-    (:func:`give_back_large_buffers`): once, before the frontend or the mocker serves."""
+    """:func:`tune_gc` and :func:`give_back_large_buffers`: once, before the frontend or
+    the mocker serves."""
     tune_gc(gen0_threshold)
     give_back_large_buffers()

@@ -9,7 +9,7 @@ import pytest
 
 CHILD = """
 import gc, sys
-from dynamo_trio._malloc import give_back_large_buffers
+from dynamo_trio._gc import give_back_large_buffers
 
 def rss_kib():
     for line in open("/proc/self/status"):
