@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import socket
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
@@ -44,11 +44,11 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
     """Bound (not yet listening) TCP sockets for ``host:port`` strings (``[v6]:port``),
     with ``SO_REUSEPORT`` if ``reuse_port``; ``CannotServe`` if one cannot be bound."""
     sockets: list[socket.socket] = []
-    try:
+    with ExitStack() as opened:  # all closed if one fails
         for bind in binds:
             host, port = parse_address(bind)
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = opened.enter_context(socket.socket(family, socket.SOCK_STREAM))
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if reuse_port:
@@ -58,10 +58,7 @@ def listen_sockets(binds: list[str], *, reuse_port: bool = False) -> list[socket
             except OSError as exc:
                 raise CannotServe(f"cannot listen on {bind}: {exc.strerror or exc}") from exc
             sock.setblocking(False)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
+        opened.pop_all()
     return sockets
 
 
@@ -117,13 +114,12 @@ async def serve_http(
     async def handle(stream: trio.SocketStream) -> None:
         context = open_streams[stream] = WorkerContext(None)
         try:
-            if peer_options and stream.socket.family in (socket.AF_INET, socket.AF_INET6):
-                with suppress(OSError):  # already reset by the peer: hypercorn finds out at once
-                    for level, option, value in peer_options:
-                        stream.socket.setsockopt(level, option, value)
+            with suppress(OSError):  # not TCP, or already reset (hypercorn finds out at once)
+                for level, option, value in peer_options:
+                    stream.socket.setsockopt(level, option, value)
             if shutting_down:
                 await context.terminated.set()
-            ordered = _OrderedSends(stream, stream.socket, on_eof=context.terminated.set)
+            ordered = _OrderedSends(stream, stream.socket, context)
             await _serve_connection(wrapped, config, context, lifespan_state, ordered, guard)
         finally:
             del open_streams[stream]
@@ -131,21 +127,18 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners = []
-        binds = []
         for sock in sockets:
             sock.listen(config.backlog)
-            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
-            _log.debug("listening on %s", binds[-1])
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+        binds = [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in sockets]
+        _log.debug("listening on %s", ", ".join(binds))
         async with trio.open_nursery() as closer:
             async with trio.open_nursery() as connections:
+                serve = partial(
+                    trio.serve_listeners, handle, listeners, handler_nursery=connections
+                )
                 async with trio.open_nursery() as accepting:
-                    accepting.start_soon(
-                        partial(
-                            trio.serve_listeners, handle, listeners, handler_nursery=connections
-                        )
-                    )
+                    accepting.start_soon(serve)
                     task_status.started(binds)
                     await shutdown_trigger()
                     accepting.cancel_scope.cancel()  # closes the listeners
@@ -171,7 +164,7 @@ async def serve_stream(
     """Serve the one HTTP connection ``stream`` carries (any trio stream) until it ends,
     as :func:`serve_http` serves each of its own; no lifespan, the peer is ``127.0.0.1``."""
     context = WorkerContext(None)
-    ordered = _OrderedStreamSends(stream, _NoSocket(), on_eof=context.terminated.set)
+    ordered = _OrderedStreamSends(stream, _NoSocket(), context)
     guard = partial(GuardedProtocol, cleartext_http2=cleartext_http2, max_resets=http2_max_resets)
     await _serve_connection(ASGIWrapper(app), config, context, {}, ordered, guard)
 
@@ -226,15 +219,15 @@ class _Connection(TCPServer):
     and writes that skip its send lock (:class:`_OrderedSends` keeps them whole and in
     order) and the empty one that ends a body of declared length."""
 
+    _guarded: GuardedProtocol
+
     def __init__(self, *args: Any, guard: Callable[[ProtocolWrapper], GuardedProtocol]) -> None:
         self._guard = guard
-        self._guarded: GuardedProtocol | None = None
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # hypercorn's interface
 
     @property  # type: ignore[override]  # hypercorn's attribute, guarded (see ._guard)
     def protocol(self) -> GuardedProtocol:
-        assert self._guarded is not None
         return self._guarded
 
     @protocol.setter
@@ -264,6 +257,7 @@ class _Connection(TCPServer):
                 await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
+        self._task_group.spawn(self.idle_task.watch)  # type: ignore[attr-defined]
         try:
             await super()._read_data()
         finally:
@@ -272,29 +266,25 @@ class _Connection(TCPServer):
 
 @final
 class _IdleTimer:
-    """The idle timer of a :class:`_Connection` (``restart``/``stop``: hypercorn's
-    ``TrioSingleTask`` interface): idle from ``restart``, busy from ``stop``."""
+    """The idle timer of a :class:`_Connection`, one task (:meth:`watch`) for all its requests
+    (``restart``/``stop``: hypercorn's ``TrioSingleTask`` interface): idle from ``restart``,
+    busy from ``stop``."""
 
-    __slots__ = ("_connection", "_deadline", "_done", "_idle", "_sleep", "_terminated", "_watching")
+    __slots__ = ("_connection", "_deadline", "_done", "_idle", "_sleep")
 
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
         self._idle = False
         self._deadline = math.inf
         self._sleep: trio.CancelScope | None = None
-        self._terminated = False
-        self._watching = False
         self._done = False
 
     async def restart(self, task_group: Any, action: object) -> None:
-        """The connection is idle from now (``action``, hypercorn's, is not used)."""
+        """The connection is idle from now (hypercorn's arguments are not used)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._idle = True
         self._move(trio.current_time() + self._connection.config.keep_alive_timeout)
-        if not self._watching and not self._done:
-            self._watching = True
-            task_group.spawn(self._watch)
-        elif self._terminated and self._sleep is not None:
+        if self._connection.context.terminated.is_set() and self._sleep is not None:
             self._sleep.cancel()  # terminated while busy: close now that it is idle
 
     async def stop(self) -> None:
@@ -315,19 +305,19 @@ class _IdleTimer:
         if self._sleep is not None:
             self._sleep.deadline = deadline  # no wake-up: trio just files the new deadline
 
-    async def _watch(self) -> None:
+    async def watch(self) -> None:
+        """Close the connection once it is idle past its deadline, or idle and terminated."""
         terminated = self._connection.context.terminated
         while not self._done:
             with trio.CancelScope(deadline=self._deadline) as self._sleep:
-                if self._terminated:
+                if terminated.is_set():
                     await trio.sleep_forever()
                 else:
                     await terminated.wait()
-                    self._terminated = True
             self._sleep = None
             if self._done:
                 return
-            if self._idle and (self._terminated or trio.current_time() >= self._deadline):
+            if self._idle and (terminated.is_set() or trio.current_time() >= self._deadline):
                 with trio.CancelScope(shield=True):
                     await self._connection._initiate_server_close()
                 return
@@ -365,8 +355,7 @@ class ConnectionGone:
     def fire(self) -> None:
         """The client has ended the connection: run the callbacks (idempotent)."""
         self.gone = True
-        callbacks = tuple(self._callbacks)
-        self._callbacks.clear()
+        callbacks, self._callbacks = self._callbacks, {}
         for callback in callbacks:
             _run(callback)
 
@@ -388,18 +377,18 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     """A socket stream whose sends are whole and in order.  A ``send_eof`` (which hypercorn
     calls without its send lock) during a ``send_all`` is refused at once with the
     ``BusyResourceError`` hypercorn ignores: the send may be blocked on a client that reads
-    nothing, and the ``aclose`` after the EOF is what unblocks it."""
+    nothing, and the ``aclose`` after the EOF is what unblocks it.  The client's EOF sets the
+    ``context``'s "terminated": the connection closes once idle."""
 
     def __init__(
         self,
         stream: trio.abc.HalfCloseableStream,
         socket: Any,
-        *,
-        on_eof: Callable[[], Awaitable[None]] | None = None,
+        context: WorkerContext | None = None,
     ) -> None:
         self._stream = stream
         self._sending = trio.StrictFIFOLock()
-        self._on_eof = on_eof
+        self._context = context
         self.socket = socket  # hypercorn reads the peer's address from it
         self.gone: Final = ConnectionGone()
         """Told, by the reading task, the moment the client ends the connection."""
@@ -452,8 +441,8 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
             raise
         if not data:
             self.gone.fire()
-            if self._on_eof is not None:
-                await self._on_eof()
+            if self._context is not None:
+                await self._context.terminated.set()
         return data
 
     async def aclose(self) -> None:
