@@ -59,9 +59,7 @@ class ParsedTraceParent:
 
 def parse_traceparent(value: str | None) -> ParsedTraceParent | None:
     """The fields of a W3C ``traceparent`` header, or ``None`` if it is absent or invalid."""
-    if value is None:
-        return None
-    value = value.strip(_OWS)
+    value = (value or "").strip(_OWS)
     match = _TRACEPARENT_RE.match(value)
     if match is None:
         return None
@@ -179,14 +177,9 @@ class RequestIds:
 
 
 def _given(header: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not is_valid_request_id(value):
-        raise InvalidRequestId(
-            header,
-            f"{header} must be 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters "
-            "without spaces.",
-        )
+    if value is not None and not is_valid_request_id(value):
+        limits = f"1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters without spaces"
+        raise InvalidRequestId(header, f"{header} must be {limits}.")
     return value
 
 
