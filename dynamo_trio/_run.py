@@ -10,8 +10,6 @@ import argparse
 import contextlib
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,10 +49,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--workers must be at least 1")
     # The flags reach this process and every child through the environment.
     os.environ.update({"DYN_DISCOVERY_BACKEND": "file", **flag_environment(args)})
-    kv = None  # the embedded file discovery's directory, when it is ours to remove
-    if "DYN_FILE_KV" not in os.environ:
-        kv = os.environ["DYN_FILE_KV"] = tempfile.mkdtemp(prefix="dynamo-trio-kv-")
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if "DYN_FILE_KV" not in os.environ:  # the embedded file discovery's, removed at the end
+            kv = tempfile.TemporaryDirectory(prefix="dynamo-trio-kv-", ignore_cleanup_errors=True)
+            os.environ["DYN_FILE_KV"] = cleanup.enter_context(kv)
         try:
             config = Config.from_env()
         except ValueError as exc:  # an invalid DYN_* value or combination of settings
@@ -67,9 +65,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         tune_memory(config.gc_threshold)  # this process is the frontend (or its supervisor)
         models = {getattr(args, name) for name in served}
         run_command(parser.prog, _run_all, config, worker, args.workers, models)
-    finally:
-        if kv is not None:
-            shutil.rmtree(kv, ignore_errors=True)
 
 
 async def _run_all(config: Config, worker: list[str], workers: int, models: set[str]) -> None:
@@ -110,12 +105,10 @@ async def _announce_ready(url: str, models: set[str]) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=5.0) as http:
         with trio.move_on_after(READY_TIMEOUT):
             while True:
-                try:
-                    listed = {
-                        model["id"] for model in (await http.get("/v1/models")).json()["data"]
-                    }
-                except (httpx.HTTPError, ValueError, LookupError, TypeError):
-                    listed = set()
+                listed: set[str] = set()
+                with contextlib.suppress(httpx.HTTPError, ValueError, LookupError, TypeError):
+                    reply = (await http.get("/v1/models")).json()
+                    listed = {model["id"] for model in reply["data"]}
                 if models <= listed:
                     print(f"dynamo-trio ready: {', '.join(sorted(models))} at {url}", flush=True)
                     return
@@ -129,12 +122,10 @@ async def _announce_ready(url: str, models: set[str]) -> None:
 
 async def _stop_workers(processes: list[trio.Process], grace: float) -> None:
     for process in processes:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
+        process.terminate()  # (one that has exited is not signalled)
     with trio.move_on_after(grace):
         for process in processes:
             await process.wait()
     for process in processes:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        process.kill()
+        await process.wait()
