@@ -77,12 +77,11 @@ async def serve_status(
         except Exception:
             _log.exception("health callback failed; reporting notready")
             status = StatusReport(ready=False)
-        payload = {
+        return (200 if status.ready else 503), {
             "status": _readiness(status.ready),
             "uptime": round(time.monotonic() - started_at, 3),
             "endpoints": {name: _readiness(ok) for name, ok in status.endpoints.items()},
         }
-        return (200 if status.ready else 503), payload
 
     hc = HypercornConfig()
     hc.accesslog = None

@@ -28,6 +28,7 @@ MODELS: Final = (
     ("speech_model_name", "mock-speech", "an audio speech model to serve (a WAV or PCM tone)"),
 )
 """Each model a mock worker may serve: its argument, ``run``'s name for it, and what it is."""
+_ENGINE_FIELDS: Final = dataclasses.fields(MockerSettings)
 
 
 def _flag(name: str) -> str:
@@ -39,7 +40,7 @@ def add_mocker_flags(parser: argparse.ArgumentParser, *, named: bool) -> None:
     for name, model, doc in MODELS:
         parser.add_argument(_flag(name), default=model if named else None, help=doc)
     group = parser.add_argument_group("mock engine settings (MockerSettings)")
-    for item in dataclasses.fields(MockerSettings):
+    for item in _ENGINE_FIELDS:
         help_text = f"MockerSettings.{item.name} (default {item.default})"
         group.add_argument(
             _flag(item.name), type=type(item.default), default=item.default, help=help_text
@@ -49,7 +50,7 @@ def add_mocker_flags(parser: argparse.ArgumentParser, *, named: bool) -> None:
 def mocker_argv(args: argparse.Namespace, models: Sequence[str]) -> list[str]:
     """The flags of a mocker serving ``models`` with the engine settings in ``args``."""
     argv: list[str] = []
-    for name in (*models, *(item.name for item in dataclasses.fields(MockerSettings))):
+    for name in (*models, *(item.name for item in _ENGINE_FIELDS)):
         argv += [_flag(name), str(getattr(args, name))]
     return argv
 
@@ -69,9 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"give one of {', '.join(_flag(name) for name, _, _ in MODELS)}")
     try:
         config = config_from_args(args)
-        engine = MockerSettings(
-            **{item.name: getattr(args, item.name) for item in dataclasses.fields(MockerSettings)}
-        )
+        engine = MockerSettings(**{item.name: getattr(args, item.name) for item in _ENGINE_FIELDS})
     except ValueError as exc:
         parser.error(str(exc))
     tune_memory(config.gc_threshold)
