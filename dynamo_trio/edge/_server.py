@@ -276,7 +276,7 @@ class _IdleTimer:
         self._connection = connection
         self._idle = False
         self._deadline = math.inf
-        self._sleep: trio.CancelScope | None = None
+        self._sleep = trio.CancelScope()  # the watch's current sleep (none yet: a spare one)
         self._done = False
 
     async def restart(self, task_group: Any, action: object) -> None:
@@ -284,7 +284,7 @@ class _IdleTimer:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._idle = True
         self._move(trio.current_time() + self._connection.config.keep_alive_timeout)
-        if self._connection.context.terminated.is_set() and self._sleep is not None:
+        if self._connection.context.terminated.is_set():
             self._sleep.cancel()  # terminated while busy: close now that it is idle
 
     async def stop(self) -> None:
@@ -297,30 +297,25 @@ class _IdleTimer:
     def finish(self) -> None:
         """The connection stopped reading: the watch ends (hypercorn closes the rest)."""
         self._done = True
-        if self._sleep is not None:
-            self._sleep.cancel()
+        self._sleep.cancel()
 
     def _move(self, deadline: float) -> None:
         self._deadline = deadline
-        if self._sleep is not None:
-            self._sleep.deadline = deadline  # no wake-up: trio just files the new deadline
+        self._sleep.deadline = deadline  # no wake-up: trio just files the new deadline
 
     async def watch(self) -> None:
         """Close the connection once it is idle past its deadline, or idle and terminated."""
         terminated = self._connection.context.terminated
         while not self._done:
+            if self._idle and (terminated.is_set() or trio.current_time() >= self._deadline):
+                with trio.CancelScope(shield=True):
+                    await self._connection._initiate_server_close()
+                return
             with trio.CancelScope(deadline=self._deadline) as self._sleep:
                 if terminated.is_set():
                     await trio.sleep_forever()
                 else:
                     await terminated.wait()
-            self._sleep = None
-            if self._done:
-                return
-            if self._idle and (terminated.is_set() or trio.current_time() >= self._deadline):
-                with trio.CancelScope(shield=True):
-                    await self._connection._initiate_server_close()
-                return
 
 
 CONNECTION_GONE: Final = "dynamo_trio.connection_gone"
