@@ -58,9 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as exc:  # an invalid DYN_* value or combination of settings
             parser.error(str(exc))
         configure_logging(config.log_level)
-        served = [name for name, _, _ in MODELS if name != "tensor_model_name"]
-        if config.frontend.kserve_grpc_port is not None:
-            served.append("tensor_model_name")
+        kserve = config.frontend.kserve_grpc_port is not None  # the tensor model's only client
+        served = [name for name, _, _ in MODELS if kserve or name != "tensor_model_name"]
         worker = [sys.executable, "-m", "dynamo_trio.mocker", *mocker_argv(args, served)]
         tune_memory(config.gc_threshold)  # this process is the frontend (or its supervisor)
         models = {getattr(args, name) for name in served}

@@ -77,9 +77,8 @@ def dead_peer_options(timeout: float) -> list[tuple[int, int, int]]:
         ("TCP_KEEPCNT", count),
         ("TCP_USER_TIMEOUT", max(1, round(timeout * 1000))),
     ):
-        option = getattr(socket, name, None)
-        if option is not None:
-            options.append((socket.IPPROTO_TCP, option, value))
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     return options
 
 
@@ -372,8 +371,7 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     """A socket stream whose sends are whole and in order.  A ``send_eof`` (which hypercorn
     calls without its send lock) during a ``send_all`` is refused at once with the
     ``BusyResourceError`` hypercorn ignores: the send may be blocked on a client that reads
-    nothing, and the ``aclose`` after the EOF is what unblocks it.  The client's EOF sets the
-    ``context``'s "terminated": the connection closes once idle."""
+    nothing, and the ``aclose`` after the EOF is what unblocks it."""
 
     def __init__(
         self,
@@ -383,7 +381,7 @@ class _OrderedSends(trio.abc.HalfCloseableStream):
     ) -> None:
         self._stream = stream
         self._sending = trio.StrictFIFOLock()
-        self._context = context
+        self._context = context  # the client's EOF sets its "terminated": closed once idle
         self.socket = socket  # hypercorn reads the peer's address from it
         self.gone: Final = ConnectionGone()
         """Told, by the reading task, the moment the client ends the connection."""
