@@ -58,9 +58,7 @@ def _check_headers(headers: Any) -> None:
         )
     for name, value in headers.items():
         if type(name) is not str or not 1 <= len(name) <= MAX_HEADER_NAME_LENGTH:
-            raise _invalid(
-                "headers", f"names of 1 to {MAX_HEADER_NAME_LENGTH} characters", name, "a name"
-            )
+            raise _invalid("headers", f"names of 1 to {MAX_HEADER_NAME_LENGTH} characters", name)
         if type(value) is not str or len(value) > MAX_HEADER_VALUE_LENGTH:
             raise _invalid(
                 f"headers[{_short(name)}]",
@@ -69,8 +67,8 @@ def _check_headers(headers: Any) -> None:
             )
 
 
-def _invalid(field: str, expected: str, value: Any, what: str = "") -> InvalidArgument:
-    got = what or _short(value)
+def _invalid(field: str, expected: str, value: Any) -> InvalidArgument:
+    got = _short(value)
     return InvalidArgument(f"invalid request frame: `{field}` must be {expected} (got {got})")
 
 
@@ -85,7 +83,7 @@ _Link = tuple["_Link | None", str | int] | None  # (parent link, key): a path, b
 
 
 def json_problem(value: Any) -> str | None:
-    """Why ``value`` is not JSON-like (naming the first offending path), or ``None`` if it is;
+    """Why ``value`` is not JSON-like (naming an offending path), or ``None`` if it is;
     iterative and linear in the size of the value, however deep."""
     if type(value) in _SCALARS:
         return None
@@ -93,27 +91,14 @@ def json_problem(value: Any) -> str | None:
     while stack:
         node, link = stack.pop()
         kind = type(node)
-        if kind is dict:
-            children = node.items()
-        elif kind is list:
-            children = enumerate(node)
-        else:
-            return _bad(node, link)
-        for key, child in children:
+        if kind is not dict and kind is not list:
+            return f"must be JSON-like: {_path(link)} is a {kind.__name__}"
+        for key, child in node.items() if kind is dict else enumerate(node):
             if kind is dict and type(key) is not str:
                 return f"must be JSON-like: a map key at {_path(link)} is {_short(key)}"
-            child_kind = type(child)
-            if child_kind in _SCALARS:
-                continue
-            if child_kind is dict or child_kind is list:
+            if type(child) not in _SCALARS:
                 stack.append((child, (link, key)))
-            else:
-                return _bad(child, (link, key))
     return None
-
-
-def _bad(value: Any, link: _Link) -> str:
-    return f"must be JSON-like: {_path(link)} is a {type(value).__name__}"
 
 
 def _path(link: _Link) -> str:
