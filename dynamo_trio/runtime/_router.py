@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
@@ -35,7 +36,7 @@ class _Resting:
     """A target out of rotation until (``time.monotonic()``) a probe may try it again."""
 
     until: float
-    failures: int = 1  # in a row: the first, then each failed probe
+    failures: int  # in a row: the first, then each failed probe
     probing: bool = False
 
 
@@ -133,26 +134,28 @@ class Router:
 
     def failed(self, target: Target, reason: str, *, expected: bool = False) -> None:
         """Take ``target`` out of rotation (once per event: a no-op while it is out)."""
-        now = time.monotonic()
         resting = self._resting.get(target)
-        if resting is not None and (resting.probing or resting.until > now):
+        if resting is not None and (resting.probing or resting.until > time.monotonic()):
             return  # every stream of a lost connection fails at once: one event
-        failures = 1 if resting is None else resting.failures + 1
         log = _log.info if expected else _log.warning
         log("instance %x of %s taken out of rotation: %s", target[1], target[0], reason)
-        self._resting[target] = _Resting(now + _rest_for(failures), failures)
+        self._rest(target, 1 if resting is None else resting.failures + 1)
 
     def connected(self, target: Target) -> None:
         """A connection to ``target`` was made: it is in rotation."""
         if self._resting.pop(target, None) is not None:
             _log.info("instance %x of %s back in rotation", target[1], target[0])
 
+    def _rest(self, target: Target, failures: int) -> float:
+        """Rest ``target`` after ``failures`` failures in a row (doubling each time); how long."""
+        rest = min(_DOWN_FOR * 2.0 ** min(failures - 1, 16), _MAX_DOWN_FOR)
+        self._resting[target] = _Resting(time.monotonic() + rest, failures)
+        return rest
+
     def _start_probe(self, target: Target, address: str, resting: _Resting) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the runtime is closing
             self._nursery().start_soon(self._probe, target, address, name=f"probe {address}")
-        except RuntimeError:
-            return  # the runtime is closing
-        resting.probing = True
+            resting.probing = True
 
     async def _probe(self, target: Target, address: str) -> None:
         """Try to connect to a resting target: back in rotation, or rest longer."""
@@ -163,17 +166,11 @@ class Router:
             resting = self._resting.get(target)
             if resting is None:
                 return  # it came back (or left discovery) meanwhile
-            resting.failures += 1
-            resting.until, resting.probing = time.monotonic() + _rest_for(resting.failures), False
+            rest = self._rest(target, resting.failures + 1)
             _log.info(
                 "instance %x of %s still unreachable (%s); next try in %.0fs",
                 target[1],
                 target[0],
                 exc,
-                resting.until - time.monotonic(),
+                rest,
             )
-
-
-def _rest_for(failures: int) -> float:
-    """How long a target rests out of rotation after ``failures`` failures in a row."""
-    return min(_DOWN_FOR * 2.0 ** min(failures - 1, 16), _MAX_DOWN_FOR)
