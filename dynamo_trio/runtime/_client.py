@@ -398,10 +398,17 @@ class Client:
         context: Context | None,
         to: RouterMode | int,
     ) -> ResponseStream:
-        """Send where the router chooses in mode ``to``, or to the instance ``to``."""
-        if context is not None and context.is_stopped():
+        """Send where the router chooses in mode ``to``, or to the instance ``to``, under a child
+        of ``context`` in its trace (else the current request's)."""
+        if context is None:
+            child = Context(trace=_current_trace())
+        elif context.is_stopped():
             return stream_type(Context(context.id()), None, instance_id=None)
-        child = self._child_context(context)
+        else:
+            metadata = context.metadata.copy()
+            check_metadata(metadata)
+            child = Context(context.id(), metadata, trace=context.trace or _current_trace())
+            context.link_child(child)
         addresses: dict[Target, str] = {}
 
         async def targets() -> dict[Target, str]:
@@ -409,14 +416,36 @@ class Client:
             return addresses
 
         async def send(target: Target) -> ResponseStream:
-            return await self._send(request, stream_type, child, target, addresses[target])
+            instance_id = target[1]
+            try:
+                connection = await self._connect(addresses[target])
+            except CannotConnect as exc:
+                self._router.failed(target, str(exc))
+                raise
+            self._router.connected(target)
+            if child.is_stopped():
+                return stream_type(child, None, instance_id=None)
+            child.attributes.update(endpoint=self._path, instance=f"{instance_id:x}")
+            remaining = child.time_remaining()
+            try:
+                stream = connection.open_stream(
+                    endpoint=self._path,
+                    instance_id=instance_id,
+                    request_id=child.id(),
+                    payload=request,
+                    timeout=None if remaining is None or math.isinf(remaining) else remaining,
+                    headers=request_headers(child.trace, child.metadata.copy()),
+                )
+            except (Disconnected, EngineShutdown) as exc:
+                self._router.failed(target, str(exc))
+                raise CannotConnect(str(exc)) from None
+            on_lost = functools.partial(self._router.failed, target)
+            return stream_type(child, stream, instance_id=instance_id, on_lost=on_lost)
 
-        try:
+        try:  # on any error, the call is over: finish its context
             if isinstance(to, int):
-                instance = self._instances().get(to)
-                if instance is None:
+                if (self._path, to) not in await targets():
                     raise NoInstances(f"no instance {to:x} serves {self._path}")
-                addresses[self._path, to] = instance.address
                 return await send((self._path, to))
             return await self._router.send(
                 targets,
@@ -430,51 +459,6 @@ class Client:
         except BaseException:
             child.finish()
             raise
-
-    def _child_context(self, parent: Context | None) -> Context:
-        """The call's context, under ``parent`` and in its trace (else the current request's)."""
-        if parent is None:
-            return Context(trace=_current_trace())
-        metadata = parent.metadata.copy()
-        check_metadata(metadata)
-        child = Context(parent.id(), metadata, trace=parent.trace or _current_trace())
-        parent.link_child(child)
-        return child
-
-    async def _send(
-        self,
-        request: Any,
-        stream_type: type[ResponseStream],
-        child: Context,
-        target: Target,
-        address: str,
-    ) -> ResponseStream:
-        """Open the call's stream on ``target`` (the caller finishes ``child`` on an error)."""
-        instance_id = target[1]
-        try:
-            connection = await self._connect(address)
-        except CannotConnect as exc:
-            self._router.failed(target, str(exc))
-            raise
-        self._router.connected(target)
-        if child.is_stopped():
-            return stream_type(child, None, instance_id=None)
-        child.attributes.update(endpoint=self._path, instance=f"{instance_id:x}")
-        remaining = child.time_remaining()
-        try:
-            stream = connection.open_stream(
-                endpoint=self._path,
-                instance_id=instance_id,
-                request_id=child.id(),
-                payload=request,
-                timeout=None if remaining is None or math.isinf(remaining) else remaining,
-                headers=request_headers(child.trace, child.metadata.copy()),
-            )
-        except (Disconnected, EngineShutdown) as exc:
-            self._router.failed(target, str(exc))
-            raise CannotConnect(str(exc)) from None
-        on_lost = functools.partial(self._router.failed, target)
-        return stream_type(child, stream, instance_id=instance_id, on_lost=on_lost)
 
 
 def _stream_type(annotated: object) -> type[ResponseStream]:
