@@ -14,7 +14,6 @@ MAX_WINDOW: Final = 1 << 24  # the largest initial credit window a stream may as
 MAX_CREDIT: Final = 1 << 32  # the most credits a stream may hold (more: a protocol error)
 MAX_NAME_LENGTH: Final = 4096
 
-_UINT64_LIMIT: Final = 1 << 64
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
@@ -22,7 +21,7 @@ def validate_request(raw: RawRequest) -> Request:
     """The checked :class:`Request` for ``raw`` (InvalidArgument naming the first bad field)."""
     endpoint = _name("endpoint", raw.endpoint)
     instance_id = raw.instance_id
-    if type(instance_id) is not int or not 0 <= instance_id < _UINT64_LIMIT:
+    if type(instance_id) is not int or not 0 <= instance_id < 2**64:
         raise _invalid("instance_id", "an integer in 0 .. 2**64-1", instance_id)
     request_id = _name("request_id", raw.request_id)
     window = raw.window
@@ -60,11 +59,8 @@ def _check_headers(headers: Any) -> None:
         if type(name) is not str or not 1 <= len(name) <= MAX_HEADER_NAME_LENGTH:
             raise _invalid("headers", f"names of 1 to {MAX_HEADER_NAME_LENGTH} characters", name)
         if type(value) is not str or len(value) > MAX_HEADER_VALUE_LENGTH:
-            raise _invalid(
-                f"headers[{_short(name)}]",
-                f"a string of at most {MAX_HEADER_VALUE_LENGTH} characters",
-                value,
-            )
+            expected = f"a string of at most {MAX_HEADER_VALUE_LENGTH} characters"
+            raise _invalid(f"headers[{_short(name)}]", expected, value)
 
 
 def _invalid(field: str, expected: str, value: Any) -> InvalidArgument:
