@@ -28,8 +28,6 @@ upper-cased, but for the floats)."""
 
 _DYNAMO_DATA_TYPES: Final = frozenset(TENSOR_DATA_TYPES.values())
 
-_MAX_INSTANCE_ID = 2**63 - 1
-
 
 class InvalidRecord(DiscoveryError, ValueError):
     """A discovery value could not be decoded into the expected record."""
@@ -44,7 +42,7 @@ def _check_segments(**segments: str) -> None:
 
 
 def _check_instance_id(instance_id: int) -> None:
-    if not 0 < instance_id <= _MAX_INSTANCE_ID:
+    if not 0 < instance_id < 2**63:
         raise ValueError(f"instance_id must be a positive 63-bit integer, not {instance_id}")
 
 
