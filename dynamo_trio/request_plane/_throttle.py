@@ -6,10 +6,10 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
 import trio
+from trio.lowlevel import ParkingLot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,12 +26,6 @@ def source_key(host: str) -> str:
     return str(address)
 
 
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    key: str
-    wakeup: trio.Event = field(default_factory=trio.Event)
-
-
 @final
 class AuthTurns:
     """Whose proof is judged next, and when: failures at most 16 per ``penalty`` seconds in
@@ -41,36 +35,23 @@ class AuthTurns:
         self.interval: Final = penalty / 16
         self.burst: Final = burst
         self._due = -math.inf  # when the pace would allow the next failure, bursts aside
-        self._sources: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self._sources: OrderedDict[str, deque[ParkingLot]] = OrderedDict()  # waiters by source
         self.failures = 0  # judged so far
 
     def __len__(self) -> int:  # connections waiting for their turn
         return sum(len(waiting) for waiting in self._sources.values())
 
-    def _head(self) -> _Waiter | None:
+    def _head(self) -> ParkingLot | None:
         return next((waiting[0] for waiting in self._sources.values()), None)
-
-    def _leave(self, waiter: _Waiter) -> None:
-        waiting = self._sources.get(waiter.key)
-        if waiting is None or waiter not in waiting:
-            return
-        was_head = self._head() is waiter
-        waiting.remove(waiter)
-        if not waiting:
-            del self._sources[waiter.key]
-        if was_head:
-            self._wake_head()
-
-    def _wake_head(self) -> None:
-        if (head := self._head()) is not None:
-            head.wakeup.set()
 
     async def judge(self, key: str, verdict: Callable[[], bool], *, deadline: float) -> bool | None:
         """Wait for ``key``'s turn until ``deadline``, then return ``verdict()`` (called once,
         with no checkpoint before it); ``None`` if no turn came in time.  A failed verdict
         spends a turn; a successful one does not."""
-        waiter = _Waiter(key)
-        self._sources.setdefault(key, deque()).append(waiter)
+        waiter = ParkingLot()  # unparked when it becomes the head
+        waiting = self._sources.setdefault(key, deque())
+        waiting.append(waiter)
+        judged: bool | None = None
         try:
             while True:
                 now = trio.current_time()
@@ -79,20 +60,22 @@ class AuthTurns:
                     # When the next failure may be judged (a burst may come early).
                     free_at = self._due - (self.burst - 1) * self.interval
                     if now >= free_at:
-                        self._leave(waiter)
                         judged = verdict()
                         if not judged:
                             self._due = max(self._due, now) + self.interval
                             self.failures += 1
-                        if key in self._sources:  # its next connection waits its turn again
-                            self._sources.move_to_end(key)
-                        self._wake_head()
                         return judged
                     wake_at = min(deadline, free_at)
                 if now >= deadline:
                     return None
-                waiter.wakeup = trio.Event()
                 with trio.move_on_at(wake_at):
-                    await waiter.wakeup.wait()
+                    await waiter.park()
         finally:
-            self._leave(waiter)
+            was_head = self._head() is waiter
+            waiting.remove(waiter)
+            if not waiting:
+                del self._sources[key]
+            elif judged is not None:  # its next connection waits its turn again
+                self._sources.move_to_end(key)
+            if was_head and (head := self._head()) is not None:
+                head.unpark()
