@@ -60,10 +60,9 @@ class ClientStream:
         self._wakeup: trio.Event | None = None
         self._refill_at = max(1, window // 2)
         self._consumed = self._since_checkpoint = 0
-        self._killed = self._stopping = self._discarding = False
+        self._killed = self._stopping = self._discarding = self._nudged = False
         self._lost: str | None = None
         self.done = False  # no more items will come (terminal frame consumed, killed, or lost)
-        self._nudged = False
 
     def _deliver(self, frame: Item | End | Error) -> None:
         if self._discarding:
@@ -275,17 +274,10 @@ class ClientConnection:
         window = self._config.stream_window
         sid = protocol.next_sid()
         request = Request(sid, endpoint, instance_id, request_id, payload, window, timeout, headers)
-        stream = ClientStream(self, sid, window)
-        self._streams[sid] = stream  # first: a failed write's loss must reach it too
-        try:
-            sent = connection.send(request, at_once=True)
-        except BaseException:
-            self._streams.pop(sid, None)
-            raise
-        if not sent or connection.closed:
-            self._streams.pop(sid, None)
+        if not connection.send(request, at_once=True) or connection.closed:
             reason = connection.close_reason or "closed"
             raise Disconnected(f"connection to {self.address} is closed: {reason}")
+        stream = self._streams[sid] = ClientStream(self, sid, window)
         return stream
 
     def streams(self) -> list[ClientStream]:
@@ -390,8 +382,7 @@ class ConnectionPool:
             await connection.run()
 
     async def _connect(self, address: str) -> ClientConnection:
-        """A connection to ``address`` past TLS and the handshake (raises only
-        :class:`CannotConnect` or ``trio.Cancelled``)."""
+        """A connection past TLS and the handshake (raises only CannotConnect or Cancelled)."""
         config = self._config
         protocol = ProtocolConnection(
             Role.CLIENT,
