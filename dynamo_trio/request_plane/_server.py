@@ -88,8 +88,7 @@ class ServerStream:
 
     @property
     def task_nursery(self) -> trio.Nursery:
-        """The nursery this stream's task runs in (no cancel scope between it and the
-        handler): it can host the request's helper tasks."""
+        """The nursery of this stream's task (no cancel scope in between): for its helper tasks."""
         nursery = self._session._nursery
         assert nursery is not None
         return nursery
@@ -273,8 +272,7 @@ class _Session:
             why += " deadline (failed authentications are paced)"
             limited_log.warning("auth-throttled", why, self.peer)
         elif not verdict:
-            why = "connection from %s: authentication failed"
-            why += " (missing or wrong request-plane token)"
+            why = "connection from %s: authentication failed (missing or wrong request-plane token)"
             limited_log.warning("auth-failed", why, self.peer)
 
     def _connection_lost(self, reason: str) -> None:
@@ -288,15 +286,14 @@ class _Session:
         for frame in frames:
             if isinstance(frame, Request):
                 self._open_stream(frame)
-            elif isinstance(frame, Control | Credit) and (served := self.streams.get(frame.sid)):
-                if isinstance(frame, Control):
-                    served._apply_control(frame)
-                else:
-                    served._wake()
+            elif isinstance(frame, Control) and (served := self.streams.get(frame.sid)):
+                served._apply_control(frame)
+            elif isinstance(frame, Credit) and (served := self.streams.get(frame.sid)):
+                served._wake()
 
     def _open_stream(self, frame: Request) -> None:
-        connection = self.connection
-        assert connection is not None and self._nursery is not None
+        connection, nursery = self.connection, self._nursery
+        assert connection is not None and nursery is not None
         try:
             stream = ServerStream(self, connection, frame)
         except Exception as exc:
@@ -306,11 +303,10 @@ class _Session:
             connection.send(Error(frame.sid, Unknown.error_type, "the worker could not start it"))
             return
         self.streams[frame.sid] = stream
-        self._nursery.start_soon(self._serve_stream, stream, name=f"stream {frame.sid}")
+        nursery.start_soon(self._serve_stream, stream, name=f"stream {frame.sid}")
 
     async def _serve_stream(self, stream: ServerStream) -> None:
-        """Run the handler for one stream; whatever escapes it ends that stream only
-        (contain(), written out: this runs once per request)."""
+        """Run the handler; whatever escapes it ends this stream only (contain(), written out)."""
         try:
             await self.server.handler(stream)
         except BaseException as exc:
@@ -359,7 +355,7 @@ class RequestPlaneServer:
         self._sessions: set[_Session] = set()
         self._gated: dict[_Session, None] = {}  # sessions in their handshake, oldest first
         self._refusing = 0
-        self._listen_scope: trio.CancelScope | None = None
+        self._listen_scope: Final = trio.CancelScope()  # stop_accepting() cancels it
 
     @property
     def sessions(self) -> int:
@@ -379,16 +375,14 @@ class RequestPlaneServer:
             where = host_port(self.config.host or "*", self.config.port)
             message = f"cannot listen for the request plane on {where}: {exc.strerror or exc}"
             raise CannotServe(message) from exc
-        address = listeners[0].socket.getsockname()
         async with trio.open_nursery() as nursery:
-            with trio.CancelScope() as self._listen_scope:
-                task_status.started((address[0], address[1]))
+            with self._listen_scope:
+                task_status.started(listeners[0].socket.getsockname()[:2])
                 await trio.serve_listeners(self._accepted, listeners, handler_nursery=nursery)
 
     def stop_accepting(self) -> None:
         """Close the listeners: no new connections (open ones continue)."""
-        if self._listen_scope is not None:
-            self._listen_scope.cancel()
+        self._listen_scope.cancel()
 
     def go_away(self) -> None:
         """Refuse new streams on every connection (``goaway``); open streams go on."""
@@ -450,8 +444,7 @@ class RequestPlaneServer:
         oldest.close("evicted", graceful=False)  # in its handshake: the gate is cancelled
 
     async def _refuse(self, stream: trio.abc.Stream, peer: str, why: str) -> None:
-        """Tell a connection beyond a cap why (plaintext only; a few linger so the frame
-        arrives), and drop it."""
+        """Tell a connection beyond a cap why (plaintext; a few linger so it arrives); drop it."""
         limited_log.warning("connection-refused", "refusing a connection from %s: %s", peer, why)
         self._refusing += 1
         try:
