@@ -60,8 +60,7 @@ async def handshake(
     that came behind the ``welcome``), closed or cut short by EOF (``[]``, the state tells
     which).  A ProtocolError propagates with its ``close`` queued, not sent."""
     while True:
-        data = protocol.data_to_send()
-        if data:
+        if data := protocol.data_to_send():
             await stream.send_all(data)
         if not protocol.state.handshaking:
             return []
@@ -79,11 +78,9 @@ async def handshake(
 
 
 class FrameConnection:
-    """Frames over one stream (closed when :meth:`run` returns), one writer task, heartbeats.
-
-    ``on_frames`` gets each received batch in the reader task; ``on_close(reason)`` runs
-    once, synchronously, the moment the connection is declared over.
-    """
+    """Frames over one stream (closed when :meth:`run` returns), one writer task, heartbeats;
+    ``on_frames`` gets each received batch in the reader task, ``on_close(reason)`` runs once,
+    synchronously, the moment the connection is declared over."""
 
     def __init__(
         self,
@@ -229,8 +226,7 @@ class FrameConnection:
             return  # the writer is busy (or already woken): it sends what is queued
         if (
             self._socket is not None
-            and not self._draining
-            and self.close_reason is None
+            and self.close_reason is None  # (so not draining: the writer flushes what is left)
             and (at_once or self._may_write_directly())
             and self._write_directly()
         ):
