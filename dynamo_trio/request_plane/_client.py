@@ -451,10 +451,8 @@ class ConnectionPool:
             why = describe_close(close) if close is not None else "it closed the connection"
             raise CannotConnect(f"the worker at {address} refused the connection: {why}")
         if not protocol.is_established:
-            tls = "" if self._ssl_context is not None else " (is the worker serving TLS?)"
-            raise CannotConnect(
-                f"the worker at {address} closed the connection during the handshake{tls}"
-            )
+            why = f"the worker at {address} closed the connection during the handshake"
+            raise CannotConnect(why if self._ssl_context else f"{why} (is the worker serving TLS?)")
         return frames
 
     def _closed(self, connection: ClientConnection, reason: str) -> None:
