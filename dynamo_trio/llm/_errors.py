@@ -90,16 +90,14 @@ _EXTRA_PHRASES: Final[dict[int, str]] = {499: "Client Closed Request", 529: "Ove
 
 def openai_error_type(status: int) -> str:
     """The OpenAI error ``type`` for an HTTP status."""
-    return _BY_STATUS.get(status, _UNLISTED)[0] or (
-        "server_error" if status >= 500 else "invalid_request_error"
-    )
+    default = "server_error" if status >= 500 else "invalid_request_error"
+    return _BY_STATUS.get(status, _UNLISTED)[0] or default
 
 
 def anthropic_error_type(status: int) -> str:
     """The Anthropic error ``type`` for an HTTP status."""
-    return _BY_STATUS.get(status, _UNLISTED)[1] or (
-        "api_error" if status >= 500 else "invalid_request_error"
-    )
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    return _BY_STATUS.get(status, _UNLISTED)[1] or default
 
 
 def openai_error_body(
@@ -194,6 +192,7 @@ def check_output_tokens(
         raise RequestError(400, message, param=param, code="invalid_value")
 
 
+@dataclass(eq=False, kw_only=True)
 class ContextLengthExceeded(ValueError):
     """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window.
 
@@ -203,34 +202,30 @@ class ContextLengthExceeded(ValueError):
     ``prompt_chars``: its characters, and the most that could fit.
     """
 
-    def __init__(
-        self,
-        *,
-        context_length: int,
-        prompt_tokens: int | None,
-        max_tokens: int | None,
-        prompt_kind: str = "messages",
-        prompt_chars: tuple[int, int] | None = None,
-    ) -> None:
-        reduce = prompt_kind
+    context_length: int
+    prompt_tokens: int | None
+    max_tokens: int | None
+    prompt_kind: str = "messages"
+    prompt_chars: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        kind, prompt_tokens, max_tokens = self.prompt_kind, self.prompt_tokens, self.max_tokens
+        reduce = kind
         if prompt_tokens is None:
-            assert prompt_chars is not None, "a prompt refused untokenized needs prompt_chars"
-            chars, most = prompt_chars
-            what = f"your {prompt_kind} contains {chars} characters (more than {most}, the most "
-            what += f"that {context_length} tokens can hold)"
+            assert self.prompt_chars is not None, "a prompt refused untokenized needs prompt_chars"
+            chars, most = self.prompt_chars
+            what = f"your {kind} contains {chars} characters (more than {most}, the most "
+            what += f"that {self.context_length} tokens can hold)"
         elif max_tokens is None:
-            what = f"your {prompt_kind} resulted in {prompt_tokens} tokens"
+            what = f"your {kind} resulted in {prompt_tokens} tokens"
         else:
             what = f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-            what += f"{prompt_kind}, {max_tokens} in the completion)"
+            what += f"{kind}, {max_tokens} in the completion)"
             reduce += " or completion"
         super().__init__(
-            f"This model's maximum context length is {context_length} tokens. However, {what}. "
-            f"Please reduce the length of the {reduce}."
+            f"This model's maximum context length is {self.context_length} tokens. However, "
+            f"{what}. Please reduce the length of the {reduce}."
         )
-        self.context_length: Final = context_length
-        self.prompt_tokens: Final = prompt_tokens
-        self.max_tokens: Final = max_tokens
 
 
 def context_length_error(error: DynamoError, *, param: str | None) -> RequestError | None:
