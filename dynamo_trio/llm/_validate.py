@@ -29,11 +29,6 @@ _TYPE_NAMES: Final[dict[type, str]] = {
 }
 
 
-def describe(value: object) -> str:
-    """The JSON type of ``value``, with an article: ``"an integer"``, ``"null"``."""
-    return _TYPE_NAMES.get(type(value), type(value).__name__)
-
-
 def join(prefix: str, key: str | int) -> str:
     """The path of ``key`` under ``prefix``: ``messages[0]``, ``stream_options.include_usage``."""
     if isinstance(key, int):
@@ -48,7 +43,8 @@ def _bad_request(param: str | None, message: str, code: str) -> RequestError:
 def invalid_type(param: str | None, expected: str, value: object) -> RequestError:
     """The error for a value of the wrong JSON type (``param=None`` is the whole body)."""
     where = f"'{param}'" if param else "the request body"
-    message = f"Invalid type for {where}: expected {expected}, but got {describe(value)} instead."
+    got = _TYPE_NAMES.get(type(value), type(value).__name__)  # "an integer", "null"...
+    message = f"Invalid type for {where}: expected {expected}, but got {got} instead."
     return _bad_request(param, message, "invalid_type")
 
 
