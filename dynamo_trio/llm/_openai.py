@@ -281,7 +281,10 @@ class _ChunkStream(EventStream):
         self._model = request.model
         self._include_usage = request.include_usage
         self._created = _now(created)
-        self._template: tuple[bytes, bytes] | None = None
+        # A plain text item's chunk: this prefix, the JSON string of its text, this suffix.
+        chunk = _JSON.encode(self._text_chunk(_MARK, None))
+        prefix, _, suffix = chunk.partition(_JSON.encode(_MARK))
+        self._template = (b"data: " + prefix, suffix + b"\n\n")
 
     def _chunk(self, choice: dict[str, object] | None, **usage: object) -> dict[str, object]:
         chunk: dict[str, object] = {
@@ -317,15 +320,9 @@ class _ChunkStream(EventStream):
                 continue
             self.generation.feed_plain(text, item.get("token_ids"))  # type: ignore[attr-defined]
             if text:
-                prefix, suffix = self._template or self._make_template()
+                prefix, suffix = self._template
                 parts.append(prefix + _JSON.encode(text) + suffix)
         return b"".join(parts)
-
-    def _make_template(self) -> tuple[bytes, bytes]:
-        chunk = _JSON.encode(self._text_chunk(_MARK, None))
-        prefix, _, suffix = chunk.partition(_JSON.encode(_MARK))
-        self._template = (b"data: " + prefix, suffix + b"\n\n")
-        return self._template
 
     def finish(self) -> list[dict[str, object]]:
         """The chunks that end the stream (finish, usage if asked); send ``data: [DONE]`` after."""
@@ -382,10 +379,8 @@ def model_object(model: str, *, created: int | None = None) -> dict[str, object]
 def model_list(models: Iterable[str], *, created: int | None = None) -> dict[str, object]:
     """The ``GET /v1/models`` body: each name once, in the order given."""
     when = _now(created)
-    return {
-        "object": "list",
-        "data": [model_object(m, created=when) for m in dict.fromkeys(models)],
-    }
+    data = [model_object(model, created=when) for model in dict.fromkeys(models)]
+    return {"object": "list", "data": data}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
