@@ -56,6 +56,7 @@ from ._protocol import (
     GenerateOutput,
     GenerateRequest,
     SamplingParams,
+    StopMatcher,
     Usage,
     parse_embed_output,
     parse_generate_output,
@@ -71,7 +72,6 @@ from ._responses import (
 )
 from ._speech import AUDIO_TYPES, SpeechRequest, SpeechStream, parse_speech_request, speech_body
 from ._sse import DONE, encode_comment, encode_error_event, encode_event, keepalive_comment
-from ._stops import StopMatcher
 from ._videos import (
     MJPEG_TYPE,
     MjpegStream,
