@@ -194,13 +194,10 @@ def check_output_tokens(
 
 @dataclass(eq=False, kw_only=True)
 class ContextLengthExceeded(ValueError):
-    """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window.
-
-    ``max_tokens`` is None if the prompt alone does not fit; ``prompt_kind``
-    names the prompt in the message (``"messages"``, ``"prompt"``).  A prompt
-    refused before it was tokenized has ``prompt_tokens`` None and
-    ``prompt_chars``: its characters, and the most that could fit.
-    """
+    """An engine's refusal: the prompt, plus the tokens asked for, exceed the context window;
+    ``max_tokens`` is None if the prompt alone does not fit, ``prompt_kind`` names the prompt
+    (``"messages"``, ``"prompt"``), and a prompt refused before it was tokenized has
+    ``prompt_tokens`` None and ``prompt_chars``: its characters, and the most that could fit."""
 
     context_length: int
     prompt_tokens: int | None

@@ -31,14 +31,11 @@ _LONE_SURROGATE: Final = re.compile(
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")  # (a quick first look)
 _BYTE_OFFSET: Final = re.compile(r"\(byte (\d+)\)")
 _NOT_FINITE: Final = "NaN and Infinity are not JSON numbers"
-_PATH_SEARCH_BYTES: Final = 1 << 20
-"""The largest body whose error is explained in detail (a NaN's path, a lone surrogate)."""
-_PATH_SEARCH_VALUES: Final = 20_000
-"""The values searched for a NaN's path."""
+_PATH_SEARCH_BYTES: Final = 1 << 20  # the largest body whose error is explained in detail
+_PATH_SEARCH_VALUES: Final = 20_000  # the values searched for a NaN's path
 _CONTAINERS: Final[frozenset[type]] = frozenset({dict, list})
 _OBJECTS: Final[frozenset[type]] = frozenset({dict})
-# Above this many items, a container is first checked for sub-containers in C.
-_SCAN_IN_C: Final = 16
+_SCAN_IN_C: Final = 16  # above this many items, a container is first checked in C
 _NUMBERS: Final[frozenset[type]] = frozenset({int, float, bool})
 
 
@@ -173,8 +170,7 @@ def _not_json(body: bytes, reason: str) -> RequestError:
 
 
 def _non_finite_path(body: bytes) -> str | None:
-    """The path of the first NaN or Infinity in a body that is JSON but for them (within the
-    search limits: an error's detail is not worth a long stall of the loop)."""
+    """The path of the first NaN or Infinity in a body JSON but for them (within bounds)."""
     if len(body) > _PATH_SEARCH_BYTES:
         return None
     try:

@@ -13,10 +13,8 @@ if TYPE_CHECKING:
 
 JsonObject = Mapping[str, object]
 
-MAX_MODEL_NAME_LENGTH: Final = 256
-"""Longest model name a request may give (a Hugging Face ``org/name`` is at most 96 + 96)."""
-MAX_STOP_SEQUENCE_LENGTH: Final = 1024
-"""Longest stop sequence, in characters: engines match each one against every token."""
+MAX_MODEL_NAME_LENGTH: Final = 256  # (a Hugging Face org/name is at most 96 + 96)
+MAX_STOP_SEQUENCE_LENGTH: Final = 1024  # characters: engines match each against every token
 
 _TYPE_NAMES: Final[dict[type, str]] = {
     type(None): "null",
@@ -251,9 +249,8 @@ def stop_sequences(
 
 
 def text_content(value: object, param: str, *, part_types: frozenset[str]) -> str:
-    """Message content: a string, or a non-empty array of text parts joined by newlines (a part
-    is ``{"type": t, "text": "..."}`` with ``t`` in ``part_types``; any other, images, audio,
-    tool results, is refused as unsupported, naming the part)."""
+    """Message content: a string, or text parts (``{"type": t, "text": ...}``, ``t`` in
+    ``part_types``; images, audio, tool results: unsupported) joined by newlines."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
