@@ -56,9 +56,7 @@ def parse_messages_request(body: object) -> MessagesRequest:
     required(obj, "max_tokens")
     max_tokens = optional_int(obj, "max_tokens", minimum=1)
     messages = read_messages(obj, _ROLES, _BLOCK_TYPES)
-    metadata = optional_object(obj, "metadata")
-    if metadata is not None:
-        optional_str(metadata, "user_id", "metadata")
+    optional_str(optional_object(obj, "metadata") or {}, "user_id", "metadata")  # (checked only)
     return MessagesRequest(
         model=model,
         messages=messages,

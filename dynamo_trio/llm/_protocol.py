@@ -175,10 +175,8 @@ def parse_generate_output(item: object) -> GenerateOutput:
 def parse_embed_output(item: object, *, count: int) -> EmbedOutput:
     """Check the output of an embeddings request of ``count`` inputs (EngineError if not)."""
     output = _convert(item, EmbedOutput, EngineError, "malformed embedding output")
-    if len(output["embeddings"]) != count:
-        raise EngineError(
-            f"malformed embedding output: {len(output['embeddings'])} vectors for {count} inputs"
-        )
+    if (vectors := len(output["embeddings"])) != count:
+        raise EngineError(f"malformed embedding output: {vectors} vectors for {count} inputs")
     return output
 
 
@@ -201,11 +199,8 @@ class StopMatcher:
         self._held = ""
 
     def push(self, text: str, *, active: bool = True) -> tuple[str, str | None]:
-        """Add generated text; ``(released, stop)``: what can be output now, and the stop found.
-
-        ``released`` ends before a found stop (the rest is dropped); while not
-        ``active`` (``min_tokens``) all text is released.
-        """
+        """Add generated text; ``(released, stop)``: what can be output now (up to a found stop,
+        the rest dropped), and the stop found; while not ``active`` (``min_tokens``), all text."""
         pending = self._held + text
         if not active or not self._stops:
             self._held = ""

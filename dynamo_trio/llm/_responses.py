@@ -217,13 +217,12 @@ class ResponseStream(EventStream):
 
     def _item(self, status: str, text: str | None) -> dict[str, object]:
         """The message item (no content part while ``text`` is None)."""
-        content = [] if text is None else [_output_text(text)]
         return {
             "id": self._item_id,
             "type": "message",
             "role": "assistant",
             "status": status,
-            "content": content,
+            "content": [] if text is None else [_output_text(text)],
         }
 
     def _finished(self, generation: Generation) -> tuple[dict[str, object], dict[str, object]]:

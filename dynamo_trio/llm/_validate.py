@@ -164,9 +164,7 @@ def model_name(body: JsonObject) -> str:
 
 def optional_str(body: JsonObject, key: str, prefix: str = "") -> str | None:
     value = body.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise invalid_type(join(prefix, key), "a string", value)
+    return None if value is None else expect_str(value, join(prefix, key))
 
 
 def optional_bool(body: JsonObject, key: str, prefix: str = "") -> bool | None:
