@@ -25,7 +25,6 @@ from ._errors import (
 )
 from ._generation import Generation
 from ._images import ImageRequest, image_response, parse_image_edit_request, parse_image_request
-from ._json import INTEGER_RANGE, decode_json_body
 from ._media import BinaryBody
 from ._openai import (
     ChatCompletionStream,
@@ -72,6 +71,7 @@ from ._responses import (
 )
 from ._speech import AUDIO_TYPES, SpeechRequest, SpeechStream, parse_speech_request, speech_body
 from ._sse import DONE, encode_comment, encode_error_event, encode_event, keepalive_comment
+from ._validate import INTEGER_RANGE, decode_json_body
 from ._videos import (
     MJPEG_TYPE,
     MjpegStream,
