@@ -112,15 +112,10 @@ def _usage(generation: Generation) -> dict[str, object]:
     return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
 
-class MessagesStream(EventStream):
+class MessagesStream(EventStream[MessagesRequest]):
     """Turns engine output items into the Messages API's streaming events (``msg_<request_id>``)."""
 
-    __slots__ = ("_request", "_request_id")
-
-    def __init__(self, request: MessagesRequest, request_id: str) -> None:
-        super().__init__()
-        self._request = request
-        self._request_id = request_id
+    __slots__ = ()
 
     def _opening(self) -> list[dict[str, object]]:
         # The message as it starts: an empty generation's, with no content or stop reason yet.

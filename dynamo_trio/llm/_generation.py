@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from ._protocol import EngineError, FinishReason, Usage, parse_generate_output
 
@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 _PLAIN_KEYS: Final = frozenset({"text", "token_ids"})
 _NO_IDS: Final[list[object]] = []
+_Request = TypeVar("_Request")
 
 
 def plain_text(item: object) -> str | None:
@@ -113,17 +114,18 @@ class Generation:
         return self._reported.copy()
 
 
-class EventStream:
-    """Engine items in, one API's stream events out: opened once, closed once. Subclasses say
-    what opens the stream, what a text delta is, and what closes it (``_closing`` gets the
-    last item's text, ``""`` when :meth:`finish` ends it)."""
+class EventStream(Generic[_Request]):
+    """Engine items in, one API's stream events out for a request: opened once, closed once.
+    Subclasses say what opens the stream, what a text delta is, and what closes it
+    (``_closing`` gets the last item's text, ``""`` when :meth:`finish` ends it)."""
 
-    __slots__ = ("_closed", "_started", "generation")
+    __slots__ = ("_closed", "_request", "_request_id", "_started", "generation")
 
     _delta: Callable[[str], list[dict[str, object]]]
     _closing: Callable[[str], list[dict[str, object]]]
 
-    def __init__(self) -> None:
+    def __init__(self, request: _Request, request_id: str) -> None:
+        self._request, self._request_id = request, request_id
         self.generation = Generation()
         """The generation folded so far (text, finish reason, usage)."""
         self._started = False

@@ -264,10 +264,10 @@ def _unary(id: str, kind: str, model: str, gen: Generation, when: int | None) ->
     }
 
 
-class _ChunkStream(EventStream):
+class _ChunkStream(EventStream[_OpenAIRequest]):
     """What the chat and completion chunk streams share: the chunk, the SSE fast path, the end."""
 
-    __slots__ = ("_created", "_id", "_include_usage", "_model", "_template")
+    __slots__ = ("_created", "_id", "_include_usage", "_template")
 
     _object: str
     _id_prefix: str
@@ -276,9 +276,8 @@ class _ChunkStream(EventStream):
     def __init__(
         self, request: _OpenAIRequest, request_id: str, *, created: int | None = None
     ) -> None:
-        super().__init__()
+        super().__init__(request, request_id)
         self._id = self._id_prefix + request_id
-        self._model = request.model
         self._include_usage = request.include_usage
         self._created = _now(created)
         # A plain text item's chunk: this prefix, the JSON string of its text, this suffix.
@@ -291,7 +290,7 @@ class _ChunkStream(EventStream):
             "id": self._id,
             "object": self._object,
             "created": self._created,
-            "model": self._model,
+            "model": self._request.model,
             "choices": [] if choice is None else [choice],
         }
         if self._include_usage:

@@ -164,18 +164,16 @@ def _output_text(text: str) -> dict[str, object]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-class ResponseStream(EventStream):
+class ResponseStream(EventStream[ResponsesRequest]):
     """Turns engine output items into the Responses API's streaming events (the response is
     ``resp_<request_id>``, its message item ``msg_<request_id>``)."""
 
-    __slots__ = ("_created_at", "_item_id", "_request", "_request_id", "_sequence")
+    __slots__ = ("_created_at", "_item_id", "_sequence")
 
     def __init__(
         self, request: ResponsesRequest, request_id: str, *, created_at: int | None = None
     ) -> None:
-        super().__init__()
-        self._request = request
-        self._request_id = request_id
+        super().__init__(request, request_id)
         self._item_id = f"msg_{request_id}"
         self._created_at = int(time.time()) if created_at is None else created_at
         self._sequence = 0
