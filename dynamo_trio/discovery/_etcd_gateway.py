@@ -75,12 +75,10 @@ class KeyValue(msgspec.Struct, frozen=True):
 
 
 class _Answer(msgspec.Struct, frozen=True):
-    """Any unary answer, or an error: proto3 omits zero values, so each kind of answer
-    (range, transaction, lease grant or keepalive, error) fills only its own fields."""
+    """Any unary answer or error; proto3 omits zero values, so each kind fills only its fields."""
 
     header: _Header = msgspec.field(default_factory=_Header)
     kvs: list[KeyValue] = msgspec.field(default_factory=list)
-    more: bool = False
     succeeded: bool = False
     responses: list[_TxnOp] = msgspec.field(default_factory=list)
     ID: int = 0
@@ -141,10 +139,9 @@ class EtcdGateway:
     def __init__(
         self, client: httpx.AsyncClient, endpoints: Sequence[str], *, timeout: float
     ) -> None:
-        self._client = client
+        self._client, self._timeout = client, timeout
         self._endpoints = tuple(url.rstrip("/") for url in endpoints)
         self._current = 0
-        self._timeout = timeout
         self._moved = trio.Event()
 
     @property
@@ -161,8 +158,6 @@ class EtcdGateway:
         """Every key under ``prefix`` (non-UTF-8 ones logged and skipped) and its revision."""
         key, range_end = prefix_range(prefix)
         response = await self._call("/v3/kv/range", {"key": key, "range_end": range_end})
-        if response.more:  # only with a limit, which is never set; be loud if it happens
-            raise DiscoveryError(f"etcd returned a partial range for {prefix!r}")
         kvs = {name: kv.value for kv in response.kvs if (name := decode_key(kv.key)) is not None}
         return kvs, response.header.revision
 
@@ -210,9 +205,9 @@ class EtcdGateway:
         """Yield ``(endpoint, lines)`` of a watch of ``prefix``; leaving closes the connection."""
         key, range_end = prefix_range(prefix)
         create = {"key": key, "range_end": range_end, "start_revision": str(start_revision)}
-        http_timeout = httpx.Timeout(self._timeout, read=None)
+        timeouts = httpx.Timeout(self._timeout, read=None)
         endpoint, response = await self._send(
-            "/v3/watch", {"create_request": create}, http_timeout=http_timeout, stream=True
+            "/v3/watch", {"create_request": create}, timeouts=timeouts, stream=True
         )
         # aiter_lines() is an async generator (typed as a plain iterator):
         # close it here, not whenever the garbage collector gets to it.
@@ -225,19 +220,14 @@ class EtcdGateway:
                 await response.aclose()
 
     async def _call(self, path: str, request: object) -> _Answer:
-        _, response = await self._send(path, request, http_timeout=self._timeout)
+        _, response = await self._send(path, request, timeouts=self._timeout)
         try:
             return _answer_decoder.decode(response.content)
         except msgspec.DecodeError as exc:
             raise DiscoveryError(f"etcd sent an unreadable answer to {path}: {exc}") from None
 
     async def _send(
-        self,
-        path: str,
-        request: object,
-        *,
-        http_timeout: float | httpx.Timeout,
-        stream: bool = False,
+        self, path: str, request: object, *, timeouts: float | httpx.Timeout, stream: bool = False
     ) -> tuple[str, httpx.Response]:
         """Send to the current endpoint, failing over to the next ones; return the endpoint
         that answered and its 200 response (open if ``stream``: the caller closes it).
@@ -247,7 +237,7 @@ class EtcdGateway:
         for _ in range(len(self._endpoints)):
             endpoint = self._endpoints[self._current]
             http_request = self._client.build_request(
-                "POST", endpoint + path, content=content, headers=_JSON, timeout=http_timeout
+                "POST", endpoint + path, content=content, headers=_JSON, timeout=timeouts
             )
             http_request.stream = RequestBody(content)
             try:
@@ -293,10 +283,8 @@ def _error_from(response: httpx.Response, path: str) -> EtcdError:
         body = _answer_decoder.decode(response.content)
     except msgspec.DecodeError:
         body = _Answer()
-    message = (
-        body.message or body.error or f"HTTP {response.status_code} {response.content[:200]!r}"
-    )
-    return EtcdError(f"etcd {path}: {message}", body.code)
+    fallback = f"HTTP {response.status_code} {response.content[:200]!r}"
+    return EtcdError(f"etcd {path}: {body.message or body.error or fallback}", body.code)
 
 
 def _message(exc: BaseException) -> str:
