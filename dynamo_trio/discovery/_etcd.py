@@ -180,9 +180,8 @@ class EtcdDiscovery(Discovery):
         return True
 
     async def _revoke_lease(self) -> None:
-        gateway = self._gateway_or_none
-        if gateway is None:
-            return
+        if (gateway := self._gateway_or_none) is None:
+            return  # never started
         try:
             await gateway.revoke(self._lease_id)
         except DiscoveryError as exc:
@@ -305,9 +304,7 @@ class WatchPump:
         return result
 
     def _apply(self, result: WatchResult) -> None:
-        # Compare with the cursor as it was before this response: all events
-        # of one response may share a revision.
-        floor = self.next_revision
+        floor = self.next_revision  # all events of one response may share a revision
         for event in result.events:
             revision = event.kv.mod_revision
             if revision < floor or (key := decode_key(event.kv.key)) is None:
