@@ -188,11 +188,7 @@ class FileDiscovery(Discovery):
         """Write back the owned entries the directory lost (lock held)."""
         async with self._scan_lock:  # the scanner judges the other leases
             found, signatures, alive = await trio.to_thread.run_sync(
-                self._layout.audit,
-                dict(self._owned),
-                dict(self._written),
-                self._lease_id,
-                self._scanner.lease_alive,
+                self._scanner.audit, dict(self._owned), dict(self._written), self._lease_id
             )
         self._written.update(signatures)
         repairs = self._repair(found, alive.__contains__)

@@ -22,7 +22,7 @@ import msgspec
 from ._base import BadRecordReport, check_key
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
     from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -159,14 +159,9 @@ def parse_lease(data: bytes) -> float:
 def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
     """Write ``directory/name`` through a temporary file (rule 1); return its signature."""
     tmp = directory / f".tmp-{secrets.token_hex(8)}"
+    directory.mkdir(parents=True, exist_ok=True)  # someone may have removed it
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileNotFoundError:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as f:
             f.write(data)
             f.flush()
             signature = _signature(os.fstat(f.fileno()))
@@ -263,32 +258,6 @@ class FileLayout:
             return signature, parse_entry(data, path.name)
         except (OSError, Unreadable, ValueError):
             return None
-
-    def audit(
-        self,
-        owned: Mapping[str, bytes],
-        written: Mapping[str, Signature],
-        lease_id: int,
-        lease_alive: Callable[[int], bool],
-    ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
-        """What the store holds for each owned key (rule 5): ``{key: (value, lease)}``, the
-        signatures to remember, and which other leases named are alive.  A file still at its
-        ``written`` signature is not read."""
-        found: dict[str, tuple[bytes, int]] = {}
-        signatures: dict[str, Signature] = {}
-        for key in owned:
-            try:
-                st = os.lstat(self.entry_path(key))
-            except OSError as exc:
-                if not isinstance(exc, FileNotFoundError):
-                    logger.debug("discovery: cannot check %r: %s", key, exc)
-                continue
-            if written.get(key) == (signature := _signature(st)) and stat.S_ISREG(st.st_mode):
-                found[key], signatures[key] = (owned[key], lease_id), signature
-            elif (stored := self.read_entry(key)) is not None:
-                found[key], signatures[key] = (stored[1].value, stored[1].lease), stored[0]
-        others = {lease for _, lease in found.values() if lease != lease_id}
-        return found, signatures, {lease for lease in others if lease_alive(lease)}
 
     def revoke(self, lease_id: int, keys: list[str]) -> None:
         """Delete the heartbeat, then those of ``keys`` still attached to ``lease_id``."""
@@ -437,13 +406,10 @@ class Scanner:
             except FileNotFoundError:
                 return False
             except (Unreadable, ValueError) as exc:  # msgspec.DecodeError is a ValueError
-                logger.warning(
-                    "discovery: corrupt lease file %s (%s); assuming ttl=%s",
-                    path,
-                    exc,
-                    self._default_ttl,
-                )
                 ttl = self._default_ttl
+                logger.warning(
+                    "discovery: corrupt lease file %s (%s); assuming ttl=%s", path, exc, ttl
+                )
             known = self._lease_ttls[name] = (st.st_ino, ttl)
         if wall - st.st_mtime <= known[1]:
             return True
@@ -463,6 +429,28 @@ class Scanner:
                 seen.add(dirent.name)
                 self._lease_is_alive(self._layout.lease_dir / dirent.name, wall)
         self._lease_ttls = {name: ttl for name, ttl in self._lease_ttls.items() if name in seen}
+
+    def audit(
+        self, owned: Mapping[str, bytes], written: Mapping[str, Signature], lease_id: int
+    ) -> tuple[dict[str, tuple[bytes, int]], dict[str, Signature], set[int]]:
+        """What the store holds for each owned key (rule 5): ``{key: (value, lease)}``, the
+        signatures to remember, and which other leases named are alive.  A file still at its
+        ``written`` signature is not read."""
+        found: dict[str, tuple[bytes, int]] = {}
+        signatures: dict[str, Signature] = {}
+        for key in owned:
+            try:
+                st = os.lstat(self._layout.entry_path(key))
+            except OSError as exc:
+                if not isinstance(exc, FileNotFoundError):
+                    logger.debug("discovery: cannot check %r: %s", key, exc)
+                continue
+            if written.get(key) == (signature := _signature(st)) and stat.S_ISREG(st.st_mode):
+                found[key], signatures[key] = (owned[key], lease_id), signature
+            elif (stored := self._layout.read_entry(key)) is not None:
+                found[key], signatures[key] = (stored[1].value, stored[1].lease), stored[0]
+        others = {lease for _, lease in found.values() if lease != lease_id}
+        return found, signatures, {lease for lease in others if self.lease_alive(lease)}
 
     def _scandir(self, directory: Path) -> list[os.DirEntry[str]]:
         """The directory's entries; a missing one is empty (said once), other OSErrors raise."""
