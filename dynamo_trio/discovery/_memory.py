@@ -134,13 +134,11 @@ class MemoryDiscovery(Discovery):
         await trio.lowlevel.checkpoint()
         self._check_open()
         send_channel, receive_channel = trio.open_memory_channel[WatchEvent](math.inf)
-        initial = self._store.subscribe(prefix, send_channel)
-        try:
-            yield Watch(initial, receive_channel)
-        finally:
-            self._store.unsubscribe(send_channel)
-            send_channel.close()
-            receive_channel.close()
+        with send_channel, receive_channel:
+            try:
+                yield Watch(self._store.subscribe(prefix, send_channel), receive_channel)
+            finally:
+                self._store.unsubscribe(send_channel)
 
     def _lifetime(self) -> AbstractAsyncContextManager[None]:
         return self._run_while_open(self._keep_owned_keys)

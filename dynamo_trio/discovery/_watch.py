@@ -36,6 +36,7 @@ class WatchEvent:
 
 
 @final
+@dataclass(eq=False, slots=True)
 class Watch:
     """The state of a prefix when the watch started, then (``async for``) every change after it.
 
@@ -43,12 +44,8 @@ class Watch:
     view: none lost or repeated.  Iteration ends when the watch's context is left.
     """
 
-    __slots__ = ("_events", "initial")
-
-    def __init__(
-        self, initial: dict[str, bytes], events: trio.MemoryReceiveChannel[WatchEvent]
-    ) -> None:
-        self.initial, self._events = initial, events
+    initial: dict[str, bytes]
+    _events: trio.MemoryReceiveChannel[WatchEvent]
 
     def __aiter__(self) -> Self:
         return self
