@@ -16,8 +16,7 @@ from .._startup import CannotServe
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from contextlib import AbstractAsyncContextManager
-    from types import TracebackType
-    from typing import Self
+    from typing import Any, Self
 
     from ._watch import Watch
 
@@ -267,11 +266,6 @@ class Discovery(abc.ABC):
         self._started = True
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         assert self._lifetime_cm is not None, "exited without entering"
-        return await self._lifetime_cm.__aexit__(exc_type, exc_value, traceback)
+        return await self._lifetime_cm.__aexit__(*exc_info)
