@@ -28,8 +28,6 @@ from ._records import (
 from ._watch import PrefixView, Watch, WatchEvent, view_prefix
 
 if _TYPE_CHECKING:
-    from contextlib import AbstractAsyncContextManager
-
     from .._config import DiscoveryConfig
     from ._etcd import EtcdDiscovery
 
@@ -44,10 +42,11 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_discovery(
+def open_discovery(
     config: "DiscoveryConfig", *, memory_store: MemoryStore | None = None
 ) -> Discovery:
-    """Build (not start) the backend named by ``config.backend`` (``mem`` uses ``memory_store``)."""
+    """The backend named by ``config.backend`` (``mem`` uses ``memory_store``), not started yet:
+    it holds a lease while its context (``async with``) lasts."""
     match config.backend:
         case "mem":
             return MemoryDiscovery(
@@ -63,11 +62,7 @@ def make_discovery(
             raise ValueError(f"unknown discovery backend {other!r} (mem, file or etcd)")
 
 
-def open_discovery(
-    config: "DiscoveryConfig", *, memory_store: MemoryStore | None = None
-) -> "AbstractAsyncContextManager[Discovery]":
-    """Hold a lease in the backend named by ``config.backend`` while the context lasts."""
-    return make_discovery(config, memory_store=memory_store)
+make_discovery = open_discovery  # the same: named for building one without entering it
 
 
 __all__ = [
