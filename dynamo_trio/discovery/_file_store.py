@@ -156,16 +156,16 @@ def parse_lease(data: bytes) -> float:
     return ttl
 
 
-def _write_atomically(directory: Path, name: str, data: bytes) -> Signature:
-    """Write ``directory/name`` through a temporary file (rule 1); return its signature."""
-    tmp = directory / f".tmp-{secrets.token_hex(8)}"
-    directory.mkdir(parents=True, exist_ok=True)  # someone may have removed it
+def _write_atomically(path: Path, data: bytes) -> Signature:
+    """Write ``path`` through a temporary file (rule 1); return its signature."""
+    tmp = path.with_name(f".tmp-{secrets.token_hex(8)}")
+    path.parent.mkdir(parents=True, exist_ok=True)  # someone may have removed it
     try:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as f:
             f.write(data)
             f.flush()
             signature = _signature(os.fstat(f.fileno()))
-        os.replace(tmp, directory / name)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -216,7 +216,7 @@ class FileLayout:
     def create_lease(self, lease_id: int, ttl: float) -> None:
         self.ensure()
         info = _LeaseInfo(ttl=ttl, pid=os.getpid())
-        _write_atomically(self.lease_dir, self.lease_path(lease_id).name, _encoder.encode(info))
+        _write_atomically(self.lease_path(lease_id), _encoder.encode(info))
 
     def touch_lease(self, lease_id: int) -> bool:
         """Refresh the heartbeat; ``False`` if the lease file is gone (the lease was lost)."""
@@ -244,8 +244,7 @@ class FileLayout:
 
     def write_entry(self, key: str, value: bytes, lease_id: int) -> Signature:
         """Store ``key`` atomically, attached to ``lease_id``; return the file's signature."""
-        data = self.encode_entry(key, value, lease_id)
-        return _write_atomically(self.kv_dir, _name_of(key), data)
+        return _write_atomically(self.entry_path(key), self.encode_entry(key, value, lease_id))
 
     def delete_entry(self, key: str) -> None:
         self.entry_path(key).unlink(missing_ok=True)
