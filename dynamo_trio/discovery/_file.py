@@ -159,7 +159,7 @@ class FileDiscovery(Discovery):
             yield
 
     async def _keepalive(self) -> None:
-        """Every ttl/3 touch the lease file (recreate all if lost), then repair entries (rule 5)."""
+        """Every ttl/3, :meth:`_restore` the lease and the owned entries; failures logged once."""
         while True:
             # Due after the last refresh, so a stalled loop refreshes as soon as it resumes.
             await trio.sleep_until(self._touched_at + self._ttl / 3)
@@ -169,13 +169,7 @@ class FileDiscovery(Discovery):
                 self._touched_at = trio.current_time()
                 problem = None
                 try:
-                    recovered = await trio.to_thread.run_sync(
-                        self._refresh_lease, dict(self._owned)
-                    )
-                    if recovered:
-                        self._written = recovered
-                    else:
-                        await self._repair_entries()
+                    await self._restore()
                 except OSError as exc:
                     problem = f"cannot keep lease {self._lease_id:016x} and its keys: {exc}"
                 if problem is None and self._last_problem is not None:
@@ -184,8 +178,12 @@ class FileDiscovery(Discovery):
                     logger.warning("discovery: %s", problem)
                 self._last_problem = problem
 
-    async def _repair_entries(self) -> None:
-        """Write back the owned entries the directory lost (lock held)."""
+    async def _restore(self) -> None:
+        """Touch the lease file (recreating it and every entry if lost), else write back the
+        owned entries the directory lost (rule 5; lock held)."""
+        if recovered := await trio.to_thread.run_sync(self._refresh_lease, dict(self._owned)):
+            self._written = recovered
+            return
         async with self._scan_lock:  # the scanner judges the other leases
             found, signatures, alive = await trio.to_thread.run_sync(
                 self._scanner.audit, dict(self._owned), dict(self._written), self._lease_id
