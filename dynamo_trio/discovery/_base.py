@@ -62,8 +62,8 @@ class BadRecordReport:
         self._named = self._more = 0
 
 
-def check_key(key: str) -> str:
-    """Return ``key`` (or a prefix) if it is a ``str`` without NUL that encodes as UTF-8."""
+def check_key(key: str) -> None:
+    """Check that ``key`` (or a prefix) is a ``str`` without NUL that encodes as UTF-8."""
     if not isinstance(key, str):
         raise TypeError(f"discovery keys are str, not {type(key).__name__}")
     if "\0" in key:
@@ -72,7 +72,6 @@ def check_key(key: str) -> str:
         key.encode()
     except UnicodeEncodeError:
         raise ValueError(f"discovery key is not valid UTF-8: {key!r}") from None
-    return key
 
 
 def check_value(value: bytes, max_size: int | None = None) -> bytes:
