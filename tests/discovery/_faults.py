@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 import trio
 
-from dynamo_trio.discovery._etcd_gateway import prefix_range
+from dynamo_trio.discovery._etcd import prefix_range
 from dynamo_trio.discovery._file_store import FileLayout, key_to_name, parse_entry
 from tests._memhttp import TLS
 

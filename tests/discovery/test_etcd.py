@@ -21,11 +21,11 @@ import trustme
 
 from dynamo_trio import DiscoveryConfig
 from dynamo_trio.discovery import DiscoveryError, WatchEvent, open_discovery
-from dynamo_trio.discovery._etcd import WatchPump
-from dynamo_trio.discovery._etcd_gateway import (
+from dynamo_trio.discovery._etcd import (
     EtcdError,
     EtcdGateway,
     RequestBody,
+    WatchPump,
     _message,
     prefix_range,
 )

@@ -120,7 +120,7 @@ class Bed:
         """Every key under ``prefix``, read from the first member that answers."""
         import base64
 
-        from dynamo_trio.discovery._etcd_gateway import prefix_range
+        from dynamo_trio.discovery._etcd import prefix_range
 
         key, range_end = prefix_range(prefix)
         body = {
