@@ -16,15 +16,22 @@ from ._base import DiscoveryError
 ModelType = Literal["chat", "completions", "embeddings", "tensor", "images", "videos", "audios"]
 
 TENSOR_DATA_TYPES: Final = {
-    **{name.upper(): name for name in ("Bool", "Int8", "Int16", "Int32", "Int64", "Bytes")},
-    **{name.upper(): name for name in ("Uint8", "Uint16", "Uint32", "Uint64")},
+    "BOOL": "Bool",
+    "UINT8": "Uint8",
+    "UINT16": "Uint16",
+    "UINT32": "Uint32",
+    "UINT64": "Uint64",
+    "INT8": "Int8",
+    "INT16": "Int16",
+    "INT32": "Int32",
+    "INT64": "Int64",
     "FP16": "Float16",
     "BF16": "BFloat16",
     "FP32": "Float32",
     "FP64": "Float64",
+    "BYTES": "Bytes",
 }
-"""The tensor datatypes served: KServe's name to a worker's (Dynamo's) name (the same name
-upper-cased, but for the floats)."""
+"""The tensor datatypes served: KServe's name to a worker's (Dynamo's) name."""
 
 _DYNAMO_DATA_TYPES: Final = frozenset(TENSOR_DATA_TYPES.values())
 
