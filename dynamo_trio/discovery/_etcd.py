@@ -250,13 +250,17 @@ class EtcdGateway:
         content = _encoder.encode(request)
         failures: list[str] = []
         for _ in range(len(self._endpoints)):
-            endpoint = self._endpoints[self._current]
+            tried = self._current
+            endpoint = self._endpoints[tried]
             http_request = self._client.build_request(
                 "POST", endpoint + path, content=content, headers=_JSON, timeout=timeouts
             )
             http_request.stream = RequestBody(content)
             try:
-                response = await self._client.send(http_request, stream=stream)
+                # A stream's reads are unbounded, but its head is due like any answer:
+                # a member cut off mid-request never sends one.
+                with trio.fail_after(self._timeout if stream else math.inf):
+                    response = await self._client.send(http_request, stream=stream)
                 if response.status_code == httpx.codes.OK:
                     return endpoint, response
                 try:
@@ -265,6 +269,8 @@ class EtcdGateway:
                     await response.aclose()
             except httpx.TransportError as exc:
                 reason = f"{type(exc).__name__}: {_message(exc)}"
+            except trio.TooSlowError:
+                reason = f"no answer within {self._timeout:g}s"
             else:
                 error = _error_from(response, path)
                 # Another endpoint might answer: this member is down, has no leader, ...
@@ -273,8 +279,9 @@ class EtcdGateway:
                     raise error
                 reason = str(error)
             failures.append(f"{endpoint}: {reason}")
-            if len(self._endpoints) > 1:
-                self._current = (self._current + 1) % len(self._endpoints)
+            # Calls failing together move on once: a second step would skip a live member.
+            if len(self._endpoints) > 1 and self._current == tried:
+                self._current = (tried + 1) % len(self._endpoints)
                 self._moved.set()
                 self._moved = trio.Event()
                 logger.warning(

@@ -506,3 +506,57 @@ async def test_a_send_cancelled_while_writing_its_body_leaves_no_generator_behin
     body = RequestBody(b'{"key": "a"}')
     assert [chunk async for chunk in body] == [b'{"key": "a"}']
     assert [chunk async for chunk in body] == [b'{"key": "a"}']  # once per send
+
+
+async def test_a_watch_whose_member_never_answers_fails_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A member cut off just as a watch was sent never sends its head: the watch moves on
+    within a request timeout, as any call does (its stream's reads stay unbounded)."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "cut.test":
+            await trio.sleep_forever()
+        return httpx.Response(200, content=b'{"result": {"created": true}}\n')
+
+    endpoints = ("http://cut.test:2379", "http://live.test:2379")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        gateway = EtcdGateway(client, endpoints, timeout=1.0)
+        with trio.fail_after(5):
+            async with gateway.watch("p/", 1) as (endpoint, lines):
+                assert endpoint == "http://live.test:2379"
+                assert [line async for line in lines] == ['{"result": {"created": true}}']
+    assert gateway.endpoint == "http://live.test:2379"
+
+
+async def test_calls_failing_together_move_on_to_the_next_member_once() -> None:
+    """Two calls that both find the current member dead must not each step the shared
+    pointer: the second step would skip the live member after it."""
+    arrived = 0
+    both_arrived = trio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal arrived
+        if request.url.host == "live.test":
+            return httpx.Response(200, json={"header": {"revision": "3"}})
+        if request.url.host == "first.test":
+            arrived += 1
+            if arrived == 2:
+                both_arrived.set()
+            await both_arrived.wait()
+        raise httpx.ConnectError("refused", request=request)
+
+    endpoints = ("http://first.test:2379", "http://live.test:2379", "http://last.test:2379")
+    answers: list[int] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        gateway = EtcdGateway(client, endpoints, timeout=1.0)
+
+        async def read() -> None:
+            answers.append((await gateway.range_prefix("p/"))[1])
+
+        with trio.fail_after(STEP):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                nursery.start_soon(read)
+    assert answers == [3, 3]
+    assert gateway.endpoint == "http://live.test:2379"
