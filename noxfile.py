@@ -62,16 +62,16 @@ def tests(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, *args: str, **env: str) -> None:
-    # Three pytest processes (pytest-xdist; `-- -n 0` for one): much of the suite waits
-    # on other processes and on real time, so two leave a 2-core machine half idle and
-    # three fill it; four are no faster.  Work stealing keeps them busy to the end.
+    # Four pytest processes (pytest-xdist; `-- -n 0` for one): much of the suite waits
+    # on other processes and on real time (the multi-host tests wait out lease TTLs), so
+    # fewer leave a 2-core machine partly idle.  Work stealing keeps them busy to the end.
     # Each of them rewrites the asserts of every test module it collects; where
     # PYTHONDONTWRITEBYTECODE is set it would do so afresh on every run, so pytest may
     # cache them here.
     session.run(
         "pytest",
         "-n",
-        "3",
+        "4",
         "--dist",
         "worksteal",
         *args,
