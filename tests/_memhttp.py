@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ssl
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import httpcore
 import httpcore2
 import httpx
 import httpx2
+import pytest
 import trio
 import trio.testing
 from hypercorn.config import Config as HypercornConfig
@@ -22,7 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 from dynamo_trio.edge import serve_stream
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 _Pair = trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]
 
@@ -135,6 +136,36 @@ def sdk_http_client(url: str) -> httpx2.AsyncClient | None:
     memory network's, or ``None`` (the SDK's own) for any other URL."""
     network = _SERVED.get(url)
     return None if network is None else network.sdk_client()
+
+
+# The official clients (openai, anthropic) stop reading a stream at ``data: [DONE]`` (or an
+# error event) by breaking out of, or raising through, their own chain of event generators
+# (``openai._streaming.AsyncStream.__stream__``) without closing them, so even a stream read
+# to its end leaves that chain (openai or anthropic, httpx2, httpcore2) to the garbage
+# collector.  Those generators, by name, and nothing else.
+_SDK_GENERATORS = "|".join(
+    (
+        r"AsyncStream\.(_iter_events|__stream__)",
+        r"SSEDecoder\.(aiter_bytes|_aiter_chunks)",  # (the second: anthropic's decoder)
+        r"async_iter_response_bytes",  # (anthropic's)
+        r"Response\.aiter_(bytes|raw|text|lines)",
+        r"(BoundAsyncStream|AsyncResponseStream|PoolByteStream|HTTP11ConnectionByteStream)\.__aiter__",
+        r"AsyncHTTP11Connection\._receive_response_body",
+    )
+)
+_Test = TypeVar("_Test", bound="Callable[..., object]")
+
+
+def openai_client_leaves_generators(test: _Test) -> _Test:
+    """Marks a test whose official clients leave generators to the garbage collector: the
+    test ignores their finalization, and collects them before it ends (else whichever test
+    the collector next runs in, in the same process, would meet them)."""
+    ignore = pytest.mark.filterwarnings(
+        rf"ignore:Exception ignored in. <async_generator object ({_SDK_GENERATORS}) at"
+        r":pytest.PytestUnraisableExceptionWarning"
+    )
+    marked: _Test = pytest.mark.usefixtures("collect_garbage_at_exit")(ignore(test))
+    return marked
 
 
 def http_client(url: str, **options: Any) -> httpx.AsyncClient:

@@ -22,7 +22,7 @@ import trio
 
 from dynamo_trio import Context
 from dynamo_trio.llm import SamplingParams, validate_generate_request
-from tests._memhttp import http_client
+from tests._memhttp import http_client, openai_client_leaves_generators
 from tests._procs import start_frontend as start_frontend_process
 
 from .conftest import ROOT, scrape as metric
@@ -41,16 +41,6 @@ QUESTION: Any = [{"role": "user", "content": "Tell me about the ferry."}]
 DISAGG_ANSWER = (
     "The cache arrived from prefill, and decode carried on one token at a time "
     "until its answer was long enough."
-)
-
-# The openai client stops reading a stream at ``data: [DONE]`` without closing its
-# own chain of event generators, so even a stream read to its end leaves them to
-# the garbage collector (see tests/frontend/conftest.py).  Those generators only.
-openai_client_leaves_generators = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(AsyncStream\._iter_events|SSEDecoder\.aiter_bytes|Response\.aiter_bytes"
-    r"|PoolByteStream\.__aiter__) at"
-    r":pytest.PytestUnraisableExceptionWarning"
 )
 
 

@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from tests._memhttp import open_connection
+from tests._memhttp import (
+    open_connection,
+    openai_client_leaves_generators as openai_client_leaves_generators,
+)
 from tests._procs import (
     MODEL_WORKER as MODEL_WORKER,
     Proc as Proc,
@@ -44,25 +47,6 @@ if TYPE_CHECKING:
     import httpx
 
 CHAT_BODY: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
-
-# The official clients (openai, anthropic) stop reading a stream at ``data: [DONE]`` (or an error
-# event) by breaking out of, or raising through, their own chain of event
-# generators (``openai._streaming.AsyncStream.__stream__``) without closing
-# them, so even a stream read to its end leaves that chain (openai, httpx2,
-# httpcore2) to the garbage collector.  Those generators, by name, and nothing else.
-_OPENAI_CLIENT_GENERATORS = "|".join(
-    (
-        r"AsyncStream\.(_iter_events|__stream__)",
-        r"SSEDecoder\.(aiter_bytes|_aiter_chunks)",  # (the second: anthropic's decoder)
-        r"Response\.aiter_(bytes|raw|text|lines)",
-        r"(BoundAsyncStream|AsyncResponseStream|PoolByteStream|HTTP11ConnectionByteStream)\.__aiter__",
-        r"AsyncHTTP11Connection\._receive_response_body",
-    )
-)
-openai_client_leaves_generators = pytest.mark.filterwarnings(
-    rf"ignore:Exception ignored in. <async_generator object ({_OPENAI_CLIENT_GENERATORS}) at"
-    r":pytest.PytestUnraisableExceptionWarning"
-)
 
 _frontend_url = frontend_url  # the name tests/kserve and tests/engines import
 
