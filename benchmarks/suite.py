@@ -1,6 +1,6 @@
 """The test suite's own figures: wall time, and how much of it starts real processes.
 
-Run: ``python3 benchmarks/suite.py [--coverage] [-- PYTEST ARGS]`` (default ``-n 3
+Run: ``python3 benchmarks/suite.py [--coverage] [-- PYTEST ARGS]`` (default ``-n 4
 --dist worksteal tests``).  It runs the suite once with ``_spawn_record.py``, which notes
 every test that starts a process (fixtures included), and prints:
 
@@ -85,7 +85,7 @@ def share(spawned: set[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coverage", action="store_true")
-    parser.add_argument("pytest_args", nargs="*", default=["-n", "3", "--dist", "worksteal"])
+    parser.add_argument("pytest_args", nargs="*", default=["-n", "4", "--dist", "worksteal"])
     args = parser.parse_args()
     pytest_args = list(args.pytest_args)
     if not any(not arg.startswith("-") and (REPO / arg).exists() for arg in pytest_args):
