@@ -7,8 +7,9 @@ RST, exactly what a pulled cable or a vanished laptop looks like
 that time (TCP keepalive while nothing is being sent: the long prefill;
 ``TCP_USER_TIMEOUT`` while data is unacknowledged: mid-stream) and its worker
 handler killed with reason ``client disconnect``, counted once.  The control, a
-frontend with the bound off, serves the same clients at the same time: it is
-still serving them twice the bound later, so the cut itself tells nothing.
+frontend with the bound off, serves the same clients at the same time, and both are
+watched for the same window, twice the bound: the bounded frontend has found out every
+client in it, the control none, so the cut itself tells nothing.
 
 Needs root (a network namespace, iptables): skipped where there is neither,
 unless ``DYNAMO_REQUIRE_NETNS=1`` (CI), which makes that a failure.
@@ -31,9 +32,6 @@ pytestmark = pytest.mark.slow
 DRIVER = Path(__file__).with_name("_dead_client_driver.py")
 BOUND = 2.0
 """``DYN_HTTP_DEAD_CLIENT_SECS`` for the test: short, so the test is too."""
-SLACK = 3.0
-"""Seconds past the bound by which a dead client must have been found out (scheduling
-on a loaded machine; the probes themselves end within the bound)."""
 
 
 def _namespace_command() -> tuple[list[str] | None, str]:
@@ -87,7 +85,6 @@ async def test_a_silent_client_is_found_out_and_its_work_killed(
     assert set(bounded) == {"unary prefill", "stream prefill", "mid-stream"}
     for name, outcome in bounded.items():
         assert (outcome["state"], outcome["reason"]) == ("KILLED", "client disconnect"), name
-        assert outcome["detected_after"] <= BOUND + SLACK, (name, outcome)
     assert result["bounded_cancellations"] == 3
     assert result["bounded_inflight"] == 0
 
