@@ -257,16 +257,16 @@ class EtcdGateway:
             )
             http_request.stream = RequestBody(content)
             try:
-                # A stream's reads are unbounded, but its head is due like any answer:
-                # a member cut off mid-request never sends one.
+                # A stream's reads are unbounded, but its head (and an error body) is due
+                # like any answer: a member cut off mid-request never sends one.
                 with trio.fail_after(self._timeout if stream else math.inf):
                     response = await self._client.send(http_request, stream=stream)
-                if response.status_code == httpx.codes.OK:
-                    return endpoint, response
-                try:
-                    await response.aread()  # error bodies are small
-                finally:
-                    await response.aclose()
+                    if response.status_code == httpx.codes.OK:
+                        return endpoint, response
+                    try:
+                        await response.aread()  # error bodies are small
+                    finally:
+                        await response.aclose()
             except httpx.TransportError as exc:
                 reason = f"{type(exc).__name__}: {_message(exc)}"
             except trio.TooSlowError:

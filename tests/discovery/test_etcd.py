@@ -508,18 +508,27 @@ async def test_a_send_cancelled_while_writing_its_body_leaves_no_generator_behin
     assert [chunk async for chunk in body] == [b'{"key": "a"}']  # once per send
 
 
+class _Stalled(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        await trio.sleep_forever()
+        yield b""  # not reached
+
+
 async def test_a_watch_whose_member_never_answers_fails_over(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A member cut off just as a watch was sent never sends its head: the watch moves on
-    within a request timeout, as any call does (its stream's reads stay unbounded)."""
+    """A member cut off just as a watch was sent never sends its head, or its error body:
+    the watch moves on within a request timeout, as any call does (its stream's reads stay
+    unbounded)."""
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host == "cut.test":
             await trio.sleep_forever()
+        if request.url.host == "stalled.test":
+            return httpx.Response(503, stream=_Stalled())
         return httpx.Response(200, content=b'{"result": {"created": true}}\n')
 
-    endpoints = ("http://cut.test:2379", "http://live.test:2379")
+    endpoints = ("http://cut.test:2379", "http://stalled.test:2379", "http://live.test:2379")
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         gateway = EtcdGateway(client, endpoints, timeout=1.0)
         with trio.fail_after(5):
